@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs, with apt-get, every Debian 12 package that building, running and
+# testing mha-serve needs and that this machine does not have yet.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libdnnl-dev ocl-icd-opencl-dev
+  libabsl-dev libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc
+  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev
+  python3 python3-numpy python3-torch
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+echo "Installing: ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
+  --no-install-recommends "${missing[@]}"

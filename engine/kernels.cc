@@ -1,0 +1,150 @@
+#include "engine/kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+// Each hot loop is compiled for AVX-512, AVX2 and the baseline; the loader
+// picks the best the CPU has.
+#define MHA_MULTIVERSION \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+
+namespace mha {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) to ~2 ulp, written so the compiler vectorises it; exactly 0 for
+// x below the f32 range (so masked positions get probability 0).
+inline float VectorExp(float x) {
+  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
+  float r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+MHA_MULTIVERSION
+void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
+                int64_t masked_cols, int64_t causal_limit) {
+  if (add_a != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < masked_cols; ++j) row[j] += add_a[j];
+  }
+  if (add_b != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < masked_cols; ++j) row[j] += add_b[j];
+  }
+  for (int64_t j = causal_limit; j < masked_cols; ++j) row[j] = kNegInf;
+  float max = kNegInf;
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+  if (max == kNegInf || std::isnan(max)) {
+    // Every key masked: zero probabilities, never NaN.
+    if (max == kNegInf) std::memset(row, 0, sizeof(float) * cols);
+    return;
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < cols; ++j) {
+    const float e = VectorExp(row[j] - max);
+    row[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
+}
+
+}  // namespace
+
+void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
+                   const SoftmaxMasks& m) {
+  const int64_t total_rows = heads * rows;
+  const bool parallel = total_rows * cols >= (1 << 15);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t hr = 0; hr < total_rows; ++hr) {
+    const int64_t h = hr / rows, r = hr % rows;
+    const float* attn =
+        m.attn == nullptr ? nullptr : m.attn + h * m.attn_head_stride + r * m.attn_row_stride;
+    const int64_t causal_limit =
+        m.causal ? std::min(m.masked_cols, m.first_row + r + 1) : m.masked_cols;
+    SoftmaxRow(scores + hr * cols, cols, m.key_padding, attn, m.masked_cols,
+               causal_limit);
+  }
+}
+
+MHA_MULTIVERSION
+void AddLayerNorm(float* out, const float* residual, const float* gamma,
+                  const float* beta, int64_t rows, int64_t n, float eps) {
+  for (int64_t t = 0; t < rows; ++t) {
+    float* x = out + t * n;
+    const float* res = residual + t * n;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] += res[i];
+      sum += x[i];
+    }
+    const float mean = sum / static_cast<float>(n);
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+    const float inv_std = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) x[i] = (x[i] - mean) * inv_std * gamma[i] + beta[i];
+  }
+}
+
+MHA_MULTIVERSION
+void ConvertToBf16(const float* in, uint16_t* out, int64_t count) {
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], 4);
+    const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+    out[i] = static_cast<uint16_t>((bits + rounding) >> 16);
+  }
+}
+
+void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(&out[i], &bits, 4);
+  }
+}
+
+void CopyRows(const void* src, int64_t src_stride_bytes, void* dst,
+              int64_t dst_stride_bytes, int64_t rows, int64_t row_bytes) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<uint8_t*>(dst) + r * dst_stride_bytes,
+                static_cast<const uint8_t*>(src) + r * src_stride_bytes, row_bytes);
+  }
+}
+
+void AverageHeads(const float* probs, int64_t heads, int64_t rows, int64_t cols,
+                  float* weights) {
+  const int64_t n = rows * cols;
+  const float inv = 1.0f / static_cast<float>(heads);
+  for (int64_t i = 0; i < n; ++i) weights[i] = probs[i];
+  for (int64_t h = 1; h < heads; ++h) {
+    for (int64_t i = 0; i < n; ++i) weights[i] += probs[h * n + i];
+  }
+  for (int64_t i = 0; i < n; ++i) weights[i] *= inv;
+}
+
+}  // namespace mha
+

@@ -1,0 +1,339 @@
+#include "engine/mha_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kernels.h"
+#include "engine/status_macros.h"
+
+namespace mha {
+namespace {
+
+using dims = dnnl::memory::dims;
+
+// Scores of one attention block are at most this many bytes: longer
+// sequences are processed in blocks of query rows.
+constexpr int64_t kMaxScoreBytes = 64 << 20;
+
+size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
+
+std::vector<uint8_t> RowInType(const std::vector<float>& row, dt type) {
+  std::vector<uint8_t> bytes(row.size() * ActSize(type));
+  if (type == dt::bf16) {
+    ConvertToBf16(row.data(), reinterpret_cast<uint16_t*>(bytes.data()),
+                  static_cast<int64_t>(row.size()));
+  } else {
+    std::memcpy(bytes.data(), row.data(), bytes.size());
+  }
+  return bytes;
+}
+
+// Concatenates [n1, k] and [n2, k] row-major weight matrices (and biases).
+std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> out;
+  for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
+  return out;
+}
+
+// The mask as additive f32: F32 masks are used in place, BOOL ones become
+// 0 / -inf in `slot`.
+const float* AdditiveMask(const MaskView& m, Workspace& ws, Workspace::Slot slot) {
+  if (!m.present()) return nullptr;
+  if (m.dtype == DType::kF32) return static_cast<const float*>(m.data);
+  float* out = ws.Get<float>(slot, static_cast<size_t>(m.num_elements));
+  const auto* in = static_cast<const uint8_t*>(m.data);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < m.num_elements; ++i) out[i] = in[i] != 0 ? neg_inf : 0.0f;
+  return out;
+}
+
+}  // namespace
+
+// Projected q, k, v: act_dt_ rows with their leading dimensions.
+struct MhaEngine::Projected {
+  const uint8_t* q = nullptr;
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0;
+  uint8_t* context = nullptr;  // [total_q, h*dv]
+  const float* key_padding = nullptr;
+  const float* attn_mask = nullptr;
+};
+
+// `count` consecutive sequences of equal lengths, query rows [row0, row0+rows).
+struct MhaEngine::Block {
+  int64_t first_seq = 0, count = 1;
+  int64_t q_len = 0, kv_len = 0;
+  int64_t row0 = 0, rows = 0;
+  int64_t weights_offset = 0;  // first sequence's weights in the output
+};
+
+MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w)
+    : dims_(dims),
+      engine_(dnnl::engine::kind::cpu, 0),
+      act_dt_(dims.bf16 ? dt::bf16 : dt::f32),
+      attention_matmuls_(engine_) {
+  const int64_t e = dims.embed_dim, qk = dims.qk_width(), v = dims.v_width();
+  if (dims.kdim == e && dims.vdim == e) {
+    qkv_ = std::make_unique<LinearLayer>(engine_, Stack({&w.w_q, &w.w_k, &w.w_v}),
+                                         Stack({&w.b_q, &w.b_k, &w.b_v}),
+                                         2 * qk + v, e, act_dt_, act_dt_);
+  }
+  q_ = std::make_unique<LinearLayer>(engine_, w.w_q, w.b_q, qk, e, act_dt_, act_dt_);
+  if (dims.kdim == dims.vdim) {
+    kv_ = std::make_unique<LinearLayer>(engine_, Stack({&w.w_k, &w.w_v}),
+                                        Stack({&w.b_k, &w.b_v}), qk + v, dims.kdim,
+                                        act_dt_, act_dt_);
+  }
+  k_ = std::make_unique<LinearLayer>(engine_, w.w_k, w.b_k, qk, dims.kdim, act_dt_, act_dt_);
+  v_ = std::make_unique<LinearLayer>(engine_, w.w_v, w.b_v, v, dims.vdim, act_dt_, act_dt_);
+  out_ = std::make_unique<LinearLayer>(engine_, w.w_o, w.b_o, e, v, act_dt_, dt::f32);
+  if (dims.add_bias_kv) {
+    bias_k_ = RowInType(w.bias_k, act_dt_);
+    bias_v_ = RowInType(w.bias_v, act_dt_);
+  }
+  norm_weight_ = w.norm_weight;
+  norm_bias_ = w.norm_bias;
+}
+
+absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
+    const AttentionDims& dims, const PackedWeights& weights) {
+  try {
+    return std::unique_ptr<MhaEngine>(new MhaEngine(dims, weights));
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("engine creation failed: ", e.what()));
+  }
+}
+
+std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const {
+  return std::make_unique<Workspace>(engine_);
+}
+
+int64_t MhaEngine::WeightsElements(const AttentionBatch& batch, bool per_head) const {
+  const std::vector<int64_t>& kv =
+      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
+  int64_t total = 0;
+  for (int64_t b = 0; b < batch.num_sequences(); ++b) {
+    const int64_t s = kv[b + 1] - kv[b] + dims_.extra_keys();
+    total += (batch.q_offsets[b + 1] - batch.q_offsets[b]) * s;
+  }
+  return per_head ? total * dims_.num_heads : total;
+}
+
+absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
+                            Workspace& ws) const {
+  RETURN_IF_ERROR(ValidateBatch(dims_, batch, out));
+  if (!out.weights.empty()) {
+    const int64_t expected = WeightsElements(batch, out.per_head_weights);
+    if (static_cast<int64_t>(out.weights.size()) != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights: expected ", expected, " elements, got ", out.weights.size()));
+    }
+  }
+  try {
+    Compute(batch, out, ws);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("attention failed: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
+                                        Workspace& ws) const {
+  const int64_t qk = dims_.qk_width(), v = dims_.v_width();
+  const int64_t total_q = batch.q_offsets.back();
+  const size_t act = ActSize(act_dt_);
+  // Activations in the compute type.
+  auto as_act = [&](absl::Span<const float> x, Workspace::Slot slot) -> const void* {
+    if (act_dt_ == dt::f32) return x.data();
+    auto* converted = ws.Get<uint16_t>(slot, x.size());
+    ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
+    return converted;
+  };
+  Projected p;
+  const void* query = as_act(batch.query, Workspace::kQueryBf16);
+  if (batch.self_attention()) {
+    auto* qkv = ws.Get<uint8_t>(Workspace::kProjQ, total_q * (2 * qk + v) * act);
+    qkv_->Run(ws, query, total_q, qkv);
+    p.q = qkv, p.k = qkv + qk * act, p.v = qkv + 2 * qk * act;
+    p.ldq = p.ldk = p.ldv = 2 * qk + v;
+  } else {
+    const int64_t total_kv = batch.kv_offsets.back();
+    auto* q = ws.Get<uint8_t>(Workspace::kProjQ, total_q * qk * act);
+    q_->Run(ws, query, total_q, q);
+    p.q = q, p.ldq = qk;
+    const void* key = as_act(batch.key, Workspace::kKeyBf16);
+    const bool same = batch.value.empty() || batch.value.data() == batch.key.data();
+    if (same && kv_ != nullptr) {
+      auto* kv = ws.Get<uint8_t>(Workspace::kProjK, total_kv * (qk + v) * act);
+      kv_->Run(ws, key, total_kv, kv);
+      p.k = kv, p.v = kv + qk * act, p.ldk = p.ldv = qk + v;
+    } else {
+      const void* value = as_act(batch.value, Workspace::kValueBf16);
+      auto* k = ws.Get<uint8_t>(Workspace::kProjK, total_kv * qk * act);
+      auto* vv = ws.Get<uint8_t>(Workspace::kProjV, total_kv * v * act);
+      k_->Run(ws, key, total_kv, k);
+      v_->Run(ws, value, total_kv, vv);
+      p.k = k, p.v = vv, p.ldk = qk, p.ldv = v;
+    }
+  }
+  p.context = ws.Get<uint8_t>(Workspace::kContext, total_q * v * act);
+  p.key_padding = AdditiveMask(batch.key_padding_mask, ws, Workspace::kKeyPadF32);
+  p.attn_mask = AdditiveMask(batch.attn_mask, ws, Workspace::kMaskF32);
+  return p;
+}
+
+void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out,
+                        Workspace& ws) const {
+  const int64_t total_q = batch.q_offsets.back();
+  if (total_q == 0) return;
+  const Projected p = Project(batch, ws);
+  const std::vector<int64_t>& q_off = batch.q_offsets;
+  const std::vector<int64_t>& kv_off =
+      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
+  const int64_t h = dims_.num_heads, n = batch.num_sequences();
+  const int64_t score_cap = kMaxScoreBytes / static_cast<int64_t>(sizeof(float));
+  int64_t weights_offset = 0;
+  for (int64_t b = 0; b < n;) {
+    Block block;
+    block.first_seq = b;
+    block.weights_offset = weights_offset;
+    block.q_len = q_off[b + 1] - q_off[b];
+    block.kv_len = kv_off[b + 1] - kv_off[b];
+    const int64_t per_seq = h * block.q_len * (block.kv_len + dims_.extra_keys());
+    // Equal-length neighbours share one batched product (when nothing is
+    // appended to their keys, which needs a per-sequence copy).
+    while (dims_.extra_keys() == 0 && b + block.count < n &&
+           (block.count + 1) * per_seq <= score_cap &&
+           q_off[b + block.count + 1] - q_off[b + block.count] == block.q_len &&
+           kv_off[b + block.count + 1] - kv_off[b + block.count] == block.kv_len) {
+      ++block.count;
+    }
+    // A long sequence is processed in blocks of query rows.
+    const int64_t row_cap = std::max<int64_t>(
+        1, score_cap / std::max<int64_t>(1, h * (block.kv_len + dims_.extra_keys())));
+    for (int64_t row0 = 0; row0 < block.q_len; row0 += row_cap) {
+      block.row0 = row0;
+      block.rows = std::min(row_cap, block.q_len - row0);
+      Attend(block, p, batch, out, ws);
+    }
+    b += block.count;
+    weights_offset += block.count * (out.per_head_weights ? per_seq : per_seq / h);
+  }
+  out_->Run(ws, p.context, total_q, out.output.data());
+  if (dims_.post_norm) {
+    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(),
+                 norm_bias_.data(), total_q, dims_.embed_dim, dims_.norm_eps);
+  }
+}
+
+void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatch& batch,
+                       const AttentionOutputs& out, Workspace& ws) const {
+  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
+  const int64_t b = blk.first_seq, g = blk.count, rows = blk.rows;
+  const int64_t s = blk.kv_len + dims_.extra_keys();
+  const size_t act = ActSize(act_dt_);
+  const std::vector<int64_t>& kv_off =
+      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
+  const int64_t q_row = batch.q_offsets[b] + blk.row0;
+  uint8_t* context = p.context + q_row * vw * act;
+  if (s == 0) {  // no keys at all: zero probabilities, zero context
+    for (int64_t r = 0; r < rows; ++r) std::memset(context + r * vw * act, 0, vw * act);
+    return;
+  }
+  const uint8_t* k = p.k + kv_off[b] * p.ldk * act;
+  const uint8_t* v = p.v + kv_off[b] * p.ldv * act;
+  int64_t ldk = p.ldk, ldv = p.ldv;
+  if (dims_.extra_keys() > 0) {  // keys + bias_k + zero row, one sequence
+    auto* k_ext = ws.Get<uint8_t>(Workspace::kKeyExtra, s * qk * act);
+    auto* v_ext = ws.Get<uint8_t>(Workspace::kValueExtra, s * vw * act);
+    CopyRows(k, p.ldk * act, k_ext, qk * act, blk.kv_len, qk * act);
+    CopyRows(v, p.ldv * act, v_ext, vw * act, blk.kv_len, vw * act);
+    int64_t row = blk.kv_len;
+    if (dims_.add_bias_kv) {
+      std::memcpy(k_ext + row * qk * act, bias_k_.data(), qk * act);
+      std::memcpy(v_ext + row * vw * act, bias_v_.data(), vw * act);
+      ++row;
+    }
+    if (dims_.add_zero_attn) {
+      std::memset(k_ext + row * qk * act, 0, qk * act);
+      std::memset(v_ext + row * vw * act, 0, vw * act);
+    }
+    k = k_ext, v = v_ext, ldk = qk, ldv = vw;
+  }
+
+  // scores[g, h, rows, s] = scale * q . k
+  float* scores = ws.Get<float>(Workspace::kScores, g * h * rows * s);
+  MatmulSpec qk_spec;
+  qk_spec.src_dt = qk_spec.wei_dt = act_dt_;
+  qk_spec.src_dims = {g, h, rows, dqk};
+  qk_spec.src_strides = {blk.q_len * p.ldq, dqk, p.ldq, 1};
+  qk_spec.wei_dims = {g, h, dqk, s};
+  qk_spec.wei_strides = {std::max<int64_t>(1, blk.kv_len * ldk), dqk, 1, ldk};
+  qk_spec.dst_dims = {g, h, rows, s};
+  qk_spec.dst_strides = {h * rows * s, rows * s, s, 1};
+  qk_spec.scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+  ExecuteMatmul(*attention_matmuls_.Get(qk_spec), ws, p.q + q_row * p.ldq * act, k,
+                nullptr, scores);
+
+  for (int64_t i = 0; i < g; ++i) {
+    SoftmaxMasks masks;
+    masks.masked_cols = blk.kv_len;
+    masks.causal = batch.is_causal;
+    masks.first_row = blk.row0;
+    if (p.key_padding != nullptr) masks.key_padding = p.key_padding + kv_off[b + i];
+    if (p.attn_mask != nullptr) {
+      masks.attn = p.attn_mask + batch.attn_mask_offsets[b + i] + blk.row0 * blk.kv_len;
+      masks.attn_row_stride = blk.kv_len;
+      masks.attn_head_stride = batch.attn_mask_per_head ? blk.q_len * blk.kv_len : 0;
+    }
+    MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks);
+  }
+  if (!out.weights.empty()) WriteWeights(blk, scores, out);
+
+  const void* probs = scores;
+  if (act_dt_ == dt::bf16) {
+    auto* converted = ws.Get<uint16_t>(Workspace::kProbsBf16, g * h * rows * s);
+    ConvertToBf16(scores, converted, g * h * rows * s);
+    probs = converted;
+  }
+  // context[g, rows, h, dv] = probs . v, written into each head's columns.
+  MatmulSpec pv_spec;
+  pv_spec.src_dt = pv_spec.wei_dt = pv_spec.dst_dt = act_dt_;
+  pv_spec.src_dims = {g, h, rows, s};
+  pv_spec.src_strides = {h * rows * s, rows * s, s, 1};
+  pv_spec.wei_dims = {g, h, s, dv};
+  pv_spec.wei_strides = {std::max<int64_t>(1, blk.kv_len * ldv), dv, ldv, 1};
+  pv_spec.dst_dims = {g, h, rows, dv};
+  pv_spec.dst_strides = {blk.q_len * vw, dv, vw, 1};
+  ExecuteMatmul(*attention_matmuls_.Get(pv_spec), ws, probs, v, nullptr, context);
+}
+
+void MhaEngine::WriteWeights(const Block& blk, const float* probs,
+                             const AttentionOutputs& out) const {
+  const int64_t h = dims_.num_heads, rows = blk.rows;
+  const int64_t s = blk.kv_len + dims_.extra_keys();
+  for (int64_t i = 0; i < blk.count; ++i) {
+    const float* seq_probs = probs + i * h * rows * s;
+    if (out.per_head_weights) {
+      float* seq_out = out.weights.data() + blk.weights_offset + i * h * blk.q_len * s;
+      for (int64_t head = 0; head < h; ++head) {
+        std::memcpy(seq_out + (head * blk.q_len + blk.row0) * s,
+                    seq_probs + head * rows * s, sizeof(float) * rows * s);
+      }
+    } else {
+      float* seq_out = out.weights.data() + blk.weights_offset + i * blk.q_len * s;
+      AverageHeads(seq_probs, h, rows, s, seq_out + blk.row0 * s);
+    }
+  }
+}
+
+}  // namespace mha

@@ -1,0 +1,69 @@
+// The multi-head attention engine: what torch.nn.MultiheadAttention computes
+// (batch_first, inference), on oneDNN, for ragged batches.
+#ifndef MHA_ENGINE_MHA_ENGINE_H_
+#define MHA_ENGINE_MHA_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/attention_batch.h"
+#include "engine/model_config.h"
+#include "engine/onednn_matmul.h"
+#include "engine/weights.h"
+#include "engine/workspace.h"
+
+namespace mha {
+
+// Owns the packed, reordered weights of one attention layer and the oneDNN
+// primitives built for it. Created once; after Create every method is const
+// and thread-safe (concurrent Run calls need one Workspace each).
+class MhaEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(
+      const AttentionDims& dims, const PackedWeights& weights);
+
+  // A workspace for one caller of Run; reuse it across calls.
+  std::unique_ptr<Workspace> NewWorkspace() const;
+
+  // Computes attention for `batch` into `out`. INVALID_ARGUMENT names what
+  // is inconsistent; oneDNN failures come back as INTERNAL.
+  absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out,
+                   Workspace& ws) const;
+
+  // Elements Run writes into AttentionOutputs::weights for `batch`.
+  int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
+
+  const AttentionDims& dims() const { return dims_; }
+
+ private:
+  struct Projected;
+  struct Block;
+  MhaEngine(const AttentionDims& dims, const PackedWeights& weights);
+
+  void Compute(const AttentionBatch& batch, const AttentionOutputs& out,
+               Workspace& ws) const;
+  Projected Project(const AttentionBatch& batch, Workspace& ws) const;
+  void Attend(const Block& block, const Projected& p, const AttentionBatch& batch,
+              const AttentionOutputs& out, Workspace& ws) const;
+  void WriteWeights(const Block& block, const float* probs,
+                    const AttentionOutputs& out) const;
+
+  AttentionDims dims_;
+  dnnl::engine engine_;
+  dt act_dt_;  // f32, or bf16 for bf16 compute
+  std::unique_ptr<LinearLayer> qkv_;  // self-attention: E -> q|k|v
+  std::unique_ptr<LinearLayer> q_;    // cross-attention: E -> q
+  std::unique_ptr<LinearLayer> kv_;   // key == value: kdim -> k|v
+  std::unique_ptr<LinearLayer> k_, v_;
+  std::unique_ptr<LinearLayer> out_;
+  std::vector<uint8_t> bias_k_, bias_v_;  // one row each, in act_dt_
+  std::vector<float> norm_weight_, norm_bias_;
+  mutable MatmulCache attention_matmuls_;
+};
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_MHA_ENGINE_H_

@@ -1,0 +1,33 @@
+#include "engine/model.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+
+namespace mha {
+
+absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config,
+                                       const TensorMap& tensors) {
+  LoadedModel model;
+  model.config = config;
+  ASSIGN_OR_RETURN(model.dims, ResolveDims(config));
+  ASSIGN_OR_RETURN(PackedWeights weights, PackWeights(model.dims, config, tensors));
+  model.layout = weights.layout;
+  model.parameter_count = weights.parameter_count;
+  ASSIGN_OR_RETURN(model.engine, MhaEngine::Create(model.dims, weights));
+  return model;
+}
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& dir) {
+  ASSIGN_OR_RETURN(v1::ModelConfig config,
+                   ReadModelConfig(absl::StrCat(dir, "/", kConfigFileName)));
+  ASSIGN_OR_RETURN(TensorMap tensors,
+                   ReadSafetensors(absl::StrCat(dir, "/", kWeightsFileName)));
+  absl::StatusOr<LoadedModel> model = BuildModel(config, tensors);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat(dir, ": ", model.status().message()));
+  }
+  return model;
+}
+
+}  // namespace mha

@@ -1,0 +1,117 @@
+#include "engine/model_config.h"
+
+#include <fstream>
+#include <tuple>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace mha {
+namespace {
+
+// Keeps the first parse error with its position.
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error_.empty()) {
+      error_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    }
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+absl::Status CheckDim(const char* field, int64_t value, bool zero_allowed) {
+  if (value < 0 || value > kMaxModelDim || (!zero_allowed && value == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: ", field, " must be in [", zero_allowed ? 0 : 1, ", ",
+        kMaxModelDim, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text) {
+  v1::ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", errors.error()));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::ModelConfig> ReadModelConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  absl::StatusOr<v1::ModelConfig> config = ParseModelConfig(buffer.str());
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
+  for (auto [field, value, zero_ok] :
+       {std::tuple{"embed_dim", config.embed_dim(), false},
+        std::tuple{"num_heads", config.num_heads(), false},
+        std::tuple{"kdim", config.kdim(), true},
+        std::tuple{"vdim", config.vdim(), true},
+        std::tuple{"qk_head_dim", config.qk_head_dim(), true},
+        std::tuple{"v_head_dim", config.v_head_dim(), true}}) {
+    if (auto s = CheckDim(field, value, zero_ok); !s.ok()) return s;
+  }
+  AttentionDims d;
+  d.embed_dim = config.embed_dim();
+  d.num_heads = config.num_heads();
+  d.kdim = config.kdim() != 0 ? config.kdim() : d.embed_dim;
+  d.vdim = config.vdim() != 0 ? config.vdim() : d.embed_dim;
+  const bool default_head_dims = config.qk_head_dim() == 0 || config.v_head_dim() == 0;
+  if (default_head_dims && d.embed_dim % d.num_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: embed_dim ", d.embed_dim, " is not divisible by num_heads ",
+        d.num_heads, " (set qk_head_dim and v_head_dim to override)"));
+  }
+  d.qk_head_dim = config.qk_head_dim() != 0 ? config.qk_head_dim() : d.embed_dim / d.num_heads;
+  d.v_head_dim = config.v_head_dim() != 0 ? config.v_head_dim() : d.embed_dim / d.num_heads;
+  if (d.qk_width() > kMaxModelDim || d.v_width() > kMaxModelDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: num_heads x head_dim must be at most ", kMaxModelDim));
+  }
+  d.bias = !config.has_bias() || config.bias();
+  d.add_bias_kv = config.add_bias_kv();
+  d.add_zero_attn = config.add_zero_attn();
+  switch (config.compute_dtype()) {
+    case v1::DATA_TYPE_UNSPECIFIED:
+    case v1::DATA_TYPE_FP32:
+      break;
+    case v1::DATA_TYPE_BF16:
+      d.bf16 = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
+          v1::DataType_Name(config.compute_dtype())));
+  }
+  d.post_norm = config.has_post_norm();
+  if (d.post_norm && config.post_norm().has_eps()) {
+    const double eps = config.post_norm().eps();
+    if (!(eps > 0.0 && eps < 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: post_norm.eps must be in (0, 1), got ", eps));
+    }
+    d.norm_eps = static_cast<float>(eps);
+  }
+  return d;
+}
+
+}  // namespace mha

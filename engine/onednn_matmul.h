@@ -1,0 +1,96 @@
+// oneDNN matmul primitives for the engine: a shape-keyed primitive cache and
+// a linear layer whose weights are reordered once. Internal to the engine:
+// these throw dnnl::error, which MhaEngine turns into absl::Status.
+#ifndef MHA_ENGINE_ONEDNN_MATMUL_H_
+#define MHA_ENGINE_ONEDNN_MATMUL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/workspace.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace mha {
+
+using dt = dnnl::memory::data_type;
+
+// A created primitive and what executing it needs. Immutable.
+struct MatmulPrimitive {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+  bool has_bias = false;
+};
+
+// dst = scale * src x weights (+ bias), plain operands with explicit strides
+// (so heads can be strided views into a projection's output).
+struct MatmulSpec {
+  dt src_dt = dt::f32, wei_dt = dt::f32, dst_dt = dt::f32;
+  dnnl::memory::dims src_dims, src_strides;
+  dnnl::memory::dims wei_dims, wei_strides;
+  dnnl::memory::dims dst_dims, dst_strides;
+  float scale = 1.0f;
+
+  std::string Key() const;
+};
+
+// Attributes every engine primitive uses: user scratchpad (so concurrent
+// calls never share one), and an optional output scale.
+dnnl::primitive_attr MakeAttr(float scale);
+
+// Runs `p` on raw pointers with the workspace's stream and scratchpad.
+void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src,
+                   const void* weights, const void* bias, void* dst);
+
+// Creates each distinct MatmulSpec's primitive once. Thread-safe.
+class MatmulCache {
+ public:
+  explicit MatmulCache(const dnnl::engine& engine) : engine_(engine) {}
+  std::shared_ptr<const MatmulPrimitive> Get(const MatmulSpec& spec);
+  size_t size() const;
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  dnnl::engine engine_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const MatmulPrimitive>> cache_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// y[m, N] = x[m, K] W^T + b for any m. Owns W (reordered once into the
+// format oneDNN picks for this machine) and b, and one primitive per m seen.
+// Immutable after Create apart from that cache; thread-safe.
+class LinearLayer {
+ public:
+  // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
+  // `act_dt` (f32 or bf16); the output is `dst_dt`.
+  LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
+              const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt,
+              dt dst_dt);
+
+  void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
+  int64_t in_features() const { return k_; }
+  int64_t out_features() const { return n_; }
+
+ private:
+  dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;
+  std::shared_ptr<const MatmulPrimitive> PrimitiveFor(int64_t m) const;
+
+  static constexpr size_t kMaxEntries = 1024;
+  dnnl::engine engine_;
+  int64_t n_, k_;
+  dt act_dt_, dst_dt_;
+  dnnl::memory weights_;
+  dnnl::memory bias_;
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<int64_t, std::shared_ptr<const MatmulPrimitive>> by_m_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_ONEDNN_MATMUL_H_

@@ -1,0 +1,70 @@
+// Host tensors: element types, an owning row-major tensor, and conversions
+// from the storage types the engine accepts (f16, bf16) to f32.
+#ifndef MHA_ENGINE_TENSOR_H_
+#define MHA_ENGINE_TENSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace mha {
+
+enum class DType { kF32, kF16, kBF16, kBool };
+
+// Bytes per element of `dtype` (bool: one byte).
+size_t DTypeSize(DType dtype);
+// "F32", "F16", "BF16", "BOOL": the safetensors spelling.
+const char* DTypeName(DType dtype);
+
+// Number of elements of `shape`, or INVALID_ARGUMENT when a dimension is
+// negative or the product overflows int64.
+absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape);
+
+// "[2, 3, 4]".
+std::string ShapeString(absl::Span<const int64_t> shape);
+
+// A row-major tensor that owns its bytes. Plain value type: copyable,
+// movable, not synchronised (thread-compatible).
+class Tensor {
+ public:
+  Tensor() = default;
+  // Zero-filled tensor; the shape must already be validated.
+  Tensor(DType dtype, std::vector<int64_t> shape);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t num_elements() const;
+  size_t num_bytes() const { return bytes_.size(); }
+
+  const uint8_t* raw() const { return bytes_.data(); }
+  uint8_t* raw() { return bytes_.data(); }
+  // Typed views; the caller checks dtype() first.
+  const float* f32() const { return reinterpret_cast<const float*>(raw()); }
+  float* f32() { return reinterpret_cast<float*>(raw()); }
+
+ private:
+  DType dtype_ = DType::kF32;
+  std::vector<int64_t> shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+float HalfToFloat(uint16_t h);
+float Bf16ToFloat(uint16_t b);
+// Round-to-nearest-even, NaN preserved.
+uint16_t FloatToBf16(float f);
+
+// The values of a F32, F16 or BF16 tensor as f32 (BOOL: 0/1).
+std::vector<float> ToFloatVector(const Tensor& t);
+
+// A F32 tensor holding `values` with `shape` (sizes must agree).
+Tensor MakeF32Tensor(std::vector<int64_t> shape, absl::Span<const float> values);
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_TENSOR_H_

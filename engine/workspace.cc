@@ -1,0 +1,26 @@
+#include "engine/workspace.h"
+
+namespace mha {
+
+Workspace::Workspace(const dnnl::engine& engine) : stream_(engine) {}
+
+void* Workspace::Get(Slot slot, size_t bytes) {
+  constexpr size_t kAlign = 64;
+  Buffer& b = buffers_[slot];
+  if (bytes > b.capacity || b.aligned == nullptr) {
+    const size_t capacity = bytes + bytes / 4;  // room to grow a little
+    b.storage.reset(new uint8_t[capacity + kAlign]);
+    const auto address = reinterpret_cast<uintptr_t>(b.storage.get());
+    b.aligned = b.storage.get() + ((kAlign - address % kAlign) % kAlign);
+    b.capacity = capacity;
+  }
+  return b.aligned;
+}
+
+size_t Workspace::bytes_held() const {
+  size_t total = 0;
+  for (const Buffer& b : buffers_) total += b.capacity;
+  return total;
+}
+
+}  // namespace mha

@@ -1,0 +1,64 @@
+// Per-caller scratch memory and oneDNN stream for MhaEngine::Run.
+#ifndef MHA_ENGINE_WORKSPACE_H_
+#define MHA_ENGINE_WORKSPACE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace mha {
+
+// Owns growable 64-byte-aligned buffers (one per Slot) and the oneDNN stream
+// a call executes on. Buffers grow to the largest request seen and are then
+// reused, so steady-state calls allocate nothing. Not thread-safe: one
+// Workspace per concurrent caller (e.g. per batch worker).
+class Workspace {
+ public:
+  enum Slot {
+    kQueryBf16,   // query (or key/value) converted to bf16
+    kKeyBf16,
+    kValueBf16,
+    kProjQ,       // projected q (or q|k|v fused)
+    kProjK,       // projected k (or k|v fused)
+    kProjV,
+    kKeyExtra,    // one sequence's keys plus bias_k / zero rows
+    kValueExtra,
+    kScores,      // scores / probabilities, f32
+    kProbsBf16,
+    kContext,     // heads' outputs, [tokens, h*dv]
+    kMaskF32,     // masks converted to additive f32
+    kKeyPadF32,
+    kOnednnScratchpad,
+    kNumSlots
+  };
+
+  explicit Workspace(const dnnl::engine& engine);
+
+  // A buffer of at least `bytes` for `slot`; contents are not preserved
+  // when it grows.
+  void* Get(Slot slot, size_t bytes);
+  template <typename T>
+  T* Get(Slot slot, size_t count) {
+    return static_cast<T*>(Get(slot, count * sizeof(T)));
+  }
+
+  dnnl::stream& stream() { return stream_; }
+  // Total bytes currently held (for tests and metrics).
+  size_t bytes_held() const;
+
+ private:
+  struct Buffer {
+    std::unique_ptr<uint8_t[]> storage;
+    size_t capacity = 0;
+    uint8_t* aligned = nullptr;
+  };
+  std::array<Buffer, kNumSlots> buffers_;
+  dnnl::stream stream_;
+};
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_WORKSPACE_H_
