@@ -14,10 +14,6 @@ namespace {
 
 using dims = dnnl::memory::dims;
 
-// Scores of one attention block are at most this many bytes: longer
-// sequences are processed in blocks of query rows.
-constexpr int64_t kMaxScoreBytes = 64 << 20;
-
 size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
 
 std::vector<uint8_t> RowInType(const std::vector<float>& row, dt type) {
@@ -50,6 +46,26 @@ const float* AdditiveMask(const MaskView& m, Workspace& ws, Workspace::Slot slot
   return out;
 }
 
+// Every packed tensor has the size `dims` implies (PackWeights guarantees it;
+// this guards direct callers of Create).
+absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
+  const int64_t e = d.embed_dim, qk = d.qk_width(), v = d.v_width();
+  const std::pair<const std::vector<float>*, int64_t> expected[] = {
+      {&w.w_q, qk * e},  {&w.w_k, qk * d.kdim}, {&w.w_v, v * d.vdim},
+      {&w.b_q, qk},      {&w.b_k, qk},          {&w.b_v, v},
+      {&w.w_o, e * v},   {&w.b_o, e},
+      {&w.bias_k, d.add_bias_kv ? qk : 0},  {&w.bias_v, d.add_bias_kv ? v : 0},
+      {&w.norm_weight, d.post_norm ? e : 0}, {&w.norm_bias, d.post_norm ? e : 0}};
+  for (const auto& [vec, size] : expected) {
+    if (static_cast<int64_t>(vec->size()) != size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("packed weights: a tensor has ", vec->size(),
+                       " elements where the config implies ", size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // Projected q, k, v: act_dt_ rows with their leading dimensions.
@@ -71,8 +87,10 @@ struct MhaEngine::Block {
   int64_t weights_offset = 0;  // first sequence's weights in the output
 };
 
-MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w)
+MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w,
+                     const EngineOptions& options)
     : dims_(dims),
+      options_(options),
       engine_(dnnl::engine::kind::cpu, 0),
       act_dt_(dims.bf16 ? dt::bf16 : dt::f32),
       attention_matmuls_(engine_) {
@@ -100,9 +118,11 @@ MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w)
 }
 
 absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
-    const AttentionDims& dims, const PackedWeights& weights) {
+    const AttentionDims& dims, const PackedWeights& weights,
+    const EngineOptions& options) {
+  RETURN_IF_ERROR(CheckWeightSizes(dims, weights));
   try {
-    return std::unique_ptr<MhaEngine>(new MhaEngine(dims, weights));
+    return std::unique_ptr<MhaEngine>(new MhaEngine(dims, weights, options));
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
   } catch (const std::exception& e) {
@@ -199,7 +219,8 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
   const std::vector<int64_t>& kv_off =
       batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   const int64_t h = dims_.num_heads, n = batch.num_sequences();
-  const int64_t score_cap = kMaxScoreBytes / static_cast<int64_t>(sizeof(float));
+  const int64_t score_cap =
+      std::max<int64_t>(1, options_.max_score_bytes / static_cast<int64_t>(sizeof(float)));
   int64_t weights_offset = 0;
   for (int64_t b = 0; b < n;) {
     Block block;

@@ -17,13 +17,21 @@
 
 namespace mha {
 
+// Tuning knobs; the defaults suit serving.
+struct EngineOptions {
+  // Scores of one attention block stay below this: longer sequences run in
+  // blocks of query rows, so scratch memory is bounded whatever the length.
+  int64_t max_score_bytes = int64_t{64} << 20;
+};
+
 // Owns the packed, reordered weights of one attention layer and the oneDNN
 // primitives built for it. Created once; after Create every method is const
 // and thread-safe (concurrent Run calls need one Workspace each).
 class MhaEngine {
  public:
   static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(
-      const AttentionDims& dims, const PackedWeights& weights);
+      const AttentionDims& dims, const PackedWeights& weights,
+      const EngineOptions& options = {});
 
   // A workspace for one caller of Run; reuse it across calls.
   std::unique_ptr<Workspace> NewWorkspace() const;
@@ -41,7 +49,8 @@ class MhaEngine {
  private:
   struct Projected;
   struct Block;
-  MhaEngine(const AttentionDims& dims, const PackedWeights& weights);
+  MhaEngine(const AttentionDims& dims, const PackedWeights& weights,
+            const EngineOptions& options);
 
   void Compute(const AttentionBatch& batch, const AttentionOutputs& out,
                Workspace& ws) const;
@@ -52,6 +61,7 @@ class MhaEngine {
                     const AttentionOutputs& out) const;
 
   AttentionDims dims_;
+  EngineOptions options_;
   dnnl::engine engine_;
   dt act_dt_;  // f32, or bf16 for bf16 compute
   std::unique_ptr<LinearLayer> qkv_;  // self-attention: E -> q|k|v

@@ -97,10 +97,11 @@ def _storage_dtype(wdtype, r):
 
 
 def _renames(c, canonical):
-    """Every other canonical tensor gets a checkpoint-specific name."""
+    """Some canonical tensors (weights and biases) get checkpoint-specific
+    names."""
     if not c.rename:
         return {}
-    names = sorted(canonical)[::2]
+    names = set(sorted(canonical)[::3]) | {"out_proj.weight"}
     return {n: "ckpt/" + n.replace(".", "_") + "_renamed" for n in names}
 
 

@@ -178,6 +178,8 @@ def _make_consistent(c):
         c.layout = "in_proj" if c.kdim == c.vdim == c.E else "qkv_proj"
     if c.norm_eps is None:
         c.write_eps = True
+    elif not c.write_eps:       # `post_norm {}`: eps takes its default
+        c.norm_eps = 1e-5
     if c.full_rows and not (c.kpm or c.attn_mask):
         c.kpm = "bool"
     return c

@@ -1,0 +1,451 @@
+// MhaEngine against the plain-loop reference, on odd sizes and every option.
+#include "engine/mha_engine.h"
+
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "engine/model.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/reference_mha.h"
+#include "tests/test_models.h"
+
+namespace mha::testing {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+enum class MaskKind { kNone, kBool, kFloat };
+
+struct Case {
+  const char* name;
+  AttentionDims dims;
+  std::vector<int64_t> q_lens, kv_lens;  // kv_lens empty: self-attention
+  bool value_is_key = false;
+  MaskKind key_padding = MaskKind::kNone;
+  MaskKind attn_mask = MaskKind::kNone;
+  bool attn_per_head = true;
+  bool causal = false;
+  bool per_head_weights = false;
+};
+
+AttentionDims Dims(int64_t e, int64_t h) {
+  AttentionDims d;
+  d.embed_dim = e, d.num_heads = h, d.kdim = e, d.vdim = e;
+  d.qk_head_dim = e / h, d.v_head_dim = e / h;
+  return d;
+}
+
+// A ragged batch with its own storage, plus each sequence for the reference.
+struct Built {
+  std::vector<float> query, key, value, key_pad_f32, mask_f32;
+  std::vector<uint8_t> key_pad_bool, mask_bool;
+  AttentionBatch batch;
+  std::vector<ReferenceSequence> sequences;
+};
+
+// Fills one mask of `n` elements: about a third masked; additive values
+// mirror the booleans so the reference sees the same thing.
+void FillMask(MaskKind kind, int64_t n, uint32_t seed, std::vector<uint8_t>& bools,
+              std::vector<float>& floats, std::vector<float>& additive) {
+  const std::vector<float> r = RandomVector(n, seed, 1.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool masked = r[i] > 0.33f;
+    const float value = kind == MaskKind::kBool ? (masked ? -kInf : 0.0f)
+                                                : (masked ? -kInf : r[i]);
+    bools.push_back(masked);
+    floats.push_back(value);
+    additive.push_back(value);
+  }
+}
+
+void AttachMask(MaskKind kind, const std::vector<uint8_t>& bools,
+                const std::vector<float>& floats, MaskView& view) {
+  if (kind == MaskKind::kNone) return;
+  view.dtype = kind == MaskKind::kBool ? DType::kBool : DType::kF32;
+  view.data = kind == MaskKind::kBool ? static_cast<const void*>(bools.data())
+                                      : static_cast<const void*>(floats.data());
+  view.num_elements = static_cast<int64_t>(bools.size());
+}
+
+Built Build(const Case& c, uint32_t seed) {
+  const AttentionDims& d = c.dims;
+  const bool self = c.kv_lens.empty();
+  Built b;
+  b.batch.q_offsets = {0};
+  b.batch.kv_offsets = {0};
+  for (size_t i = 0; i < c.q_lens.size(); ++i) {
+    ReferenceSequence s;
+    s.q_len = c.q_lens[i];
+    s.kv_len = self ? s.q_len : c.kv_lens[i];
+    s.causal = c.causal;
+    s.query = RandomVector(s.q_len * d.embed_dim, seed + 10 * i + 1);
+    if (!self) {
+      s.key = RandomVector(s.kv_len * d.kdim, seed + 10 * i + 2);
+      if (!c.value_is_key) s.value = RandomVector(s.kv_len * d.vdim, seed + 10 * i + 3);
+    }
+    if (c.key_padding != MaskKind::kNone) {
+      FillMask(c.key_padding, s.kv_len, seed + 10 * i + 4, b.key_pad_bool,
+               b.key_pad_f32, s.key_padding);
+    }
+    if (c.attn_mask != MaskKind::kNone) {
+      b.batch.attn_mask_offsets.push_back(static_cast<int64_t>(b.mask_bool.size()));
+      const int64_t heads = c.attn_per_head ? d.num_heads : 1;
+      FillMask(c.attn_mask, heads * s.q_len * s.kv_len, seed + 10 * i + 5, b.mask_bool,
+               b.mask_f32, s.attn_mask);
+    }
+    b.query.insert(b.query.end(), s.query.begin(), s.query.end());
+    b.key.insert(b.key.end(), s.key.begin(), s.key.end());
+    b.value.insert(b.value.end(), s.value.begin(), s.value.end());
+    b.batch.q_offsets.push_back(b.batch.q_offsets.back() + s.q_len);
+    b.batch.kv_offsets.push_back(b.batch.kv_offsets.back() + s.kv_len);
+    b.sequences.push_back(std::move(s));
+  }
+  b.batch.query = b.query;
+  b.batch.key = b.key;
+  b.batch.value = b.value;
+  b.batch.is_causal = c.causal;
+  b.batch.attn_mask_per_head = c.attn_per_head;
+  AttachMask(c.key_padding, b.key_pad_bool, b.key_pad_f32, b.batch.key_padding_mask);
+  AttachMask(c.attn_mask, b.mask_bool, b.mask_f32, b.batch.attn_mask);
+  return b;
+}
+
+struct RunResult {
+  std::vector<float> output, weights;
+};
+
+RunResult RunEngine(const MhaEngine& engine, const Case& c, const Built& b) {
+  RunResult r;
+  r.output.assign(b.batch.q_offsets.back() * c.dims.embed_dim, -1.0f);
+  r.weights.assign(engine.WeightsElements(b.batch, c.per_head_weights), -1.0f);
+  AttentionOutputs out{absl::MakeSpan(r.output), absl::MakeSpan(r.weights),
+                       c.per_head_weights};
+  std::unique_ptr<Workspace> ws = engine.NewWorkspace();
+  const absl::Status s = engine.Run(b.batch, out, *ws);
+  EXPECT_TRUE(s.ok()) << s;
+  return r;
+}
+
+// Largest |a - b|, or infinity on a size mismatch or NaN.
+float MaxAbsDiff(const float* a, const float* b, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    const float diff = std::fabs(a[i] - b[i]);
+    if (!(diff <= m)) m = std::isnan(diff) ? kInf : diff;
+  }
+  return m;
+}
+
+// Compares every sequence's output and weights with the reference.
+void ExpectMatchesReference(const Case& c, const PackedWeights& w, const Built& b,
+                            const RunResult& got, float tolerance) {
+  const AttentionDims& d = c.dims;
+  int64_t weights_at = 0;
+  for (size_t i = 0; i < b.sequences.size(); ++i) {
+    const ReferenceSequence& s = b.sequences[i];
+    const ReferenceResult ref = ReferenceAttention(d, w, s);
+    const float* out = got.output.data() + b.batch.q_offsets[i] * d.embed_dim;
+    EXPECT_LE(MaxAbsDiff(out, ref.output.data(), ref.output.size()), tolerance)
+        << c.name << " output of sequence " << i;
+    const int64_t n = s.q_len * (s.kv_len + d.extra_keys());
+    std::vector<float> expected = ref.head_weights;
+    if (!c.per_head_weights) {  // average over heads
+      expected.assign(n, 0.0f);
+      for (int64_t h = 0; h < d.num_heads; ++h)
+        for (int64_t j = 0; j < n; ++j) expected[j] += ref.head_weights[h * n + j] / d.num_heads;
+    }
+    EXPECT_LE(MaxAbsDiff(got.weights.data() + weights_at, expected.data(), expected.size()),
+              tolerance)
+        << c.name << " weights of sequence " << i;
+    weights_at += static_cast<int64_t>(expected.size());
+  }
+  EXPECT_EQ(weights_at, static_cast<int64_t>(got.weights.size()));
+}
+
+std::unique_ptr<MhaEngine> MakeEngine(const AttentionDims& d, const PackedWeights& w,
+                                      EngineOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(d, w, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
+AttentionDims With(AttentionDims d, void (*edit)(AttentionDims&)) {
+  edit(d);
+  return d;
+}
+
+std::vector<Case> AllCases() {
+  const AttentionDims base = Dims(24, 3);
+  const AttentionDims cross = With(base, [](AttentionDims& d) { d.kdim = 16, d.vdim = 20; });
+  const AttentionDims no_bias = With(base, [](AttentionDims& d) { d.bias = false; });
+  const AttentionDims bias_kv = With(base, [](AttentionDims& d) { d.add_bias_kv = true; });
+  const AttentionDims zero_attn = With(base, [](AttentionDims& d) { d.add_zero_attn = true; });
+  const AttentionDims both_extra = With(cross, [](AttentionDims& d) {
+    d.add_bias_kv = true, d.add_zero_attn = true;
+  });
+  const AttentionDims einsum = With(base, [](AttentionDims& d) {
+    d.qk_head_dim = 5, d.v_head_dim = 7;
+  });
+  const AttentionDims norm = With(base, [](AttentionDims& d) {
+    d.post_norm = true, d.norm_eps = 1e-3f;
+  });
+  using M = MaskKind;
+  return {
+      {"self", base, {5, 5}, {}},
+      {"self_L1", base, {1}, {}},
+      {"self_ragged", base, {1, 7, 3, 3}, {}},
+      {"cross_L_ne_S", cross, {3, 4}, {6, 2}},
+      {"cross_S1", cross, {4}, {1}},
+      {"cross_value_is_key", With(base, [](AttentionDims& d) { d.kdim = d.vdim = 10; }),
+       {3, 2}, {5, 5}, true},
+      {"no_bias", no_bias, {4}, {}},
+      {"key_padding_bool", base, {4, 6}, {}, false, M::kBool},
+      {"key_padding_float", cross, {3, 3}, {5, 5}, false, M::kFloat},
+      {"attn_mask_bool_per_head", base, {4, 2}, {}, false, M::kNone, M::kBool},
+      {"attn_mask_float_shared", cross, {3, 3}, {4, 4}, false, M::kNone, M::kFloat, false},
+      {"both_masks", base, {5, 5}, {}, false, M::kBool, M::kFloat, true},
+      {"causal", base, {6, 3}, {}, false, M::kNone, M::kNone, true, true},
+      {"causal_cross_L_gt_S", cross, {6}, {4}, false, M::kBool, M::kNone, true, true},
+      {"causal_with_masks", base, {5}, {}, false, M::kFloat, M::kBool, false, true},
+      {"per_head_weights", base, {4, 2}, {3, 5}, false, M::kBool, M::kNone, true, false, true},
+      {"bias_kv", bias_kv, {4, 3}, {}, false, M::kBool, M::kNone, true, false, true},
+      {"zero_attn", zero_attn, {3}, {2}, false, M::kNone, M::kBool, true, true},
+      {"bias_kv_zero_attn_cross", both_extra, {3, 1}, {4, 2}, false, M::kBool, M::kBool, true,
+       false, true},
+      {"einsum_head_dims", einsum, {4, 4}, {}, false, M::kBool, M::kNone, true, false, true},
+      {"einsum_cross", With(einsum, [](AttentionDims& d) { d.kdim = 9, d.vdim = 11; }),
+       {2, 3}, {3, 1}, false, M::kFloat, M::kBool},
+      {"post_norm", norm, {4, 2}, {}, false, M::kBool},
+      {"one_head", Dims(8, 1), {3}, {}},
+      {"many_heads", Dims(64, 8), {9, 9, 9}, {}, false, M::kBool, M::kFloat},
+  };
+}
+
+class EngineCaseTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineCaseTest, MatchesPlainLoopReference) {
+  const Case& c = GetParam();
+  const PackedWeights w = RandomWeights(c.dims, 7);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(c.dims, w);
+  const Built b = Build(c, 100);
+  ExpectMatchesReference(c, w, b, RunEngine(*engine, c, b), 1e-5f);
+}
+
+TEST_P(EngineCaseTest, Bf16ComputeStaysWithinBf16Tolerance) {
+  Case c = GetParam();
+  c.dims.bf16 = true;
+  const PackedWeights w = RandomWeights(c.dims, 7);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(c.dims, w);
+  const Built b = Build(c, 100);
+  // Outputs are O(1); bf16 keeps ~3 significant digits through two products.
+  ExpectMatchesReference(c, w, b, RunEngine(*engine, c, b), 3e-2f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Options, EngineCaseTest, ::testing::ValuesIn(AllCases()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The question users ask most: three q/k/v projections, one fused in_proj,
+// or one small projection per head are the same math. Loaded from each
+// layout, the engine packs the same matrices and gives identical bits.
+TEST(EngineLayoutTest, AllWeightLayoutsGiveBitIdenticalOutputs) {
+  const AttentionDims d = Dims(24, 3);
+  const PackedWeights w = RandomWeights(d, 3);
+  const Case c{"layouts", d, {4, 2}, {}, false, MaskKind::kBool};
+  const Built b = Build(c, 5);
+  std::vector<RunResult> results;
+  for (WeightLayout layout :
+       {WeightLayout::kInProj, WeightLayout::kSeparateProjWeights,
+        WeightLayout::kSeparateLinears, WeightLayout::kPerHeadLinears}) {
+    absl::StatusOr<LoadedModel> model =
+        BuildModel(ConfigFor(d), WeightsAsTensors(d, w, layout));
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ(model->layout, layout);
+    results.push_back(RunEngine(*model->engine, c, b));
+  }
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(results[0].output.data(), results[i].output.data(),
+                             results[0].output.size() * sizeof(float)))
+        << "layout " << i;
+    EXPECT_EQ(results[0].weights, results[i].weights) << "layout " << i;
+  }
+  ExpectMatchesReference(c, w, b, results[0], 1e-5f);
+}
+
+// Multi-head is not single-head: with the same projection matrices, one
+// head over E differs from h heads over E / h.
+TEST(EngineHeadsTest, OneHeadDiffersFromManyHeadsOnSameWeights) {
+  const AttentionDims many = Dims(32, 4);
+  const AttentionDims one = Dims(32, 1);
+  const PackedWeights w = RandomWeights(many, 11);  // same shapes for both
+  const Case c_many{"many", many, {6}, {}};
+  const Case c_one{"one", one, {6}, {}};
+  const Built b = Build(c_many, 9);
+  const RunResult r_many = RunEngine(*MakeEngine(many, w), c_many, b);
+  const RunResult r_one = RunEngine(*MakeEngine(one, w), c_one, b);
+  ExpectMatchesReference(c_many, w, b, r_many, 1e-5f);
+  ExpectMatchesReference(c_one, w, b, r_one, 1e-5f);
+  EXPECT_GT(MaxAbsDiff(r_many.output.data(), r_one.output.data(), r_one.output.size()), 1e-3f);
+}
+
+TEST(EngineMaskTest, FullyMaskedRowGetsZeroWeightsAndOutputBias) {
+  const AttentionDims d = Dims(24, 3);
+  const PackedWeights w = RandomWeights(d, 2);
+  Case c{"all_masked", d, {3}, {}, false, MaskKind::kBool};
+  c.per_head_weights = true;
+  Built b = Build(c, 1);
+  std::fill(b.key_pad_bool.begin(), b.key_pad_bool.end(), 1);  // every key masked
+  const RunResult r = RunEngine(*MakeEngine(d, w), c, b);
+  for (float x : r.weights) EXPECT_EQ(x, 0.0f);
+  for (int64_t i = 0; i < 3; ++i) {
+    for (int64_t e = 0; e < 24; ++e) EXPECT_EQ(r.output[i * 24 + e], w.b_o[e]);
+  }
+}
+
+TEST(EngineMaskTest, NoKeysAtAllGivesOutputBias) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.kdim = x.vdim = 8; });
+  const PackedWeights w = RandomWeights(d, 2);
+  const Case c{"no_keys", d, {2, 2}, {0, 3}};
+  const Built b = Build(c, 1);
+  const RunResult r = RunEngine(*MakeEngine(d, w), c, b);
+  for (int64_t e = 0; e < 24; ++e) EXPECT_EQ(r.output[e], w.b_o[e]);
+  ExpectMatchesReference(c, w, b, r, 1e-5f);
+}
+
+// Long sequences run in blocks of query rows (and equal-length sequences in
+// smaller groups) when scores would exceed the budget: same numbers.
+TEST(EngineBlockingTest, SmallScoreBudgetGivesSameResults) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.add_zero_attn = true; });
+  const PackedWeights w = RandomWeights(d, 4);
+  for (const AttentionDims& dims : {Dims(24, 3), d}) {
+    Case c{"blocking", dims, {40, 40, 40, 7}, {}, false, MaskKind::kBool, MaskKind::kFloat};
+    c.causal = true;
+    const PackedWeights wd = RandomWeights(dims, 4);
+    const Built b = Build(c, 2);
+    const RunResult whole = RunEngine(*MakeEngine(dims, wd), c, b);
+    EngineOptions tiny;
+    tiny.max_score_bytes = 3 * 5 * 41 * 4;  // five query rows of one sequence
+    const RunResult blocked = RunEngine(*MakeEngine(dims, wd, tiny), c, b);
+    EXPECT_LE(MaxAbsDiff(whole.output.data(), blocked.output.data(), whole.output.size()),
+              1e-6f);
+    EXPECT_LE(MaxAbsDiff(whole.weights.data(), blocked.weights.data(), whole.weights.size()),
+              1e-6f);
+    ExpectMatchesReference(c, wd, b, blocked, 1e-5f);
+  }
+}
+
+TEST(EngineRaggedTest, RaggedBatchEqualsSequencesRunAlone) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.kdim = x.vdim = 12; });
+  const PackedWeights w = RandomWeights(d, 5);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, w);
+  const Case all{"ragged", d, {2, 9, 1, 4}, {3, 1, 8, 4}, true, MaskKind::kBool};
+  const Built b = Build(all, 3);
+  const RunResult together = RunEngine(*engine, all, b);
+  for (size_t i = 0; i < all.q_lens.size(); ++i) {
+    Built alone = Build(Case{"one", d, {all.q_lens[i]}, {all.kv_lens[i]}, true}, 0);
+    alone.sequences[0] = b.sequences[i];  // same data as in the batch
+    alone.query = b.sequences[i].query;
+    alone.key = b.sequences[i].key;
+    alone.key_pad_bool = b.sequences[i].key_padding.empty()
+                             ? std::vector<uint8_t>{}
+                             : std::vector<uint8_t>(b.key_pad_bool.begin() + b.batch.kv_offsets[i],
+                                                    b.key_pad_bool.begin() + b.batch.kv_offsets[i + 1]);
+    alone.batch.query = alone.query;
+    alone.batch.key = alone.key;
+    AttachMask(MaskKind::kBool, alone.key_pad_bool, alone.key_pad_f32,
+               alone.batch.key_padding_mask);
+    const RunResult r = RunEngine(*engine, Case{"one", d, {all.q_lens[i]}, {1}}, alone);
+    EXPECT_LE(MaxAbsDiff(r.output.data(),
+                         together.output.data() + b.batch.q_offsets[i] * 24, r.output.size()),
+              1e-6f)
+        << "sequence " << i;
+  }
+}
+
+TEST(EngineThreadsTest, ConcurrentRunsWithOwnWorkspacesAgree) {
+  const AttentionDims d = Dims(32, 4);
+  const PackedWeights w = RandomWeights(d, 6);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, w);
+  const Case c{"threads", d, {7, 3, 12}, {}, false, MaskKind::kFloat};
+  const Built b = Build(c, 8);
+  const RunResult expected = RunEngine(*engine, c, b);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        if (RunEngine(*engine, c, b).output != expected.output) ++mismatches[t];
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_THAT(mismatches, ::testing::Each(0));
+}
+
+TEST(EngineWorkspaceTest, SteadyStateCallsDoNotGrowTheWorkspace) {
+  const AttentionDims d = Dims(24, 3);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, RandomWeights(d, 1));
+  const Case c{"steady", d, {5, 8}, {}, false, MaskKind::kBool, MaskKind::kBool};
+  const Built b = Build(c, 4);
+  std::vector<float> output(13 * 24), weights(engine->WeightsElements(b.batch, false));
+  const AttentionOutputs outputs{absl::MakeSpan(output), absl::MakeSpan(weights), false};
+  std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+  ASSERT_TRUE(engine->Run(b.batch, outputs, *ws).ok());
+  const size_t held = ws->bytes_held();
+  ASSERT_TRUE(engine->Run(b.batch, outputs, *ws).ok());
+  EXPECT_EQ(ws->bytes_held(), held);
+}
+
+TEST(EngineValidationTest, InconsistentBatchesAreRejectedWithTheFieldNamed) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.kdim = x.vdim = 8; });
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, RandomWeights(d, 1));
+  const Case c{"valid", d, {2, 3}, {4, 1}, false, MaskKind::kBool, MaskKind::kBool};
+  std::vector<float> output(5 * 24);
+  auto run = [&](const Built& b, absl::Span<float> out, absl::Span<float> weights = {}) {
+    std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+    return engine->Run(b.batch, {out, weights, false}, *ws);
+  };
+  const Built good = Build(c, 1);
+  EXPECT_TRUE(run(good, absl::MakeSpan(output)).ok());
+
+  using ::testing::HasSubstr;
+  auto expect_invalid = [&](const Built& b, absl::Span<float> out, const char* what,
+                            absl::Span<float> weights = {}) {
+    const absl::Status s = run(b, out, weights);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << what;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(what));
+  };
+  expect_invalid(good, absl::MakeSpan(output).subspan(1), "output");
+  std::vector<float> bad_weights(3);
+  expect_invalid(good, absl::MakeSpan(output), "weights", absl::MakeSpan(bad_weights));
+  Built b = Build(c, 1);
+  b.batch.key = absl::MakeSpan(b.key).subspan(1);
+  expect_invalid(b, absl::MakeSpan(output), "key");
+  b = Build(c, 1);
+  b.batch.q_offsets = {0, 3, 2};
+  expect_invalid(b, absl::MakeSpan(output), "q_offsets");
+  b = Build(c, 1);
+  b.batch.key = {};
+  b.batch.value = {};
+  expect_invalid(b, absl::MakeSpan(output), "self-attention needs kdim");
+  b = Build(c, 1);
+  b.batch.key_padding_mask.num_elements -= 1;
+  expect_invalid(b, absl::MakeSpan(output), "key_padding_mask");
+  b = Build(c, 1);
+  b.batch.attn_mask.num_elements -= 1;
+  expect_invalid(b, absl::MakeSpan(output), "attn_mask");
+  b = Build(c, 1);
+  b.batch.attn_mask.dtype = DType::kF16;
+  expect_invalid(b, absl::MakeSpan(output), "attn_mask: dtype F16");
+}
+
+TEST(EngineCreateTest, WeightsOfTheWrongSizeAreRejected) {
+  const AttentionDims d = Dims(24, 3);
+  PackedWeights w = RandomWeights(d, 1);
+  w.w_o.pop_back();
+  EXPECT_EQ(MhaEngine::Create(d, w).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mha::testing

@@ -1,0 +1,33 @@
+// Test fixtures: random attention weights and their checkpoint tensors in
+// each weight layout.
+#ifndef MHA_TESTS_TEST_MODELS_H_
+#define MHA_TESTS_TEST_MODELS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
+#include "engine/weights.h"
+#include "mha/v1/model_config.pb.h"
+
+namespace mha::testing {
+
+// Deterministic values uniform in [-scale, scale).
+std::vector<float> RandomVector(size_t n, uint32_t seed, float scale = 0.5f);
+
+// The ModelConfig text form of `dims` (for LoadModel-style tests).
+v1::ModelConfig ConfigFor(const AttentionDims& dims);
+
+// Random weights of the shapes `dims` asks for (zero biases when !dims.bias).
+PackedWeights RandomWeights(const AttentionDims& dims, uint32_t seed);
+
+// The same weights as F32 tensors named as `layout` stores them, every name
+// prefixed with `prefix`.
+TensorMap WeightsAsTensors(const AttentionDims& dims, const PackedWeights& w,
+                           WeightLayout layout, const std::string& prefix = "");
+
+}  // namespace mha::testing
+
+#endif  // MHA_TESTS_TEST_MODELS_H_
