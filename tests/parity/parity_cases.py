@@ -10,8 +10,9 @@ import dataclasses
 import random
 
 # (embed_dim, num_heads): small and odd shapes, incl. one head and head_dim 3.
+# (256, 4) is the demo model's shape, large enough for blocked kernels.
 HEAD_SHAPES = [(24, 3), (8, 1), (32, 4), (64, 8), (20, 5), (18, 6), (12, 2),
-               (48, 3)]
+               (48, 3), (256, 4)]
 
 
 @dataclasses.dataclass
@@ -142,7 +143,8 @@ def _random_case(index, r):
     c.kdim = r.choice([c.E, c.E, 8, 16, 40])
     c.vdim = r.choice([c.E, c.E, 12, 20])
     c.batch = r.choice([0, 1, 2, 3, 4])
-    c.L, c.S = r.choice([1, 2, 3, 5, 8, 13]), r.choice([1, 2, 4, 7, 16])
+    c.L = r.choice([1, 2, 3, 5, 8, 13, 33])
+    c.S = r.choice([1, 2, 4, 7, 16, 64])
     c.bias = r.random() < 0.8
     c.add_bias_kv, c.add_zero_attn = r.random() < 0.3, r.random() < 0.3
     c.compute = "BF16" if r.random() < 0.25 else "FP32"

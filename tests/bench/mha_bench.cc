@@ -1,0 +1,138 @@
+// mha_bench: median time and GFLOP/s of the engine on the standard shapes
+// (fp32 and bf16), and of a plain oneDNN matmul (n = 1024) in the same run:
+// the machine's ceiling. One JSON object per line with --json.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "engine/mha_engine.h"
+#include "engine/onednn_matmul.h"
+#include "tests/test_models.h"
+
+ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per shape");
+ABSL_FLAG(double, min_seconds, 1.0, "minimum timed seconds per shape");
+ABSL_FLAG(std::string, dtypes, "f32,bf16", "compute types to run");
+ABSL_FLAG(std::string, shapes, "", "only shapes whose name contains this");
+ABSL_FLAG(bool, json, false, "one JSON object per line");
+
+namespace mha {
+namespace {
+
+struct Shape {
+  std::string name;
+  int64_t batch, q_len, kv_len, embed_dim, heads;  // kv_len 0: self-attention
+};
+
+const std::vector<Shape>& StandardShapes() {
+  static const std::vector<Shape> shapes = {
+      {"self_b8_l128_e512_h8", 8, 128, 0, 512, 8},
+      {"self_b1_l1024_e512_h8", 1, 1024, 0, 512, 8},
+      {"cross_b8_l64_s256_e512_h8", 8, 64, 256, 512, 8},
+      {"self_b1_l16_e256_h4", 1, 16, 0, 256, 4},
+      {"self_b4_l512_e1024_h16", 4, 512, 0, 1024, 16},
+  };
+  return shapes;
+}
+
+double Flops(const Shape& s) {
+  const double t = s.batch * s.q_len, e = s.embed_dim;
+  const double kv_len = s.kv_len == 0 ? s.q_len : s.kv_len, tk = s.batch * kv_len;
+  const double projections = 2 * t * e * e + 2 * tk * e * 2 * e + 2 * t * e * e;
+  const double attention = 2.0 * s.batch * s.q_len * kv_len * e * 2;
+  return projections + attention;
+}
+
+// Median seconds of `fn` after a warm-up, over at least min_reps calls and
+// min_seconds.
+template <typename Fn>
+double MedianSeconds(Fn&& fn) {
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> times;
+  const auto start = std::chrono::steady_clock::now();
+  while (static_cast<int>(times.size()) < absl::GetFlag(FLAGS_min_reps) ||
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+             absl::GetFlag(FLAGS_min_seconds)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+void Report(const std::string& what, const std::string& dtype, double seconds, double flops) {
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("{\"name\": \"%s\", \"dtype\": \"%s\", \"ms\": %.5f, \"gflops\": %.2f}\n",
+                what.c_str(), dtype.c_str(), seconds * 1e3, flops / seconds * 1e-9);
+  } else {
+    std::printf("%-30s %-5s %10.4f ms %9.1f GFLOP/s\n", what.c_str(), dtype.c_str(),
+                seconds * 1e3, flops / seconds * 1e-9);
+  }
+  std::fflush(stdout);
+}
+
+void BenchShape(const Shape& s, bool bf16) {
+  AttentionDims d;
+  d.embed_dim = d.kdim = d.vdim = s.embed_dim;
+  d.num_heads = s.heads;
+  d.qk_head_dim = d.v_head_dim = s.embed_dim / s.heads;
+  d.bf16 = bf16;
+  auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1));
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
+    return;
+  }
+  const int64_t kv_len = s.kv_len == 0 ? s.q_len : s.kv_len;
+  const std::vector<float> query = testing::RandomVector(s.batch * s.q_len * s.embed_dim, 2);
+  const std::vector<float> memory =
+      testing::RandomVector(s.kv_len == 0 ? 0 : s.batch * kv_len * s.embed_dim, 3);
+  AttentionBatch batch;
+  batch.query = query;
+  batch.key = memory;  // value = key: the usual encoder memory
+  SetUniformOffsets(s.batch, s.q_len, kv_len, s.heads, batch);
+  std::vector<float> output(query.size());
+  std::unique_ptr<Workspace> ws = (*engine)->NewWorkspace();
+  const AttentionOutputs out{absl::MakeSpan(output), {}, false};
+  const double seconds = MedianSeconds([&] {
+    const absl::Status status = (*engine)->Run(batch, out, *ws);
+    if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  });
+  Report(s.name, bf16 ? "bf16" : "f32", seconds, Flops(s));
+}
+
+// A plain oneDNN matmul n x n x n with weights reordered once: the rate
+// this machine reaches on an easy, large product.
+void BenchMatmulCeiling(bool bf16) {
+  constexpr int64_t n = 1024;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  const std::vector<float> w = testing::RandomVector(n * n, 4), b(n, 0.0f);
+  const LinearLayer layer(engine, w, b, n, n, bf16 ? dt::bf16 : dt::f32, dt::f32);
+  std::vector<uint8_t> x(n * n * (bf16 ? 2 : 4), 0);
+  std::vector<float> y(n * n);
+  Workspace ws(engine);
+  const double seconds = MedianSeconds([&] { layer.Run(ws, x.data(), n, y.data()); });
+  Report("matmul_n1024", bf16 ? "bf16" : "f32", seconds, 2.0 * n * n * n);
+}
+
+}  // namespace
+}  // namespace mha
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string filter = absl::GetFlag(FLAGS_shapes);
+  for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    const bool bf16 = dtype == "bf16";
+    mha::BenchMatmulCeiling(bf16);
+    for (const mha::Shape& s : mha::StandardShapes()) {
+      if (s.name.find(filter) == std::string::npos) continue;
+      mha::BenchShape(s, bf16);
+    }
+  }
+  return 0;
+}
