@@ -1,5 +1,6 @@
 #include "engine/model_config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <tuple>
 #include <sstream>
@@ -48,6 +49,10 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text) {
 }
 
 absl::StatusOr<v1::ModelConfig> ReadModelConfig(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat("no such file: ", path));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream buffer;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <limits>
+#include <tuple>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -43,9 +46,10 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(const json& value,
   }
   std::vector<int64_t> shape;
   for (const json& d : value) {
-    if (!d.is_number_unsigned()) {
+    if (!d.is_number_unsigned() ||
+        d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", tensor, "': shape entries must be non-negative integers"));
+          "tensor '", tensor, "': shape entries must be integers in [0, 2^63)"));
     }
     shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
   }
@@ -76,7 +80,12 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const json& value) {
 }
 
 absl::Status CheckEntry(const Entry& e, uint64_t data_size) {
-  ASSIGN_OR_RETURN(int64_t count, NumElements(e.shape));
+  const absl::StatusOr<int64_t> elements = NumElements(e.shape);
+  if (!elements.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", e.name, "': ", elements.status().message()));
+  }
+  const int64_t count = *elements;
   const uint64_t elem = DTypeSize(e.dtype);
   if (e.begin > e.end || e.end > data_size) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -93,9 +102,12 @@ absl::Status CheckEntry(const Entry& e, uint64_t data_size) {
   return absl::OkStatus();
 }
 
+// Non-empty byte ranges must not overlap (an empty tensor occupies none).
 absl::Status CheckNoOverlap(std::vector<const Entry*> entries) {
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  std::erase_if(entries, [](const Entry* e) { return e->begin == e->end; });
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
+    return std::tie(a->begin, a->end) < std::tie(b->begin, b->end);
+  });
   for (size_t i = 1; i < entries.size(); ++i) {
     if (entries[i]->begin < entries[i - 1]->end) {
       return absl::InvalidArgumentError(
@@ -151,6 +163,10 @@ absl::StatusOr<TensorMap> ParseSafetensors(std::string_view bytes) {
 }
 
 absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat("no such file: ", path));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::stringstream buffer;

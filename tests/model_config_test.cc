@@ -35,7 +35,7 @@ void ExpectResolveError(const std::string& text, const std::string& part) {
   EXPECT_THAT(std::string(dims.status().message()), HasSubstr(part));
 }
 
-// --- ParseModelConfig -------------------------------------------------------
+// --- ParseModelConfig --------------------------------------------------------
 
 TEST(ParseModelConfigTest, ReadsEveryField) {
   const v1::ModelConfig c = Parse(R"pb(
@@ -108,11 +108,11 @@ TEST(ParseModelConfigTest, UnknownEnumValueIsRejected) {
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("DATA_TYPE_INT8"));
 }
 
-// --- ReadModelConfig --------------------------------------------------------
+// --- ReadModelConfig ---------------------------------------------------------
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
   const std::string path =
-      absl::StrCat(::testing::TempDir(), "/model_config_test_", name);
+      absl::StrCat(::testing::TempDir(), "model_config_test_", name);
   std::ofstream(path, std::ios::trunc) << text;
   return path;
 }
@@ -128,7 +128,7 @@ TEST(ReadModelConfigTest, ReadsAFile) {
 
 TEST(ReadModelConfigTest, MissingFileIsNotFound) {
   const std::string path =
-      absl::StrCat(::testing::TempDir(), "/model_config_test_missing.pbtxt");
+      absl::StrCat(::testing::TempDir(), "model_config_test_missing.pbtxt");
   absl::StatusOr<v1::ModelConfig> c = ReadModelConfig(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr(path));
@@ -244,7 +244,7 @@ TEST(ResolveDimsTest, IndivisibleEmbedDimWithBothHeadDimsIsAccepted) {
   EXPECT_EQ(d->v_width(), 20);
 }
 
-// --- ResolveDims: rejected configs ------------------------------------------
+// --- ResolveDims: rejected configs -------------------------------------------
 
 TEST(ResolveDimsTest, ZeroEmbedDimIsRejected) {
   ExpectResolveError("num_heads: 2", "embed_dim");

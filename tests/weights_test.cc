@@ -159,8 +159,7 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(WeightLayoutName(info.param));
     });
 
-// --- Layout-specific shapes
-// ---------------------------------------------------
+// --- Layout-specific shapes --------------------------------------------------
 
 // kdim and vdim differ from embed_dim: only layouts with separate key and
 // value weights can hold them.
@@ -420,8 +419,7 @@ TEST(PackWeightsTest, EmptyCheckpointIsRejected) {
   ExpectPackError(d, ConfigFor(d), TensorMap(), {"'in_proj_weight'"});
 }
 
-// --- bias_kv and post_norm
-// ----------------------------------------------------
+// --- bias_kv and post_norm ---------------------------------------------------
 
 TEST(PackWeightsTest, AddBiasKvRequiresBiasK) {
   const AttentionDims d = FullDims();
@@ -477,8 +475,7 @@ TEST(PackWeightsTest, WithoutBiasKvAndNormThoseVectorsStayEmpty) {
   EXPECT_TRUE(packed->norm_bias.empty());
 }
 
-// --- Storage dtypes
-// -----------------------------------------------------------
+// --- Storage dtypes ----------------------------------------------------------
 
 // `f` rounded to `bits` significant bits, ties to even (normal range only).
 float RoundToSignificantBits(float f, int bits) {
