@@ -109,11 +109,13 @@ def _add_decoys(c, canonical, renames, stored, r):
     """Tensors that must NOT be used: canonical names shadowed by a
     tensor_names entry or living outside tensor_prefix. They hold garbage so
     that picking one up makes the comparison fail."""
-    decoys = [n for n in canonical if n in renames]
     if c.prefix:
+        # Some tensors again without the prefix, and one under a longer one.
         decoys = [n for n in canonical if r.random() < 0.5] or ["out_proj.weight"]
         stored["other.layer." + c.prefix + "out_proj.weight"] = (
             np.full_like(canonical["out_proj.weight"], 7.0), "F32")
+    else:
+        decoys = list(renames)  # canonical names redirected by tensor_names
     for name in decoys:
         stored.setdefault(name, (np.full_like(canonical[name], 3.0), "F32"))
 
