@@ -127,11 +127,28 @@ void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count) {
   }
 }
 
-void CopyRows(const void* src, int64_t src_stride_bytes, void* dst,
-              int64_t dst_stride_bytes, int64_t rows, int64_t row_bytes) {
+// Copies are memory-bound; two threads help only on large ones.
+constexpr int64_t kParallelCopyBytes = 256 << 10;
+
+void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
+                const HeadLayout& layout, uint8_t* dst) {
+  const int64_t hb = layout.head_bytes;
+#pragma omp parallel for schedule(static) if (rows * layout.heads * hb > kParallelCopyBytes)
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(static_cast<uint8_t*>(dst) + r * dst_stride_bytes,
-                static_cast<const uint8_t*>(src) + r * src_stride_bytes, row_bytes);
+    for (int64_t h = 0; h < layout.heads; ++h) {
+      std::memcpy(dst + layout.Offset(h, r), src + r * src_row_bytes + h * hb, hb);
+    }
+  }
+}
+
+void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
+                uint8_t* dst, int64_t dst_row_bytes) {
+  const int64_t hb = layout.head_bytes;
+#pragma omp parallel for schedule(static) if (rows * layout.heads * hb > kParallelCopyBytes)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < layout.heads; ++h) {
+      std::memcpy(dst + r * dst_row_bytes + h * hb, src + layout.Offset(h, r), hb);
+    }
   }
 }
 

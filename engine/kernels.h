@@ -4,6 +4,7 @@
 #ifndef MHA_ENGINE_KERNELS_H_
 #define MHA_ENGINE_KERNELS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 namespace mha {
@@ -35,9 +36,25 @@ void AddLayerNorm(float* out, const float* residual, const float* gamma,
 void ConvertToBf16(const float* in, uint16_t* out, int64_t count);
 void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count);
 
-// Copies `rows` rows of `width` elements between strided buffers.
-void CopyRows(const void* src, int64_t src_stride_bytes, void* dst,
-              int64_t dst_stride_bytes, int64_t rows, int64_t row_bytes);
+// Token-major rows [rows, heads * head] (row stride `src_row_bytes`) to
+// head-major blocks: rows are cut into blocks of `block_rows`, each block
+// stored as [heads, rows in block, head], blocks back to back. The layout
+// spans `layout_rows` >= `rows` rows (room for appended rows). With
+// block_rows >= layout_rows this is plain [heads, layout_rows, head].
+struct HeadLayout {
+  int64_t heads = 1, head_bytes = 0;
+  int64_t layout_rows = 0, block_rows = 1;
+  // Byte offset of (head, row) in the layout.
+  int64_t Offset(int64_t head, int64_t row) const {
+    const int64_t block = row / block_rows, first = block * block_rows;
+    const int64_t in_block = std::min(block_rows, layout_rows - first);
+    return ((first * heads) + head * in_block + (row - first)) * head_bytes;
+  }
+};
+void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
+                const HeadLayout& layout, uint8_t* dst);
+void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
+                uint8_t* dst, int64_t dst_row_bytes);
 
 // weights[r, c] = mean over heads of probs[h, r, c].
 void AverageHeads(const float* probs, int64_t heads, int64_t rows, int64_t cols,

@@ -68,21 +68,34 @@ absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
 
 }  // namespace
 
-// Projected q, k, v: act_dt_ rows with their leading dimensions.
+// q, k, v and the heads' outputs in head-major layout, act_dt_ elements:
+// sequence b holds q [h, L_b, dqk] at element q_offsets[b] * h * dqk,
+// k [h, S'_b, dqk] and v [h, S'_b, dv] at kv_offsets[b] (the offsets of the
+// keys with the bias_kv / zero_attn positions appended, S'_b = S_b + extra),
+// and context [h, L_b, dv] like q. Contiguous heads let oneDNN use its
+// fastest (brgemm / AMX) kernels for the attention products.
 struct MhaEngine::Projected {
+  uint8_t* q = nullptr;
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  uint8_t* context_heads = nullptr;
+  std::vector<int64_t> kv_offsets;
+  const float* key_padding = nullptr;
+  const float* attn_mask = nullptr;
+};
+
+// Token-major projections as the linear layers wrote them.
+struct MhaEngine::TokenMajor {
   const uint8_t* q = nullptr;
   const uint8_t* k = nullptr;
   const uint8_t* v = nullptr;
-  int64_t ldq = 0, ldk = 0, ldv = 0;
-  uint8_t* context = nullptr;  // [total_q, h*dv]
-  const float* key_padding = nullptr;
-  const float* attn_mask = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0;  // row strides in elements
 };
 
 // `count` consecutive sequences of equal lengths, query rows [row0, row0+rows).
 struct MhaEngine::Block {
   int64_t first_seq = 0, count = 1;
-  int64_t q_len = 0, kv_len = 0;
+  int64_t q_len = 0, kv_len = 0;  // kv_len counts the appended key positions
   int64_t row0 = 0, rows = 0;
   int64_t weights_offset = 0;  // first sequence's weights in the output
 };
@@ -130,6 +143,16 @@ absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
   }
 }
 
+int64_t MhaEngine::ScoreCap() const {
+  return std::max<int64_t>(1, options_.max_score_bytes / static_cast<int64_t>(sizeof(float)));
+}
+
+int64_t MhaEngine::RowsPerBlock(int64_t q_len, int64_t kv_len) const {
+  if (kv_len == 0) return std::max<int64_t>(1, q_len);
+  const int64_t fit = std::max<int64_t>(1, ScoreCap() / (dims_.num_heads * kv_len));
+  return std::max<int64_t>(1, std::min(q_len, fit));
+}
+
 std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const {
   return std::make_unique<Workspace>(engine_);
 }
@@ -165,8 +188,8 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
   return absl::OkStatus();
 }
 
-MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
-                                        Workspace& ws) const {
+MhaEngine::TokenMajor MhaEngine::ProjectTokens(const AttentionBatch& batch,
+                                               Workspace& ws) const {
   const int64_t qk = dims_.qk_width(), v = dims_.v_width();
   const int64_t total_q = batch.q_offsets.back();
   const size_t act = ActSize(act_dt_);
@@ -177,34 +200,80 @@ MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
     ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
     return converted;
   };
-  Projected p;
+  TokenMajor t;
   const void* query = as_act(batch.query, Workspace::kQueryBf16);
-  if (batch.self_attention()) {
+  if (batch.self_attention()) {  // one product for q, k and v
     auto* qkv = ws.Get<uint8_t>(Workspace::kProjQ, total_q * (2 * qk + v) * act);
     qkv_->Run(ws, query, total_q, qkv);
-    p.q = qkv, p.k = qkv + qk * act, p.v = qkv + 2 * qk * act;
-    p.ldq = p.ldk = p.ldv = 2 * qk + v;
-  } else {
-    const int64_t total_kv = batch.kv_offsets.back();
-    auto* q = ws.Get<uint8_t>(Workspace::kProjQ, total_q * qk * act);
-    q_->Run(ws, query, total_q, q);
-    p.q = q, p.ldq = qk;
-    const void* key = as_act(batch.key, Workspace::kKeyBf16);
-    const bool same = batch.value.empty() || batch.value.data() == batch.key.data();
-    if (same && kv_ != nullptr) {
-      auto* kv = ws.Get<uint8_t>(Workspace::kProjK, total_kv * (qk + v) * act);
-      kv_->Run(ws, key, total_kv, kv);
-      p.k = kv, p.v = kv + qk * act, p.ldk = p.ldv = qk + v;
-    } else {
-      const void* value = as_act(batch.value, Workspace::kValueBf16);
-      auto* k = ws.Get<uint8_t>(Workspace::kProjK, total_kv * qk * act);
-      auto* vv = ws.Get<uint8_t>(Workspace::kProjV, total_kv * v * act);
-      k_->Run(ws, key, total_kv, k);
-      v_->Run(ws, value, total_kv, vv);
-      p.k = k, p.v = vv, p.ldk = qk, p.ldv = v;
+    t.q = qkv, t.k = qkv + qk * act, t.v = qkv + 2 * qk * act;
+    t.ldq = t.ldk = t.ldv = 2 * qk + v;
+    return t;
+  }
+  const int64_t total_kv = batch.kv_offsets.back();
+  auto* q = ws.Get<uint8_t>(Workspace::kProjQ, total_q * qk * act);
+  q_->Run(ws, query, total_q, q);
+  t.q = q, t.ldq = qk;
+  const void* key = as_act(batch.key, Workspace::kKeyBf16);
+  const bool same = batch.value.empty() || batch.value.data() == batch.key.data();
+  if (same && kv_ != nullptr) {  // one product for k and v
+    auto* kv = ws.Get<uint8_t>(Workspace::kProjK, total_kv * (qk + v) * act);
+    kv_->Run(ws, key, total_kv, kv);
+    t.k = kv, t.v = kv + qk * act, t.ldk = t.ldv = qk + v;
+    return t;
+  }
+  const void* value = same ? key : as_act(batch.value, Workspace::kValueBf16);
+  auto* k = ws.Get<uint8_t>(Workspace::kProjK, total_kv * qk * act);
+  auto* vv = ws.Get<uint8_t>(Workspace::kProjV, total_kv * v * act);
+  k_->Run(ws, key, total_kv, k);
+  v_->Run(ws, value, total_kv, vv);
+  t.k = k, t.v = vv, t.ldk = qk, t.ldv = v;
+  return t;
+}
+
+MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
+                                        Workspace& ws) const {
+  const TokenMajor t = ProjectTokens(batch, ws);
+  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
+  const int64_t n = batch.num_sequences(), total_q = batch.q_offsets.back();
+  const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
+  const std::vector<int64_t>& q_off = batch.q_offsets;
+  const std::vector<int64_t>& kv_off =
+      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
+  Projected p;
+  p.kv_offsets.resize(n + 1);
+  for (int64_t b = 0; b <= n; ++b) p.kv_offsets[b] = kv_off[b] + b * extra;
+  p.q = ws.Get<uint8_t>(Workspace::kHeadQ, total_q * qk * act);
+  p.k = ws.Get<uint8_t>(Workspace::kHeadK, p.kv_offsets[n] * qk * act);
+  p.v = ws.Get<uint8_t>(Workspace::kHeadV, p.kv_offsets[n] * vw * act);
+  p.context_heads = ws.Get<uint8_t>(Workspace::kHeadContext, total_q * vw * act);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t len = q_off[b + 1] - q_off[b], keys = kv_off[b + 1] - kv_off[b];
+    const int64_t keys_ext = keys + extra;
+    const HeadLayout q_layout{h, dqk * act, len, RowsPerBlock(len, keys_ext)};
+    SplitHeads(t.q + q_off[b] * t.ldq * act, t.ldq * act, len, q_layout,
+               p.q + q_off[b] * qk * act);
+    const HeadLayout k_layout{h, dqk * act, keys_ext, keys_ext};
+    const HeadLayout v_layout{h, dv * act, keys_ext, keys_ext};
+    uint8_t* k = p.k + p.kv_offsets[b] * qk * act;
+    uint8_t* v = p.v + p.kv_offsets[b] * vw * act;
+    SplitHeads(t.k + kv_off[b] * t.ldk * act, t.ldk * act, keys, k_layout, k);
+    SplitHeads(t.v + kv_off[b] * t.ldv * act, t.ldv * act, keys, v_layout, v);
+    int64_t row = keys;
+    if (dims_.add_bias_kv) {  // bias_k / bias_v as one more key position
+      for (int64_t head = 0; head < h; ++head) {
+        std::memcpy(k + k_layout.Offset(head, row), bias_k_.data() + head * dqk * act, dqk * act);
+        std::memcpy(v + v_layout.Offset(head, row), bias_v_.data() + head * dv * act, dv * act);
+      }
+      ++row;
+    }
+    if (dims_.add_zero_attn) {  // and an all-zero one
+      for (int64_t head = 0; head < h; ++head) {
+        std::memset(k + k_layout.Offset(head, row), 0, dqk * act);
+        std::memset(v + v_layout.Offset(head, row), 0, dv * act);
+      }
     }
   }
-  p.context = ws.Get<uint8_t>(Workspace::kContext, total_q * v * act);
   p.key_padding = AdditiveMask(batch.key_padding_mask, ws, Workspace::kKeyPadF32);
   p.attn_mask = AdditiveMask(batch.attn_mask, ws, Workspace::kMaskF32);
   return p;
@@ -216,30 +285,25 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
   if (total_q == 0) return;
   const Projected p = Project(batch, ws);
   const std::vector<int64_t>& q_off = batch.q_offsets;
-  const std::vector<int64_t>& kv_off =
-      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   const int64_t h = dims_.num_heads, n = batch.num_sequences();
-  const int64_t score_cap =
-      std::max<int64_t>(1, options_.max_score_bytes / static_cast<int64_t>(sizeof(float)));
+  const int64_t score_cap = ScoreCap();
+  auto kv_len = [&](int64_t b) { return p.kv_offsets[b + 1] - p.kv_offsets[b]; };
   int64_t weights_offset = 0;
   for (int64_t b = 0; b < n;) {
     Block block;
     block.first_seq = b;
     block.weights_offset = weights_offset;
     block.q_len = q_off[b + 1] - q_off[b];
-    block.kv_len = kv_off[b + 1] - kv_off[b];
-    const int64_t per_seq = h * block.q_len * (block.kv_len + dims_.extra_keys());
-    // Equal-length neighbours share one batched product (when nothing is
-    // appended to their keys, which needs a per-sequence copy).
-    while (dims_.extra_keys() == 0 && b + block.count < n &&
-           (block.count + 1) * per_seq <= score_cap &&
+    block.kv_len = kv_len(b);
+    const int64_t per_seq = h * block.q_len * block.kv_len;
+    // Equal-length neighbours share one batched product.
+    while (b + block.count < n && (block.count + 1) * per_seq <= score_cap &&
            q_off[b + block.count + 1] - q_off[b + block.count] == block.q_len &&
-           kv_off[b + block.count + 1] - kv_off[b + block.count] == block.kv_len) {
+           kv_len(b + block.count) == block.kv_len) {
       ++block.count;
     }
     // A long sequence is processed in blocks of query rows.
-    const int64_t row_cap = std::max<int64_t>(
-        1, score_cap / std::max<int64_t>(1, h * (block.kv_len + dims_.extra_keys())));
+    const int64_t row_cap = RowsPerBlock(block.q_len, block.kv_len);
     for (int64_t row0 = 0; row0 < block.q_len; row0 += row_cap) {
       block.row0 = row0;
       block.rows = std::min(row_cap, block.q_len - row0);
@@ -248,7 +312,15 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
     b += block.count;
     weights_offset += block.count * (out.per_head_weights ? per_seq : per_seq / h);
   }
-  out_->Run(ws, p.context, total_q, out.output.data());
+  const int64_t vw = dims_.v_width(), act = static_cast<int64_t>(ActSize(act_dt_));
+  auto* context = ws.Get<uint8_t>(Workspace::kContext, total_q * vw * act);
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t len = q_off[b + 1] - q_off[b];
+    const HeadLayout layout{h, dims_.v_head_dim * act, len, RowsPerBlock(len, kv_len(b))};
+    MergeHeads(p.context_heads + q_off[b] * vw * act, layout, len,
+               context + q_off[b] * vw * act, vw * act);
+  }
+  out_->Run(ws, context, total_q, out.output.data());
   if (dims_.post_norm) {
     AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(),
                  norm_bias_.data(), total_q, dims_.embed_dim, dims_.norm_eps);
@@ -258,63 +330,41 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
 void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatch& batch,
                        const AttentionOutputs& out, Workspace& ws) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
-  const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
-  const int64_t b = blk.first_seq, g = blk.count, rows = blk.rows;
-  const int64_t s = blk.kv_len + dims_.extra_keys();
-  const size_t act = ActSize(act_dt_);
-  const std::vector<int64_t>& kv_off =
-      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
-  const int64_t q_row = batch.q_offsets[b] + blk.row0;
-  uint8_t* context = p.context + q_row * vw * act;
+  const int64_t b = blk.first_seq, g = blk.count, rows = blk.rows, s = blk.kv_len;
+  const int64_t keys = s - dims_.extra_keys();  // before the appended positions
+  const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
+  // The block's rows of q and context: [g * h, rows, d], contiguous.
+  const int64_t q_elem = (batch.q_offsets[b] + blk.row0) * dims_.qk_width();
+  const int64_t ctx_elem = (batch.q_offsets[b] + blk.row0) * dims_.v_width();
   if (s == 0) {  // no keys at all: zero probabilities, zero context
-    for (int64_t r = 0; r < rows; ++r) std::memset(context + r * vw * act, 0, vw * act);
+    std::memset(p.context_heads + ctx_elem * act, 0, g * h * rows * dv * act);
     return;
   }
-  const uint8_t* k = p.k + kv_off[b] * p.ldk * act;
-  const uint8_t* v = p.v + kv_off[b] * p.ldv * act;
-  int64_t ldk = p.ldk, ldv = p.ldv;
-  if (dims_.extra_keys() > 0) {  // keys + bias_k + zero row, one sequence
-    auto* k_ext = ws.Get<uint8_t>(Workspace::kKeyExtra, s * qk * act);
-    auto* v_ext = ws.Get<uint8_t>(Workspace::kValueExtra, s * vw * act);
-    CopyRows(k, p.ldk * act, k_ext, qk * act, blk.kv_len, qk * act);
-    CopyRows(v, p.ldv * act, v_ext, vw * act, blk.kv_len, vw * act);
-    int64_t row = blk.kv_len;
-    if (dims_.add_bias_kv) {
-      std::memcpy(k_ext + row * qk * act, bias_k_.data(), qk * act);
-      std::memcpy(v_ext + row * vw * act, bias_v_.data(), vw * act);
-      ++row;
-    }
-    if (dims_.add_zero_attn) {
-      std::memset(k_ext + row * qk * act, 0, qk * act);
-      std::memset(v_ext + row * vw * act, 0, vw * act);
-    }
-    k = k_ext, v = v_ext, ldk = qk, ldv = vw;
-  }
-
-  // scores[g, h, rows, s] = scale * q . k
+  // scores[g*h, rows, s] = scale * q . k^T
   float* scores = ws.Get<float>(Workspace::kScores, g * h * rows * s);
   MatmulSpec qk_spec;
   qk_spec.src_dt = qk_spec.wei_dt = act_dt_;
-  qk_spec.src_dims = {g, h, rows, dqk};
-  qk_spec.src_strides = {blk.q_len * p.ldq, dqk, p.ldq, 1};
-  qk_spec.wei_dims = {g, h, dqk, s};
-  qk_spec.wei_strides = {std::max<int64_t>(1, blk.kv_len * ldk), dqk, 1, ldk};
-  qk_spec.dst_dims = {g, h, rows, s};
-  qk_spec.dst_strides = {h * rows * s, rows * s, s, 1};
+  qk_spec.src_dims = {g * h, rows, dqk};
+  qk_spec.src_strides = {rows * dqk, dqk, 1};
+  qk_spec.wei_dims = {g * h, dqk, s};
+  qk_spec.wei_strides = {s * dqk, 1, dqk};
+  qk_spec.dst_dims = {g * h, rows, s};
+  qk_spec.dst_strides = {rows * s, s, 1};
   qk_spec.scale = 1.0f / std::sqrt(static_cast<float>(dqk));
-  ExecuteMatmul(*attention_matmuls_.Get(qk_spec), ws, p.q + q_row * p.ldq * act, k,
-                nullptr, scores);
+  ExecuteMatmul(*attention_matmuls_.Get(qk_spec), ws, p.q + q_elem * act,
+                p.k + p.kv_offsets[b] * dims_.qk_width() * act, nullptr, scores);
 
   for (int64_t i = 0; i < g; ++i) {
     SoftmaxMasks masks;
-    masks.masked_cols = blk.kv_len;
+    masks.masked_cols = keys;
     masks.causal = batch.is_causal;
     masks.first_row = blk.row0;
-    if (p.key_padding != nullptr) masks.key_padding = p.key_padding + kv_off[b + i];
+    const int64_t kv_row = p.kv_offsets[b + i] - (b + i) * dims_.extra_keys();
+    if (p.key_padding != nullptr) masks.key_padding = p.key_padding + kv_row;
     if (p.attn_mask != nullptr) {
-      masks.attn = p.attn_mask + batch.attn_mask_offsets[b + i] + blk.row0 * blk.kv_len;
-      masks.attn_row_stride = blk.kv_len;
-      masks.attn_head_stride = batch.attn_mask_per_head ? blk.q_len * blk.kv_len : 0;
+      masks.attn = p.attn_mask + batch.attn_mask_offsets[b + i] + blk.row0 * keys;
+      masks.attn_row_stride = keys;
+      masks.attn_head_stride = batch.attn_mask_per_head ? blk.q_len * keys : 0;
     }
     MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks);
   }
@@ -326,22 +376,23 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
     ConvertToBf16(scores, converted, g * h * rows * s);
     probs = converted;
   }
-  // context[g, rows, h, dv] = probs . v, written into each head's columns.
+  // context[g*h, rows, dv] = probs . v
   MatmulSpec pv_spec;
   pv_spec.src_dt = pv_spec.wei_dt = pv_spec.dst_dt = act_dt_;
-  pv_spec.src_dims = {g, h, rows, s};
-  pv_spec.src_strides = {h * rows * s, rows * s, s, 1};
-  pv_spec.wei_dims = {g, h, s, dv};
-  pv_spec.wei_strides = {std::max<int64_t>(1, blk.kv_len * ldv), dv, ldv, 1};
-  pv_spec.dst_dims = {g, h, rows, dv};
-  pv_spec.dst_strides = {blk.q_len * vw, dv, vw, 1};
-  ExecuteMatmul(*attention_matmuls_.Get(pv_spec), ws, probs, v, nullptr, context);
+  pv_spec.src_dims = {g * h, rows, s};
+  pv_spec.src_strides = {rows * s, s, 1};
+  pv_spec.wei_dims = {g * h, s, dv};
+  pv_spec.wei_strides = {s * dv, dv, 1};
+  pv_spec.dst_dims = {g * h, rows, dv};
+  pv_spec.dst_strides = {rows * dv, dv, 1};
+  ExecuteMatmul(*attention_matmuls_.Get(pv_spec), ws, probs,
+                p.v + p.kv_offsets[b] * dims_.v_width() * act, nullptr,
+                p.context_heads + ctx_elem * act);
 }
 
 void MhaEngine::WriteWeights(const Block& blk, const float* probs,
                              const AttentionOutputs& out) const {
-  const int64_t h = dims_.num_heads, rows = blk.rows;
-  const int64_t s = blk.kv_len + dims_.extra_keys();
+  const int64_t h = dims_.num_heads, rows = blk.rows, s = blk.kv_len;
   for (int64_t i = 0; i < blk.count; ++i) {
     const float* seq_probs = probs + i * h * rows * s;
     if (out.per_head_weights) {

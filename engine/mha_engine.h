@@ -47,6 +47,7 @@ class MhaEngine {
   const AttentionDims& dims() const { return dims_; }
 
  private:
+  struct TokenMajor;
   struct Projected;
   struct Block;
   MhaEngine(const AttentionDims& dims, const PackedWeights& weights,
@@ -54,6 +55,11 @@ class MhaEngine {
 
   void Compute(const AttentionBatch& batch, const AttentionOutputs& out,
                Workspace& ws) const;
+  // Floats of scores one block may hold, and the query rows per block of a
+  // sequence with `kv_len` keys (all of them when they fit).
+  int64_t ScoreCap() const;
+  int64_t RowsPerBlock(int64_t q_len, int64_t kv_len) const;
+  TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
   Projected Project(const AttentionBatch& batch, Workspace& ws) const;
   void Attend(const Block& block, const Projected& p, const AttentionBatch& batch,
               const AttentionOutputs& out, Workspace& ws) const;

@@ -21,14 +21,16 @@ class Workspace {
     kQueryBf16,   // query (or key/value) converted to bf16
     kKeyBf16,
     kValueBf16,
-    kProjQ,       // projected q (or q|k|v fused)
+    kProjQ,       // projected q (or q|k|v fused), token-major
     kProjK,       // projected k (or k|v fused)
     kProjV,
-    kKeyExtra,    // one sequence's keys plus bias_k / zero rows
-    kValueExtra,
+    kHeadQ,       // q, k, v, context split into heads: [h, len, d] per sequence
+    kHeadK,
+    kHeadV,
+    kHeadContext,
     kScores,      // scores / probabilities, f32
     kProbsBf16,
-    kContext,     // heads' outputs, [tokens, h*dv]
+    kContext,     // heads' outputs merged back, [tokens, h*dv]
     kMaskF32,     // masks converted to additive f32
     kKeyPadF32,
     kOnednnScratchpad,

@@ -20,6 +20,8 @@ ABSL_FLAG(double, min_seconds, 1.0, "minimum timed seconds per shape");
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "compute types to run");
 ABSL_FLAG(std::string, shapes, "", "only shapes whose name contains this");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
+ABSL_FLAG(int64_t, max_score_bytes, mha::EngineOptions{}.max_score_bytes,
+          "EngineOptions::max_score_bytes");
 
 namespace mha {
 namespace {
@@ -83,7 +85,9 @@ void BenchShape(const Shape& s, bool bf16) {
   d.num_heads = s.heads;
   d.qk_head_dim = d.v_head_dim = s.embed_dim / s.heads;
   d.bf16 = bf16;
-  auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1));
+  EngineOptions options;
+  options.max_score_bytes = absl::GetFlag(FLAGS_max_score_bytes);
+  auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), options);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
     return;
