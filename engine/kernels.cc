@@ -37,9 +37,15 @@ inline float VectorExp(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
+inline uint16_t ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 MHA_MULTIVERSION
 void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
-                int64_t masked_cols, int64_t causal_limit) {
+                int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
   if (add_a != nullptr) {
 #pragma omp simd
     for (int64_t j = 0; j < masked_cols; ++j) row[j] += add_a[j];
@@ -54,7 +60,10 @@ void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b
   for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
   if (max == kNegInf || std::isnan(max)) {
     // Every key masked: zero probabilities, never NaN.
-    if (max == kNegInf) std::memset(row, 0, sizeof(float) * cols);
+    if (max == kNegInf) {
+      std::memset(row, 0, sizeof(float) * cols);
+      if (bf16_row != nullptr) std::memset(bf16_row, 0, sizeof(uint16_t) * cols);
+    }
     return;
   }
   float sum = 0.0f;
@@ -67,12 +76,16 @@ void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b
   const float inv = 1.0f / sum;
 #pragma omp simd
   for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
+  if (bf16_row != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j]);
+  }
 }
 
 }  // namespace
 
 void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
-                   const SoftmaxMasks& m) {
+                   const SoftmaxMasks& m, uint16_t* bf16_out) {
   const int64_t total_rows = heads * rows;
   const bool parallel = total_rows * cols >= (1 << 15);
 #pragma omp parallel for schedule(static) if (parallel)
@@ -83,7 +96,7 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
     const int64_t causal_limit =
         m.causal ? std::min(m.masked_cols, m.first_row + r + 1) : m.masked_cols;
     SoftmaxRow(scores + hr * cols, cols, m.key_padding, attn, m.masked_cols,
-               causal_limit);
+               causal_limit, bf16_out == nullptr ? nullptr : bf16_out + hr * cols);
   }
 }
 

@@ -22,11 +22,13 @@ struct SoftmaxMasks {
   int64_t masked_cols = 0;
 };
 
-// In place: scores -> probabilities, row by row, after adding the masks. A
-// row whose every column is -inf (all keys masked) becomes all zeros instead
-// of NaN. Parallel over rows with OpenMP when the block is large.
+// Scores -> probabilities, row by row, after adding the masks. A row whose
+// every column is -inf (all keys masked) becomes all zeros instead of NaN.
+// Probabilities are written in place (f32) and, when `bf16_out` is not null,
+// also as bf16 there (same layout) for a bf16 product that follows.
+// Parallel over rows with OpenMP when the block is large.
 void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
-                   const SoftmaxMasks& masks);
+                   const SoftmaxMasks& masks, uint16_t* bf16_out = nullptr);
 
 // out[t] = LayerNorm(out[t] + residual[t]) * gamma + beta, per row of width n.
 void AddLayerNorm(float* out, const float* residual, const float* gamma,

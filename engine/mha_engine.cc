@@ -354,6 +354,8 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
   ExecuteMatmul(*attention_matmuls_.Get(qk_spec), ws, p.q + q_elem * act,
                 p.k + p.kv_offsets[b] * dims_.qk_width() * act, nullptr, scores);
 
+  uint16_t* probs_bf16 =
+      act_dt_ == dt::bf16 ? ws.Get<uint16_t>(Workspace::kProbsBf16, g * h * rows * s) : nullptr;
   for (int64_t i = 0; i < g; ++i) {
     SoftmaxMasks masks;
     masks.masked_cols = keys;
@@ -366,16 +368,11 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
       masks.attn_row_stride = keys;
       masks.attn_head_stride = batch.attn_mask_per_head ? blk.q_len * keys : 0;
     }
-    MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks);
+    MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks,
+                  probs_bf16 == nullptr ? nullptr : probs_bf16 + i * h * rows * s);
   }
   if (!out.weights.empty()) WriteWeights(blk, scores, out);
-
-  const void* probs = scores;
-  if (act_dt_ == dt::bf16) {
-    auto* converted = ws.Get<uint16_t>(Workspace::kProbsBf16, g * h * rows * s);
-    ConvertToBf16(scores, converted, g * h * rows * s);
-    probs = converted;
-  }
+  const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
   // context[g*h, rows, dv] = probs . v
   MatmulSpec pv_spec;
   pv_spec.src_dt = pv_spec.wei_dt = pv_spec.dst_dt = act_dt_;
