@@ -21,7 +21,7 @@ namespace mha {
 struct EngineOptions {
   // Scores of one attention block stay below this: longer sequences run in
   // blocks of query rows, so scratch memory is bounded whatever the length.
-  int64_t max_score_bytes = int64_t{1} << 20;
+  int64_t max_score_bytes = int64_t{2} << 20;
 };
 
 // Owns the packed, reordered weights of one attention layer and the oneDNN

@@ -1,6 +1,8 @@
 // mha_bench: median time and GFLOP/s of the engine on the standard shapes
-// (fp32 and bf16), and of a plain oneDNN matmul (n = 1024) in the same run:
-// the machine's ceiling. One JSON object per line with --json.
+// (fp32 and bf16), each beside the rate of a plain oneDNN matmul (n = 1024)
+// measured right before it, round after round: the machine's ceiling at that
+// moment (these machines are shared and noisy). One JSON object per line
+// with --json.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,8 +17,10 @@
 #include "engine/onednn_matmul.h"
 #include "tests/test_models.h"
 
-ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per shape");
-ABSL_FLAG(double, min_seconds, 1.0, "minimum timed seconds per shape");
+ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per measurement");
+ABSL_FLAG(double, min_seconds, 0.3, "minimum timed seconds per measurement");
+ABSL_FLAG(int, rounds, 3,
+          "measurements per shape, each right after one of the matmul ceiling");
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "compute types to run");
 ABSL_FLAG(std::string, shapes, "", "only shapes whose name contains this");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
@@ -68,18 +72,54 @@ double MedianSeconds(Fn&& fn) {
   return times[times.size() / 2];
 }
 
-void Report(const std::string& what, const std::string& dtype, double seconds, double flops) {
+double Median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// `ceiling` is the matmul rate measured next to this shape, in GFLOP/s.
+void Report(const std::string& what, const std::string& dtype, double seconds, double flops,
+            double ceiling) {
+  const double rate = flops / seconds * 1e-9;
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("{\"name\": \"%s\", \"dtype\": \"%s\", \"ms\": %.5f, \"gflops\": %.2f}\n",
-                what.c_str(), dtype.c_str(), seconds * 1e3, flops / seconds * 1e-9);
+    std::printf(
+        "{\"name\": \"%s\", \"dtype\": \"%s\", \"ms\": %.5f, \"gflops\": %.2f, "
+        "\"matmul_gflops\": %.2f}\n",
+        what.c_str(), dtype.c_str(), seconds * 1e3, rate, ceiling);
   } else {
-    std::printf("%-30s %-5s %10.4f ms %9.1f GFLOP/s\n", what.c_str(), dtype.c_str(),
-                seconds * 1e3, flops / seconds * 1e-9);
+    std::printf("%-28s %-5s %10.4f ms %7.1f GFLOP/s  %4.0f %% of matmul (%.0f)\n", what.c_str(),
+                dtype.c_str(), seconds * 1e3, rate, 100 * rate / ceiling, ceiling);
   }
   std::fflush(stdout);
 }
 
-void BenchShape(const Shape& s, bool bf16) {
+// A plain oneDNN matmul n x n x n with weights reordered once: the rate
+// this machine reaches on an easy, large product right now.
+class MatmulCeiling {
+ public:
+  explicit MatmulCeiling(bool bf16)
+      : engine_(dnnl::engine::kind::cpu, 0),
+        layer_(engine_, testing::RandomVector(kN * kN, 4), std::vector<float>(kN, 0.0f), kN, kN,
+               bf16 ? dt::bf16 : dt::f32, dt::f32),
+        x_(kN * kN * (bf16 ? 2 : 4), 0),
+        y_(kN * kN),
+        ws_(engine_) {}
+
+  double MeasureGflops() {
+    return 2.0 * kN * kN * kN / MedianSeconds([&] { layer_.Run(ws_, x_.data(), kN, y_.data()); }) *
+           1e-9;
+  }
+
+ private:
+  static constexpr int64_t kN = 1024;
+  dnnl::engine engine_;
+  LinearLayer layer_;
+  std::vector<uint8_t> x_;
+  std::vector<float> y_;
+  Workspace ws_;
+};
+
+void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
   AttentionDims d;
   d.embed_dim = d.kdim = d.vdim = s.embed_dim;
   d.num_heads = s.heads;
@@ -103,25 +143,15 @@ void BenchShape(const Shape& s, bool bf16) {
   std::vector<float> output(query.size());
   std::unique_ptr<Workspace> ws = (*engine)->NewWorkspace();
   const AttentionOutputs out{absl::MakeSpan(output), {}, false};
-  const double seconds = MedianSeconds([&] {
-    const absl::Status status = (*engine)->Run(batch, out, *ws);
-    if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
-  });
-  Report(s.name, bf16 ? "bf16" : "f32", seconds, Flops(s));
-}
-
-// A plain oneDNN matmul n x n x n with weights reordered once: the rate
-// this machine reaches on an easy, large product.
-void BenchMatmulCeiling(bool bf16) {
-  constexpr int64_t n = 1024;
-  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  const std::vector<float> w = testing::RandomVector(n * n, 4), b(n, 0.0f);
-  const LinearLayer layer(engine, w, b, n, n, bf16 ? dt::bf16 : dt::f32, dt::f32);
-  std::vector<uint8_t> x(n * n * (bf16 ? 2 : 4), 0);
-  std::vector<float> y(n * n);
-  Workspace ws(engine);
-  const double seconds = MedianSeconds([&] { layer.Run(ws, x.data(), n, y.data()); });
-  Report("matmul_n1024", bf16 ? "bf16" : "f32", seconds, 2.0 * n * n * n);
+  std::vector<double> seconds, ceilings;
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    ceilings.push_back(ceiling.MeasureGflops());
+    seconds.push_back(MedianSeconds([&] {
+      const absl::Status status = (*engine)->Run(batch, out, *ws);
+      if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
+    }));
+  }
+  Report(s.name, bf16 ? "bf16" : "f32", Median(seconds), Flops(s), Median(ceilings));
 }
 
 }  // namespace
@@ -132,10 +162,10 @@ int main(int argc, char** argv) {
   const std::string filter = absl::GetFlag(FLAGS_shapes);
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
     const bool bf16 = dtype == "bf16";
-    mha::BenchMatmulCeiling(bf16);
+    mha::MatmulCeiling ceiling(bf16);
     for (const mha::Shape& s : mha::StandardShapes()) {
       if (s.name.find(filter) == std::string::npos) continue;
-      mha::BenchShape(s, bf16);
+      mha::BenchShape(s, bf16, ceiling);
     }
   }
   return 0;

@@ -29,54 +29,57 @@ def torch_env(mode):
 
 
 def collect(args):
-    """name -> dtype -> list of per-round medians (ms)."""
+    """name -> dtype -> list of per-round rows."""
     samples = collections.defaultdict(lambda: collections.defaultdict(list))
-    common = ["--min_seconds", str(args.min_seconds), "--shapes", args.shapes]
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
-        runs = [run_json_lines([args.mha_bench, "--json", f"--min_seconds={args.min_seconds}",
-                                f"--shapes={args.shapes}"])]
+        runs = [run_json_lines([args.mha_bench, "--json", f"--shapes={args.shapes}",
+                                f"--min_seconds={args.min_seconds}"])]
         for mode in args.torch_modes.split(","):
             runs.append(run_json_lines(
-                ["/usr/bin/python3", os.path.join(HERE, "torch_bench.py"), "--mode", mode]
-                + common, env=torch_env(mode)))
+                ["/usr/bin/python3", os.path.join(HERE, "torch_bench.py"), "--mode", mode,
+                 "--min_seconds", str(args.min_seconds), "--shapes", args.shapes],
+                env=torch_env(mode)))
         for run in runs:
             for row in run:
-                samples[row["name"]][row["dtype"]].append(row["ms"])
+                samples[row["name"]][row["dtype"]].append(row)
     return samples
 
 
-def gflop(name):
-    """GFLOP of a shape from its name, the count both programs use."""
-    if name.startswith("matmul"):
-        return 2 * 1024 ** 3 * 1e-9
-    parts = dict((p[0], int(p[1:])) for p in name.split("_")[1:])
-    b, l, e = parts["b"], parts["l"], parts["e"]
-    s = parts.get("s", l)
-    return (2 * b * l * e * e * 2 + 2 * b * s * e * 2 * e + 4.0 * b * l * s * e) * 1e-9
+def median_of(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def share_of_matmul(rows):
+    return statistics.median(r["gflops"] / r["matmul_gflops"] for r in rows)
 
 
 def table(samples, torch_modes):
-    med = {n: {d: statistics.median(v) for d, v in ds.items()} for n, ds in samples.items()}
-    ceiling = {d: gflop("matmul_n1024") / (med["matmul_n1024"][d] * 1e-3) for d in ("f32", "bf16")
-               if d in med.get("matmul_n1024", {})}
-    lines = [f"oneDNN matmul n=1024 (same run): f32 {ceiling.get('f32', 0):.0f} GFLOP/s, "
-             f"bf16 {ceiling.get('bf16', 0):.0f} GFLOP/s", ""]
-    head = ["shape", "ours f32 ms", "GFLOP/s", "% of matmul", "ours bf16 ms", "bf16 speed-up"]
+    head = ["shape", "ours f32 ms", "GFLOP/s", "% of f32 matmul", "ours bf16 ms",
+            "bf16 vs f32", "% of bf16 matmul"]
     for mode in torch_modes:
-        head += [f"torch {mode} ms", f"torch {mode} / ours f32"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, row in med.items():
-        if name.startswith("matmul") or "f32" not in row:
+        head += [f"torch {mode} ms", f"ours f32 vs torch {mode}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, by_dtype in samples.items():
+        f32, bf16 = by_dtype.get("f32"), by_dtype.get("bf16")
+        if not f32:
             continue
-        rate = gflop(name) / (row["f32"] * 1e-3)
-        cells = [name, f"{row['f32']:.3f}", f"{rate:.0f}",
-                 f"{100 * rate / ceiling.get('f32', rate):.0f} %",
-                 f"{row.get('bf16', float('nan')):.3f}",
-                 f"{row['f32'] / row.get('bf16', float('nan')):.2f}x"]
+        f32_ms = median_of(f32, "ms")
+        cells = [name, f"{f32_ms:.3f}", f"{median_of(f32, 'gflops'):.0f}",
+                 f"{share_of_matmul(f32):.0%}"]
+        if bf16:
+            bf16_ms = median_of(bf16, "ms")
+            cells += [f"{bf16_ms:.3f}", f"{f32_ms / bf16_ms:.2f}x faster",
+                      f"{share_of_matmul(bf16):.0%}"]
+        else:
+            cells += ["-", "-", "-"]
         for mode in torch_modes:
-            t = row.get("torch_" + mode, float("nan"))
-            cells += [f"{t:.3f}", f"{t / row['f32']:.2f}x"]
+            rows = by_dtype.get("torch_" + mode)
+            if rows:
+                t = median_of(rows, "ms")
+                cells += [f"{t:.3f}", f"{t / f32_ms:.2f}x faster"]
+            else:
+                cells += ["-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -85,7 +88,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mha_bench", required=True)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--min_seconds", type=float, default=1.0)
+    parser.add_argument("--min_seconds", type=float, default=0.3)
     parser.add_argument("--shapes", default="")
     parser.add_argument("--torch_modes", default="best,default")
     args = parser.parse_args()
