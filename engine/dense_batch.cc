@@ -71,6 +71,15 @@ absl::Status DenseBatch::CheckShapes(const AttentionDims& dims) {
   if (!in_.key.has_value() && in_.value.has_value()) {
     return absl::InvalidArgumentError("value: given without key");
   }
+  if (!in_.key.has_value() && (dims.kdim != dims.embed_dim || dims.vdim != dims.embed_dim)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: required, this model has kdim ", dims.kdim, " and vdim ", dims.vdim,
+        " but embed_dim ", dims.embed_dim, " (self-attention needs them equal)"));
+  }
+  if (in_.key.has_value() && !in_.value.has_value() && dims.kdim != dims.vdim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value: required, this model has kdim ", dims.kdim, " != vdim ", dims.vdim));
+  }
   if (in_.key.has_value()) {
     RETURN_IF_ERROR(Normalize(*in_.key, "key", false));
     RETURN_IF_ERROR(ExpectLastDim(*in_.key, "key", rank, dims.kdim));

@@ -1,0 +1,162 @@
+#include "server/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/threads.h"
+#include "server/batch_merge.h"
+
+namespace mha::server {
+
+Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
+                 ModelMetrics& metrics, Metrics& all_metrics)
+    : model_(std::move(model)),
+      engine_(engine),
+      options_(options),
+      metrics_(metrics),
+      all_metrics_(all_metrics) {
+  for (int i = 0; i < std::max(1, options_.workers); ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+Batcher::~Batcher() { Stop(); }
+
+absl::Status Batcher::Enqueue(std::unique_ptr<PendingRequest>& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("server is shutting down");
+  if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
+    all_metrics_.CountDropped(model_, "queue_full");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model '", model_, "': queue full (", options_.max_queue_size, " requests waiting)"));
+  }
+  request->enqueued = absl::Now();
+  queued_tokens_ += request->input.tokens;
+  queue_.push_back(std::move(request));
+  metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void Batcher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+// A batch may close: it is full, its oldest request waited long enough, or
+// batching is off, or the batcher is draining.
+bool Batcher::BatchReady() const {
+  if (queue_.empty()) return false;
+  if (stopping_ || !options_.enabled) return true;
+  if (queued_tokens_ >= options_.max_batch_tokens) return true;
+  return absl::Now() - queue_.front()->enqueued >= options_.max_queue_delay;
+}
+
+std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!BatchReady()) {
+    if (queue_.empty()) {
+      if (stopping_) return {};
+      cv_.wait(lock);
+    } else {
+      const absl::Time close = queue_.front()->enqueued + options_.max_queue_delay;
+      cv_.wait_until(lock, absl::ToChronoTime(close));
+    }
+  }
+  // The oldest request sets the signature; compatible ones join in order
+  // while the batch has room.
+  std::vector<std::unique_ptr<PendingRequest>> batch;
+  const BatchSignature signature = BatchSignature::Of(queue_.front()->input);
+  int64_t tokens = 0;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const bool fits = batch.empty() || (options_.enabled &&
+                                        tokens + (*it)->input.tokens <= options_.max_batch_tokens);
+    if (!fits) break;
+    if (!(BatchSignature::Of((*it)->input) == signature)) {
+      ++it;
+      continue;
+    }
+    tokens += (*it)->input.tokens;
+    queued_tokens_ -= (*it)->input.tokens;
+    batch.push_back(std::move(*it));
+    it = queue_.erase(it);
+    if (!options_.enabled) break;
+  }
+  metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+  if (!queue_.empty()) cv_.notify_one();  // another worker may start the next batch
+  return batch;
+}
+
+void Batcher::WorkerLoop() {
+  const int threads = options_.compute_threads > 0
+                          ? options_.compute_threads
+                          : std::max(1, AvailableCores() / std::max(1, options_.workers));
+  SetComputeThreads(threads);
+  std::unique_ptr<Workspace> ws = engine_.NewWorkspace();
+  while (true) {
+    std::vector<std::unique_ptr<PendingRequest>> batch = NextBatch();
+    if (batch.empty()) return;
+    Compute(std::move(batch), *ws);
+  }
+}
+
+void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws) {
+  // Drop what nobody waits for any more, before spending compute on it.
+  const absl::Time now = absl::Now();
+  std::vector<std::unique_ptr<PendingRequest>> live;
+  for (std::unique_ptr<PendingRequest>& r : batch) {
+    metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
+    if (r->cancelled && r->cancelled()) {
+      all_metrics_.CountDropped(model_, "cancelled");
+      r->done(absl::CancelledError("client cancelled the request"));
+    } else if (now > r->deadline) {
+      all_metrics_.CountDropped(model_, "deadline");
+      r->done(absl::DeadlineExceededError("deadline passed while the request was queued"));
+    } else {
+      live.push_back(std::move(r));
+    }
+  }
+  if (live.empty()) return;
+
+  std::vector<const DecodedRequest*> inputs;
+  int64_t tokens = 0;
+  for (const auto& r : live) {
+    inputs.push_back(&r->input);
+    tokens += r->input.tokens;
+  }
+  const MergedBatch merged(inputs, engine_.dims().num_heads);
+  const int64_t rows = merged.batch().q_offsets.back();
+  const int64_t e = engine_.dims().embed_dim;
+  std::vector<float> output(rows * e), weights(merged.total_weights());
+  AttentionOutputs out{absl::MakeSpan(output), absl::MakeSpan(weights),
+                       live.front()->input.per_head_weights};
+  const absl::Time start = absl::Now();
+  const absl::Status status = engine_.Run(merged.batch(), out, ws);
+  metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  metrics_.batch_requests->Observe(static_cast<double>(live.size()));
+  metrics_.batch_tokens->Observe(static_cast<double>(tokens));
+  metrics_.tokens->Increment(static_cast<double>(tokens));
+
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (!status.ok()) {
+      live[i]->done(status);
+      continue;
+    }
+    AttentionResult result;
+    result.output.assign(output.begin() + merged.output_row(i) * e,
+                         output.begin() + merged.output_row(i + 1) * e);
+    result.weights.assign(weights.begin() + merged.weights_offset(i),
+                          weights.begin() + merged.weights_offset(i + 1));
+    live[i]->done(std::move(result));
+  }
+}
+
+}  // namespace mha::server

@@ -1,0 +1,91 @@
+// The dynamic ragged batcher: merges concurrent requests of one model into
+// one engine call, back to back, never padded.
+#ifndef MHA_SERVER_BATCHER_H_
+#define MHA_SERVER_BATCHER_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/mha_engine.h"
+#include "server/metrics.h"
+#include "server/request_codec.h"
+
+namespace mha::server {
+
+struct BatcherOptions {
+  bool enabled = true;               // false: one request per engine call
+  int64_t max_batch_tokens = 8192;   // query + key tokens per engine call
+  absl::Duration max_queue_delay = absl::Microseconds(500);
+  int64_t max_queue_size = 1024;     // requests waiting
+  int workers = 1;                   // threads calling the engine
+  int compute_threads = 0;           // threads per engine call (0: all cores / workers)
+};
+
+// What a computed request gets back: f32 output and optional weights, in
+// the shapes recorded in its DecodedRequest.
+struct AttentionResult {
+  std::vector<float> output;
+  std::vector<float> weights;
+};
+
+// One request waiting for compute. The callback is called exactly once, on
+// a worker thread (or in Enqueue's caller when Enqueue fails).
+struct PendingRequest {
+  explicit PendingRequest(DecodedRequest in) : input(std::move(in)) {}
+
+  DecodedRequest input;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // may be empty
+  std::function<void(absl::StatusOr<AttentionResult>)> done;
+  absl::Time enqueued;
+};
+
+// Owns one model's queue and worker threads; borrows the engine and the
+// metrics, which must outlive it. Enqueue is thread-safe and never blocks
+// on compute. On success Enqueue takes ownership of the request; on failure
+// the caller keeps it and gets the status (RESOURCE_EXHAUSTED when full,
+// UNAVAILABLE when stopping).
+class Batcher {
+ public:
+  Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
+          ModelMetrics& metrics, Metrics& all_metrics);
+  ~Batcher();  // Stop()
+
+  absl::Status Enqueue(std::unique_ptr<PendingRequest>& request);
+
+  // Stops taking requests, computes everything queued, joins the workers.
+  void Stop();
+
+ private:
+  // Requests that may share one engine call.
+  struct Signature;
+  void WorkerLoop();
+  std::vector<std::unique_ptr<PendingRequest>> NextBatch();
+  bool BatchReady() const;
+  void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws);
+
+  const std::string model_;
+  const MhaEngine& engine_;
+  const BatcherOptions options_;
+  ModelMetrics& metrics_;
+  Metrics& all_metrics_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<PendingRequest>> queue_;  // guarded by mu_
+  int64_t queued_tokens_ = 0;                          // guarded by mu_
+  bool stopping_ = false;                              // guarded by mu_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_BATCHER_H_

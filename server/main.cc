@@ -1,0 +1,133 @@
+// mha_server: serves the models of a repository over gRPC
+// (mha.v1.AttentionService, grpc.health.v1, reflection) with Prometheus
+// metrics on /metrics.
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "server/attention_service.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+
+#ifndef MHA_DEFAULT_MODEL_REPOSITORY
+#define MHA_DEFAULT_MODEL_REPOSITORY "models"
+#endif
+
+ABSL_FLAG(std::string, model_repository, MHA_DEFAULT_MODEL_REPOSITORY,
+          "folder of model folders (config.pbtxt + weights.safetensors)");
+ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
+ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one");
+ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest request or response message");
+ABSL_FLAG(int, workers, 1, "engine worker threads per model");
+ABSL_FLAG(int, intra_op_threads, 0, "threads per engine call; 0: cores / workers");
+ABSL_FLAG(int, shutdown_grace_s, 30, "seconds to finish queued requests on SIGTERM");
+ABSL_FLAG(bool, disable_batching, false, "one request per engine call, whatever the configs say");
+ABSL_FLAG(int64_t, max_request_tokens, int64_t{1} << 20, "query + key tokens per request");
+
+namespace mha::server {
+namespace {
+
+std::string HostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                              : absl::StrCat(host, ":", port);
+}
+
+void SetHealth(grpc::Server& server, const ModelRepository& models, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  health->SetServingStatus("", serving);
+  for (const ServedModel* m : models.All()) {
+    health->SetServingStatus(m->name, serving && m->load_status.ok());
+  }
+}
+
+std::string ModelSummary(const ModelRepository& models) {
+  std::vector<std::string> parts;
+  for (const ServedModel* m : models.All()) {
+    parts.push_back(absl::StrCat(m->name, m->load_status.ok() ? "" : "(failed)"));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+int Serve() {
+  // SIGTERM / SIGINT are taken by sigwait below, in plain view, not by a
+  // handler: block them before any thread starts so every thread inherits.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  Metrics metrics;
+  RepositoryOptions repo_options{.workers = absl::GetFlag(FLAGS_workers),
+                                 .compute_threads = absl::GetFlag(FLAGS_intra_op_threads),
+                                 .force_batching_off = absl::GetFlag(FLAGS_disable_batching)};
+  absl::StatusOr<std::unique_ptr<ModelRepository>> models = ModelRepository::Load(
+      absl::GetFlag(FLAGS_model_repository), repo_options, metrics);
+  if (!models.ok()) {
+    std::fprintf(stderr, "mha_server: %s\n", models.status().ToString().c_str());
+    return 1;
+  }
+
+  const std::string host = absl::GetFlag(FLAGS_host);
+  prometheus::Exposer exposer(HostPort(host, absl::GetFlag(FLAGS_metrics_port)));
+  exposer.RegisterCollectable(metrics.registry());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  AttentionServiceImpl service(**models, metrics,
+                               RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens)});
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(HostPort(host, absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &grpc_port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    std::fprintf(stderr, "mha_server: cannot listen on %s\n",
+                 HostPort(host, absl::GetFlag(FLAGS_port)).c_str());
+    return 1;
+  }
+  SetHealth(*server, **models, /*serving=*/true);
+  std::printf("mha_server ready grpc_port=%d metrics_port=%d models=%s\n", grpc_port,
+              exposer.GetListeningPorts().front(), ModelSummary(**models).c_str());
+  std::fflush(stdout);
+
+  int received = 0;
+  sigwait(&signals, &received);
+  std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
+  SetHealth(*server, **models, /*serving=*/false);
+  service.StartDraining();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  (*models)->Stop();
+  server->Wait();
+  return 0;
+}
+
+}  // namespace
+}  // namespace mha::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("mha_server [--model_repository DIR] [--port N] [--metrics_port N]");
+  absl::ParseCommandLine(argc, argv);
+  return mha::server::Serve();
+}

@@ -1,0 +1,72 @@
+// Prometheus metrics of the server (prometheus-cpp), exposed on /metrics.
+#ifndef MHA_SERVER_METRICS_H_
+#define MHA_SERVER_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace mha::server {
+
+// The per-model series, created once when the model is registered so the
+// hot path never looks up label sets. Pointers into the registry's families;
+// prometheus-cpp metrics are thread-safe.
+struct ModelMetrics {
+  prometheus::Histogram* request_duration = nullptr;
+  prometheus::Histogram* queue_duration = nullptr;
+  prometheus::Histogram* compute_duration = nullptr;
+  prometheus::Histogram* batch_requests = nullptr;
+  prometheus::Histogram* batch_tokens = nullptr;
+  prometheus::Gauge* queue_depth = nullptr;
+  prometheus::Gauge* inflight = nullptr;
+  prometheus::Counter* tokens = nullptr;
+  prometheus::Gauge* loaded = nullptr;
+};
+
+// Owns the registry and every metric family. Thread-safe.
+class Metrics {
+ public:
+  Metrics();
+
+  // Series for `model` (label value as given; unknown names are not passed
+  // here, so clients cannot blow up the label cardinality).
+  ModelMetrics& ForModel(const std::string& model);
+  void CountRequest(const std::string& model, absl::StatusCode code);
+  void CountDropped(const std::string& model, const std::string& reason);
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& compute_duration_;
+  prometheus::Family<prometheus::Histogram>& batch_requests_;
+  prometheus::Family<prometheus::Histogram>& batch_tokens_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& inflight_;
+  prometheus::Family<prometheus::Counter>& tokens_;
+  prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Family<prometheus::Gauge>& loaded_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>> models_;
+};
+
+// The label value used for requests naming no loaded model.
+inline constexpr char kUnknownModelLabel[] = "_unknown";
+
+// "OK", "INVALID_ARGUMENT", ...: the gRPC code names used as label values.
+std::string CodeLabel(absl::StatusCode code);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_METRICS_H_
