@@ -1,12 +1,18 @@
 #!/usr/bin/python3
-"""Parity test of mha_run against a PyTorch reference.
+"""Parity test of mha_run (or mha_server) against a PyTorch reference.
 
 For each configuration (see parity_cases.py) this writes a model folder
 (config.pbtxt + weights.safetensors) and an inputs file, runs mha_run and
 compares its outputs with a float64 torch reference (mha_reference.py).
 
+With --server instead of --mha_run, every configuration's model folder goes
+into one model repository (folders case000, case001, ...), one mha_server
+serves them all, and each configuration is one Attend call carrying the
+tensors and flags mha_run would get (see parity_server.py).
+
   python3 tests/parity/parity.py --mha_run build/mha_run [--configs 60]
       [--seed 0] [--workdir DIR] [--keep] [--only 3,7-9]
+  python3 tests/parity/parity.py --server build/mha_server [same options]
   python3 tests/parity/parity.py --write-demo models/demo
 
 Tolerances: fp32 compute, max abs error <= 1e-5; bf16 compute, max abs
@@ -243,13 +249,10 @@ def run_mha(mha_run, c, case_dir):
     return None
 
 
-def compare(c, expected, outputs_path):
-    """Returns (worst error, list of problems). The error is absolute for fp32
-    and relative to max |reference| for bf16."""
-    try:
-        actual, dtypes = read_safetensors(outputs_path)
-    except (OSError, ValueError, KeyError) as e:
-        return math.inf, [f"cannot read outputs: {e}"]
+def compare(c, expected, actual, dtypes):
+    """Returns (worst error, list of problems). `actual` maps output names to
+    float32 arrays, `dtypes` to the dtypes they came in. The error is absolute
+    for fp32 and relative to max |reference| for bf16."""
     worst, problems = 0.0, []
     bf16 = c.compute == "BF16"
     tol = BF16_REL_TOL if bf16 else FP32_ABS_TOL
@@ -290,22 +293,35 @@ def _describe_error(name, got, ref, err):
             f"got {got[at]:.6g}, expected {ref[at]:.6g}")
 
 
-def run_case(c, mha_run, case_dir, seed):
-    """Writes the files of case c, runs mha_run; returns (error, problems)."""
+def prepare_case(c, model_dir, inputs_path, seed):
+    """Writes the model folder and the inputs file of case c; returns
+    (inputs, expected outputs)."""
     gen = torch.Generator().manual_seed(seed * 100003 + c.id)
     r = random.Random(f"files:{seed}:{c.id}")
     params = make_params(c, gen)
-    ref_params = write_model(c, params, os.path.join(case_dir, "model"), r)
+    ref_params = write_model(c, params, model_dir, r)
     inputs = make_inputs(c, gen)
     write_safetensors(
-        os.path.join(case_dir, "inputs.safetensors"),
+        inputs_path,
         {k: (v.numpy(), "BOOL" if v.dtype == torch.bool else "F32")
          for k, v in inputs.items()})
-    expected = expected_outputs(c, ref_params, inputs)
+    return inputs, expected_outputs(c, ref_params, inputs)
+
+
+def run_case(c, mha_run, case_dir, seed):
+    """Writes the files of case c, runs mha_run; returns (error, problems)."""
+    _, expected = prepare_case(c, os.path.join(case_dir, "model"),
+                               os.path.join(case_dir, "inputs.safetensors"),
+                               seed)
     failure = run_mha(mha_run, c, case_dir)
     if failure:
         return math.inf, [failure]
-    return compare(c, expected, os.path.join(case_dir, "outputs.safetensors"))
+    try:
+        actual, dtypes = read_safetensors(
+            os.path.join(case_dir, "outputs.safetensors"))
+    except (OSError, ValueError, KeyError) as e:
+        return math.inf, [f"cannot read outputs: {e}"]
+    return compare(c, expected, actual, dtypes)
 
 
 # ----------------------------------------------------------------- main

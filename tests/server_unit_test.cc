@@ -1,0 +1,300 @@
+// The server's parts without gRPC: request decoding, batch merging and the
+// batcher, on a real engine.
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+
+#include "engine/mha_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/batch_merge.h"
+#include "server/batcher.h"
+#include "server/request_codec.h"
+#include "tests/test_models.h"
+
+namespace mha::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+AttentionDims Dims() {
+  AttentionDims d;
+  d.embed_dim = d.kdim = d.vdim = 24;
+  d.num_heads = 3;
+  d.qk_head_dim = d.v_head_dim = 8;
+  return d;
+}
+
+v1::Tensor Wire(const std::vector<int64_t>& shape, const std::vector<float>& values) {
+  v1::Tensor t;
+  t.set_dtype(v1::DATA_TYPE_FP32);
+  t.mutable_shape()->Assign(shape.begin(), shape.end());
+  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  return t;
+}
+
+v1::Tensor BoolWire(const std::vector<int64_t>& shape, const std::vector<uint8_t>& values) {
+  v1::Tensor t;
+  t.set_dtype(v1::DATA_TYPE_BOOL);
+  t.mutable_shape()->Assign(shape.begin(), shape.end());
+  t.set_data(std::string(values.begin(), values.end()));
+  return t;
+}
+
+// A self-attention request of one sequence of `len` tokens.
+v1::AttendRequest Request(int64_t len, uint32_t seed, bool key_padding = false) {
+  v1::AttendRequest r;
+  r.set_model("m");
+  *r.mutable_query() = Wire({1, len, 24}, testing::RandomVector(len * 24, seed));
+  if (key_padding) {
+    std::vector<uint8_t> mask(len, 0);
+    mask[0] = 1;
+    *r.mutable_key_padding_mask() = BoolWire({1, len}, mask);
+  }
+  return r;
+}
+
+absl::Status DecodeError(const v1::AttendRequest& r) {
+  return DecodeAttendRequest(r, Dims(), RequestLimits{}).status();
+}
+
+TEST(RequestCodecTest, DecodesAValidRequest) {
+  absl::StatusOr<DecodedRequest> d = DecodeAttendRequest(Request(5, 1, true), Dims(), {});
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->tokens, 10);
+  EXPECT_EQ(d->output_shape, (std::vector<int64_t>{1, 5, 24}));
+  EXPECT_TRUE(d->batch.batch().key_padding_mask.present());
+}
+
+TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
+  struct Case {
+    const char* what;
+    std::function<void(v1::AttendRequest&)> edit;
+    absl::StatusCode code;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"no query", [](auto& r) { r.clear_query(); }, absl::StatusCode::kInvalidArgument,
+       "query: required"},
+      {"bytes", [](auto& r) { r.mutable_query()->mutable_data()->pop_back(); },
+       absl::StatusCode::kInvalidArgument, "query: data has 479 bytes"},
+      {"last dim",
+       [](auto& r) { *r.mutable_query() = Wire({1, 6, 20}, std::vector<float>(120)); },
+       absl::StatusCode::kInvalidArgument, "query: expected last dimension 24, got 20"},
+      {"rank", [](auto& r) { *r.mutable_query() = Wire({120}, std::vector<float>(120)); },
+       absl::StatusCode::kInvalidArgument, "query: expected rank 3"},
+      {"negative", [](auto& r) { r.mutable_query()->set_shape(1, -5); },
+       absl::StatusCode::kInvalidArgument, "query: negative dimension"},
+      {"overflow",
+       [](auto& r) {
+         r.mutable_query()->clear_shape();
+         for (int64_t d : {int64_t{1} << 40, int64_t{1} << 40, int64_t{24}})
+           r.mutable_query()->add_shape(d);
+       },
+       absl::StatusCode::kInvalidArgument, "overflows int64"},
+      {"dtype", [](auto& r) { r.mutable_query()->set_dtype(static_cast<v1::DataType>(99)); },
+       absl::StatusCode::kInvalidArgument, "query: dtype 99"},
+      {"bool query",
+       [](auto& r) { *r.mutable_query() = BoolWire({1, 2, 24}, std::vector<uint8_t>(48)); },
+       absl::StatusCode::kInvalidArgument, "query: dtype DATA_TYPE_BOOL"},
+      {"nan",
+       [](auto& r) {
+         float nan = std::numeric_limits<float>::quiet_NaN();
+         std::memcpy(r.mutable_query()->mutable_data()->data() + 8, &nan, 4);
+       },
+       absl::StatusCode::kInvalidArgument, "query: element 2 is nan"},
+      {"value without key", [](auto& r) { *r.mutable_value() = r.query(); },
+       absl::StatusCode::kInvalidArgument, "value: given without key"},
+      {"mask shape", [](auto& r) { *r.mutable_key_padding_mask() = BoolWire({1, 4}, {0, 0, 0, 0}); },
+       absl::StatusCode::kInvalidArgument, "key_padding_mask: expected shape [1, 5]"},
+      {"mask dtype",
+       [](auto& r) {
+         *r.mutable_attn_mask() = Wire({5, 5}, std::vector<float>(25));
+         r.mutable_attn_mask()->set_dtype(v1::DATA_TYPE_FP16);
+         r.mutable_attn_mask()->mutable_data()->resize(50);
+       },
+       absl::StatusCode::kInvalidArgument, "attn_mask: dtype F16"},
+      {"attn mask shape", [](auto& r) { *r.mutable_attn_mask() = BoolWire({5, 4}, std::vector<uint8_t>(20)); },
+       absl::StatusCode::kInvalidArgument, "attn_mask: expected shape [5, 5] or [3, 5, 5]"},
+  };
+  for (const Case& c : cases) {
+    v1::AttendRequest r = Request(5, 2);
+    c.edit(r);
+    const absl::Status s = DecodeError(r);
+    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what;
+  }
+}
+
+TEST(RequestCodecTest, TooManyTokensIsResourceExhausted) {
+  absl::StatusOr<DecodedRequest> d =
+      DecodeAttendRequest(Request(8, 1), Dims(), RequestLimits{.max_tokens = 10});
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(RequestCodecTest, EncodesHalfTypesThatDecodeBack) {
+  const std::vector<float> values = {1.0f, -2.5f, 0.333f, 65504.0f, 1e-6f, 0.0f};
+  for (v1::DataType dtype : {v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP16}) {
+    v1::Tensor wire;
+    EncodeTensor(values.data(), {6}, dtype, &wire);
+    absl::StatusOr<Tensor> back = DecodeTensor(wire, "t");
+    ASSERT_TRUE(back.ok()) << back.status();
+    const std::vector<float> got = ToFloatVector(*back);
+    for (size_t i = 0; i < values.size(); ++i) {
+      EXPECT_NEAR(got[i], values[i], std::fabs(values[i]) * 1e-2 + 1e-7) << i << " " << dtype;
+    }
+  }
+}
+
+// An engine, metrics and decoded requests for batcher tests.
+class BatcherTest : public ::testing::Test {
+ protected:
+  BatcherTest() {
+    engine_ = MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value();
+  }
+
+  DecodedRequest Decode(const v1::AttendRequest& r) {
+    return DecodeAttendRequest(r, Dims(), {}).value();
+  }
+
+  // The answer of one request computed alone.
+  std::vector<float> Alone(const v1::AttendRequest& r) {
+    DecodedRequest d = Decode(r);
+    std::vector<float> out(d.batch.batch().q_offsets.back() * 24);
+    auto ws = engine_->NewWorkspace();
+    EXPECT_TRUE(engine_->Run(d.batch.batch(), {absl::MakeSpan(out), {}, false}, *ws).ok());
+    return out;
+  }
+
+  // Enqueues and returns a future of the result.
+  std::future<absl::StatusOr<AttentionResult>> Submit(
+      Batcher& b, const v1::AttendRequest& r, absl::Time deadline = absl::InfiniteFuture(),
+      std::function<bool()> cancelled = {}) {
+    auto promise = std::make_shared<std::promise<absl::StatusOr<AttentionResult>>>();
+    auto p = std::make_unique<PendingRequest>(Decode(r));
+    p->deadline = deadline;
+    p->cancelled = std::move(cancelled);
+    p->done = [promise](absl::StatusOr<AttentionResult> result) {
+      promise->set_value(std::move(result));
+    };
+    const absl::Status s = b.Enqueue(p);
+    if (!s.ok()) promise->set_value(s);
+    return promise->get_future();
+  }
+
+  double BatchCount() {
+    return metrics_.ForModel("m").batch_requests->Collect().histogram.sample_count;
+  }
+
+  std::unique_ptr<MhaEngine> engine_;
+  Metrics metrics_;
+};
+
+TEST_F(BatcherTest, ConcurrentRequestsShareEngineCallsAndGetTheirOwnAnswers) {
+  BatcherOptions options;
+  options.max_queue_delay = absl::Milliseconds(200);  // every request arrives in time
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  std::vector<v1::AttendRequest> requests;
+  std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+  for (int i = 0; i < 8; ++i) {
+    requests.push_back(Request(1 + 3 * i, 10 + i, /*key_padding=*/i % 2 == 0));
+    results.push_back(Submit(batcher, requests.back()));
+  }
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<AttentionResult> r = results[i].get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<float> expected = Alone(requests[i]);
+    ASSERT_EQ(r->output.size(), expected.size());
+    for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(r->output[j], expected[j], 1e-5);
+  }
+  EXPECT_LT(BatchCount(), 8);  // merged into fewer engine calls
+}
+
+TEST_F(BatcherTest, BatchingOffRunsOneRequestPerCall) {
+  BatcherOptions options;
+  options.enabled = false;
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+  for (int i = 0; i < 5; ++i) results.push_back(Submit(batcher, Request(4, i)));
+  for (auto& r : results) EXPECT_TRUE(r.get().ok());
+  EXPECT_EQ(BatchCount(), 5);
+}
+
+TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
+  BatcherOptions options;
+  options.max_queue_size = 2;
+  options.max_queue_delay = absl::Seconds(1);
+  options.max_batch_tokens = 1 << 20;
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  auto a = Submit(batcher, Request(3, 1));
+  auto b = Submit(batcher, Request(3, 2));
+  auto c = Submit(batcher, Request(3, 3));
+  EXPECT_EQ(c.get().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(a.get().ok());
+  EXPECT_TRUE(b.get().ok());
+}
+
+TEST_F(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
+  BatcherOptions options;
+  options.max_queue_delay = absl::Milliseconds(50);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  auto expired = Submit(batcher, Request(3, 1), absl::Now() + absl::Milliseconds(1));
+  auto cancelled = Submit(batcher, Request(3, 2), absl::InfiniteFuture(), [] { return true; });
+  auto live = Submit(batcher, Request(3, 3));
+  EXPECT_EQ(expired.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(cancelled.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(live.get().ok());
+}
+
+TEST_F(BatcherTest, StopComputesWhatIsQueuedThenRefuses) {
+  BatcherOptions options;
+  options.max_queue_delay = absl::Seconds(30);  // only Stop can close the batch
+  options.max_batch_tokens = 1 << 20;
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  auto a = Submit(batcher, Request(5, 1));
+  auto b = Submit(batcher, Request(2, 2));
+  batcher.Stop();
+  EXPECT_TRUE(a.get().ok());
+  EXPECT_TRUE(b.get().ok());
+  EXPECT_EQ(Submit(batcher, Request(2, 3)).get().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
+  BatcherOptions options;
+  options.max_queue_delay = absl::Milliseconds(100);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  v1::AttendRequest causal = Request(6, 1);
+  causal.set_is_causal(true);
+  v1::AttendRequest weights = Request(4, 2);
+  weights.set_need_weights(true);
+  const v1::AttendRequest plain = Request(5, 3);
+  auto r1 = Submit(batcher, causal);
+  auto r2 = Submit(batcher, weights);
+  auto r3 = Submit(batcher, plain);
+  for (auto* f : {&r1, &r2, &r3}) ASSERT_TRUE(f->valid());
+  absl::StatusOr<AttentionResult> a = r1.get(), b = r2.get(), c = r3.get();
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(b->weights.size(), 4u * 4u);
+  EXPECT_TRUE(a->weights.empty());
+  const std::vector<float> expected = Alone(causal);
+  for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(a->output[j], expected[j], 1e-5);
+}
+
+TEST(BatchMergeTest, MergedBatchOffsetsFollowTheRequests) {
+  const AttentionDims d = Dims();
+  DecodedRequest a = DecodeAttendRequest(Request(3, 1, true), d, {}).value();
+  DecodedRequest b = DecodeAttendRequest(Request(5, 2, false), d, {}).value();
+  const MergedBatch merged({&a, &b}, d.num_heads);
+  EXPECT_EQ(merged.batch().q_offsets, (std::vector<int64_t>{0, 3, 8}));
+  EXPECT_EQ(merged.output_row(1), 3);
+  // b had no padding mask: zeros (not masked) where a had its mask.
+  ASSERT_TRUE(merged.batch().key_padding_mask.present());
+  const auto* kpm = static_cast<const float*>(merged.batch().key_padding_mask.data);
+  EXPECT_TRUE(std::isinf(kpm[0]));
+  for (int i = 3; i < 8; ++i) EXPECT_EQ(kpm[i], 0.0f);
+}
+
+}  // namespace
+}  // namespace mha::server
