@@ -67,6 +67,10 @@ absl::Status DenseBatch::CheckShapes(const AttentionDims& dims) {
   RETURN_IF_ERROR(ExpectLastDim(q, "query", rank, dims.embed_dim));
   batch_size_ = batched_ ? q.dim(0) : 1;
   q_len_ = q.dim(rank - 2);
+  if (batch_size_ == 0 || q_len_ == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query: shape ", ShapeString(q.shape()), " has no tokens"));
+  }
   kv_len_ = q_len_;
   if (!in_.key.has_value() && in_.value.has_value()) {
     return absl::InvalidArgumentError("value: given without key");

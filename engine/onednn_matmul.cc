@@ -119,10 +119,27 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   return by_m_.try_emplace(m, std::move(created)).first->second;
 }
 
+// Rows are processed in chunks of power-of-two sizes (and one final chunk
+// of fewer than kExactRows), so any number of rows needs at most a few dozen
+// distinct primitives: a ragged batch of any total length never waits for
+// a JIT compilation once these exist.
 void LinearLayer::Run(Workspace& ws, const void* x, int64_t m, void* y) const {
-  if (m == 0) return;
-  const std::shared_ptr<const MatmulPrimitive> p = PrimitiveFor(m);
-  ExecuteMatmul(*p, ws, x, weights_.get_data_handle(), bias_.get_data_handle(), y);
+  constexpr int64_t kExactRows = 64;
+  const size_t x_row = k_ * (act_dt_ == dt::bf16 ? 2 : 4);
+  const size_t y_row = n_ * (dst_dt_ == dt::bf16 ? 2 : 4);
+  for (int64_t done = 0; done < m;) {
+    const int64_t left = m - done;
+    int64_t chunk = left;
+    if (left >= kExactRows) {
+      chunk = kExactRows;
+      while (chunk * 2 <= left) chunk *= 2;
+    }
+    const std::shared_ptr<const MatmulPrimitive> p = PrimitiveFor(chunk);
+    ExecuteMatmul(*p, ws, static_cast<const uint8_t*>(x) + done * x_row,
+                  weights_.get_data_handle(), bias_.get_data_handle(),
+                  static_cast<uint8_t*>(y) + done * y_row);
+    done += chunk;
+  }
 }
 
 }  // namespace mha

@@ -23,7 +23,7 @@ namespace mha::server {
 struct BatcherOptions {
   bool enabled = true;               // false: one request per engine call
   int64_t max_batch_tokens = 8192;   // query + key tokens per engine call
-  absl::Duration max_queue_delay = absl::Microseconds(500);
+  absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
   int workers = 1;                   // threads calling the engine
   int compute_threads = 0;           // threads per engine call (0: all cores / workers)

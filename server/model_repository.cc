@@ -1,5 +1,6 @@
 #include "server/model_repository.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <utility>
@@ -67,7 +68,7 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   const v1::DynamicBatching& db = config.dynamic_batching();
   b.enabled = !options.force_batching_off && (!db.has_enabled() || db.enabled());
   if (db.max_batch_tokens() > 0) b.max_batch_tokens = db.max_batch_tokens();
-  if (db.max_queue_delay_us() > 0) b.max_queue_delay = absl::Microseconds(db.max_queue_delay_us());
+  b.max_queue_delay = absl::Microseconds(std::max<int64_t>(0, db.max_queue_delay_us()));
   if (db.max_queue_size() > 0) b.max_queue_size = db.max_queue_size();
   b.workers = options.workers;
   b.compute_threads = options.compute_threads;

@@ -54,7 +54,8 @@ uint16_t FloatToHalf(float f) {
 }
 
 // NaN or Inf in query/key/value would come back as NaN outputs: reject.
-absl::Status CheckFinite(const Tensor& t, const char* field) {
+// Float masks may hold -inf (masked out) but not NaN or +inf.
+absl::Status CheckFinite(const Tensor& t, const char* field, bool allow_neg_inf = false) {
   const int64_t n = t.num_elements();
   for (int64_t i = 0; i < n; ++i) {
     float value;
@@ -65,9 +66,10 @@ absl::Status CheckFinite(const Tensor& t, const char* field) {
       std::memcpy(&half, t.raw() + 2 * i, 2);
       value = t.dtype() == DType::kBF16 ? Bf16ToFloat(half) : HalfToFloat(half);
     }
-    if (!std::isfinite(value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": element ", i, " is ", value, ", expected a finite number"));
+    if (!std::isfinite(value) && !(allow_neg_inf && value < 0 && std::isinf(value))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": element ", i, " is ", value,
+          allow_neg_inf ? ", expected a finite number or -inf" : ", expected a finite number"));
     }
   }
   return absl::OkStatus();
@@ -75,10 +77,10 @@ absl::Status CheckFinite(const Tensor& t, const char* field) {
 
 // Decodes an optional field; absent (no dtype, shape or data) gives nullopt.
 absl::StatusOr<std::optional<Tensor>> DecodeOptional(bool present, const v1::Tensor& wire,
-                                                     const char* field, bool finite) {
+                                                     const char* field, bool is_mask) {
   if (!present) return std::optional<Tensor>();
   ASSIGN_OR_RETURN(Tensor t, DecodeTensor(wire, field));
-  if (finite && t.dtype() != DType::kBool) RETURN_IF_ERROR(CheckFinite(t, field));
+  if (t.dtype() != DType::kBool) RETURN_IF_ERROR(CheckFinite(t, field, is_mask));
   return std::optional<Tensor>(std::move(t));
 }
 
@@ -116,13 +118,13 @@ absl::StatusOr<DecodedRequest> DecodeAttendRequest(const v1::AttendRequest& requ
     return absl::InvalidArgumentError("query: dtype DATA_TYPE_BOOL, expected FP32, BF16 or FP16");
   }
   RETURN_IF_ERROR(CheckFinite(in.query, "query"));
-  ASSIGN_OR_RETURN(in.key, DecodeOptional(request.has_key(), request.key(), "key", true));
-  ASSIGN_OR_RETURN(in.value, DecodeOptional(request.has_value(), request.value(), "value", true));
+  ASSIGN_OR_RETURN(in.key, DecodeOptional(request.has_key(), request.key(), "key", false));
+  ASSIGN_OR_RETURN(in.value, DecodeOptional(request.has_value(), request.value(), "value", false));
   ASSIGN_OR_RETURN(in.key_padding_mask,
                    DecodeOptional(request.has_key_padding_mask(), request.key_padding_mask(),
-                                  "key_padding_mask", false));
+                                  "key_padding_mask", true));
   ASSIGN_OR_RETURN(in.attn_mask, DecodeOptional(request.has_attn_mask(), request.attn_mask(),
-                                                "attn_mask", false));
+                                                "attn_mask", true));
   for (const auto* mask : {&in.key_padding_mask, &in.attn_mask}) {
     if (mask->has_value() && (*mask)->dtype() != DType::kBool && (*mask)->dtype() != DType::kF32) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -4,6 +4,7 @@
 // moment (these machines are shared and noisy). One JSON object per line
 // with --json.
 #include <algorithm>
+#include <random>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -33,6 +34,7 @@ namespace {
 struct Shape {
   std::string name;
   int64_t batch, q_len, kv_len, embed_dim, heads;  // kv_len 0: self-attention
+  bool ragged = false;  // lengths uniform in [16, q_len] instead of all q_len
 };
 
 const std::vector<Shape>& StandardShapes() {
@@ -42,11 +44,29 @@ const std::vector<Shape>& StandardShapes() {
       {"cross_b8_l64_s256_e512_h8", 8, 64, 256, 512, 8},
       {"self_b1_l16_e256_h4", 1, 16, 0, 256, 4},
       {"self_b4_l512_e1024_h16", 4, 512, 0, 1024, 16},
+      // What the server's batcher builds from 32 small requests.
+      {"ragged_b32_l16-128_e256_h4", 32, 128, 0, 256, 4, true},
   };
   return shapes;
 }
 
+// Sequence lengths of a shape: all q_len, or uniform in [16, q_len].
+std::vector<int64_t> Lengths(const Shape& s) {
+  std::vector<int64_t> lengths(s.batch, s.q_len);
+  if (s.ragged) {
+    std::mt19937 gen(5);
+    std::uniform_int_distribution<int64_t> len(16, s.q_len);
+    for (int64_t& l : lengths) l = len(gen);
+  }
+  return lengths;
+}
+
 double Flops(const Shape& s) {
+  if (s.ragged) {
+    double flops = 0;
+    for (int64_t l : Lengths(s)) flops += 8.0 * l * s.embed_dim * s.embed_dim + 4.0 * l * l * s.embed_dim;
+    return flops;
+  }
   const double t = s.batch * s.q_len, e = s.embed_dim;
   const double kv_len = s.kv_len == 0 ? s.q_len : s.kv_len, tk = s.batch * kv_len;
   const double projections = 2 * t * e * e + 2 * tk * e * 2 * e + 2 * t * e * e;
@@ -133,13 +153,21 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
     return;
   }
   const int64_t kv_len = s.kv_len == 0 ? s.q_len : s.kv_len;
-  const std::vector<float> query = testing::RandomVector(s.batch * s.q_len * s.embed_dim, 2);
+  const std::vector<int64_t> lengths = Lengths(s);
+  int64_t tokens = 0;
+  for (int64_t l : lengths) tokens += l;
+  const std::vector<float> query = testing::RandomVector(tokens * s.embed_dim, 2);
   const std::vector<float> memory =
       testing::RandomVector(s.kv_len == 0 ? 0 : s.batch * kv_len * s.embed_dim, 3);
   AttentionBatch batch;
   batch.query = query;
   batch.key = memory;  // value = key: the usual encoder memory
   SetUniformOffsets(s.batch, s.q_len, kv_len, s.heads, batch);
+  if (s.ragged) {  // self-attention over sequences of different lengths
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      batch.q_offsets[i + 1] = batch.q_offsets[i] + lengths[i];
+    }
+  }
   std::vector<float> output(query.size());
   std::unique_ptr<Workspace> ws = (*engine)->NewWorkspace();
   const AttentionOutputs out{absl::MakeSpan(output), {}, false};

@@ -337,20 +337,54 @@ def parse_ids(spec, count):
     return ids
 
 
-def run_all(args):
-    workdir = args.workdir or tempfile.mkdtemp(prefix="mha_parity_")
-    passed = failed = 0
-    for index in parse_ids(args.only, args.configs):
+def mha_run_results(args, ids, workdir, _notes):
+    """(case, error, problems) for each case id, one mha_run per case."""
+    for index in ids:
         c = make_case(index, args.seed)
         case_dir = os.path.join(workdir, f"case_{index:03d}")
         os.makedirs(case_dir, exist_ok=True)
-        err, problems = run_case(c, args.mha_run, case_dir, args.seed)
+        yield (c, *run_case(c, args.mha_run, case_dir, args.seed))
+
+
+def server_results(args, ids, workdir, notes):
+    """(case, error, problems) for each case id, all from one mha_server
+    serving every case's model. Problems of the server itself (a crash, a
+    failed shutdown) are appended to `notes`."""
+    from parity_server import ParityServer, model_name
+    repository = os.path.join(workdir, "repository")
+    os.makedirs(os.path.join(workdir, "inputs"), exist_ok=True)
+    cases = []
+    for index in ids:
+        c, name = make_case(index, args.seed), model_name(index)
+        inputs, expected = prepare_case(
+            c, os.path.join(repository, name),
+            os.path.join(workdir, "inputs", name + ".safetensors"), args.seed)
+        cases.append((c, name, inputs, expected))
+    with ParityServer(args.server, repository, RUN_TIMEOUT_S) as server:
+        for c, name, inputs, expected in cases:
+            failure, actual, dtypes = server.attend(c, name, inputs)
+            if failure:
+                yield c, math.inf, [failure]
+            else:
+                yield (c, *compare(c, expected, actual, dtypes))
+    notes += server.problems()
+
+
+def run_all(args):
+    workdir = args.workdir or tempfile.mkdtemp(prefix="mha_parity_")
+    results = server_results if args.server else mha_run_results
+    passed = failed = 0
+    notes = []
+    for c, err, problems in results(args, parse_ids(args.only, args.configs),
+                                    workdir, notes):
         ok = not problems
         passed, failed = passed + ok, failed + (not ok)
-        print(f"[{index:3d}] {describe(c):<72} max_err={err:.2e} "
+        print(f"[{c.id:3d}] {describe(c):<72} max_err={err:.2e} "
               f"{'PASS' if ok else 'FAIL'}", flush=True)
         for problem in problems:
             print(f"      {problem}", flush=True)
+    for note in notes:
+        print(note, flush=True)
     if args.workdir or args.keep:
         print(f"files kept in {workdir}")
     else:
@@ -358,12 +392,15 @@ def run_all(args):
         if failed:
             print("rerun with --keep --only ID to inspect a failing case")
     print(f"{passed} passed, {failed} failed")
-    return 0 if failed == 0 else 1
+    return 0 if failed == 0 and not notes else 1
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mha_run", help="path of the mha_run executable")
+    ap.add_argument("--server", metavar="MHA_SERVER",
+                    help="path of the mha_server executable: run every case "
+                    "through one server instead of mha_run")
     ap.add_argument("--configs", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", help="where to write the case files "
@@ -378,8 +415,8 @@ def main():
         from make_demo_model import write_demo_model
         write_demo_model(args.write_demo)
         return 0
-    if not args.mha_run:
-        ap.error("--mha_run is required")
+    if bool(args.mha_run) == bool(args.server):
+        ap.error("exactly one of --mha_run and --server is required")
     torch.set_num_threads(1)  # the reference is tiny; leave cores to mha_run
     return run_all(args)
 

@@ -88,6 +88,7 @@ class TestServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.exit_code = self.process.wait()
+        self.process.stdout.close()
         return self.exit_code
 
     def target(self):
@@ -133,3 +134,129 @@ def tensor(pb, config_pb, array, dtype=None):
 def to_numpy(t):
     import numpy as np
     return np.frombuffer(t.data, dtype=np.float32).reshape(tuple(t.shape))
+
+
+# ----------------------------------------------------------------- additions
+
+def metric_sample(text, name, **labels):
+    """Like metric_value, but None when no sample matches (so a test can
+    tell a 0 from a missing series)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def half_tensor(pb, config_pb, array, dtype):
+    """A float array as an FP16 or BF16 mha.v1.Tensor (round to nearest even)."""
+    import numpy as np
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if dtype == config_pb.DATA_TYPE_FP16:
+        data = array.astype("<f2").tobytes()
+    elif dtype == config_pb.DATA_TYPE_BF16:
+        import torch
+        data = torch.from_numpy(array).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    else:
+        raise ValueError(f"half_tensor: dtype {dtype} is not FP16 or BF16")
+    return pb.Tensor(dtype=dtype, shape=array.shape, data=data)
+
+
+def from_wire(config_pb, t):
+    """An FP32, FP16 or BF16 mha.v1.Tensor as a float32 numpy array."""
+    import numpy as np
+    shape = tuple(t.shape)
+    if t.dtype == config_pb.DATA_TYPE_FP32:
+        return np.frombuffer(t.data, dtype="<f4").reshape(shape)
+    if t.dtype == config_pb.DATA_TYPE_FP16:
+        return np.frombuffer(t.data, dtype="<f2").astype(np.float32).reshape(shape)
+    if t.dtype == config_pb.DATA_TYPE_BF16:
+        bits = np.frombuffer(t.data, dtype="<u2").astype(np.uint32) << 16
+        return bits.view(np.float32).reshape(shape)
+    raise ValueError(f"from_wire: dtype {t.dtype} is not a float type")
+
+
+# The parts of grpc.health.v1 and grpc.reflection.v1alpha the tests call
+# (field numbers as upstream). The files live under a folder that is not
+# named "grpc", so their Python modules do not shadow the grpc package.
+_HEALTH_PROTO = """
+syntax = "proto3";
+package grpc.health.v1;
+message HealthCheckRequest { string service = 1; }
+message HealthCheckResponse {
+  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }
+  ServingStatus status = 1;
+}
+service Health {
+  rpc Check(HealthCheckRequest) returns (HealthCheckResponse);
+  rpc Watch(HealthCheckRequest) returns (stream HealthCheckResponse);
+}
+"""
+
+_REFLECTION_PROTO = """
+syntax = "proto3";
+package grpc.reflection.v1alpha;
+service ServerReflection {
+  rpc ServerReflectionInfo(stream ServerReflectionRequest)
+      returns (stream ServerReflectionResponse);
+}
+message ServerReflectionRequest {
+  string host = 1;
+  oneof message_request {
+    string file_by_filename = 3;
+    string file_containing_symbol = 4;
+    string all_extension_numbers_of_type = 6;
+    string list_services = 7;
+  }
+}
+message ServerReflectionResponse {
+  string valid_host = 1;
+  ServerReflectionRequest original_request = 2;
+  oneof message_response {
+    FileDescriptorResponse file_descriptor_response = 4;
+    ListServiceResponse list_services_response = 6;
+    ErrorResponse error_response = 7;
+  }
+}
+message FileDescriptorResponse { repeated bytes file_descriptor_proto = 1; }
+message ListServiceResponse { repeated ServiceResponse service = 1; }
+message ServiceResponse { string name = 1; }
+message ErrorResponse { int32 error_code = 1; string error_message = 2; }
+"""
+
+_GRPC_STUB_DIR = None
+
+
+def load_grpc_stubs():
+    """(health_pb2, health_pb2_grpc, reflection_pb2, reflection_pb2_grpc)
+    for grpc.health.v1 and grpc.reflection.v1alpha, generated once."""
+    global _GRPC_STUB_DIR
+    if _GRPC_STUB_DIR is None:
+        _GRPC_STUB_DIR = tempfile.mkdtemp(prefix="mha_grpc_stubs_")
+        folder = os.path.join(_GRPC_STUB_DIR, "mha_test_grpc")
+        os.makedirs(folder)
+        for name, text in (("health.proto", _HEALTH_PROTO),
+                           ("reflection.proto", _REFLECTION_PROTO)):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+        subprocess.run(
+            ["protoc", f"-I{_GRPC_STUB_DIR}", f"--python_out={_GRPC_STUB_DIR}",
+             f"--grpc_out={_GRPC_STUB_DIR}",
+             "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+             os.path.join(folder, "health.proto"),
+             os.path.join(folder, "reflection.proto")], check=True)
+        sys.path.insert(0, _GRPC_STUB_DIR)
+    return tuple(importlib.import_module(f"mha_test_grpc.{m}") for m in
+                 ("health_pb2", "health_pb2_grpc", "reflection_pb2", "reflection_pb2_grpc"))
+
+
+def _remove_stub_dirs():
+    import shutil
+    for folder in (_STUB_DIR, _GRPC_STUB_DIR):
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+import atexit  # noqa: E402
+atexit.register(_remove_stub_dirs)

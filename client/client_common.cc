@@ -1,0 +1,82 @@
+#include "client/client_common.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace mha::client {
+namespace {
+
+float HalfBitsToFloat(uint16_t h, bool bf16) {
+  if (bf16) {
+    const uint32_t bits = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
+  if (exponent == 31) return mantissa ? NAN : sign * INFINITY;
+  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  std::vector<float> values(n);
+  for (float& v : values) v = dist(gen);
+  v1::Tensor t;
+  t.set_dtype(v1::DATA_TYPE_FP32);
+  t.mutable_shape()->Assign(shape.begin(), shape.end());
+  t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  return t;
+}
+
+int ReportError(const grpc::Status& status) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int code = static_cast<int>(status.error_code());
+  std::fprintf(stderr, "%s: %s\n", code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN",
+               status.error_message().c_str());
+  return 1;
+}
+
+std::string ShapeText(const v1::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
+}
+
+std::vector<float> TensorValues(const v1::Tensor& t) {
+  std::vector<float> values;
+  if (t.dtype() == v1::DATA_TYPE_FP32) {
+    values.resize(t.data().size() / 4);
+    std::memcpy(values.data(), t.data().data(), values.size() * 4);
+    return values;
+  }
+  values.resize(t.data().size() / 2);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, t.data().data() + 2 * i, 2);
+    values[i] = HalfBitsToFloat(h, t.dtype() == v1::DATA_TYPE_BF16);
+  }
+  return values;
+}
+
+}  // namespace mha::client

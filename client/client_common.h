@@ -1,0 +1,34 @@
+// What every mha_client subcommand shares: the channel, random tensors,
+// status printing. Knows only the proto and gRPC.
+#ifndef MHA_CLIENT_CLIENT_COMMON_H_
+#define MHA_CLIENT_CLIENT_COMMON_H_
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "mha/v1/attention.grpc.pb.h"
+
+namespace mha::client {
+
+// A channel to --target with the message-size limits the server uses.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+
+// A FP32 tensor of the given shape filled with N(0, 0.5^2) values.
+v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen);
+
+// Prints "CODE: message" to stderr and returns 1 (the exit code).
+int ReportError(const grpc::Status& status);
+
+// "[2, 16, 256]".
+std::string ShapeText(const v1::Tensor& t);
+
+// The elements of a FP32/BF16/FP16 tensor as floats.
+std::vector<float> TensorValues(const v1::Tensor& t);
+
+}  // namespace mha::client
+
+#endif  // MHA_CLIENT_CLIENT_COMMON_H_

@@ -1,0 +1,203 @@
+// mha_client: the sample CLI for mha_server.
+//   mha_client health [--model NAME]   (exit 0 only when SERVING)
+//   mha_client models
+//   mha_client info NAME
+//   mha_client attend --model NAME [--batch B --len L --kv_len S] [--causal]
+//                     [--need_weights] [--per_head_weights] [--bf16]
+//   mha_client load --model NAME --concurrency N --duration 10s --len 16:128 [--json]
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client_common.h"
+#include "client/load_generator.h"
+#include "grpcpp/generic/generic_stub.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
+ABSL_FLAG(std::string, model, "", "model name (attend, load: default demo; health: that model)");
+ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
+ABSL_FLAG(int64_t, batch, 1, "attend: batch size B");
+ABSL_FLAG(int64_t, len, 16, "attend: query length L");
+ABSL_FLAG(int64_t, kv_len, 0, "key/value length S (0: self-attention)");
+ABSL_FLAG(uint32_t, seed, 1, "random inputs' seed");
+ABSL_FLAG(bool, causal, false, "attend: is_causal");
+ABSL_FLAG(bool, need_weights, false, "attend: return attention weights");
+ABSL_FLAG(bool, per_head_weights, false, "attend: weights per head");
+ABSL_FLAG(int, concurrency, 1, "load: requests in flight");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "load: how long");
+ABSL_FLAG(int64_t, requests, 0, "load: stop after this many (0: duration)");
+ABSL_FLAG(std::string, len_range, "16:16", "load: query lengths MIN:MAX, uniform");
+ABSL_FLAG(bool, json, false, "load: print the report as JSON");
+
+namespace mha::client {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms)));
+  return context;
+}
+
+// grpc.health.v1 without generated stubs: the request is one string field
+// (tag 1), the response one enum field (tag 1; 1 = SERVING).
+int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
+  grpc::GenericStub stub(channel);
+  std::string request;
+  if (!service.empty()) {
+    request.push_back(0x0a);
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer in(&slice, 1), out;
+  auto context = Context();
+  grpc::Status status;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  stub.UnaryCall(context.get(), "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s, done = true;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (!status.ok()) return ReportError(status);
+  std::vector<grpc::Slice> slices;
+  out.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  const bool serving = bytes.size() >= 2 && bytes[0] == 0x08 && bytes[1] == 1;
+  std::printf("%s: %s\n", service.empty() ? "server" : service.c_str(),
+              serving ? "SERVING" : "NOT_SERVING");
+  return serving ? 0 : 1;
+}
+
+int Models(v1::AttentionService::Stub& stub) {
+  v1::ListModelsResponse response;
+  const grpc::Status status = stub.ListModels(Context().get(), {}, &response);
+  if (!status.ok()) return ReportError(status);
+  for (const v1::ModelInfo& m : response.models()) {
+    std::printf("%-24s %-6s %s\n", m.name().c_str(),
+                m.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
+                m.state() == v1::ModelInfo::STATE_READY
+                    ? absl::StrCat("E=", m.embed_dim(), " h=", m.num_heads(), " layout=",
+                                   m.weight_layout(), " params=", m.parameter_count())
+                          .c_str()
+                    : m.error().c_str());
+  }
+  return 0;
+}
+
+int Info(v1::AttentionService::Stub& stub, const std::string& name) {
+  v1::GetModelRequest request;
+  request.set_name(name);
+  v1::ModelInfo info;
+  const grpc::Status status = stub.GetModel(Context().get(), request, &info);
+  if (!status.ok()) return ReportError(status);
+  std::printf("%s", info.DebugString().c_str());
+  return 0;
+}
+
+int Attend(v1::AttentionService::Stub& stub) {
+  v1::GetModelRequest get;
+  get.set_name(absl::GetFlag(FLAGS_model));
+  v1::ModelInfo info;
+  grpc::Status status = stub.GetModel(Context().get(), get, &info);
+  if (!status.ok()) return ReportError(status);
+  std::mt19937 gen(absl::GetFlag(FLAGS_seed));
+  const int64_t b = absl::GetFlag(FLAGS_batch), l = absl::GetFlag(FLAGS_len);
+  const int64_t s = absl::GetFlag(FLAGS_kv_len);
+  v1::AttendRequest request;
+  request.set_model(info.name());
+  *request.mutable_query() = RandomTensor({b, l, info.embed_dim()}, gen);
+  if (s > 0) {
+    *request.mutable_key() = RandomTensor({b, s, info.kdim()}, gen);
+    *request.mutable_value() = RandomTensor({b, s, info.vdim()}, gen);
+  }
+  request.set_is_causal(absl::GetFlag(FLAGS_causal));
+  request.set_need_weights(absl::GetFlag(FLAGS_need_weights));
+  request.set_per_head_weights(absl::GetFlag(FLAGS_per_head_weights));
+  v1::AttendResponse response;
+  const absl::Time sent = absl::Now();
+  status = stub.Attend(Context().get(), request, &response);
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
+  if (!status.ok()) return ReportError(status);
+  const std::vector<float> out = TensorValues(response.output());
+  double checksum = 0;
+  for (float v : out) checksum += v;
+  std::printf("model %s: output %s checksum %.6f first", response.model().c_str(),
+              ShapeText(response.output()).c_str(), checksum);
+  for (size_t i = 0; i < std::min<size_t>(4, out.size()); ++i) std::printf(" %+.5f", out[i]);
+  std::printf("\n");
+  if (response.has_attn_weights()) {
+    std::printf("attn_weights %s\n", ShapeText(response.attn_weights()).c_str());
+  }
+  std::printf("round trip %.3f ms\n", ms);
+  return 0;
+}
+
+int Load(const std::shared_ptr<grpc::Channel>& channel) {
+  LoadOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  o.duration = absl::GetFlag(FLAGS_duration);
+  o.max_requests = absl::GetFlag(FLAGS_requests);
+  o.kv_len = absl::GetFlag(FLAGS_kv_len);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  const std::vector<std::string> range = absl::StrSplit(absl::GetFlag(FLAGS_len_range), ':');
+  if (range.size() != 2 || !absl::SimpleAtoi(range[0], &o.min_len) ||
+      !absl::SimpleAtoi(range[1], &o.max_len) || o.min_len < 1 || o.max_len < o.min_len) {
+    std::fprintf(stderr, "--len_range: expected MIN:MAX, got %s\n",
+                 absl::GetFlag(FLAGS_len_range).c_str());
+    return 2;
+  }
+  auto stub = v1::AttentionService::NewStub(channel);
+  v1::GetModelRequest get;
+  get.set_name(o.model);
+  v1::ModelInfo info;
+  const grpc::Status status = stub->GetModel(Context().get(), get, &info);
+  if (!status.ok()) return ReportError(status);
+  o.embed_dim = info.embed_dim();
+  const LoadReport report = RunLoad(channel, o);
+  std::printf("%s\n", absl::GetFlag(FLAGS_json) ? report.Json().c_str() : report.Text().c_str());
+  return report.errors.empty() ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace mha::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "mha_client {health [--model NAME] | models | info NAME | attend | load} [--target "
+      "host:port]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  const std::string command = args[1];
+  auto channel = mha::client::MakeChannel(absl::GetFlag(FLAGS_target));
+  auto stub = mha::v1::AttentionService::NewStub(channel);
+  if (command == "health") return mha::client::Health(channel, absl::GetFlag(FLAGS_model));
+  if (absl::GetFlag(FLAGS_model).empty()) absl::SetFlag(&FLAGS_model, "demo");
+  if (command == "models") return mha::client::Models(*stub);
+  if (command == "info" && args.size() > 2) return mha::client::Info(*stub, args[2]);
+  if (command == "attend") return mha::client::Attend(*stub);
+  if (command == "load") return mha::client::Load(channel);
+  std::fprintf(stderr, "unknown command '%s'\nusage: %s\n", command.c_str(),
+               absl::ProgramUsageMessage().data());
+  return 2;
+}
