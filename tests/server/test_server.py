@@ -352,6 +352,7 @@ class SharedServerTest(ServerTestCase):
         query = randn(self.rng, 2, 3, CROSS_E)
         key, value = randn(self.rng, 2, 5, CROSS_KDIM), randn(self.rng, 2, 5, CROSS_VDIM)
         kpm = (self.rng.uniform(-3, 1, (2, 5))).astype(np.float32)
+        kpm[0, 1] = kpm[1, 4] = -np.inf  # allowed in float masks: masked out
         response = self.attend("cross", **request_fields(query, key, value, key_padding_mask=kpm,
                                                          need_weights=True))
         self.check_against_torch("cross", response, query, need_weights=True, key=key,
@@ -523,6 +524,16 @@ class SharedServerTest(ServerTestCase):
                 model="demo", query=good["query"],
                 key_padding_mask=half_tensor(pb, cfg, np.zeros((2, 4)), cfg.DATA_TYPE_BF16)),
              INVALID, "expected DATA_TYPE_BOOL or DATA_TYPE_FP32"),
+            ("empty query", pb.AttendRequest(model="demo", query=raw([1, 0, 256], 0)),
+             INVALID, "query: shape [1, 0, 256] has no tokens"),
+            ("empty unbatched query", pb.AttendRequest(model="demo", query=raw([0, 256], 0)),
+             INVALID, "query: shape [0, 256] has no tokens"),
+            ("NaN in attn_mask", pb.AttendRequest(model="demo", **request_fields(
+                q, attn_mask=np.array([[0, 0, 0, np.nan]] * 4, np.float32))),
+             INVALID, "attn_mask: element 3 is nan, expected a finite number or -inf"),
+            ("+inf in key_padding_mask", pb.AttendRequest(model="demo", **request_fields(
+                q, key_padding_mask=np.array([[0, 0, 0, 0], [0, np.inf, 0, 0]], np.float32))),
+             INVALID, "key_padding_mask: element 5 is inf"),
             ("NaN in query", pb.AttendRequest(model="demo", **request_fields(nan_query)),
              INVALID, "query: element 258 is nan, expected a finite number"),
             ("Inf in key", pb.AttendRequest(model="cross", **request_fields(cq, inf_key, cv)),
