@@ -20,6 +20,12 @@ absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config,
 absl::StatusOr<LoadedModel> LoadModel(const std::string& dir) {
   ASSIGN_OR_RETURN(v1::ModelConfig config,
                    ReadModelConfig(absl::StrCat(dir, "/", kConfigFileName)));
+  // A bad config is reported before a (possibly large) weights file is read.
+  const absl::Status config_status = ResolveDims(config).status();
+  if (!config_status.ok()) {
+    return absl::Status(config_status.code(), absl::StrCat(dir, "/", kConfigFileName, ": ",
+                                                           config_status.message()));
+  }
   ASSIGN_OR_RETURN(TensorMap tensors,
                    ReadSafetensors(absl::StrCat(dir, "/", kWeightsFileName)));
   absl::StatusOr<LoadedModel> model = BuildModel(config, tensors);

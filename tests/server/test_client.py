@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""mha_client against a real mha_server: every subcommand, its output and its
+exit code, and the load generator's counts against the server's metrics.
+
+  MHA_SERVER=build/mha_server MHA_CLIENT=build/mha_client \
+    /usr/bin/python3 tests/server/test_client.py
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mha_test_server import REPO_ROOT, TestServer, metric_value  # noqa: E402
+
+MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
+MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = tempfile.mkdtemp(prefix="mha_client_repo_")
+        shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "demo"))
+        broken = os.path.join(cls.repo, "broken")
+        os.mkdir(broken)
+        with open(os.path.join(broken, "config.pbtxt"), "w") as f:
+            f.write("embed_dim: 8\nnum_heads: 3\n")  # 8 is not divisible by 3
+        with open(os.path.join(broken, "weights.safetensors"), "wb") as f:
+            f.write(b"\0" * 8)
+        cls.server = TestServer(MHA_SERVER, cls.repo)
+        cls.server.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.repo, ignore_errors=True)
+
+    def client(self, *args):
+        return subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    def test_health_of_server_and_models(self):
+        r = self.client("health")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("server: SERVING", r.stdout)
+        self.assertEqual(self.client("health", "--model=demo").returncode, 0)
+        broken = self.client("health", "--model=broken")
+        self.assertEqual(broken.returncode, 1)
+        self.assertIn("broken: NOT_SERVING", broken.stdout)
+        unknown = self.client("health", "--model=nope")
+        self.assertEqual(unknown.returncode, 1)
+        self.assertIn("NOT_FOUND", unknown.stderr)
+
+    def test_models_and_info(self):
+        r = self.client("models")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"demo\s+READY\s+E=256 h=4 layout=in_proj params=263168")
+        self.assertRegex(r.stdout, r"broken\s+FAILED\s+.*not divisible")
+        info = self.client("info", "demo")
+        self.assertEqual(info.returncode, 0, info.stderr)
+        self.assertIn('weight_layout: "in_proj"', info.stdout)
+        missing = self.client("info", "nope")
+        self.assertNotEqual(missing.returncode, 0)
+        self.assertTrue(missing.stderr.startswith("NOT_FOUND: model 'nope' not found"),
+                        missing.stderr)
+
+    def test_attend_prints_shapes_and_errors_exit_non_zero(self):
+        r = self.client("attend", "--model=demo", "--batch=2", "--len=5", "--need_weights",
+                        "--per_head_weights")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("output [2, 5, 256]", r.stdout)
+        self.assertIn("attn_weights [2, 4, 5, 5]", r.stdout)
+        failed = self.client("attend", "--model=broken")
+        self.assertNotEqual(failed.returncode, 0)
+        self.assertTrue(failed.stderr.startswith("FAILED_PRECONDITION: "), failed.stderr)
+        self.assertNotEqual(self.client("frobnicate").returncode, 0)
+
+    def test_load_json_report_matches_server_counts(self):
+        before = metric_value(self.server.metrics(), "mha_requests_total",
+                              model="demo", code="OK")
+        r = self.client("load", "--model=demo", "--concurrency=8", "--requests=300",
+                        "--duration=60s", "--len_range=8:32", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual(report["requests"], 300)
+        self.assertEqual(report["errors"], {})
+        self.assertLessEqual(report["p50_ms"], report["p99_ms"])
+        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        self.assertEqual(after - before, 300)
+
+
+if __name__ == "__main__":
+    unittest.main()
