@@ -1,9 +1,11 @@
 #include "client/load_generator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -45,10 +47,20 @@ class LoadRun {
   LoadReport Run() {
     start_ = absl::Now();
     end_ = start_ + options_.duration;
-    for (int i = 0; i < options_.concurrency; ++i) Issue(i);
+    std::thread progress;
+    if (options_.progress) progress = std::thread([this] { ShowProgress(); });
+    if (options_.rate > 0) {
+      OpenLoop();
+    } else {
+      for (int i = 0; i < options_.concurrency; ++i) Issue(i, /*chain=*/true);
+    }
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [this] { return in_flight_ == 0 && started_all_; });
     report_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    finished_ = true;
+    lock.unlock();
+    if (progress.joinable()) progress.join();
+    std::lock_guard<std::mutex> relock(mu_);
     Summarize();
     return report_;
   }
@@ -61,14 +73,49 @@ class LoadRun {
     int64_t tokens = 0;
   };
 
-  // Starts one call unless the run is over.
-  void Issue(int64_t index) {
+  // Starts calls on a fixed schedule, whatever the answers.
+  void OpenLoop() {
+    const absl::Duration interval = absl::Seconds(1.0 / options_.rate);
+    absl::Time next = start_;
+    for (int64_t i = 0; Issue(i, /*chain=*/false); ++i) {
+      next += interval;
+      const absl::Duration wait = next - absl::Now();
+      if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
+    }
+  }
+
+  // A line on stderr about once a second: requests, errors, rate, p50/p99.
+  void ShowProgress() {
+    int64_t last = 0;
+    while (true) {
+      absl::SleepFor(absl::Seconds(1));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) break;
+      std::vector<double> recent(latencies_ms_.end() - std::min<size_t>(latencies_ms_.size(), 2000),
+                                 latencies_ms_.end());
+      std::sort(recent.begin(), recent.end());
+      auto at = [&](double q) {
+        return recent.empty() ? 0.0 : recent[std::min(recent.size() - 1, size_t(q * recent.size()))];
+      };
+      int64_t errors = 0;
+      for (const auto& [code, n] : report_.errors) errors += n;
+      std::fprintf(stderr, "\r%8lld requests  %5lld errors  %8.1f req/s  p50 %.3f ms  p99 %.3f ms   ",
+                   static_cast<long long>(report_.requests), static_cast<long long>(errors),
+                   static_cast<double>(report_.requests - last), at(0.5), at(0.99));
+      last = report_.requests;
+    }
+    std::fprintf(stderr, "\n");
+  }
+
+  // Starts one call unless the run is over; a chained call starts the next
+  // one when it finishes (closed loop). Returns whether it started.
+  bool Issue(int64_t index, bool chain) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       started_all_ = true;
       const bool over = absl::Now() >= end_ ||
                         (options_.max_requests > 0 && issued_ >= options_.max_requests);
-      if (over) return;
+      if (over) return false;
       ++issued_;
       ++in_flight_;
     }
@@ -77,12 +124,13 @@ class LoadRun {
     call->tokens = request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
     call->sent = absl::Now();
     stub_->async()->Attend(&call->context, &request, &call->response,
-                           [this, call, index](grpc::Status status) {
+                           [this, call, index, chain](grpc::Status status) {
                              Finished(call, status);
-                             Issue(index + options_.concurrency);
+                             if (chain) Issue(index + options_.concurrency, true);
                              std::lock_guard<std::mutex> lock(mu_);
                              if (--in_flight_ == 0) done_cv_.notify_all();
                            });
+    return true;
   }
 
   void Finished(Call* call, const grpc::Status& status) {
@@ -115,6 +163,7 @@ class LoadRun {
   absl::Time start_, end_;
   int64_t issued_ = 0, in_flight_ = 0;
   bool started_all_ = false;
+  bool finished_ = false;
   std::vector<double> latencies_ms_;
   LoadReport report_;
 };
@@ -147,6 +196,65 @@ std::string LoadReport::Json() const {
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options) {
   LoadRun run(channel, options);
   return run.Run();
+}
+
+}  // namespace mha::client
+
+namespace mha::client {
+
+std::string SweepCsv(const std::vector<SweepPoint>& points) {
+  std::string csv = "concurrency,rps,p50_ms,p99_ms,errors\n";
+  for (const SweepPoint& p : points) {
+    int64_t errors = 0;
+    for (const auto& [code, n] : p.report.errors) errors += n;
+    absl::StrAppendFormat(&csv, "%d,%.2f,%.4f,%.4f,%d\n", p.concurrency, p.report.rps(),
+                          p.report.p50_ms, p.report.p99_ms, errors);
+  }
+  return csv;
+}
+
+// Two panels side by side: req/s and p99 ms against concurrency (log2 x).
+std::string SweepSvg(const std::vector<SweepPoint>& points) {
+  constexpr double kW = 360, kH = 240, kPad = 48;
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%%\" height=\"100%%\" "
+      "fill=\"white\"/>\n",
+      static_cast<int>(2 * kW), static_cast<int>(kH));
+  const auto panel = [&](int index, const char* title, const char* color, auto value) {
+    double max_y = 0, max_x = 1;
+    for (const SweepPoint& p : points) {
+      max_y = std::max(max_y, value(p));
+      max_x = std::max(max_x, std::log2(std::max(1, p.concurrency)));
+    }
+    if (max_y <= 0) max_y = 1;
+    const double x0 = index * kW + kPad, y0 = kH - kPad, w = kW - 1.5 * kPad, h = kH - 2 * kPad;
+    absl::StrAppendFormat(&svg,
+                          "<text x=\"%.0f\" y=\"20\">%s</text>\n"
+                          "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
+                          "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
+                          "<text x=\"%.0f\" y=\"%.0f\">%.4g</text>\n",
+                          x0, title, x0, y0, x0 + w, y0, x0, y0, x0, y0 - h, x0 - kPad + 4,
+                          y0 - h + 4, max_y);
+    std::string line;
+    for (const SweepPoint& p : points) {
+      const double x = x0 + w * std::log2(std::max(1, p.concurrency)) / max_x;
+      const double y = y0 - h * value(p) / max_y;
+      absl::StrAppendFormat(&line, "%.1f,%.1f ", x, y);
+      absl::StrAppendFormat(&svg,
+                            "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n"
+                            "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%d</text>\n",
+                            x, y, color, x, y0 + 14, p.concurrency);
+    }
+    absl::StrAppendFormat(&svg, "<polyline points=\"%s\" fill=\"none\" stroke=\"%s\"/>\n", line,
+                          color);
+  };
+  panel(0, "throughput (req/s) vs concurrency", "steelblue",
+        [](const SweepPoint& p) { return p.report.rps(); });
+  panel(1, "p99 latency (ms) vs concurrency", "firebrick",
+        [](const SweepPoint& p) { return p.report.p99_ms; });
+  svg += "</svg>\n";
+  return svg;
 }
 
 }  // namespace mha::client

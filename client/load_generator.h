@@ -15,7 +15,9 @@ namespace mha::client {
 
 struct LoadOptions {
   std::string model = "demo";
-  int concurrency = 1;          // requests in flight at all times
+  int concurrency = 1;          // closed loop: requests in flight at all times
+  double rate = 0;              // > 0: open loop, this many requests/s whatever the answers
+  bool progress = false;        // a live line on stderr about once a second
   absl::Duration duration = absl::Seconds(5);
   int64_t max_requests = 0;     // 0: until duration
   int64_t min_len = 16, max_len = 16;  // query length, uniform
@@ -35,9 +37,21 @@ struct LoadReport {
   std::string Json() const;
 };
 
-// Keeps `concurrency` Attend calls in flight on one channel (callback API,
-// no thread per request) until the duration or request count is reached.
+// Closed loop: keeps `concurrency` Attend calls in flight; open loop (rate
+// > 0): starts calls at that rate. One channel, callback API, no thread per
+// request; runs until the duration or request count is reached.
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options);
+
+// One point of a concurrency sweep.
+struct SweepPoint {
+  int concurrency = 0;
+  LoadReport report;
+};
+
+// The sweep as CSV (concurrency, rps, p50, p99, errors) and as an SVG chart
+// of throughput and p99 latency against concurrency.
+std::string SweepCsv(const std::vector<SweepPoint>& points);
+std::string SweepSvg(const std::vector<SweepPoint>& points);
 
 }  // namespace mha::client
 

@@ -2,14 +2,23 @@
 //   mha_client health [--model NAME]   (exit 0 only when SERVING)
 //   mha_client models
 //   mha_client info NAME
-//   mha_client attend --model NAME [--batch B --len L --kv_len S] [--causal]
-//                     [--need_weights] [--per_head_weights] [--bf16]
-//   mha_client load --model NAME --concurrency N --duration 10s --len 16:128 [--json]
+//   mha_client attend --model NAME [--query FILE] [--key FILE] [--value FILE]
+//                     [--masks FILE] [--batch B --len L --kv_len S --random]
+//                     [--causal] [--need_weights] [--per_head_weights] [--bf16]
+//                     [--out FILE]
+//   mha_client load --model NAME [--concurrency N | --rate R] [--duration 10s |
+//                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
+//                   [--sweep 1,4,16,64 --sweep_out PREFIX]
+#include <unistd.h>
+
 #include <condition_variable>
+#include <fstream>
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -21,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "client/client_common.h"
 #include "client/load_generator.h"
+#include "client/tensor_files.h"
 #include "grpcpp/generic/generic_stub.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
@@ -31,6 +41,14 @@ ABSL_FLAG(int64_t, len, 16, "attend: query length L");
 ABSL_FLAG(int64_t, kv_len, 0, "key/value length S (0: self-attention)");
 ABSL_FLAG(uint32_t, seed, 1, "random inputs' seed");
 ABSL_FLAG(bool, causal, false, "attend: is_causal");
+ABSL_FLAG(std::string, query, "", "attend: safetensors file with the query (else random)");
+ABSL_FLAG(std::string, key, "", "attend: safetensors file with the key");
+ABSL_FLAG(std::string, value, "", "attend: safetensors file with the value");
+ABSL_FLAG(std::string, masks, "",
+          "attend: safetensors file with key_padding_mask and/or attn_mask");
+ABSL_FLAG(bool, random, false, "attend: random inputs of --batch/--len/--kv_len (the default)");
+ABSL_FLAG(bool, bf16, false, "attend: send query/key/value as BF16");
+ABSL_FLAG(std::string, out, "", "attend: write output (and attn_weights) to this safetensors");
 ABSL_FLAG(bool, need_weights, false, "attend: return attention weights");
 ABSL_FLAG(bool, per_head_weights, false, "attend: weights per head");
 ABSL_FLAG(int, concurrency, 1, "load: requests in flight");
@@ -38,6 +56,9 @@ ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "load: how long");
 ABSL_FLAG(int64_t, requests, 0, "load: stop after this many (0: duration)");
 ABSL_FLAG(std::string, len_range, "16:16", "load: query lengths MIN:MAX, uniform");
 ABSL_FLAG(bool, json, false, "load: print the report as JSON");
+ABSL_FLAG(double, rate, 0, "load: open loop at this many requests/s (0: closed loop)");
+ABSL_FLAG(std::string, sweep, "", "load: run each concurrency of this list, e.g. 1,4,16,64");
+ABSL_FLAG(std::string, sweep_out, "sweep", "load --sweep: writes PREFIX.csv and PREFIX.svg");
 
 namespace mha::client {
 namespace {
@@ -111,21 +132,59 @@ int Info(v1::AttentionService::Stub& stub, const std::string& name) {
   return 0;
 }
 
+// Fills the request's tensors from files, or randomly.
+absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
+  if (absl::GetFlag(FLAGS_query).empty()) {
+    std::mt19937 gen(absl::GetFlag(FLAGS_seed));
+    const int64_t b = absl::GetFlag(FLAGS_batch), l = absl::GetFlag(FLAGS_len);
+    const int64_t s = absl::GetFlag(FLAGS_kv_len);
+    *request.mutable_query() = RandomTensor({b, l, info.embed_dim()}, gen);
+    if (s > 0) {
+      *request.mutable_key() = RandomTensor({b, s, info.kdim()}, gen);
+      *request.mutable_value() = RandomTensor({b, s, info.vdim()}, gen);
+    }
+  } else {
+    absl::StatusOr<v1::Tensor> t = ReadWireTensor(absl::GetFlag(FLAGS_query), "query");
+    if (!t.ok()) return t.status();
+    *request.mutable_query() = *t;
+    for (const char* name : {"key", "value"}) {
+      const std::string path = absl::GetFlag(std::string(name) == "key" ? FLAGS_key : FLAGS_value);
+      if (path.empty()) continue;  // touching the field would send an empty tensor
+      absl::StatusOr<v1::Tensor> kv = ReadWireTensor(path, name);
+      if (!kv.ok()) return kv.status();
+      *(std::string(name) == "key" ? request.mutable_key() : request.mutable_value()) = *kv;
+    }
+  }
+  const std::string masks = absl::GetFlag(FLAGS_masks);
+  for (const char* name : {"key_padding_mask", "attn_mask"}) {
+    if (masks.empty()) break;
+    absl::StatusOr<bool> has = HasTensor(masks, name);
+    if (!has.ok()) return has.status();
+    if (!*has) continue;  // touching the field would send an empty mask
+    absl::StatusOr<v1::Tensor> m = ReadWireTensor(masks, name);
+    if (!m.ok()) return m.status();
+    *(std::string(name) == "attn_mask" ? request.mutable_attn_mask()
+                                       : request.mutable_key_padding_mask()) = *m;
+  }
+  if (absl::GetFlag(FLAGS_bf16)) {
+    *request.mutable_query() = ToBf16(request.query());
+    if (request.has_key()) *request.mutable_key() = ToBf16(request.key());
+    if (request.has_value()) *request.mutable_value() = ToBf16(request.value());
+  }
+  return absl::OkStatus();
+}
+
 int Attend(v1::AttentionService::Stub& stub) {
   v1::GetModelRequest get;
   get.set_name(absl::GetFlag(FLAGS_model));
   v1::ModelInfo info;
   grpc::Status status = stub.GetModel(Context().get(), get, &info);
   if (!status.ok()) return ReportError(status);
-  std::mt19937 gen(absl::GetFlag(FLAGS_seed));
-  const int64_t b = absl::GetFlag(FLAGS_batch), l = absl::GetFlag(FLAGS_len);
-  const int64_t s = absl::GetFlag(FLAGS_kv_len);
   v1::AttendRequest request;
   request.set_model(info.name());
-  *request.mutable_query() = RandomTensor({b, l, info.embed_dim()}, gen);
-  if (s > 0) {
-    *request.mutable_key() = RandomTensor({b, s, info.kdim()}, gen);
-    *request.mutable_value() = RandomTensor({b, s, info.vdim()}, gen);
+  if (const absl::Status filled = FillInputs(info, request); !filled.ok()) {
+    std::fprintf(stderr, "%s\n", filled.ToString().c_str());
+    return 2;
   }
   request.set_is_causal(absl::GetFlag(FLAGS_causal));
   request.set_need_weights(absl::GetFlag(FLAGS_need_weights));
@@ -138,16 +197,28 @@ int Attend(v1::AttentionService::Stub& stub) {
   const std::vector<float> out = TensorValues(response.output());
   double checksum = 0;
   for (float v : out) checksum += v;
-  std::printf("model %s: output %s checksum %.6f first", response.model().c_str(),
-              ShapeText(response.output()).c_str(), checksum);
+  std::printf("model %s: query %s -> output %s checksum %.6f first", response.model().c_str(),
+              ShapeText(request.query()).c_str(), ShapeText(response.output()).c_str(), checksum);
   for (size_t i = 0; i < std::min<size_t>(4, out.size()); ++i) std::printf(" %+.5f", out[i]);
   std::printf("\n");
   if (response.has_attn_weights()) {
     std::printf("attn_weights %s\n", ShapeText(response.attn_weights()).c_str());
   }
   std::printf("round trip %.3f ms\n", ms);
+  const std::string out_path = absl::GetFlag(FLAGS_out);
+  if (!out_path.empty()) {
+    std::map<std::string, const v1::Tensor*> results = {{"output", &response.output()}};
+    if (response.has_attn_weights()) results["attn_weights"] = &response.attn_weights();
+    if (const absl::Status written = WriteWireTensors(out_path, results); !written.ok()) {
+      std::fprintf(stderr, "%s\n", written.ToString().c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", out_path.c_str());
+  }
   return 0;
 }
+
+int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o);
 
 int Load(const std::shared_ptr<grpc::Channel>& channel) {
   LoadOptions o;
@@ -171,9 +242,41 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   const grpc::Status status = stub->GetModel(Context().get(), get, &info);
   if (!status.ok()) return ReportError(status);
   o.embed_dim = info.embed_dim();
+  o.rate = absl::GetFlag(FLAGS_rate);
+  o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
+  if (!absl::GetFlag(FLAGS_sweep).empty()) return Sweep(channel, o);
   const LoadReport report = RunLoad(channel, o);
   std::printf("%s\n", absl::GetFlag(FLAGS_json) ? report.Json().c_str() : report.Text().c_str());
   return report.errors.empty() ? 0 : 1;
+}
+
+int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
+  std::vector<SweepPoint> points;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
+    SweepPoint point;
+    if (!absl::SimpleAtoi(c, &point.concurrency) || point.concurrency < 1) {
+      std::fprintf(stderr, "--sweep: expected positive integers, got '%s'\n", std::string(c).c_str());
+      return 2;
+    }
+    o.concurrency = point.concurrency;
+    o.rate = 0;
+    point.report = RunLoad(channel, o);
+    std::printf("concurrency %4d: %9.1f req/s  p50 %8.3f ms  p99 %8.3f ms\n", point.concurrency,
+                point.report.rps(), point.report.p50_ms, point.report.p99_ms);
+    points.push_back(point);
+  }
+  const std::string prefix = absl::GetFlag(FLAGS_sweep_out);
+  for (const auto& [suffix, text] : {std::pair{".csv", SweepCsv(points)},
+                                     std::pair{".svg", SweepSvg(points)}}) {
+    std::ofstream file(prefix + suffix);
+    file << text;
+    if (!file) {
+      std::fprintf(stderr, "cannot write %s%s\n", prefix.c_str(), suffix);
+      return 1;
+    }
+  }
+  std::printf("wrote %s.csv and %s.svg\n", prefix.c_str(), prefix.c_str());
+  return 0;
 }
 
 }  // namespace

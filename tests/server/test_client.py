@@ -16,7 +16,11 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import REPO_ROOT, TestServer, metric_value  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "parity"))
+import numpy as np  # noqa: E402
+from mha_model_io import read_safetensors, write_safetensors  # noqa: E402
+from mha_test_server import (REPO_ROOT, TestServer, load_stubs, metric_value,  # noqa: E402
+                             tensor, to_numpy)
 
 MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
@@ -93,6 +97,56 @@ class ClientTest(unittest.TestCase):
         self.assertLessEqual(report["p50_ms"], report["p99_ms"])
         after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 300)
+
+    def test_attend_files_round_trip(self):
+        work = tempfile.mkdtemp(prefix="mha_client_files_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        rng = np.random.default_rng(3)
+        query = (rng.standard_normal((2, 6, 256)) * 0.5).astype(np.float32)
+        mask = rng.random((2, 6)) < 0.3
+        mask[:, 0] = False
+        write_safetensors(os.path.join(work, "q.safetensors"), {"query": (query, "F32")})
+        write_safetensors(os.path.join(work, "m.safetensors"),
+                          {"key_padding_mask": (mask, "BOOL")})
+        out = os.path.join(work, "out.safetensors")
+        r = self.client("attend", "--model=demo", f"--query={work}/q.safetensors",
+                        f"--masks={work}/m.safetensors", "--need_weights", f"--out={out}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        got, dtypes = read_safetensors(out)
+        self.assertEqual(dtypes, {"output": "F32", "attn_weights": "F32"})
+        # The same request through the stubs gives the same bits.
+        pb, _, cfg = load_stubs()
+        expected = self.server.stub().Attend(pb.AttendRequest(
+            model="demo", query=tensor(pb, cfg, query), key_padding_mask=tensor(pb, cfg, mask),
+            need_weights=True))
+        np.testing.assert_array_equal(got["output"], to_numpy(expected.output))
+        np.testing.assert_array_equal(got["attn_weights"], to_numpy(expected.attn_weights))
+        missing = self.client("attend", "--model=demo", f"--query={work}/nope.safetensors")
+        self.assertNotEqual(missing.returncode, 0)
+        self.assertIn("nope.safetensors", missing.stderr)
+
+    def test_open_loop_rate(self):
+        r = self.client("load", "--model=demo", "--rate=100", "--duration=2s", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertGreaterEqual(report["requests"], 180)  # 200 scheduled
+        self.assertLessEqual(report["requests"], 201)
+
+    def test_sweep_writes_csv_and_svg(self):
+        work = tempfile.mkdtemp(prefix="mha_client_sweep_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        r = self.client("load", "--model=demo", "--sweep=1,4", "--duration=1s",
+                        f"--sweep_out={work}/s")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(f"{work}/s.csv") as f:
+            rows = f.read().strip().splitlines()
+        self.assertEqual(rows[0], "concurrency,rps,p50_ms,p99_ms,errors")
+        self.assertEqual([row.split(",")[0] for row in rows[1:]], ["1", "4"])
+        self.assertTrue(all(float(row.split(",")[1]) > 0 for row in rows[1:]))
+        with open(f"{work}/s.svg") as f:
+            svg = f.read()
+        self.assertTrue(svg.startswith("<svg"))
+        self.assertEqual(svg.count("<circle"), 4)  # two points in each of two panels
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""Runs an mha_server binary as a child process on free loopback ports.
+
+    with LocalServer("build/mha_server", "path/to/model_repository") as server:
+        client = MhaClient(server.target())
+        ...
+    server.exit_code          # 0 after a clean drain
+
+mha_export.py --verify serves the folder it just wrote this way, and the
+tests' TestServer (tests/server/mha_test_server.py) builds on it.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class LocalServer:
+    """Owns one mha_server process from start() to stop() (or a `with`
+    block). Not thread-safe: start and stop it from one thread; any thread
+    may call the server it runs. The server's stderr goes to the file
+    `stderr_path`, which stays after stop() for the caller to read or
+    delete."""
+
+    def __init__(self, binary, repository, extra_flags=(), ready_timeout=60):
+        self.binary, self.repository = binary, repository
+        self.extra_flags, self.ready_timeout = list(extra_flags), ready_timeout
+        self.process = None
+        self.grpc_port = self.metrics_port = None
+        self.exit_code = None
+        self.stderr_path = None
+        self.ready_line = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        """Starts the server and waits for its ready line, which names the
+        ports it picked; RuntimeError (with its stderr) if it exits first."""
+        err = tempfile.NamedTemporaryFile(prefix="mha_server_", suffix=".log", delete=False)
+        err.close()
+        self.stderr_path = err.name
+        with open(self.stderr_path, "w") as stderr:
+            self.process = subprocess.Popen(
+                [self.binary, f"--model_repository={self.repository}", "--host=127.0.0.1",
+                 "--port=0", "--metrics_port=0"] + self.extra_flags,
+                stdout=subprocess.PIPE, stderr=stderr, text=True)
+        deadline = time.monotonic() + self.ready_timeout
+        line = self.process.stdout.readline()
+        match = re.search(r"grpc_port=(\d+) metrics_port=(\d+)", line)
+        if not match or time.monotonic() > deadline:
+            self.process.kill()
+            self.process.wait()
+            raise RuntimeError(f"mha_server did not get ready: {line!r}; stderr: {self.stderr()}")
+        self.grpc_port, self.metrics_port = int(match.group(1)), int(match.group(2))
+        self.ready_line = line.strip()
+
+    def stderr(self):
+        with open(self.stderr_path) as f:
+            return f.read()
+
+    def stop(self, timeout=60):
+        """SIGTERM (the server drains), then wait; returns the exit code."""
+        if self.process is None or self.exit_code is not None:
+            return self.exit_code
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.exit_code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.exit_code = self.process.wait()
+        self.process.stdout.close()
+        return self.exit_code
+
+    def remove_log(self):
+        """Deletes the stderr file (after stop())."""
+        if self.stderr_path and os.path.exists(self.stderr_path):
+            os.unlink(self.stderr_path)
+
+    def target(self):
+        return f"127.0.0.1:{self.grpc_port}"

@@ -1,0 +1,29 @@
+// Wire tensors to and from safetensors files, for `mha_client attend`.
+#ifndef MHA_CLIENT_TENSOR_FILES_H_
+#define MHA_CLIENT_TENSOR_FILES_H_
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "mha/v1/attention.pb.h"
+
+namespace mha::client {
+
+// The tensor `name` of a safetensors file, or its only tensor when it has
+// no tensor of that name. F32, F16, BF16 and BOOL map to the wire dtypes.
+absl::StatusOr<v1::Tensor> ReadWireTensor(const std::string& path, const std::string& name);
+
+// Whether the file holds a tensor called `name`.
+absl::StatusOr<bool> HasTensor(const std::string& path, const std::string& name);
+
+// Writes wire tensors (by name) as one safetensors file.
+absl::Status WriteWireTensors(const std::string& path,
+                              const std::map<std::string, const v1::Tensor*>& tensors);
+
+// The same values as BF16 (FP32 input; other dtypes are returned as is).
+v1::Tensor ToBf16(const v1::Tensor& t);
+
+}  // namespace mha::client
+
+#endif  // MHA_CLIENT_TENSOR_FILES_H_
