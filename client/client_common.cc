@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -26,11 +28,33 @@ float HalfBitsToFloat(uint16_t h, bool bf16) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (!o.tls) return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  grpc::SslCredentialsOptions ssl;
+  for (const auto& [path, field] : {std::pair{o.ca_file, &ssl.pem_root_certs},
+                                    std::pair{o.cert_file, &ssl.pem_cert_chain},
+                                    std::pair{o.key_file, &ssl.pem_private_key}}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> text = ReadTextFile(path);
+    if (!text.ok()) return text.status();
+    *field = *std::move(text);
+  }
+  return grpc::CreateCustomChannel(o.target, grpc::SslCredentials(ssl), args);
+}
+
+void AddToken(const std::string& token, grpc::ClientContext& context) {
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
 }
 
 v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen) {

@@ -9,13 +9,30 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.grpc.pb.h"
 
 namespace mha::client {
 
-// A channel to --target with the message-size limits the server uses.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target);
+// How to reach the server.
+struct ConnectionOptions {
+  std::string target = "127.0.0.1:50051";
+  bool tls = false;
+  std::string ca_file;    // PEM roots to trust (empty: the system's)
+  std::string cert_file;  // client certificate and key, for mutual TLS
+  std::string key_file;
+};
+
+// A channel with the message-size limits the server uses; the files are
+// read here. INVALID_ARGUMENT/NOT_FOUND when they cannot be.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& options);
+
+// Reads a whole file (token, PEM).
+absl::StatusOr<std::string> ReadTextFile(const std::string& path);
+
+// Adds "authorization: Bearer <token>" when a token is set.
+void AddToken(const std::string& token, grpc::ClientContext& context);
 
 // A FP32 tensor of the given shape filled with N(0, 0.5^2) values.
 v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen);

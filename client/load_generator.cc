@@ -122,6 +122,7 @@ class LoadRun {
     auto* call = new Call;
     const v1::AttendRequest& request = pool_[index % pool_.size()];
     call->tokens = request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
+    AddToken(options_.token, call->context);
     call->sent = absl::Now();
     stub_->async()->Attend(&call->context, &request, &call->response,
                            [this, call, index, chain](grpc::Status status) {

@@ -24,6 +24,7 @@ struct LoadOptions {
   int64_t embed_dim = 256;
   int64_t kv_len = 0;           // > 0: cross-attention with this key length
   uint32_t seed = 1;
+  std::string token;            // bearer token, when the server wants one
 };
 
 struct LoadReport {

@@ -24,6 +24,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -34,6 +35,11 @@
 #include "grpcpp/generic/generic_stub.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
+ABSL_FLAG(bool, tls, false, "connect with TLS");
+ABSL_FLAG(std::string, ca, "", "--tls: PEM CA certificates to trust (default: the system's)");
+ABSL_FLAG(std::string, tls_cert, "", "--tls: PEM client certificate, for mutual TLS");
+ABSL_FLAG(std::string, tls_key, "", "--tls: PEM private key of --tls_cert");
+ABSL_FLAG(std::string, token, "", "file holding a bearer token to send");
 ABSL_FLAG(std::string, model, "", "model name (attend, load: default demo; health: that model)");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
 ABSL_FLAG(int64_t, batch, 1, "attend: batch size B");
@@ -63,8 +69,15 @@ ABSL_FLAG(std::string, sweep_out, "sweep", "load --sweep: writes PREFIX.csv and 
 namespace mha::client {
 namespace {
 
+// The bearer token from --token, read once in main.
+std::string& Token() {
+  static std::string* token = new std::string;
+  return *token;
+}
+
 std::unique_ptr<grpc::ClientContext> Context() {
   auto context = std::make_unique<grpc::ClientContext>();
+  AddToken(Token(), *context);
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms)));
   return context;
@@ -228,6 +241,7 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   o.max_requests = absl::GetFlag(FLAGS_requests);
   o.kv_len = absl::GetFlag(FLAGS_kv_len);
   o.seed = absl::GetFlag(FLAGS_seed);
+  o.token = Token();
   const std::vector<std::string> range = absl::StrSplit(absl::GetFlag(FLAGS_len_range), ':');
   if (range.size() != 2 || !absl::SimpleAtoi(range[0], &o.min_len) ||
       !absl::SimpleAtoi(range[1], &o.max_len) || o.min_len < 1 || o.max_len < o.min_len) {
@@ -285,14 +299,31 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "mha_client {health [--model NAME] | models | info NAME | attend | load} [--target "
-      "host:port]");
+      "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token FILE]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
     return 2;
   }
   const std::string command = args[1];
-  auto channel = mha::client::MakeChannel(absl::GetFlag(FLAGS_target));
+  mha::client::ConnectionOptions connection{
+      .target = absl::GetFlag(FLAGS_target), .tls = absl::GetFlag(FLAGS_tls),
+      .ca_file = absl::GetFlag(FLAGS_ca), .cert_file = absl::GetFlag(FLAGS_tls_cert),
+      .key_file = absl::GetFlag(FLAGS_tls_key)};
+  if (!absl::GetFlag(FLAGS_token).empty()) {
+    absl::StatusOr<std::string> token = mha::client::ReadTextFile(absl::GetFlag(FLAGS_token));
+    if (!token.ok()) {
+      std::fprintf(stderr, "%s\n", token.status().ToString().c_str());
+      return 2;
+    }
+    mha::client::Token() = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> made = mha::client::MakeChannel(connection);
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+    return 2;
+  }
+  const std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = mha::v1::AttentionService::NewStub(channel);
   if (command == "health") return mha::client::Health(channel, absl::GetFlag(FLAGS_model));
   if (absl::GetFlag(FLAGS_model).empty()) absl::SetFlag(&FLAGS_model, "demo");

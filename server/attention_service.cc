@@ -14,6 +14,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+absl::Status AttentionServiceImpl::Authorize(const grpc::CallbackServerContext& context) const {
+  if (!auth_.enabled()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return auth_.Check("");
+  return auth_.Check(absl::string_view(it->second.data(), it->second.size()));
+}
+
 absl::StatusOr<const ServedModel*> AttentionServiceImpl::ServingModel(
     const std::string& name) const {
   absl::StatusOr<const ServedModel*> model = models_.Find(name);
@@ -45,6 +53,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
   };
   if (draining_) {
     finish(absl::UnavailableError("server is shutting down"));
+    return reactor;
+  }
+  if (absl::Status allowed = Authorize(*context); !allowed.ok()) {
+    finish(allowed);
     return reactor;
   }
   if (!found.ok()) {
@@ -84,9 +96,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerContext* context,
                                                            const v1::ListModelsRequest*,
                                                            v1::ListModelsResponse* response) {
-  for (const ServedModel* m : models_.All()) *response->add_models() = m->info;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  const absl::Status allowed = Authorize(*context);
+  if (allowed.ok()) {
+    for (const ServedModel* m : models_.All()) *response->add_models() = m->info;
+  }
+  reactor->Finish(ToGrpcStatus(allowed));
   return reactor;
 }
 
@@ -94,6 +109,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
                                                          const v1::GetModelRequest* request,
                                                          v1::ModelInfo* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = Authorize(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
   absl::StatusOr<const ServedModel*> model = models_.Find(request->name());
   if (model.ok()) *response = (*model)->info;
   reactor->Finish(ToGrpcStatus(model.status()));

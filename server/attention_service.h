@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.grpc.pb.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/request_codec.h"
@@ -21,8 +22,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Thread-safe.
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  AttentionServiceImpl(const ModelRepository& models, Metrics& metrics, RequestLimits limits)
-      : models_(models), metrics_(metrics), limits_(limits) {}
+  AttentionServiceImpl(const ModelRepository& models, Metrics& metrics, RequestLimits limits,
+                       BearerAuth auth = {})
+      : models_(models), metrics_(metrics), limits_(limits), auth_(std::move(auth)) {}
 
   // After this, new Attend calls get UNAVAILABLE.
   void StartDraining() { draining_ = true; }
@@ -38,12 +40,15 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
                                      v1::ModelInfo* response) override;
 
  private:
+  // The call's bearer token checked against --auth_token_file.
+  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
   // Finds a serving model or says why not (NOT_FOUND, FAILED_PRECONDITION).
   absl::StatusOr<const ServedModel*> ServingModel(const std::string& name) const;
 
   const ModelRepository& models_;
   Metrics& metrics_;
   const RequestLimits limits_;
+  const BearerAuth auth_;
   std::atomic<bool> draining_{false};
 };
 

@@ -4,6 +4,8 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,7 +19,9 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
+#include "engine/status_macros.h"
 #include "server/attention_service.h"
+#include "server/auth.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 
@@ -36,6 +40,12 @@ ABSL_FLAG(int, intra_op_threads, 0, "threads per engine call; 0: cores / workers
 ABSL_FLAG(int, shutdown_grace_s, 30, "seconds to finish queued requests on SIGTERM");
 ABSL_FLAG(bool, disable_batching, false, "one request per engine call, whatever the configs say");
 ABSL_FLAG(int64_t, max_request_tokens, int64_t{1} << 20, "query + key tokens per request");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a bearer token the attention and model RPCs require (health stays open)");
 
 namespace mha::server {
 namespace {
@@ -61,6 +71,35 @@ std::string ModelSummary(const ModelRepository& models) {
   return absl::StrJoin(parts, ",");
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Insecure, TLS, or mutual TLS, from the flags.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key);
+  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() && key.empty() && client_ca.empty()) return grpc::InsecureServerCredentials();
+  if (cert.empty() || key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  grpc::SslServerCredentialsOptions options;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile(key));
+  options.pem_key_cert_pairs.push_back(pair);
+  if (!client_ca.empty()) {
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(client_ca));
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
 int Serve() {
   // SIGTERM / SIGINT are taken by sigwait below, in plain view, not by a
   // handler: block them before any thread starts so every thread inherits.
@@ -81,6 +120,14 @@ int Serve() {
     return 1;
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials();
+  absl::StatusOr<BearerAuth> auth = BearerAuth::FromFile(absl::GetFlag(FLAGS_auth_token_file));
+  for (const absl::Status& s : {credentials.status(), auth.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "mha_server: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   const std::string host = absl::GetFlag(FLAGS_host);
   prometheus::Exposer exposer(HostPort(host, absl::GetFlag(FLAGS_metrics_port)));
   exposer.RegisterCollectable(metrics.registry());
@@ -88,11 +135,12 @@ int Serve() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   AttentionServiceImpl service(**models, metrics,
-                               RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens)});
+                               RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens)},
+                               *std::move(auth));
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(HostPort(host, absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &grpc_port);
+                           *credentials, &grpc_port);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);

@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev
-  python3 python3-numpy python3-torch python3-grpcio python3-protobuf curl
+  python3 python3-numpy python3-torch python3-grpcio python3-protobuf curl openssl
   libopenblas0-pthread  # the BLAS PyTorch uses in the benchmark (Debian default is reference BLAS)
 )
 

@@ -5,94 +5,34 @@
         s.metrics()                          # the /metrics text
     s.exit_code                              # after SIGTERM
 
-Stubs are generated from proto/ at test time with protoc and Debian's
-grpc_python_plugin (package protobuf-compiler-grpc), into a temporary folder.
+The process handling (free ports, ready line, SIGTERM and wait) is the
+Python client's LocalServer (client/python/local_server.py), and the stubs
+are the client's (client/python/mha_client.py: client/python/gen/ when it
+is up to date, else generated from proto/ with protoc and Debian's
+grpc_python_plugin into a temporary folder).
 """
 
 import importlib
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-_STUB_DIR = None
+sys.path.insert(0, os.path.join(REPO_ROOT, "client", "python"))
+import mha_client  # noqa: E402
+from local_server import LocalServer  # noqa: E402
 
 
 def load_stubs():
-    """(attention_pb2, attention_pb2_grpc, model_config_pb2), generated once."""
-    global _STUB_DIR
-    if _STUB_DIR is None:
-        _STUB_DIR = tempfile.mkdtemp(prefix="mha_stubs_")
-        proto = os.path.join(REPO_ROOT, "proto")
-        subprocess.run(
-            ["protoc", f"-I{proto}", f"--python_out={_STUB_DIR}", f"--grpc_out={_STUB_DIR}",
-             "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
-             os.path.join(proto, "mha/v1/model_config.proto"),
-             os.path.join(proto, "mha/v1/attention.proto")], check=True)
-        sys.path.insert(0, _STUB_DIR)
-    return (importlib.import_module("mha.v1.attention_pb2"),
-            importlib.import_module("mha.v1.attention_pb2_grpc"),
-            importlib.import_module("mha.v1.model_config_pb2"))
+    """(attention_pb2, attention_pb2_grpc, model_config_pb2), loaded once."""
+    return mha_client.load_stubs()
 
 
-class TestServer:
-    """One mha_server process on free loopback ports."""
-
-    def __init__(self, binary, repository, extra_flags=(), ready_timeout=60):
-        self.binary, self.repository = binary, repository
-        self.extra_flags, self.ready_timeout = list(extra_flags), ready_timeout
-        self.process = None
-        self.grpc_port = self.metrics_port = None
-        self.exit_code = None
-        self.stderr_path = None
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def start(self):
-        err = tempfile.NamedTemporaryFile(prefix="mha_server_", suffix=".log", delete=False)
-        self.stderr_path = err.name
-        self.process = subprocess.Popen(
-            [self.binary, f"--model_repository={self.repository}", "--host=127.0.0.1",
-             "--port=0", "--metrics_port=0"] + self.extra_flags,
-            stdout=subprocess.PIPE, stderr=err, text=True)
-        deadline = time.monotonic() + self.ready_timeout
-        line = self.process.stdout.readline()
-        match = re.search(r"grpc_port=(\d+) metrics_port=(\d+)", line)
-        if not match or time.monotonic() > deadline:
-            self.process.kill()
-            raise RuntimeError(f"mha_server did not get ready: {line!r}; stderr: {self.stderr()}")
-        self.grpc_port, self.metrics_port = int(match.group(1)), int(match.group(2))
-        self.ready_line = line.strip()
-
-    def stderr(self):
-        with open(self.stderr_path) as f:
-            return f.read()
-
-    def stop(self, timeout=60):
-        """SIGTERM, then wait; returns the exit code."""
-        if self.process is None or self.exit_code is not None:
-            return self.exit_code
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.exit_code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.exit_code = self.process.wait()
-        self.process.stdout.close()
-        return self.exit_code
-
-    def target(self):
-        return f"127.0.0.1:{self.grpc_port}"
+class TestServer(LocalServer):
+    """One mha_server process on free loopback ports (see LocalServer), with
+    a channel, stubs and the metrics page for tests."""
 
     def channel(self):
         import grpc
@@ -253,9 +193,8 @@ def load_grpc_stubs():
 
 def _remove_stub_dirs():
     import shutil
-    for folder in (_STUB_DIR, _GRPC_STUB_DIR):
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+    if _GRPC_STUB_DIR is not None:
+        shutil.rmtree(_GRPC_STUB_DIR, ignore_errors=True)
 
 
 import atexit  # noqa: E402

@@ -1,0 +1,214 @@
+"""Python client of mha-serve (mha.v1.AttentionService over gRPC).
+
+    from mha_client import MhaClient
+
+    with MhaClient("127.0.0.1:50051", timeout=10) as client:
+        output, _ = client.attend("demo", query)                   # self-attention
+        output, weights = client.attend("cross", query, key, value,
+                                        key_padding_mask=pad, need_weights=True)
+        client.list_models()                                       # [mha.v1.ModelInfo]
+        client.get_model("demo").embed_dim
+
+Arrays are numpy arrays (or anything np.asarray accepts, e.g. CPU torch
+tensors). On the wire: float32 -> DATA_TYPE_FP32, float16 -> DATA_TYPE_FP16,
+bool -> DATA_TYPE_BOOL; float64 is sent as FP32. The output comes back in
+the query's dtype and shape (float16 in, float16 out); attention weights are
+float32. Float masks are sent as FP32 (true / -inf = masked out).
+
+Errors are the server's gRPC status, raised as grpc.RpcError as every gRPC
+Python call does: `e.code()` is a grpc.StatusCode (INVALID_ARGUMENT for a
+bad request, NOT_FOUND for an unknown model, UNAVAILABLE when the server is
+down or draining, DEADLINE_EXCEEDED after `timeout` seconds, ...) and
+`e.details()` the message, e.g. "query: expected last dimension 256, got
+255". Arrays of an unsupported dtype raise TypeError before any call.
+
+Stubs: the module imports mha.v1.attention_pb2(_grpc) from client/python/gen/,
+written by one command,
+
+    client/python/generate_stubs.sh
+
+If gen/ is missing or older than proto/, it runs that script into a
+temporary folder instead (removed at exit), which needs protoc and
+grpc_python_plugin (Debian: protobuf-compiler, protobuf-compiler-grpc).
+"""
+
+import atexit
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import grpc
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROTO_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "proto"))
+GEN_DIR = os.path.join(HERE, "gen")
+GENERATE_SCRIPT = os.path.join(HERE, "generate_stubs.sh")
+_PROTOS = ("mha/v1/model_config.proto", "mha/v1/attention.proto")
+_STUB_FILES = ("mha/v1/model_config_pb2.py", "mha/v1/attention_pb2.py",
+               "mha/v1/attention_pb2_grpc.py")
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the server's default limit
+
+# ----------------------------------------------------------------- stubs
+
+_stubs = None
+_temp_stub_dir = None
+
+
+def generate_stubs(out_dir):
+    """Runs generate_stubs.sh into out_dir (protoc + grpc_python_plugin)."""
+    subprocess.run(["sh", GENERATE_SCRIPT, out_dir], check=True)
+
+
+def _stubs_are_fresh(folder):
+    """True if folder holds every stub and none is older than its proto
+    (without proto/ next to us, e.g. a copied client, any complete gen/ is
+    taken)."""
+    stubs = [os.path.join(folder, f) for f in _STUB_FILES]
+    if not all(os.path.isfile(f) for f in stubs):
+        return False
+    protos = [os.path.join(PROTO_DIR, p) for p in _PROTOS]
+    if not all(os.path.isfile(p) for p in protos):
+        return True
+    return min(map(os.path.getmtime, stubs)) >= max(map(os.path.getmtime, protos))
+
+
+def _remove_temp_stubs():
+    if _temp_stub_dir is not None:
+        shutil.rmtree(_temp_stub_dir, ignore_errors=True)
+
+
+def load_stubs():
+    """(attention_pb2, attention_pb2_grpc, model_config_pb2), from gen/ when
+    it is fresh, else generated once per process into a temporary folder.
+    The folder goes on sys.path, so `import mha.v1.attention_pb2` works
+    afterwards too."""
+    global _stubs, _temp_stub_dir
+    if _stubs is None:
+        folder = GEN_DIR
+        if not _stubs_are_fresh(GEN_DIR):
+            _temp_stub_dir = tempfile.mkdtemp(prefix="mha_stubs_")
+            atexit.register(_remove_temp_stubs)
+            generate_stubs(_temp_stub_dir)
+            folder = _temp_stub_dir
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        _stubs = tuple(importlib.import_module(f"mha.v1.{m}") for m in
+                       ("attention_pb2", "attention_pb2_grpc", "model_config_pb2"))
+    return _stubs
+
+
+# ----------------------------------------------------------------- tensors
+
+def to_tensor(array):
+    """An mha.v1.Tensor of a numpy array: float32/float64 -> FP32,
+    float16 -> FP16, bool -> BOOL (one byte per element). TypeError for
+    any other dtype."""
+    pb, _, config_pb = load_stubs()
+    a = np.asarray(array)
+    if a.dtype == np.bool_:
+        dtype, data = config_pb.DATA_TYPE_BOOL, a.astype(np.uint8).tobytes()
+    elif a.dtype == np.float16:
+        dtype, data = config_pb.DATA_TYPE_FP16, a.astype("<f2").tobytes()
+    elif a.dtype in (np.float32, np.float64):
+        dtype, data = config_pb.DATA_TYPE_FP32, a.astype("<f4").tobytes()
+    else:
+        raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
+    return pb.Tensor(dtype=dtype, shape=a.shape, data=data)
+
+
+def from_tensor(tensor):
+    """A numpy array of an mha.v1.Tensor: FP32 -> float32, FP16 -> float16,
+    BOOL -> bool, BF16 -> float32 (numpy has no bfloat16)."""
+    _, _, config_pb = load_stubs()
+    shape = tuple(tensor.shape)
+    if tensor.dtype == config_pb.DATA_TYPE_FP32:
+        values = np.frombuffer(tensor.data, dtype="<f4").astype(np.float32)
+    elif tensor.dtype == config_pb.DATA_TYPE_FP16:
+        values = np.frombuffer(tensor.data, dtype="<f2").astype(np.float16)
+    elif tensor.dtype == config_pb.DATA_TYPE_BOOL:
+        values = np.frombuffer(tensor.data, dtype=np.uint8) != 0
+    elif tensor.dtype == config_pb.DATA_TYPE_BF16:
+        bits = np.frombuffer(tensor.data, dtype="<u2").astype(np.uint32) << 16
+        values = bits.view(np.float32)
+    else:
+        raise ValueError(f"tensor has unknown dtype {tensor.dtype}")
+    return values.reshape(shape)
+
+
+def _mask_tensor(mask):
+    """Masks go as BOOL or FP32 (the only mask types the server takes)."""
+    m = np.asarray(mask)
+    return to_tensor(m if m.dtype == np.bool_ else m.astype(np.float32))
+
+
+# ----------------------------------------------------------------- client
+
+class MhaClient:
+    """One channel to one mha_server. Safe to share between threads (gRPC
+    channels and stubs are); close() it, or use it in a `with` block, when
+    done. Every call raises grpc.RpcError with the server's status on
+    failure."""
+
+    def __init__(self, target, timeout=30.0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
+        """target: "host:port". timeout: seconds per call (the gRPC
+        deadline); None = no deadline."""
+        self._pb, rpc, _ = load_stubs()
+        self.target, self.timeout = target, timeout
+        self._channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes)])
+        self._stub = rpc.AttentionServiceStub(self._channel)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self._channel.close()
+
+    def attend(self, model, query, key=None, value=None, key_padding_mask=None,
+               attn_mask=None, is_causal=False, need_weights=False, per_head_weights=False):
+        """Multi-head attention of `model` on `query` as
+        nn.MultiheadAttention(batch_first=True) computes it.
+
+        query [B, L, E] or [L, E] (float32 or float16); key [B, S, kdim] and
+        value [B, S, vdim] (both None: self-attention; value None: value =
+        key); key_padding_mask [B, S] and attn_mask [L, S] or [B*h, L, S],
+        bool (True = masked out) or float (added to the scores); is_causal:
+        query i may not attend key j > i.
+
+        Returns (output, weights): output has the query's shape and dtype;
+        weights is None unless need_weights, then float32 [B, L, S'] (the
+        mean over heads) or [B, h, L, S'] with per_head_weights."""
+        request = self._pb.AttendRequest(
+            model=model, query=to_tensor(query), is_causal=is_causal,
+            need_weights=need_weights, per_head_weights=per_head_weights)
+        if key is not None:
+            request.key.CopyFrom(to_tensor(key))
+        if value is not None:
+            request.value.CopyFrom(to_tensor(value))
+        if key_padding_mask is not None:
+            request.key_padding_mask.CopyFrom(_mask_tensor(key_padding_mask))
+        if attn_mask is not None:
+            request.attn_mask.CopyFrom(_mask_tensor(attn_mask))
+        response = self._stub.Attend(request, timeout=self.timeout)
+        weights = from_tensor(response.attn_weights) if response.HasField("attn_weights") else None
+        return from_tensor(response.output), weights
+
+    def list_models(self):
+        """[mha.v1.ModelInfo] of every model folder the server found,
+        including failed ones (state STATE_FAILED, `error` says why)."""
+        response = self._stub.ListModels(self._pb.ListModelsRequest(), timeout=self.timeout)
+        return list(response.models)
+
+    def get_model(self, name):
+        """mha.v1.ModelInfo of one model: config, state, weight_layout,
+        parameter_count and the effective embed_dim, num_heads, kdim, vdim.
+        NOT_FOUND (grpc.RpcError) for an unknown name."""
+        return self._stub.GetModel(self._pb.GetModelRequest(name=name), timeout=self.timeout)
