@@ -165,6 +165,86 @@ void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
   }
 }
 
+MHA_MULTIVERSION
+void SmallScores(const float* q, const float* k, float* scores, int64_t batch, int64_t rows,
+                 int64_t cols, int64_t d, float scale) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* qi = q + (b * rows + i) * d;
+      for (int64_t j = 0; j < cols; ++j) {
+        const float* kj = k + (b * cols + j) * d;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
+        scores[(b * rows + i) * cols + j] = dot * scale;
+      }
+    }
+  }
+}
+
+MHA_MULTIVERSION
+void SmallContext(const float* probs, const float* v, float* context, int64_t batch,
+                  int64_t rows, int64_t cols, int64_t dv) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      float* out = context + (b * rows + i) * dv;
+      for (int64_t c = 0; c < dv; ++c) out[c] = 0.0f;
+      for (int64_t j = 0; j < cols; ++j) {
+        const float p = probs[(b * rows + i) * cols + j];
+        const float* vj = v + (b * cols + j) * dv;
+#pragma omp simd
+        for (int64_t c = 0; c < dv; ++c) out[c] += p * vj[c];
+      }
+    }
+  }
+}
+
+inline float Bf16Bits(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+MHA_MULTIVERSION
+void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_t batch,
+                     int64_t rows, int64_t cols, int64_t d, float scale) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const uint16_t* qi = q + (b * rows + i) * d;
+      for (int64_t j = 0; j < cols; ++j) {
+        const uint16_t* kj = k + (b * cols + j) * d;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < d; ++c) dot += Bf16Bits(qi[c]) * Bf16Bits(kj[c]);
+        scores[(b * rows + i) * cols + j] = dot * scale;
+      }
+    }
+  }
+}
+
+MHA_MULTIVERSION
+void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
+                      int64_t rows, int64_t cols, int64_t dv) {
+  float acc[1024];  // dv is at most kMaxModelDim / heads in practice; chunked below
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t c0 = 0; c0 < dv; c0 += 1024) {
+        const int64_t n = std::min<int64_t>(1024, dv - c0);
+        for (int64_t c = 0; c < n; ++c) acc[c] = 0.0f;
+        for (int64_t j = 0; j < cols; ++j) {
+          const float p = probs[(b * rows + i) * cols + j];
+          const uint16_t* vj = v + (b * cols + j) * dv + c0;
+#pragma omp simd
+          for (int64_t c = 0; c < n; ++c) acc[c] += p * Bf16Bits(vj[c]);
+        }
+        uint16_t* out = context + (b * rows + i) * dv + c0;
+        for (int64_t c = 0; c < n; ++c) out[c] = ToBf16(acc[c]);
+      }
+    }
+  }
+}
+
 void AverageHeads(const float* probs, int64_t heads, int64_t rows, int64_t cols,
                   float* weights) {
   const int64_t n = rows * cols;

@@ -58,6 +58,21 @@ void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
 void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
                 uint8_t* dst, int64_t dst_row_bytes);
 
+// Small attention products in plain vectorised loops, for blocks so small
+// that a oneDNN call costs more than the arithmetic. All f32, contiguous:
+// q [batch, rows, d], k [batch, cols, d] -> scores [batch, rows, cols] =
+// scale * q k^T; probs [batch, rows, cols], v [batch, cols, dv] ->
+// context [batch, rows, dv].
+void SmallScores(const float* q, const float* k, float* scores, int64_t batch, int64_t rows,
+                 int64_t cols, int64_t d, float scale);
+void SmallContext(const float* probs, const float* v, float* context, int64_t batch,
+                  int64_t rows, int64_t cols, int64_t dv);
+// The same with bf16 q, k, v and context (f32 arithmetic).
+void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_t batch,
+                     int64_t rows, int64_t cols, int64_t d, float scale);
+void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
+                      int64_t rows, int64_t cols, int64_t dv);
+
 // weights[r, c] = mean over heads of probs[h, r, c].
 void AverageHeads(const float* probs, int64_t heads, int64_t rows, int64_t cols,
                   float* weights);

@@ -16,6 +16,10 @@ using dims = dnnl::memory::dims;
 
 size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
 
+// Attention blocks up to this many multiply-adds (q.k plus p.v) run in
+// plain loops: below it a oneDNN call's fixed cost dominates.
+constexpr int64_t kSmallAttentionMacs = int64_t{1} << 18;
+
 std::vector<uint8_t> RowInType(const std::vector<float>& row, dt type) {
   std::vector<uint8_t> bytes(row.size() * ActSize(type));
   if (type == dt::bf16) {
@@ -331,7 +335,6 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
                        const AttentionOutputs& out, Workspace& ws) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t b = blk.first_seq, g = blk.count, rows = blk.rows, s = blk.kv_len;
-  const int64_t keys = s - dims_.extra_keys();  // before the appended positions
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
   // The block's rows of q and context: [g * h, rows, d], contiguous.
   const int64_t q_elem = (batch.q_offsets[b] + blk.row0) * dims_.qk_width();
@@ -340,23 +343,47 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
     std::memset(p.context_heads + ctx_elem * act, 0, g * h * rows * dv * act);
     return;
   }
+  // Blocks this small cost more in oneDNN call overhead than in arithmetic.
+  const bool small = g * h * rows * s * (dqk + dv) <= kSmallAttentionMacs;
+  const bool bf16 = act_dt_ == dt::bf16;
+  const uint8_t* k = p.k + p.kv_offsets[b] * dims_.qk_width() * act;
+  const uint8_t* v = p.v + p.kv_offsets[b] * dims_.v_width() * act;
   // scores[g*h, rows, s] = scale * q . k^T
   float* scores = ws.Get<float>(Workspace::kScores, g * h * rows * s);
-  MatmulSpec qk_spec;
-  qk_spec.src_dt = qk_spec.wei_dt = act_dt_;
-  qk_spec.src_dims = {g * h, rows, dqk};
-  qk_spec.src_strides = {rows * dqk, dqk, 1};
-  qk_spec.wei_dims = {g * h, dqk, s};
-  qk_spec.wei_strides = {s * dqk, 1, dqk};
-  qk_spec.dst_dims = {g * h, rows, s};
-  qk_spec.dst_strides = {rows * s, s, 1};
-  qk_spec.scale = 1.0f / std::sqrt(static_cast<float>(dqk));
-  ExecuteMatmul(*attention_matmuls_.Get(qk_spec), ws, p.q + q_elem * act,
-                p.k + p.kv_offsets[b] * dims_.qk_width() * act, nullptr, scores);
+  if (small && bf16) {
+    SmallScoresBf16(reinterpret_cast<const uint16_t*>(p.q + q_elem * act),
+                    reinterpret_cast<const uint16_t*>(k), scores, g * h, rows, s, dqk, Scale());
+  } else if (small) {
+    SmallScores(reinterpret_cast<const float*>(p.q + q_elem * act),
+                reinterpret_cast<const float*>(k), scores, g * h, rows, s, dqk, Scale());
+  } else {
+    AttentionScores(blk, p.q + q_elem * act, k, scores, ws);
+  }
 
+  // The oneDNN bf16 product takes bf16 probabilities; the small loops f32.
   uint16_t* probs_bf16 =
-      act_dt_ == dt::bf16 ? ws.Get<uint16_t>(Workspace::kProbsBf16, g * h * rows * s) : nullptr;
-  for (int64_t i = 0; i < g; ++i) {
+      bf16 && !small ? ws.Get<uint16_t>(Workspace::kProbsBf16, g * h * rows * s) : nullptr;
+  Softmax(blk, p, batch, scores, probs_bf16);
+  if (!out.weights.empty()) WriteWeights(blk, scores, out);
+  const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
+  // context[g*h, rows, dv] = probs . v
+  uint8_t* context = p.context_heads + ctx_elem * act;
+  if (small && bf16) {
+    SmallContextBf16(scores, reinterpret_cast<const uint16_t*>(v),
+                     reinterpret_cast<uint16_t*>(context), g * h, rows, s, dv);
+  } else if (small) {
+    SmallContext(scores, reinterpret_cast<const float*>(v), reinterpret_cast<float*>(context),
+                 g * h, rows, s, dv);
+  } else {
+    AttentionContext(blk, probs, v, context, ws);
+  }
+}
+
+void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,
+                        float* scores, uint16_t* probs_bf16) const {
+  const int64_t h = dims_.num_heads, b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
+  const int64_t keys = s - dims_.extra_keys();  // before the appended positions
+  for (int64_t i = 0; i < blk.count; ++i) {
     SoftmaxMasks masks;
     masks.masked_cols = keys;
     masks.causal = batch.is_causal;
@@ -371,20 +398,37 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
     MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks,
                   probs_bf16 == nullptr ? nullptr : probs_bf16 + i * h * rows * s);
   }
-  if (!out.weights.empty()) WriteWeights(blk, scores, out);
-  const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
-  // context[g*h, rows, dv] = probs . v
-  MatmulSpec pv_spec;
-  pv_spec.src_dt = pv_spec.wei_dt = pv_spec.dst_dt = act_dt_;
-  pv_spec.src_dims = {g * h, rows, s};
-  pv_spec.src_strides = {rows * s, s, 1};
-  pv_spec.wei_dims = {g * h, s, dv};
-  pv_spec.wei_strides = {s * dv, dv, 1};
-  pv_spec.dst_dims = {g * h, rows, dv};
-  pv_spec.dst_strides = {rows * dv, dv, 1};
-  ExecuteMatmul(*attention_matmuls_.Get(pv_spec), ws, probs,
-                p.v + p.kv_offsets[b] * dims_.v_width() * act, nullptr,
-                p.context_heads + ctx_elem * act);
+}
+
+void MhaEngine::AttentionScores(const Block& blk, const uint8_t* q, const uint8_t* k,
+                                float* scores, Workspace& ws) const {
+  const int64_t gh = blk.count * dims_.num_heads, dqk = dims_.qk_head_dim;
+  const int64_t rows = blk.rows, s = blk.kv_len;
+  MatmulSpec spec;
+  spec.src_dt = spec.wei_dt = act_dt_;
+  spec.src_dims = {gh, rows, dqk};
+  spec.src_strides = {rows * dqk, dqk, 1};
+  spec.wei_dims = {gh, dqk, s};
+  spec.wei_strides = {s * dqk, 1, dqk};
+  spec.dst_dims = {gh, rows, s};
+  spec.dst_strides = {rows * s, s, 1};
+  spec.scale = Scale();
+  ExecuteMatmul(*attention_matmuls_.Get(spec), ws, q, k, nullptr, scores);
+}
+
+void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint8_t* v,
+                                 uint8_t* context, Workspace& ws) const {
+  const int64_t gh = blk.count * dims_.num_heads, dv = dims_.v_head_dim;
+  const int64_t rows = blk.rows, s = blk.kv_len;
+  MatmulSpec spec;
+  spec.src_dt = spec.wei_dt = spec.dst_dt = act_dt_;
+  spec.src_dims = {gh, rows, s};
+  spec.src_strides = {rows * s, s, 1};
+  spec.wei_dims = {gh, s, dv};
+  spec.wei_strides = {s * dv, dv, 1};
+  spec.dst_dims = {gh, rows, dv};
+  spec.dst_strides = {rows * dv, dv, 1};
+  ExecuteMatmul(*attention_matmuls_.Get(spec), ws, probs, v, nullptr, context);
 }
 
 void MhaEngine::WriteWeights(const Block& blk, const float* probs,

@@ -3,6 +3,7 @@
 #ifndef MHA_ENGINE_MHA_ENGINE_H_
 #define MHA_ENGINE_MHA_ENGINE_H_
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -63,6 +64,18 @@ class MhaEngine {
   Projected Project(const AttentionBatch& batch, Workspace& ws) const;
   void Attend(const Block& block, const Projected& p, const AttentionBatch& batch,
               const AttentionOutputs& out, Workspace& ws) const;
+  // 1 / sqrt(qk_head_dim).
+  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dims_.qk_head_dim)); }
+  // Masks and softmax over a block's scores (and their bf16 copy when
+  // computing in bf16).
+  void Softmax(const Block& block, const Projected& p, const AttentionBatch& batch,
+               float* scores, uint16_t* probs_bf16) const;
+  // The two attention products of a block on oneDNN (scores f32; context in
+  // the compute type).
+  void AttentionScores(const Block& block, const uint8_t* q, const uint8_t* k, float* scores,
+                       Workspace& ws) const;
+  void AttentionContext(const Block& block, const void* probs, const uint8_t* v,
+                        uint8_t* context, Workspace& ws) const;
   void WriteWeights(const Block& block, const float* probs,
                     const AttentionOutputs& out) const;
 

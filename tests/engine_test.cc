@@ -220,6 +220,11 @@ std::vector<Case> AllCases() {
       {"post_norm", norm, {4, 2}, {}, false, M::kBool},
       {"one_head", Dims(8, 1), {3}, {}},
       {"many_heads", Dims(64, 8), {9, 9, 9}, {}, false, M::kBool, M::kFloat},
+      // Blocks above the small-attention threshold: the oneDNN products.
+      {"large_blocks", Dims(64, 4), {80, 80, 70}, {}, false, M::kBool, M::kFloat, true, false,
+       true},
+      {"large_blocks_cross", With(cross, [](AttentionDims& d) { d.add_zero_attn = true; }),
+       {90}, {120}, false, M::kFloat, M::kNone},
   };
 }
 

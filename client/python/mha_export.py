@@ -22,9 +22,11 @@ What is exported:
                               post_norm (output = norm1(x + attention(x)));
                               with norm_first=True the attention alone (the
                               caller applies norm1 to the query first)
-  nn.TransformerDecoderLayer  --attention self: self_attn (+ norm1 if post-LN);
-                              --attention cross: multihead_attn (+ norm2),
-                              key = value = the encoder's memory
+  nn.TransformerDecoderLayer  --attention self: self_attn (+ norm1 if post-LN;
+                              call it with is_causal=True as the decoder's
+                              tgt_mask would); --attention cross:
+                              multihead_attn (+ norm2), key = value = the
+                              encoder's memory
   any other module            found by the canonical tensor names of its
                               state_dict (README, "Model folders"): q_proj,
                               k_proj, v_proj, out_proj as nn.Linear, or
@@ -144,7 +146,7 @@ def parse_rename(text):
 # ----------------------------------------------------------------- finding the attention
 
 _Target = collections.namedtuple("_Target", [
-    "state", "names", "mha", "norm", "num_heads", "add_zero_attn", "reference", "mode"])
+    "state", "names", "norm", "num_heads", "add_zero_attn", "reference", "mode"])
 
 
 def _mha_reference(mha, norm):
@@ -221,10 +223,10 @@ def _locate(module, attention, rename, num_heads, post_norm):
         mode = attention or ("self" if self_only else None)
         heads = num_heads or next((getattr(module, a) for a in _HEAD_ATTRIBUTES
                                    if isinstance(getattr(module, a, None), int)), None)
-        return _Target(state, names, None, norm, heads,
+        return _Target(state, names, norm, heads,
                        bool(getattr(module, "add_zero_attn", False)), reference, mode)
     rules = [("norm", norm_name)] if norm_name else []
-    return _Target(state, Renames(prefix, rules), mha, norm, mha.num_heads, mha.add_zero_attn,
+    return _Target(state, Renames(prefix, rules), norm, mha.num_heads, mha.add_zero_attn,
                    _mha_reference(mha, norm), mode)
 
 
@@ -341,8 +343,11 @@ def export(module, out_dir, attention=None, name=None, bf16=False, rename=(), nu
         if mapped:
             config["tensor_names"] = mapped
 
-    name = name or os.path.basename(os.path.normpath(out_dir))
     mode = target.mode or ("self" if kdim == vdim == embed_dim else "cross")
+    if mode == "self" and not kdim == vdim == embed_dim:
+        raise ExportError(f"self-attention needs kdim == vdim == embed_dim ({embed_dim}); "
+                          f"got kdim {kdim}, vdim {vdim}: use attention 'cross'")
+    name = name or os.path.basename(os.path.normpath(out_dir))
     metadata = {"format": "pt", "name": name, "exported_from": type(module).__name__,
                 "attention": mode}
     write_model_folder(out_dir, config,
