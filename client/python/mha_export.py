@@ -437,7 +437,7 @@ def main(argv=None):
     try:
         module = torch.load(args.module, map_location="cpu")
         if not isinstance(module, nn.Module):
-            raise ExportError(f"{args.module} holds a {type(module).__name__}, not a module: "
+            raise ExportError(f"{args.module} holds no module (it holds {type(module).__name__}): "
                               "save it with torch.save(module), or call export() from Python")
         if args.submodule:
             module = module.get_submodule(args.submodule)
