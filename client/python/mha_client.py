@@ -9,18 +9,22 @@
         client.list_models()                                       # [mha.v1.ModelInfo]
         client.get_model("demo").embed_dim
 
+    MhaClient(target, tls=True, ca="ca.pem", token="...")          # a secured server
+
 Arrays are numpy arrays (or anything np.asarray accepts, e.g. CPU torch
 tensors). On the wire: float32 -> DATA_TYPE_FP32, float16 -> DATA_TYPE_FP16,
 bool -> DATA_TYPE_BOOL; float64 is sent as FP32. The output comes back in
 the query's dtype and shape (float16 in, float16 out); attention weights are
-float32. Float masks are sent as FP32 (true / -inf = masked out).
+float32. Masks are bool (True = masked out) or float, sent as FP32 (added
+to the scores, -inf = masked out).
 
 Errors are the server's gRPC status, raised as grpc.RpcError as every gRPC
 Python call does: `e.code()` is a grpc.StatusCode (INVALID_ARGUMENT for a
 bad request, NOT_FOUND for an unknown model, UNAVAILABLE when the server is
-down or draining, DEADLINE_EXCEEDED after `timeout` seconds, ...) and
-`e.details()` the message, e.g. "query: expected last dimension 256, got
-255". Arrays of an unsupported dtype raise TypeError before any call.
+down or draining, UNAUTHENTICATED without the server's token,
+DEADLINE_EXCEEDED after `timeout` seconds, ...) and `e.details()` the
+message, e.g. "query: expected last dimension 256, got 255". Arrays of an
+unsupported dtype raise TypeError before any call.
 
 Stubs: the module imports mha.v1.attention_pb2(_grpc) from client/python/gen/,
 written by one command,
@@ -147,20 +151,41 @@ def _mask_tensor(mask):
 
 # ----------------------------------------------------------------- client
 
+def _read(path):
+    """The bytes of a PEM file, or None for no path."""
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 class MhaClient:
     """One channel to one mha_server. Safe to share between threads (gRPC
     channels and stubs are); close() it, or use it in a `with` block, when
     done. Every call raises grpc.RpcError with the server's status on
     failure."""
 
-    def __init__(self, target, timeout=30.0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(self, target, timeout=30.0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+                 tls=False, ca=None, cert=None, key=None, token=None):
         """target: "host:port". timeout: seconds per call (the gRPC
-        deadline); None = no deadline."""
+        deadline); None = no deadline.
+
+        For a server started with --tls_cert/--tls_key: tls=True (implied
+        by ca or cert); ca: PEM file of the roots to trust (default: the
+        system's); cert, key: PEM files of a client certificate, for a
+        server with --tls_client_ca. token: the bearer token of a server
+        with --auth_token_file, sent as "authorization: Bearer <token>"."""
         self._pb, rpc, _ = load_stubs()
         self.target, self.timeout = target, timeout
-        self._channel = grpc.insecure_channel(target, options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes)])
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes)]
+        if tls or ca or cert:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert))
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._metadata = [("authorization", f"Bearer {token}")] if token else None
         self._stub = rpc.AttentionServiceStub(self._channel)
 
     def __enter__(self):
@@ -197,18 +222,20 @@ class MhaClient:
             request.key_padding_mask.CopyFrom(_mask_tensor(key_padding_mask))
         if attn_mask is not None:
             request.attn_mask.CopyFrom(_mask_tensor(attn_mask))
-        response = self._stub.Attend(request, timeout=self.timeout)
+        response = self._stub.Attend(request, timeout=self.timeout, metadata=self._metadata)
         weights = from_tensor(response.attn_weights) if response.HasField("attn_weights") else None
         return from_tensor(response.output), weights
 
     def list_models(self):
         """[mha.v1.ModelInfo] of every model folder the server found,
         including failed ones (state STATE_FAILED, `error` says why)."""
-        response = self._stub.ListModels(self._pb.ListModelsRequest(), timeout=self.timeout)
+        response = self._stub.ListModels(self._pb.ListModelsRequest(), timeout=self.timeout,
+                                         metadata=self._metadata)
         return list(response.models)
 
     def get_model(self, name):
         """mha.v1.ModelInfo of one model: config, state, weight_layout,
         parameter_count and the effective embed_dim, num_heads, kdim, vdim.
         NOT_FOUND (grpc.RpcError) for an unknown name."""
-        return self._stub.GetModel(self._pb.GetModelRequest(name=name), timeout=self.timeout)
+        return self._stub.GetModel(self._pb.GetModelRequest(name=name), timeout=self.timeout,
+                                   metadata=self._metadata)

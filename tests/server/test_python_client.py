@@ -3,7 +3,8 @@
 
 * example.py as a subprocess (exit code, the lines it prints);
 * MhaClient: self- and cross-attention, masks, is_causal, attention weights
-  and float16 against torch.nn.MultiheadAttention (<= 1e-5 in fp32), errors;
+  and float16 against torch.nn.MultiheadAttention (<= 1e-5 in fp32), errors,
+  TLS with a bearer token;
 * mha_export: nn.MultiheadAttention (kdim/vdim, bias_kv, zero_attn), a
   post-LN TransformerEncoderLayer, a TransformerDecoderLayer's
   cross-attention, custom modules with separate q/k/v linears and with
@@ -321,6 +322,36 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
         with self.assertRaises(TypeError):
             client.attend("demo", np.zeros((1, 2, 256), np.int32))
+
+
+class SecuredServerTest(unittest.TestCase):
+    def test_tls_and_bearer_token(self):
+        from test_security import make_certificates
+        d = tempfile.mkdtemp(prefix="mha_python_tls_")
+        try:
+            make_certificates(d)
+            path = lambda name: os.path.join(d, name)  # noqa: E731
+            with open(path("token"), "w") as f:
+                f.write("python-client-token\n")
+            flags = [f"--tls_cert={path('server.pem')}", f"--tls_key={path('server.key')}",
+                     f"--auth_token_file={path('token')}"]
+            with TestServer(MHA_SERVER, repo, flags) as secured:
+                q = randn(1, 3, 256, seed=12)
+                with MhaClient(secured.target(), timeout=30, ca=path("ca.pem"),
+                               token="python-client-token") as c:
+                    out, _ = c.attend("demo", q)
+                    self.assertLessEqual(max_error(out, torch_mha(modules["demo"], q)[0]), FP32_TOL)
+                with MhaClient(secured.target(), timeout=30, ca=path("ca.pem")) as c:
+                    with self.assertRaises(grpc.RpcError) as e:
+                        c.list_models()
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+                with MhaClient(secured.target(), timeout=30, token="python-client-token") as c:
+                    with self.assertRaises(grpc.RpcError) as e:  # plaintext to a TLS port
+                        c.list_models()
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            secured.remove_log()
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 # ----------------------------------------------------------------- mha_export
