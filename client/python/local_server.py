@@ -76,7 +76,23 @@ class LocalServer:
             self.process.kill()
             self.exit_code = self.process.wait()
         self.process.stdout.close()
+        self._raise_on_sanitizer_report()
         return self.exit_code
+
+    # What ASan, LSan, UBSan and TSan print; never seen from a plain build.
+    _SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                          "runtime error:", "WARNING: ThreadSanitizer")
+
+    def _raise_on_sanitizer_report(self):
+        """A sanitizer build of the server reports memory errors, leaks and
+        undefined behaviour on stderr: make every test that ran it fail."""
+        if not self.stderr_path or not os.path.exists(self.stderr_path):
+            return  # the caller removed the log already
+        log = self.stderr()
+        for marker in self._SANITIZER_MARKERS:
+            if marker in log:
+                start = log.index(marker)
+                raise RuntimeError(f"mha_server sanitizer report:\n{log[start:start + 4000]}")
 
     def remove_log(self):
         """Deletes the stderr file (after stop())."""

@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test
-# (unit tests, the PyTorch parity battery) through ctest.
+# through ctest: unit tests, the PyTorch parity battery (through mha_run and
+# through the server), the server and client tests against the real
+# binaries. Then all of it again on a build with AddressSanitizer and
+# UndefinedBehaviorSanitizer (build-asan/), which must be clean: the C++ tests
+# abort on a report, and the Python tests fail when a server's stderr has one.
 set -euo pipefail
-here="$(dirname "$0")"
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$here/../.."
 bash "$here/install_deps.sh"
 bash "$here/build.sh"
-cd "$here/../../build"
-ctest --output-on-failure --timeout 1800
+(cd "$root/build" && ctest --output-on-failure --timeout 1800)
+
+echo "== sanitizer build (address, undefined)"
+cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DMHA_SANITIZE=address,undefined >/dev/null
+cmake --build "$root/build-asan" -j "$(nproc)"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+(cd "$root/build-asan" && ctest --output-on-failure --timeout 1800)
