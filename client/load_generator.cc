@@ -19,10 +19,12 @@ std::vector<v1::AttendRequest> MakePool(const LoadOptions& o) {
   std::mt19937 gen(o.seed);
   std::uniform_int_distribution<int64_t> len(o.min_len, o.max_len);
   std::vector<v1::AttendRequest> pool(64);
-  for (v1::AttendRequest& r : pool) {
-    r.set_model(o.model);
-    *r.mutable_query() = RandomTensor({1, len(gen), o.embed_dim}, gen);
-    if (o.kv_len > 0) *r.mutable_key() = RandomTensor({1, o.kv_len, o.embed_dim}, gen);
+  for (size_t i = 0; i < pool.size(); ++i) {
+    const LoadTarget& target = o.models[i % o.models.size()];
+    v1::AttendRequest& r = pool[i];
+    r.set_model(target.model);
+    *r.mutable_query() = RandomTensor({1, len(gen), target.embed_dim}, gen);
+    if (o.kv_len > 0) *r.mutable_key() = RandomTensor({1, o.kv_len, target.kdim}, gen);
   }
   return pool;
 }

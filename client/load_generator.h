@@ -13,16 +13,22 @@
 
 namespace mha::client {
 
-struct LoadOptions {
+// A model the load goes to, with the widths its inputs need.
+struct LoadTarget {
   std::string model = "demo";
+  int64_t embed_dim = 256;
+  int64_t kdim = 256;
+};
+
+struct LoadOptions {
+  std::vector<LoadTarget> models = {LoadTarget{}};  // requests alternate between them
   int concurrency = 1;          // closed loop: requests in flight at all times
   double rate = 0;              // > 0: open loop, this many requests/s whatever the answers
   bool progress = false;        // a live line on stderr about once a second
   absl::Duration duration = absl::Seconds(5);
   int64_t max_requests = 0;     // 0: until duration
   int64_t min_len = 16, max_len = 16;  // query length, uniform
-  int64_t embed_dim = 256;
-  int64_t kv_len = 0;           // > 0: cross-attention with this key length
+  int64_t kv_len = 0;           // > 0: cross-attention with this key length (value = key)
   uint32_t seed = 1;
   std::string token;            // bearer token, when the server wants one
 };

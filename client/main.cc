@@ -6,7 +6,7 @@
 //                     [--masks FILE] [--batch B --len L --kv_len S --random]
 //                     [--causal] [--need_weights] [--per_head_weights] [--bf16]
 //                     [--out FILE]
-//   mha_client load --model NAME [--concurrency N | --rate R] [--duration 10s |
+//   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX]
 #include <unistd.h>
@@ -40,7 +40,9 @@ ABSL_FLAG(std::string, ca, "", "--tls: PEM CA certificates to trust (default: th
 ABSL_FLAG(std::string, tls_cert, "", "--tls: PEM client certificate, for mutual TLS");
 ABSL_FLAG(std::string, tls_key, "", "--tls: PEM private key of --tls_cert");
 ABSL_FLAG(std::string, token, "", "file holding a bearer token to send");
-ABSL_FLAG(std::string, model, "", "model name (attend, load: default demo; health: that model)");
+ABSL_FLAG(std::string, model, "",
+          "model name (attend: default demo; load: a comma-separated list, requests "
+          "alternate; health: that model)");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
 ABSL_FLAG(int64_t, batch, 1, "attend: batch size B");
 ABSL_FLAG(int64_t, len, 16, "attend: query length L");
@@ -235,7 +237,6 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o);
 
 int Load(const std::shared_ptr<grpc::Channel>& channel) {
   LoadOptions o;
-  o.model = absl::GetFlag(FLAGS_model);
   o.concurrency = absl::GetFlag(FLAGS_concurrency);
   o.duration = absl::GetFlag(FLAGS_duration);
   o.max_requests = absl::GetFlag(FLAGS_requests);
@@ -250,12 +251,15 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
     return 2;
   }
   auto stub = v1::AttentionService::NewStub(channel);
-  v1::GetModelRequest get;
-  get.set_name(o.model);
-  v1::ModelInfo info;
-  const grpc::Status status = stub->GetModel(Context().get(), get, &info);
-  if (!status.ok()) return ReportError(status);
-  o.embed_dim = info.embed_dim();
+  o.models.clear();
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',')) {
+    v1::GetModelRequest get;
+    get.set_name(std::string(name));
+    v1::ModelInfo info;
+    const grpc::Status status = stub->GetModel(Context().get(), get, &info);
+    if (!status.ok()) return ReportError(status);
+    o.models.push_back({info.name(), info.embed_dim(), info.kdim()});
+  }
   o.rate = absl::GetFlag(FLAGS_rate);
   o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
   if (!absl::GetFlag(FLAGS_sweep).empty()) return Sweep(channel, o);

@@ -31,6 +31,7 @@ class ClientTest(unittest.TestCase):
     def setUpClass(cls):
         cls.repo = tempfile.mkdtemp(prefix="mha_client_repo_")
         shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "demo"))
+        shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "twin"))
         broken = os.path.join(cls.repo, "broken")
         os.mkdir(broken)
         with open(os.path.join(broken, "config.pbtxt"), "w") as f:
@@ -124,6 +125,18 @@ class ClientTest(unittest.TestCase):
         missing = self.client("attend", "--model=demo", f"--query={work}/nope.safetensors")
         self.assertNotEqual(missing.returncode, 0)
         self.assertIn("nope.safetensors", missing.stderr)
+
+    def test_load_alternates_between_models(self):
+        text = self.server.metrics()
+        before = [metric_value(text, "mha_requests_total", model=m, code="OK")
+                  for m in ("demo", "twin")]
+        r = self.client("load", "--model=demo,twin", "--concurrency=4", "--requests=100",
+                        "--duration=60s", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = self.server.metrics()
+        after = [metric_value(text, "mha_requests_total", model=m, code="OK")
+                 for m in ("demo", "twin")]
+        self.assertEqual([a - b for a, b in zip(after, before)], [50, 50])
 
     def test_open_loop_rate(self):
         r = self.client("load", "--model=demo", "--rate=100", "--duration=2s", "--json")

@@ -1,0 +1,57 @@
+// libFuzzer target: an AttendRequest decoded from fuzz bytes goes through
+// the server's checks and, when valid, through the engine of a small
+// cross-attention model and a small self-attention model.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/mha_engine.h"
+#include "server/request_codec.h"
+#include "tests/test_models.h"
+
+namespace {
+
+struct Model {
+  mha::AttentionDims dims;
+  std::unique_ptr<mha::MhaEngine> engine;
+  std::unique_ptr<mha::Workspace> ws;
+};
+
+Model MakeModel(int64_t kdim, bool extras) {
+  Model m;
+  m.dims.embed_dim = 8, m.dims.num_heads = 2, m.dims.kdim = kdim, m.dims.vdim = kdim;
+  m.dims.qk_head_dim = m.dims.v_head_dim = 4;
+  m.dims.add_bias_kv = m.dims.add_zero_attn = extras;
+  m.engine = mha::MhaEngine::Create(m.dims, mha::testing::RandomWeights(m.dims, 1)).value();
+  m.ws = m.engine->NewWorkspace();
+  return m;
+}
+
+void RunOn(Model& m, const mha::v1::AttendRequest& request) {
+  const mha::server::RequestLimits limits{.max_tokens = 4096};
+  absl::StatusOr<mha::server::DecodedRequest> d =
+      mha::server::DecodeAttendRequest(request, m.dims, limits);
+  if (!d.ok()) return;
+  const mha::AttentionBatch& batch = d->batch.batch();
+  std::vector<float> output(batch.q_offsets.back() * m.dims.embed_dim);
+  std::vector<float> weights(d->need_weights
+                                 ? m.engine->WeightsElements(batch, d->per_head_weights)
+                                 : 0);
+  const absl::Status s = m.engine->Run(
+      batch, {absl::MakeSpan(output), absl::MakeSpan(weights), d->per_head_weights}, *m.ws);
+  // A request the codec accepted must compute.
+  if (!s.ok()) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Model self = MakeModel(8, false);
+  static Model cross = MakeModel(6, true);
+  mha::v1::AttendRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  RunOn(self, request);
+  RunOn(cross, request);
+  return 0;
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""Writes the fuzzers' seed corpora (tests/fuzz/corpus/<target>/): small
+valid inputs the fuzzers mutate from. Run once; the seeds are committed.
+
+  /usr/bin/python3 tests/fuzz/make_seeds.py
+"""
+
+import io
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "parity"))
+sys.path.insert(0, os.path.join(HERE, "..", "server"))
+from mha_model_io import write_safetensors  # noqa: E402
+from mha_test_server import load_stubs  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+def safetensors_bytes(tensors):
+    path = os.path.join(HERE, ".seed.tmp")
+    write_safetensors(path, tensors)
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    return data
+
+
+def randn(*shape):
+    return (RNG.standard_normal(shape) * 0.5).astype(np.float32)
+
+
+def write(target, name, data):
+    folder = os.path.join(HERE, "corpus", target)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, name), "wb") as f:
+        f.write(data)
+
+
+def model_seeds():
+    e, h = 8, 2
+    in_proj = {"in_proj_weight": (randn(3 * e, e), "F32"), "in_proj_bias": (randn(3 * e), "F32"),
+               "out_proj.weight": (randn(e, e), "BF16"), "out_proj.bias": (randn(e), "F16")}
+    write("fuzz_model", "in_proj", f"embed_dim: {e}\nnum_heads: {h}\n".encode() + b"\xff" +
+          safetensors_bytes(in_proj))
+    per_head = {"out_proj.weight": (randn(e, e), "F32"), "out_proj.bias": (randn(e), "F32"),
+                "bias_k": (randn(1, 1, e), "F32"), "bias_v": (randn(1, 1, e), "F32"),
+                "norm.weight": (randn(e), "F32"), "norm.bias": (randn(e), "F32")}
+    for p, width in (("q", e), ("k", 6), ("v", 6)):
+        for i in range(h):
+            per_head[f"{p}_proj.{i}.weight"] = (randn(e // h, width), "F32")
+            per_head[f"{p}_proj.{i}.bias"] = (randn(e // h), "F32")
+    config = (f"embed_dim: {e}\nnum_heads: {h}\nkdim: 6\nvdim: 6\nadd_bias_kv: true\n"
+              "add_zero_attn: true\npost_norm { eps: 1e-5 }\ncompute_dtype: DATA_TYPE_BF16\n")
+    write("fuzz_model", "per_head", config.encode() + b"\xff" + safetensors_bytes(per_head))
+    write("fuzz_safetensors", "in_proj", safetensors_bytes(in_proj))
+    write("fuzz_safetensors", "mixed", safetensors_bytes(
+        {"a": (randn(2, 3), "F32"), "b": (RNG.random((4,)) < 0.5, "BOOL"),
+         "empty": (randn(0, 3), "F16")}))
+
+
+def request_seeds():
+    pb, _, cfg = load_stubs()
+
+    def tensor(array):
+        if array.dtype == np.bool_:
+            return pb.Tensor(dtype=cfg.DATA_TYPE_BOOL, shape=array.shape,
+                             data=array.astype(np.uint8).tobytes())
+        return pb.Tensor(dtype=cfg.DATA_TYPE_FP32, shape=array.shape, data=array.tobytes())
+
+    self_attn = pb.AttendRequest(model="m", query=tensor(randn(2, 3, 8)), need_weights=True,
+                                 key_padding_mask=tensor(RNG.random((2, 3)) < 0.3))
+    write("fuzz_request", "self", self_attn.SerializeToString())
+    cross = pb.AttendRequest(model="m", query=tensor(randn(1, 4, 8)), key=tensor(randn(1, 5, 6)),
+                             value=tensor(randn(1, 5, 6)), is_causal=True,
+                             attn_mask=tensor(randn(4, 5)), need_weights=True,
+                             per_head_weights=True)
+    write("fuzz_request", "cross", cross.SerializeToString())
+    unbatched = pb.AttendRequest(model="m", query=tensor(randn(3, 8)),
+                                 attn_mask=tensor(RNG.random((2, 3, 3)) < 0.5))
+    write("fuzz_request", "unbatched", unbatched.SerializeToString())
+
+
+if __name__ == "__main__":
+    model_seeds()
+    request_seeds()
