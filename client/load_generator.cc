@@ -54,7 +54,7 @@ class LoadRun {
     if (options_.rate > 0) {
       OpenLoop();
     } else {
-      for (int i = 0; i < options_.concurrency; ++i) Issue(i, /*chain=*/true);
+      for (int i = 0; i < options_.concurrency; ++i) Issue(/*chain=*/true);
     }
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [this] { return in_flight_ == 0 && started_all_; });
@@ -79,7 +79,7 @@ class LoadRun {
   void OpenLoop() {
     const absl::Duration interval = absl::Seconds(1.0 / options_.rate);
     absl::Time next = start_;
-    for (int64_t i = 0; Issue(i, /*chain=*/false); ++i) {
+    while (Issue(/*chain=*/false)) {
       next += interval;
       const absl::Duration wait = next - absl::Now();
       if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
@@ -110,26 +110,28 @@ class LoadRun {
   }
 
   // Starts one call unless the run is over; a chained call starts the next
-  // one when it finishes (closed loop). Returns whether it started.
-  bool Issue(int64_t index, bool chain) {
+  // one when it finishes (closed loop). The n-th call sends pool_[n % size],
+  // so models alternate exactly. Returns whether it started.
+  bool Issue(bool chain) {
+    int64_t n = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       started_all_ = true;
       const bool over = absl::Now() >= end_ ||
                         (options_.max_requests > 0 && issued_ >= options_.max_requests);
       if (over) return false;
-      ++issued_;
+      n = issued_++;
       ++in_flight_;
     }
     auto* call = new Call;
-    const v1::AttendRequest& request = pool_[index % pool_.size()];
+    const v1::AttendRequest& request = pool_[n % pool_.size()];
     call->tokens = request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
     AddToken(options_.token, call->context);
     call->sent = absl::Now();
     stub_->async()->Attend(&call->context, &request, &call->response,
-                           [this, call, index, chain](grpc::Status status) {
+                           [this, call, chain](grpc::Status status) {
                              Finished(call, status);
-                             if (chain) Issue(index + options_.concurrency, true);
+                             if (chain) Issue(true);
                              std::lock_guard<std::mutex> lock(mu_);
                              if (--in_flight_ == 0) done_cv_.notify_all();
                            });
