@@ -18,9 +18,11 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) to ~2 ulp, written so the compiler vectorises it; exactly 0 for
-// x below the f32 range (so masked positions get probability 0).
+// x below the f32 range (so masked positions get probability 0), NaN for
+// NaN (the clamp maps NaN into range first, so the int conversion is
+// always defined).
 inline float VectorExp(float x) {
-  const float clamped = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float clamped = std::fmin(std::fmax(x, -87.0f), 88.0f);
   const float n = std::nearbyint(clamped * 1.44269504088896341f);
   float r = clamped - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -34,7 +36,8 @@ inline float VectorExp(float x) {
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return x < -87.0f ? 0.0f : p * scale;
+  const float result = x < -87.0f ? 0.0f : p * scale;
+  return x != x ? x : result;
 }
 
 inline uint16_t ToBf16(float f) {
@@ -58,9 +61,16 @@ void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b
   float max = kNegInf;
 #pragma omp simd reduction(max : max)
   for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
-  if (max == kNegInf || std::isnan(max)) {
-    // Every key masked: zero probabilities, never NaN.
-    if (max == kNegInf) {
+  if (!(max < std::numeric_limits<float>::infinity()) || max == kNegInf) {
+    // Every key masked: zero probabilities, never NaN. Scores that
+    // overflowed (+inf or NaN: inputs too large for f32) give a NaN row,
+    // which the caller reports rather than returns.
+    if (max != kNegInf) {
+      for (int64_t j = 0; j < cols; ++j) row[j] = std::numeric_limits<float>::quiet_NaN();
+      if (bf16_row != nullptr) {
+        for (int64_t j = 0; j < cols; ++j) bf16_row[j] = 0x7fc0;
+      }
+    } else {
       std::memset(row, 0, sizeof(float) * cols);
       if (bf16_row != nullptr) std::memset(bf16_row, 0, sizeof(uint16_t) * cols);
     }

@@ -129,11 +129,18 @@ std::vector<float> ToFloatVector(const Tensor& t) {
   return out;
 }
 
+int64_t FirstNonFinite(absl::Span<const float> values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 Tensor MakeF32Tensor(std::vector<int64_t> shape,
                      absl::Span<const float> values) {
   Tensor t(DType::kF32, std::move(shape));
   const size_t n = std::min(values.size(), t.num_bytes() / sizeof(float));
-  std::memcpy(t.raw(), values.data(), n * sizeof(float));
+  if (n > 0) std::memcpy(t.raw(), values.data(), n * sizeof(float));
   return t;
 }
 

@@ -62,6 +62,9 @@ uint16_t FloatToBf16(float f);
 // The values of a F32, F16 or BF16 tensor as f32 (BOOL: 0/1).
 std::vector<float> ToFloatVector(const Tensor& t);
 
+// Index of the first NaN or infinite value, or -1 when all are finite.
+int64_t FirstNonFinite(absl::Span<const float> values);
+
 // A F32 tensor holding `values` with `shape` (sizes must agree).
 Tensor MakeF32Tensor(std::vector<int64_t> shape, absl::Span<const float> values);
 

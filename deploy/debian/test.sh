@@ -19,3 +19,10 @@ cmake --build "$root/build-asan" -j "$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd "$root/build-asan" && ctest --output-on-failure --timeout 1800)
+
+echo "== fuzzing (libFuzzer, clang, ASan + UBSan): each target for a bounded time"
+cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-60}" \
+  >/dev/null
+cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request
+(cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -R "^(fuzz_|regression_)")

@@ -70,6 +70,10 @@ absl::Status RunOnce() {
   }
   std::unique_ptr<Workspace> ws = model.engine->NewWorkspace();
   RETURN_IF_ERROR(model.engine->Run(dense.batch(), out, *ws));
+  if (FirstNonFinite(out.output) >= 0) {
+    return absl::InvalidArgumentError(
+        "inputs too large or not finite: the output has NaN or infinite values");
+  }
   return WriteSafetensors(absl::GetFlag(FLAGS_outputs), results);
 }
 
