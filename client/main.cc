@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <fstream>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <map>
@@ -206,7 +207,8 @@ int Attend(v1::AttentionService::Stub& stub) {
   request.set_per_head_weights(absl::GetFlag(FLAGS_per_head_weights));
   v1::AttendResponse response;
   const absl::Time sent = absl::Now();
-  status = stub.Attend(Context().get(), request, &response);
+  std::unique_ptr<grpc::ClientContext> context = Context();
+  status = stub.Attend(context.get(), request, &response);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
   if (!status.ok()) return ReportError(status);
   const std::vector<float> out = TensorValues(response.output());
@@ -218,6 +220,12 @@ int Attend(v1::AttentionService::Stub& stub) {
   std::printf("\n");
   if (response.has_attn_weights()) {
     std::printf("attn_weights %s\n", ShapeText(response.attn_weights()).c_str());
+  }
+  const auto& trailers = context->GetServerTrailingMetadata();
+  const auto server_us = trailers.find("mha-server-time-us");
+  if (server_us != trailers.end()) {
+    std::printf("server %.3f ms, ", std::atof(std::string(server_us->second.data(),
+                                                          server_us->second.size()).c_str()) / 1e3);
   }
   std::printf("round trip %.3f ms\n", ms);
   const std::string out_path = absl::GetFlag(FLAGS_out);

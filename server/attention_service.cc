@@ -43,12 +43,16 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
   ModelMetrics* model_metrics = known ? &metrics_.ForModel(label) : nullptr;
   if (model_metrics != nullptr) model_metrics->inflight->Increment();
   // Records the outcome and answers; called exactly once per call.
-  auto finish = [this, reactor, start, label, model_metrics](const absl::Status& status) {
+  auto finish = [this, context, reactor, start, label, model_metrics](const absl::Status& status) {
+    const absl::Duration took = absl::Now() - start;
     metrics_.CountRequest(label, status.code());
     if (model_metrics != nullptr) {
-      model_metrics->request_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+      model_metrics->request_duration->Observe(absl::ToDoubleSeconds(took));
       model_metrics->inflight->Decrement();
     }
+    // Handler in to response out, for clients that report it.
+    context->AddTrailingMetadata(std::string(kServerTimeMetadata),
+                                 std::to_string(absl::ToInt64Microseconds(took)));
     reactor->Finish(ToGrpcStatus(status));
   };
   if (draining_) {

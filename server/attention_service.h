@@ -14,6 +14,10 @@
 
 namespace mha::server {
 
+// Trailing metadata of every Attend answer: microseconds from handler in to
+// response out.
+inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
+
 // The one conversion from absl::Status to grpc::Status.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 

@@ -81,6 +81,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("output [2, 5, 256]", r.stdout)
         self.assertIn("attn_weights [2, 4, 5, 5]", r.stdout)
+        self.assertRegex(r.stdout, r"server \d+\.\d{3} ms, round trip \d+\.\d{3} ms")
         failed = self.client("attend", "--model=broken")
         self.assertNotEqual(failed.returncode, 0)
         self.assertTrue(failed.stderr.startswith("FAILED_PRECONDITION: "), failed.stderr)
