@@ -25,16 +25,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // E = kdim = vdim = 24, 4 heads.
-AttentionDims SelfDims() {
-  AttentionDims d;
-  d.embed_dim = 24;
-  d.num_heads = 4;
-  d.kdim = 24;
-  d.vdim = 24;
-  d.qk_head_dim = 6;
-  d.v_head_dim = 6;
-  return d;
-}
+AttentionDims SelfDims() { return ::mha::testing::MakeDims(24, 4); }
 
 // E = 24, kdim = 16, vdim = 20, 4 heads.
 AttentionDims CrossDims() {

@@ -30,12 +30,7 @@ struct Case {
   bool per_head_weights = false;
 };
 
-AttentionDims Dims(int64_t e, int64_t h) {
-  AttentionDims d;
-  d.embed_dim = e, d.num_heads = h, d.kdim = e, d.vdim = e;
-  d.qk_head_dim = e / h, d.v_head_dim = e / h;
-  return d;
-}
+AttentionDims Dims(int64_t e, int64_t h) { return MakeDims(e, h); }
 
 // A ragged batch with its own storage, plus each sequence for the reference.
 struct Built {

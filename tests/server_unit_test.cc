@@ -19,13 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-AttentionDims Dims() {
-  AttentionDims d;
-  d.embed_dim = d.kdim = d.vdim = 24;
-  d.num_heads = 3;
-  d.qk_head_dim = d.v_head_dim = 8;
-  return d;
-}
+AttentionDims Dims() { return testing::MakeDims(24, 3); }
 
 v1::Tensor Wire(const std::vector<int64_t>& shape, const std::vector<float>& values) {
   v1::Tensor t;

@@ -37,6 +37,14 @@ void AddProjection(TensorMap& t, const std::string& prefix, const AttentionDims&
 
 }  // namespace
 
+AttentionDims MakeDims(int64_t embed_dim, int64_t num_heads) {
+  AttentionDims d;
+  d.embed_dim = d.kdim = d.vdim = embed_dim;
+  d.num_heads = num_heads;
+  d.qk_head_dim = d.v_head_dim = embed_dim / num_heads;
+  return d;
+}
+
 std::vector<float> RandomVector(size_t n, uint32_t seed, float scale) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(-scale, scale);

@@ -14,6 +14,10 @@
 
 namespace mha::testing {
 
+// Self-attention dims: kdim = vdim = embed_dim, head dims embed_dim / heads,
+// everything else default.
+AttentionDims MakeDims(int64_t embed_dim, int64_t num_heads);
+
 // Deterministic values uniform in [-scale, scale).
 std::vector<float> RandomVector(size_t n, uint32_t seed, float scale = 0.5f);
 

@@ -29,16 +29,7 @@ using ::mha::testing::WeightsAsTensors;
 using ::testing::HasSubstr;
 
 // E = 24, h = 4, head dims 6, everything else default.
-AttentionDims BaseDims() {
-  AttentionDims d;
-  d.embed_dim = 24;
-  d.num_heads = 4;
-  d.kdim = 24;
-  d.vdim = 24;
-  d.qk_head_dim = 6;
-  d.v_head_dim = 6;
-  return d;
-}
+AttentionDims BaseDims() { return ::mha::testing::MakeDims(24, 4); }
 
 // Every optional part switched on: biases, bias_kv, post_norm.
 AttentionDims FullDims() {

@@ -140,10 +140,7 @@ class MatmulCeiling {
 };
 
 void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
-  AttentionDims d;
-  d.embed_dim = d.kdim = d.vdim = s.embed_dim;
-  d.num_heads = s.heads;
-  d.qk_head_dim = d.v_head_dim = s.embed_dim / s.heads;
+  AttentionDims d = testing::MakeDims(s.embed_dim, s.heads);
   d.bf16 = bf16;
   EngineOptions options;
   options.max_score_bytes = absl::GetFlag(FLAGS_max_score_bytes);
