@@ -70,15 +70,19 @@ v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen) {
   return t;
 }
 
-int ReportError(const grpc::Status& status) {
+std::string CodeName(grpc::StatusCode code) {
   static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
                                  "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
                                  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
                                  "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
                                  "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
                                  "UNAUTHENTICATED"};
-  const int code = static_cast<int>(status.error_code());
-  std::fprintf(stderr, "%s: %s\n", code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN",
+  const int c = static_cast<int>(code);
+  return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";
+}
+
+int ReportError(const grpc::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", CodeName(status.error_code()).c_str(),
                status.error_message().c_str());
   return 1;
 }

@@ -37,6 +37,9 @@ void AddToken(const std::string& token, grpc::ClientContext& context);
 // A FP32 tensor of the given shape filled with N(0, 0.5^2) values.
 v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen);
 
+// "INVALID_ARGUMENT", "UNAVAILABLE", ...
+std::string CodeName(grpc::StatusCode code);
+
 // Prints "CODE: message" to stderr and returns 1 (the exit code).
 int ReportError(const grpc::Status& status);
 
