@@ -2,7 +2,8 @@
 # The test command: installs what is missing, builds, and runs every test
 # through ctest: unit tests, the PyTorch parity battery (through mha_run and
 # through the server), the server and client tests against the real
-# binaries. Then all of it again on a build with AddressSanitizer and
+# binaries. Then the deploy test (tests/deploy: Docker image, compose stacks,
+# manifests). Then all of it again on a build with AddressSanitizer and
 # UndefinedBehaviorSanitizer (build-asan/), which must be clean: the C++ tests
 # abort on a report, and the Python tests fail when a server's stderr has one.
 set -euo pipefail
@@ -11,6 +12,9 @@ root="$here/../.."
 bash "$here/install_deps.sh"
 bash "$here/build.sh"
 (cd "$root/build" && ctest --output-on-failure --timeout 1800)
+
+echo "== deploy: Docker image, compose + Prometheus, replicas behind nginx, K8s manifests"
+bash "$root/tests/deploy/deploy_test.sh"
 
 echo "== sanitizer build (address, undefined)"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# The deploy test (part of the test command): builds the Docker image and
+# runs it, brings up the compose stack with Prometheus and the replicated
+# stack behind nginx, and lints/validates every deploy artifact.
+#   - installs what is missing (docker.io, docker-compose, debootstrap,
+#     yamllint, nodejs/npm) with apt-get;
+#   - uses a running Docker engine, or starts its own dockerd (state in
+#     $MHA_DOCKER_DIR, default /var/tmp/mha-docker, which keeps the layer cache)
+#     and stops it at the end;
+#   - makes a local debian:bookworm base with debootstrap when absent (no
+#     registry is needed);
+#   - removes the containers, networks and volumes it made, and stops only
+#     the processes it started. Images stay as build cache.
+# Needs root (dockerd) and a built ./build/mha_client (the test command
+# builds it first).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+here="$root/tests/deploy"
+client="$root/build/mha_client"
+state="${MHA_DOCKER_DIR:-/var/tmp/mha-docker}"
+project="mhadeploy$$"
+mkdir -p "$state/data" "$state/exec"
+export PATH="/usr/bin:$PATH"  # Debian's docker client (with BuildKit), not another one first on PATH
+export DOCKER_BUILDKIT=1 COMPOSE_DOCKER_CLI_BUILD=1
+
+step() { echo "== deploy: $*"; }
+fail() { echo "FAIL deploy: $*" >&2; exit 1; }
+quiet() {  # quiet CMD...: runs CMD, shows its output only when it fails
+  "$@" >"$state/last.log" 2>&1 || { tail -40 "$state/last.log"; fail "$*"; }
+}
+[ -x "$client" ] || fail "$client missing: build first (deploy/debian/build.sh)"
+
+# --- packages -------------------------------------------------------------
+missing=()
+for p in docker.io docker-compose debootstrap yamllint curl; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep "install ok installed" >/dev/null || missing+=("$p")
+done
+command -v npm >/dev/null || missing+=(nodejs npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- Docker engine --------------------------------------------------------
+started_dockerd=""
+cleanup() {
+  set +e
+  docker rm -f "$project-single" >/dev/null 2>&1
+  for f in docker-compose.yml docker-compose.replicas.yml; do
+    (cd "$root/deploy/compose" && docker-compose -p "$project" -f "$f" down -v --remove-orphans >/dev/null 2>&1)
+  done
+  if [ -n "$started_dockerd" ]; then
+    kill "$started_dockerd" 2>/dev/null
+    for _ in $(seq 30); do kill -0 "$started_dockerd" 2>/dev/null || break; sleep 1; done
+  fi
+}
+trap cleanup EXIT
+
+if ! docker info >/dev/null 2>&1; then
+  export DOCKER_HOST="unix://$state/docker.sock"
+  if ! docker info >/dev/null 2>&1; then
+    step "starting dockerd (data in $state)"
+    dockerd --data-root "$state/data" --exec-root "$state/exec" -H "$DOCKER_HOST" \
+      --pidfile "$state/dockerd.pid" >"$state/dockerd.log" 2>&1 &
+    started_dockerd=$!
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    docker info >/dev/null 2>&1 || { tail -20 "$state/dockerd.log"; fail "dockerd did not start"; }
+  fi
+fi
+
+# --- local base image -----------------------------------------------------
+if ! docker image inspect debian:bookworm >/dev/null 2>&1; then
+  step "making debian:bookworm with debootstrap"
+  rootfs="$(mktemp -d)"
+  debootstrap --variant=minbase bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* "$rootfs/etc/apt/sources.list"
+  cp "$here/debian.sources" "$rootfs/etc/apt/sources.list.d/debian.sources"
+  tar -C "$rootfs" -c . | docker import - debian:bookworm >/dev/null
+  rm -rf "$rootfs"
+fi
+
+# --- lint and validate the artifacts --------------------------------------
+step "dockerfilelint, yamllint, kubernetes schemas"
+node_dir="$state/node"
+mkdir -p "$node_dir"
+cp "$here/package.json" "$here/package-lock.json" "$node_dir/"
+(cd "$node_dir" && quiet npm ci --no-audit --no-fund)
+"$node_dir/node_modules/.bin/dockerfilelint" "$root/Dockerfile" "$root"/deploy/compose/*/Dockerfile
+yamllint --strict -c "$root/deploy/.yamllint" "$root/deploy"
+MHA_NODE_MODULES="$node_dir/node_modules" node "$here/validate_k8s.mjs" "$root/deploy/k8s"
+
+# --- the image ------------------------------------------------------------
+step "docker build"
+quiet docker build -t mha-serve:latest "$root"
+docker run --rm --entrypoint sh mha-serve:latest -c \
+  'test "$(id -u)" = 10001 && ! command -v g++ && ! command -v cc && ! ls /var/lib/apt/lists/*_Packages' \
+  >/dev/null 2>&1 || fail "image runs as root, has a compiler or keeps apt lists"
+echo "image size: $(docker image inspect -f '{{.Size}}' mha-serve:latest | awk '{printf "%.0f MB", $1/1e6}')"
+
+step "docker run (read-only root, non-root) + mha_client + /metrics"
+docker run -d --name "$project-single" --read-only -p 127.0.0.1::50051 -p 127.0.0.1::9464 \
+  mha-serve:latest >/dev/null
+grpc="$(docker port "$project-single" 50051/tcp | head -1)"
+metrics="$(docker port "$project-single" 9464/tcp | head -1)"
+for _ in $(seq 40); do "$client" health --target "$grpc" >/dev/null 2>&1 && break; sleep 0.25; done
+"$client" health --target "$grpc"
+"$client" models --target "$grpc" | grep "^demo .*READY" >/dev/null || fail "demo model not READY"
+"$client" attend --target "$grpc" --model demo --random | grep "output \[1, 16, 256\]" >/dev/null ||
+  fail "attend on the container"
+curl -sf "http://$metrics/metrics" | grep '^mha_requests_total{code="OK",model="demo"} 1$' >/dev/null ||
+  fail "/metrics does not count the request"
+for _ in $(seq 40); do
+  [ "$(docker inspect -f '{{.State.Health.Status}}' "$project-single")" = healthy ] && break
+  sleep 0.5
+done
+[ "$(docker inspect -f '{{.State.Health.Status}}' "$project-single")" = healthy ] || fail "HEALTHCHECK"
+docker stop -t 30 "$project-single" >/dev/null
+[ "$(docker inspect -f '{{.State.ExitCode}}' "$project-single")" = 0 ] || fail "exit code on SIGTERM"
+docker rm "$project-single" >/dev/null
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+prom_value() {  # prom_value QUERY: the first sample's value, or 0
+  curl -sf --get "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/query" --data-urlencode "query=$1" |
+    python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)'
+}
+export MHA_GRPC_PORT="$(free_port)" MHA_METRICS_PORT="$(free_port)" PROMETHEUS_PORT="$(free_port)"
+
+step "promtool: config, rules, rule unit tests"
+quiet docker build -t mha-serve-prometheus:latest "$root/deploy/compose/prometheus"
+docker run --rm -v "$root/deploy/compose/prometheus:/rules:ro" --entrypoint sh mha-serve-prometheus:latest -c \
+  'promtool check config /etc/prometheus/prometheus.yml && promtool check rules /rules/alerts.yml &&
+   cd /rules && promtool test rules alerts_test.yml'
+
+step "compose: server + Prometheus"
+cd "$root/deploy/compose"
+quiet docker-compose -p "$project" up -d --build
+for _ in $(seq 60); do [ "$(prom_value 'up{job="mha-serve"}')" = 1 ] && break; sleep 1; done
+[ "$(prom_value 'up{job="mha-serve"}')" = 1 ] || fail "Prometheus does not see the server up"
+curl -sf "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/rules" | grep MhaModelNotLoaded >/dev/null || fail "alert rules not loaded"
+before="$(prom_value 'sum(mha_requests_total)')"
+"$client" load --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --concurrency 2 --requests 25 >/dev/null
+for _ in $(seq 60); do
+  after="$(prom_value 'sum(mha_requests_total)')"
+  python3 -c "import sys; sys.exit(0 if float('$after') >= float('$before') + 25 else 1)" && break
+  sleep 1
+done
+echo "mha_requests_total through Prometheus: $before -> $after"
+python3 -c "import sys; sys.exit(0 if float('$after') >= float('$before') + 25 else 1)" ||
+  fail "mha_requests_total did not rise by 25 in Prometheus"
+quiet docker-compose -p "$project" down -v
+
+step "compose: 3 replicas behind nginx (gRPC, L7)"
+quiet docker-compose -p "$project" -f docker-compose.replicas.yml up -d --build --scale mha=3
+for _ in $(seq 40); do "$client" health --target "127.0.0.1:$MHA_GRPC_PORT" >/dev/null 2>&1 && break; sleep 0.5; done
+"$client" load --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --concurrency 4 --requests 60 >/dev/null
+served=0
+for c in $(docker-compose -p "$project" -f docker-compose.replicas.yml ps -q mha); do
+  ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$c")"
+  n="$(curl -sf "http://$ip:9464/metrics" | awk '/^mha_requests_total\{code="OK"/ {s += $2} END {print s + 0}')"
+  echo "replica $ip answered $n requests"
+  [ "$n" -gt 0 ] && served=$((served + 1))
+done
+[ "$served" -ge 2 ] || fail "requests reached $served replica(s), expected more than one"
+echo "deploy test passed"
