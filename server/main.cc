@@ -1,5 +1,6 @@
 // mha_server: serves the models of a repository over gRPC
-// (mha.v1.AttentionService, grpc.health.v1, reflection) with Prometheus
+// (mha.v1.AttentionService, KServe v2 inference.GRPCInferenceService,
+// grpc.health.v1, reflection) with Prometheus
 // metrics on /metrics.
 #include <signal.h>
 
@@ -22,6 +23,7 @@
 #include "engine/status_macros.h"
 #include "server/attention_service.h"
 #include "server/auth.h"
+#include "server/kserve_service.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 
@@ -134,9 +136,11 @@ int Serve() {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  AttentionServiceImpl service(**models, metrics,
-                               RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens)},
-                               *std::move(auth));
+  AttendDispatcher dispatcher(
+      **models, metrics, RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens)},
+      *std::move(auth));
+  AttentionServiceImpl service(dispatcher);
+  KserveServiceImpl kserve(dispatcher);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(HostPort(host, absl::GetFlag(FLAGS_port)),
@@ -148,6 +152,7 @@ int Serve() {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(&service);
+  builder.RegisterService(&kserve);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     std::fprintf(stderr, "mha_server: cannot listen on %s\n",
@@ -163,7 +168,7 @@ int Serve() {
   sigwait(&signals, &received);
   std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
   SetHealth(*server, **models, /*serving=*/false);
-  service.StartDraining();
+  dispatcher.StartDraining();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
   (*models)->Stop();

@@ -34,7 +34,7 @@ prometheus::Histogram::BucketBoundaries PowersOfTwo(int max_exponent) {
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(BuildCounter().Name("mha_requests_total")
-                    .Help("Attend requests answered, by model and gRPC status code")
+                    .Help("Attention requests answered (Attend, ModelInfer), by model, api and gRPC status code")
                     .Register(*registry_)),
       request_duration_(BuildHistogram().Name("mha_request_duration_seconds")
                             .Help("Attend handler in to response out")
@@ -86,8 +86,8 @@ ModelMetrics& Metrics::ForModel(const std::string& model) {
   return *m;
 }
 
-void Metrics::CountRequest(const std::string& model, absl::StatusCode code) {
-  requests_.Add({{"model", model}, {"code", CodeLabel(code)}}).Increment();
+void Metrics::CountRequest(const std::string& model, const char* api, absl::StatusCode code) {
+  requests_.Add({{"model", model}, {"api", api}, {"code", CodeLabel(code)}}).Increment();
 }
 
 void Metrics::CountDropped(const std::string& model, const std::string& reason) {

@@ -39,7 +39,8 @@ class Metrics {
   // Series for `model` (label value as given; unknown names are not passed
   // here, so clients cannot blow up the label cardinality).
   ModelMetrics& ForModel(const std::string& model);
-  void CountRequest(const std::string& model, absl::StatusCode code);
+  // One answered attention call; `api` is kApiMha or kApiKserve.
+  void CountRequest(const std::string& model, const char* api, absl::StatusCode code);
   void CountDropped(const std::string& model, const std::string& reason);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
@@ -60,6 +61,10 @@ class Metrics {
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_;
 };
+
+// Values of the `api` label of mha_requests_total: which front end answered.
+inline constexpr char kApiMha[] = "mha.v1";
+inline constexpr char kApiKserve[] = "kserve.v2";
 
 // The label value used for requests naming no loaded model.
 inline constexpr char kUnknownModelLabel[] = "_unknown";

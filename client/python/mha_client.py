@@ -51,9 +51,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "proto"))
 GEN_DIR = os.path.join(HERE, "gen")
 GENERATE_SCRIPT = os.path.join(HERE, "generate_stubs.sh")
-_PROTOS = ("mha/v1/model_config.proto", "mha/v1/attention.proto")
+_PROTOS = ("mha/v1/model_config.proto", "mha/v1/attention.proto",
+           "inference/grpc_service.proto")
 _STUB_FILES = ("mha/v1/model_config_pb2.py", "mha/v1/attention_pb2.py",
-               "mha/v1/attention_pb2_grpc.py")
+               "mha/v1/attention_pb2_grpc.py", "inference/grpc_service_pb2.py",
+               "inference/grpc_service_pb2_grpc.py")
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the server's default limit
 
 # ----------------------------------------------------------------- stubs
@@ -85,24 +87,41 @@ def _remove_temp_stubs():
         shutil.rmtree(_temp_stub_dir, ignore_errors=True)
 
 
+def _stub_folder():
+    """gen/ when it is fresh, else a temporary folder generated once per
+    process; on sys.path either way."""
+    global _temp_stub_dir
+    folder = GEN_DIR
+    if not _stubs_are_fresh(GEN_DIR):
+        if _temp_stub_dir is None:
+            _temp_stub_dir = tempfile.mkdtemp(prefix="mha_stubs_")
+            atexit.register(_remove_temp_stubs)
+            generate_stubs(_temp_stub_dir)
+        folder = _temp_stub_dir
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return folder
+
+
 def load_stubs():
     """(attention_pb2, attention_pb2_grpc, model_config_pb2), from gen/ when
     it is fresh, else generated once per process into a temporary folder.
     The folder goes on sys.path, so `import mha.v1.attention_pb2` works
     afterwards too."""
-    global _stubs, _temp_stub_dir
+    global _stubs
     if _stubs is None:
-        folder = GEN_DIR
-        if not _stubs_are_fresh(GEN_DIR):
-            _temp_stub_dir = tempfile.mkdtemp(prefix="mha_stubs_")
-            atexit.register(_remove_temp_stubs)
-            generate_stubs(_temp_stub_dir)
-            folder = _temp_stub_dir
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
+        _stub_folder()
         _stubs = tuple(importlib.import_module(f"mha.v1.{m}") for m in
                        ("attention_pb2", "attention_pb2_grpc", "model_config_pb2"))
     return _stubs
+
+
+def load_kserve_stubs():
+    """(grpc_service_pb2, grpc_service_pb2_grpc) of KServe v2
+    (package inference), from the same folder as load_stubs()."""
+    _stub_folder()
+    return tuple(importlib.import_module(f"inference.{m}") for m in
+                 ("grpc_service_pb2", "grpc_service_pb2_grpc"))
 
 
 # ----------------------------------------------------------------- tensors

@@ -108,7 +108,7 @@ for _ in $(seq 40); do "$client" health --target "$grpc" >/dev/null 2>&1 && brea
 "$client" models --target "$grpc" | grep "^demo .*READY" >/dev/null || fail "demo model not READY"
 "$client" attend --target "$grpc" --model demo --random | grep "output \[1, 16, 256\]" >/dev/null ||
   fail "attend on the container"
-curl -sf "http://$metrics/metrics" | grep '^mha_requests_total{code="OK",model="demo"} 1$' >/dev/null ||
+curl -sf "http://$metrics/metrics" | grep '^mha_requests_total{api="mha.v1",code="OK",model="demo"} 1$' >/dev/null ||
   fail "/metrics does not count the request"
 for _ in $(seq 40); do
   [ "$(docker inspect -f '{{.State.Health.Status}}' "$project-single")" = healthy ] && break
@@ -157,7 +157,7 @@ for _ in $(seq 40); do "$client" health --target "127.0.0.1:$MHA_GRPC_PORT" >/de
 served=0
 for c in $(docker-compose -p "$project" -f docker-compose.replicas.yml ps -q mha); do
   ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$c")"
-  n="$(curl -sf "http://$ip:9464/metrics" | awk '/^mha_requests_total\{code="OK"/ {s += $2} END {print s + 0}')"
+  n="$(curl -sf "http://$ip:9464/metrics" | awk '/^mha_requests_total\{.*code="OK"/ {s += $2} END {print s + 0}')"
   echo "replica $ip answered $n requests"
   [ "$n" -gt 0 ] && served=$((served + 1))
 done

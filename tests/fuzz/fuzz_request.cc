@@ -1,6 +1,8 @@
 // libFuzzer target: an AttendRequest decoded from fuzz bytes goes through
 // the server's checks and, when valid, through the engine of a small
-// cross-attention model and a small self-attention model.
+// cross-attention model and a small self-attention model. Built a second
+// time as fuzz_kserve (MHA_FUZZ_KSERVE): the bytes are a KServe v2
+// ModelInferRequest, translated as ModelInfer does first.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -8,6 +10,7 @@
 
 #include "engine/mha_engine.h"
 #include "google/protobuf/stubs/logging.h"
+#include "server/kserve_codec.h"
 #include "server/request_codec.h"
 #include "tests/test_models.h"
 
@@ -57,8 +60,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Model self = MakeModel(8, false);
   static Model cross = MakeModel(6, true);
+#ifdef MHA_FUZZ_KSERVE
+  inference::ModelInferRequest infer;
+  if (!infer.ParseFromArray(data, static_cast<int>(size))) return 0;
+  absl::StatusOr<mha::server::KserveCall> call = mha::server::KserveToAttend(infer);
+  if (!call.ok()) return 0;
+  const mha::v1::AttendRequest& request = call->attend;
+#else
   mha::v1::AttendRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+#endif
   RunOn(self, request);
   RunOn(cross, request);
   return 0;

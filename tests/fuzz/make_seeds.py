@@ -84,6 +84,28 @@ def request_seeds():
     write("fuzz_request", "unbatched", unbatched.SerializeToString())
 
 
+def kserve_seeds():
+    import mha_client
+    kpb, _ = mha_client.load_kserve_stubs()
+    raw = kpb.ModelInferRequest(model_name="m", id="1")
+    raw.inputs.add(name="query", datatype="FP32", shape=[2, 3, 8])
+    raw.raw_input_contents.append(randn(2, 3, 8).tobytes())
+    raw.inputs.add(name="key_padding_mask", datatype="BOOL", shape=[2, 3])
+    raw.raw_input_contents.append((RNG.random((2, 3)) < 0.3).astype(np.uint8).tobytes())
+    raw.parameters["need_weights"].bool_param = True
+    raw.outputs.add(name="attn_weights")
+    write("fuzz_kserve", "raw", raw.SerializeToString())
+    typed = kpb.ModelInferRequest(model_name="m")
+    for name, shape in (("query", [1, 4, 8]), ("key", [1, 5, 6]), ("value", [1, 5, 6]),
+                        ("attn_mask", [4, 5])):
+        t = typed.inputs.add(name=name, datatype="FP32", shape=shape)
+        t.contents.fp32_contents.extend(randn(*shape).reshape(-1).tolist())
+    typed.parameters["is_causal"].bool_param = True
+    typed.parameters["per_head_weights"].bool_param = True
+    write("fuzz_kserve", "typed", typed.SerializeToString())
+
+
 if __name__ == "__main__":
     model_seeds()
     request_seeds()
+    kserve_seeds()

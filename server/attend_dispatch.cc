@@ -1,0 +1,78 @@
+#include "server/attend_dispatch.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace mha::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status AttendDispatcher::Authorize(const grpc::CallbackServerContext& context) const {
+  if (!auth_.enabled()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return auth_.Check("");
+  return auth_.Check(absl::string_view(it->second.data(), it->second.size()));
+}
+
+absl::StatusOr<const ServedModel*> AttendDispatcher::ServingModel(const std::string& name) const {
+  absl::StatusOr<const ServedModel*> model = models_.Find(name);
+  if (!model.ok()) return model;
+  if (!(*model)->load_status.ok()) return (*model)->load_status;
+  return model;
+}
+
+void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
+                                grpc::ServerUnaryReactor* reactor, const std::string& model_name,
+                                const char* api, const Decoder& decode, Responder respond) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<const ServedModel*> found = ServingModel(model_name);
+  // Series exist for the repository's models only: a client naming random
+  // models must not create label values.
+  const bool known = models_.Find(model_name).ok();
+  const std::string label = known ? model_name : kUnknownModelLabel;
+  ModelMetrics* model_metrics = known ? &metrics_.ForModel(label) : nullptr;
+  if (model_metrics != nullptr) model_metrics->inflight->Increment();
+  // Records the outcome and answers; called exactly once per call.
+  auto finish = [this, context, reactor, start, label, api,
+                 model_metrics](const absl::Status& status) {
+    const absl::Duration took = absl::Now() - start;
+    metrics_.CountRequest(label, api, status.code());
+    if (model_metrics != nullptr) {
+      model_metrics->request_duration->Observe(absl::ToDoubleSeconds(took));
+      model_metrics->inflight->Decrement();
+    }
+    context->AddTrailingMetadata(std::string(kServerTimeMetadata),
+                                 std::to_string(absl::ToInt64Microseconds(took)));
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  absl::Status admitted = draining_ ? absl::UnavailableError("server is shutting down")
+                                    : Authorize(*context);
+  if (admitted.ok()) admitted = found.status();
+  if (!admitted.ok()) return finish(admitted);
+  const ServedModel& model = **found;
+  absl::StatusOr<DecodedRequest> decoded = decode(model);
+  if (!decoded.ok()) return finish(decoded.status());
+
+  auto pending = std::make_unique<PendingRequest>(std::move(*decoded));
+  pending->deadline = absl::FromChrono(context->deadline());
+  pending->cancelled = [context] { return context->IsCancelled(); };
+  ResultLayout layout{pending->input.output_dtype, pending->input.output_shape,
+                      pending->input.weights_shape};
+  pending->done = [finish, respond = std::move(respond), layout = std::move(layout),
+                   &model](absl::StatusOr<AttentionResult> result) {
+    if (result.ok()) respond(model, layout, *result);
+    finish(result.status());
+  };
+  const absl::Status queued = model.batcher->Enqueue(pending);
+  if (!queued.ok()) finish(queued);
+}
+
+}  // namespace mha::server

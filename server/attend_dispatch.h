@@ -1,0 +1,81 @@
+// What every attention front end (mha.v1 Attend, KServe v2 ModelInfer)
+// shares: admission (draining, auth, model state), metrics, and the hand-off
+// to the model's batcher. The front ends only translate their wire format.
+#ifndef MHA_SERVER_ATTEND_DISPATCH_H_
+#define MHA_SERVER_ATTEND_DISPATCH_H_
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "server/auth.h"
+#include "server/batcher.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+#include "server/request_codec.h"
+
+namespace mha::server {
+
+// Trailing metadata of every attention answer: microseconds from handler in
+// to response out.
+inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
+
+// The one conversion from absl::Status to grpc::Status.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The shapes a response needs, taken from the decoded request.
+struct ResultLayout {
+  v1::DataType output_dtype = v1::DATA_TYPE_FP32;
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> weights_shape;  // empty unless weights were asked for
+};
+
+// Borrows the repository and the metrics (both outlive the server) and owns
+// the auth check and the draining flag. Thread-safe; one per server, shared
+// by the front ends.
+class AttendDispatcher {
+ public:
+  // Validates a call for the model found; runs on the handler thread.
+  using Decoder = std::function<absl::StatusOr<DecodedRequest>(const ServedModel&)>;
+  // Fills the response from a successful result; runs on a batcher worker.
+  using Responder = std::function<void(const ServedModel&, const ResultLayout&,
+                                       const AttentionResult&)>;
+
+  AttendDispatcher(const ModelRepository& models, Metrics& metrics, RequestLimits limits,
+                   BearerAuth auth = {})
+      : models_(models), metrics_(metrics), limits_(limits), auth_(std::move(auth)) {}
+
+  // After this, new attention calls get UNAVAILABLE and readiness is false.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_; }
+
+  const ModelRepository& models() const { return models_; }
+  const RequestLimits& limits() const { return limits_; }
+
+  // The call's bearer token checked against --auth_token_file.
+  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
+  // Finds a serving model or says why not (NOT_FOUND, FAILED_PRECONDITION).
+  absl::StatusOr<const ServedModel*> ServingModel(const std::string& name) const;
+
+  // Admits, decodes, enqueues and returns at once; `reactor` is finished
+  // exactly once, on this thread when the call is refused, else on the worker
+  // after `respond`. `api` labels mha_requests_total.
+  void Dispatch(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                const std::string& model_name, const char* api, const Decoder& decode,
+                Responder respond);
+
+ private:
+  const ModelRepository& models_;
+  Metrics& metrics_;
+  const RequestLimits limits_;
+  const BearerAuth auth_;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_ATTEND_DISPATCH_H_

@@ -1,0 +1,49 @@
+// inference.GRPCInferenceService (KServe v2 / Open Inference Protocol) on the
+// same port as mha.v1: ModelInfer runs through the same dispatcher, batcher
+// and engine as Attend.
+#ifndef MHA_SERVER_KSERVE_SERVICE_H_
+#define MHA_SERVER_KSERVE_SERVICE_H_
+
+#include "grpcpp/grpcpp.h"
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/attend_dispatch.h"
+
+namespace mha::server {
+
+// Borrows the dispatcher (which outlives the server). Liveness and readiness
+// RPCs stay open like grpc.health.v1; metadata and inference need the bearer
+// token when one is configured. Thread-safe.
+class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  explicit KserveServiceImpl(AttendDispatcher& dispatcher) : dispatcher_(dispatcher) {}
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+
+ private:
+  // The model named, when `version` is empty or "1" (NOT_FOUND otherwise).
+  absl::StatusOr<const ServedModel*> FindVersion(const std::string& name,
+                                                 const std::string& version) const;
+
+  AttendDispatcher& dispatcher_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_KSERVE_SERVICE_H_
