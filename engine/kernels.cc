@@ -8,9 +8,14 @@
 #include <limits>
 
 // Each hot loop is compiled for AVX-512, AVX2 and the baseline; the loader
-// picks the best the CPU has.
+// picks the best the CPU has. Not under ThreadSanitizer: the loader runs the
+// (instrumented) resolvers before the TSan runtime exists and crashes.
+#if defined(__SANITIZE_THREAD__)
+#define MHA_MULTIVERSION
+#else
 #define MHA_MULTIVERSION \
   __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 namespace mha {
 namespace {

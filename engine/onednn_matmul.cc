@@ -57,7 +57,7 @@ void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src,
 std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
   const std::string key = s.Key();
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
   }
@@ -68,13 +68,13 @@ std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
   created->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst),
                                              MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (cache_.size() >= kMaxEntries) cache_.clear();
   return cache_.try_emplace(key, std::move(created)).first->second;
 }
 
 size_t MatmulCache::size() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return cache_.size();
 }
 
@@ -106,7 +106,7 @@ dnnl::matmul::primitive_desc LinearLayer::MakePd(
 
 std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) const {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = by_m_.find(m);
     if (it != by_m_.end()) return it->second;
   }
@@ -114,7 +114,7 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   created->pd = MakePd(m, weights_.get_desc());
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (by_m_.size() >= kMaxEntries) by_m_.clear();
   return by_m_.try_emplace(m, std::move(created)).first->second;
 }

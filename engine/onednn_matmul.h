@@ -6,12 +6,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/workspace.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -56,7 +56,9 @@ class MatmulCache {
  private:
   static constexpr size_t kMaxEntries = 4096;
   dnnl::engine engine_;
-  mutable absl::Mutex mu_;
+  // std::mutex, not absl::Mutex: Debian's libabsl is not built with
+  // ThreadSanitizer, which then cannot see its locks (see the TSan build).
+  mutable std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const MatmulPrimitive>> cache_
       ABSL_GUARDED_BY(mu_);
 };
@@ -86,7 +88,7 @@ class LinearLayer {
   dt act_dt_, dst_dt_;
   dnnl::memory weights_;
   dnnl::memory bias_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;  // std::mutex for TSan, as in MatmulCache
   mutable absl::flat_hash_map<int64_t, std::shared_ptr<const MatmulPrimitive>> by_m_
       ABSL_GUARDED_BY(mu_);
 };

@@ -32,8 +32,15 @@ absl::Status Batcher::Enqueue(std::unique_ptr<PendingRequest>& request) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", options_.max_queue_size, " requests waiting)"));
   }
+  if (queued_bytes_ + request->input.bytes > options_.max_queue_bytes) {
+    all_metrics_.CountDropped(model_, "queue_full");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this request ",
+        request->input.bytes, ", limit ", options_.max_queue_bytes, ")"));
+  }
   request->enqueued = absl::Now();
   queued_tokens_ += request->input.tokens;
+  queued_bytes_ += request->input.bytes;
   queue_.push_back(std::move(request));
   metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
   cv_.notify_one();
@@ -86,6 +93,7 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
     }
     tokens += (*it)->input.tokens;
     queued_tokens_ -= (*it)->input.tokens;
+    queued_bytes_ -= (*it)->input.bytes;
     batch.push_back(std::move(*it));
     it = queue_.erase(it);
     if (!options_.enabled) break;

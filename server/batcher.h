@@ -25,6 +25,7 @@ struct BatcherOptions {
   int64_t max_batch_tokens = 8192;   // query + key tokens per engine call
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
+  int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
   int workers = 1;                   // threads calling the engine
   int compute_threads = 0;           // threads per engine call (0: all cores / workers)
 };
@@ -82,6 +83,7 @@ class Batcher {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<PendingRequest>> queue_;  // guarded by mu_
   int64_t queued_tokens_ = 0;                          // guarded by mu_
+  int64_t queued_bytes_ = 0;                           // guarded by mu_
   bool stopping_ = false;                              // guarded by mu_
   std::vector<std::thread> workers_;
 };

@@ -143,6 +143,10 @@ absl::StatusOr<DecodedRequest> DecodeAttendRequest(const v1::AttendRequest& requ
     return absl::ResourceExhaustedError(absl::StrCat(
         "request has ", d.tokens, " query + key tokens, the limit is ", limits.max_tokens));
   }
+  for (const v1::Tensor* t : {&request.query(), &request.key(), &request.value(),
+                              &request.key_padding_mask(), &request.attn_mask()}) {
+    d.bytes += static_cast<int64_t>(t->data().size());
+  }
   d.output_dtype = request.query().dtype();
   d.output_shape = d.batch.OutputShape();
   d.need_weights = request.need_weights();

@@ -32,6 +32,7 @@ struct DecodedRequest {
   bool need_weights = false;
   bool per_head_weights = false;
   int64_t tokens = 0;  // query rows + key rows
+  int64_t bytes = 0;   // tensor bytes as sent (what the queue limit counts)
 };
 
 // One wire tensor as an engine tensor. `field` names it in errors, e.g.

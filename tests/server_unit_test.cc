@@ -5,6 +5,7 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <thread>
 
 #include "engine/mha_engine.h"
 #include "gmock/gmock.h"
@@ -228,6 +229,57 @@ TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
   EXPECT_EQ(c.get().status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(a.get().ok());
   EXPECT_TRUE(b.get().ok());
+}
+
+TEST_F(BatcherTest, QueuedBytesLimitRefusesWhatWouldPassIt) {
+  BatcherOptions options;
+  options.max_queue_delay = absl::Milliseconds(300);  // the first two wait together
+  options.max_queue_bytes = 2 * 3 * 24 * 4 + 10;     // two [1, 3, 24] f32 queries
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  auto a = Submit(batcher, Request(3, 1));
+  auto b = Submit(batcher, Request(3, 2));
+  auto c = Submit(batcher, Request(3, 3));
+  const absl::Status refused = c.get().status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("576 bytes waiting, this request 288"));
+  EXPECT_TRUE(a.get().ok());
+  EXPECT_TRUE(b.get().ok());
+  // Computed requests give their bytes back.
+  EXPECT_TRUE(Submit(batcher, Request(3, 4)).get().ok());
+}
+
+// Many client threads against two workers, with metrics read meanwhile: the
+// threading the server has, without gRPC (the ThreadSanitizer build runs it).
+TEST_F(BatcherTest, ManyThreadsAndWorkersGetTheirOwnAnswers) {
+  BatcherOptions options;
+  options.workers = 2;
+  options.compute_threads = 1;
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done) BatchCount();
+  });
+  std::vector<std::thread> clients;
+  std::atomic<int> correct{0};
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < 12; ++i) {
+        const v1::AttendRequest r = Request(1 + (t + i) % 7, 100 * t + i, i % 3 == 0);
+        absl::StatusOr<AttentionResult> got = Submit(batcher, r).get();
+        if (!got.ok()) continue;
+        const std::vector<float> expected = Alone(r);
+        bool same = got->output.size() == expected.size();
+        for (size_t j = 0; same && j < expected.size(); ++j) {
+          same = std::fabs(got->output[j] - expected[j]) <= 1e-5f;
+        }
+        correct += same;
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  done = true;
+  reader.join();
+  EXPECT_EQ(correct, 4 * 12);
 }
 
 TEST_F(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {

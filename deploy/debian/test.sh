@@ -6,6 +6,8 @@
 # manifests). Then all of it again on a build with AddressSanitizer and
 # UndefinedBehaviorSanitizer (build-asan/), which must be clean: the C++ tests
 # abort on a report, and the Python tests fail when a server's stderr has one.
+# Then the engine and batcher tests on a ThreadSanitizer build (build-tsan/),
+# and the libFuzzer targets (build-fuzz/).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/../.."
@@ -23,6 +25,18 @@ cmake --build "$root/build-asan" -j "$(nproc)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd "$root/build-asan" && ctest --output-on-failure --timeout 1800)
+
+echo "== ThreadSanitizer build: the engine and batcher tests (ctest -L threads)"
+# Debian's libgomp, gRPC and Abseil are not built with TSan, so what crosses
+# them cannot be checked: this build runs the tests that drive our threads
+# (concurrent engine runs, many clients against batcher workers) with one
+# OpenMP thread per call; tests/tsan.supp lists only those libraries.
+cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_SANITIZE=thread \
+  >/dev/null
+cmake --build "$root/build-tsan" -j "$(nproc)" --target engine_test server_unit_test
+(cd "$root/build-tsan" &&
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
+  OMP_NUM_THREADS=1 ctest --output-on-failure --timeout 1800 -L threads)
 
 echo "== fuzzing (libFuzzer, clang, ASan + UBSan): each target for a bounded time"
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
