@@ -12,6 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/mha_engine.h"
@@ -25,6 +26,9 @@ ABSL_FLAG(int, rounds, 3,
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "compute types to run");
 ABSL_FLAG(std::string, shapes, "", "only shapes whose name contains this");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
+ABSL_FLAG(std::string, seq_lengths, "",
+          "instead of the standard shapes: self-attention B=1 E=512 h=8 at these lengths, "
+          "e.g. 128,1024,16384");
 ABSL_FLAG(int64_t, max_score_bytes, mha::EngineOptions{}.max_score_bytes,
           "EngineOptions::max_score_bytes");
 
@@ -97,15 +101,16 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// `ceiling` is the matmul rate measured next to this shape, in GFLOP/s.
+// `ceiling` is the matmul rate measured next to this shape, in GFLOP/s;
+// `scratch` the bytes the workspace held after the runs.
 void Report(const std::string& what, const std::string& dtype, double seconds, double flops,
-            double ceiling) {
+            double ceiling, size_t scratch) {
   const double rate = flops / seconds * 1e-9;
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
         "{\"name\": \"%s\", \"dtype\": \"%s\", \"ms\": %.5f, \"gflops\": %.2f, "
-        "\"matmul_gflops\": %.2f}\n",
-        what.c_str(), dtype.c_str(), seconds * 1e3, rate, ceiling);
+        "\"matmul_gflops\": %.2f, \"scratch_mb\": %.1f}\n",
+        what.c_str(), dtype.c_str(), seconds * 1e3, rate, ceiling, scratch / 1048576.0);
   } else {
     std::printf("%-28s %-5s %10.4f ms %7.1f GFLOP/s  %4.0f %% of matmul (%.0f)\n", what.c_str(),
                 dtype.c_str(), seconds * 1e3, rate, 100 * rate / ceiling, ceiling);
@@ -176,7 +181,8 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
       if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
     }));
   }
-  Report(s.name, bf16 ? "bf16" : "f32", Median(seconds), Flops(s), Median(ceilings));
+  Report(s.name, bf16 ? "bf16" : "f32", Median(seconds), Flops(s), Median(ceilings),
+         ws->bytes_held());
 }
 
 }  // namespace
@@ -185,10 +191,22 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string filter = absl::GetFlag(FLAGS_shapes);
+  std::vector<mha::Shape> shapes = mha::StandardShapes();
+  if (!absl::GetFlag(FLAGS_seq_lengths).empty()) {
+    shapes.clear();
+    for (absl::string_view l : absl::StrSplit(absl::GetFlag(FLAGS_seq_lengths), ',')) {
+      int64_t len = 0;
+      if (!absl::SimpleAtoi(l, &len) || len <= 0) {
+        std::fprintf(stderr, "--seq_lengths: bad length '%s'\n", std::string(l).c_str());
+        return 2;
+      }
+      shapes.push_back({absl::StrFormat("seq_l%d_e512_h8", len), 1, len, 0, 512, 8});
+    }
+  }
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
     const bool bf16 = dtype == "bf16";
     mha::MatmulCeiling ceiling(bf16);
-    for (const mha::Shape& s : mha::StandardShapes()) {
+    for (const mha::Shape& s : shapes) {
       if (s.name.find(filter) == std::string::npos) continue;
       mha::BenchShape(s, bf16, ceiling);
     }

@@ -57,7 +57,11 @@ def make_case(batch, q_len, kv_len, e, heads):
 
 
 def bench_all(args, report):
-    for name, batch, q_len, kv_len, e, heads in SHAPES:
+    shapes = SHAPES
+    if args.seq_lengths:
+        shapes = [(f"seq_l{n}_e512_h8", 1, n, 0, 512, 8)
+                  for n in map(int, args.seq_lengths.split(","))]
+    for name, batch, q_len, kv_len, e, heads in shapes:
         if args.shapes not in name:
             continue
         call = make_case(batch, q_len, kv_len, e, heads)
@@ -81,6 +85,8 @@ def main():
     parser.add_argument("--min_reps", type=int, default=10)
     parser.add_argument("--min_seconds", type=float, default=1.0)
     parser.add_argument("--shapes", default="")
+    parser.add_argument("--seq_lengths", default="",
+                        help="instead of SHAPES: self-attention B=1 E=512 h=8 at these lengths")
     args = parser.parse_args()
     if args.mode == "best":
         torch.set_num_threads(args.threads)

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""Soak benchmark (not part of the test command): sends many requests to a
+real mha_server with mha_client's load generator and samples the server's
+resident memory every second. Passes when no request failed and RSS grew
+less than 5 % from the end of warm-up (the first 10 % of the run) to the end.
+
+    /usr/bin/python3 tests/bench/soak.py --requests 1000000
+    /usr/bin/python3 tests/bench/soak.py --requests 100000 --concurrency 16 --len_range 16:64
+
+Prints a summary and writes it as JSON to --out (default soak.json).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+from local_server import LocalServer  # noqa: E402
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", default=os.path.join(ROOT, "build", "mha_server"))
+    parser.add_argument("--client", default=os.path.join(ROOT, "build", "mha_client"))
+    parser.add_argument("--repository", default=os.path.join(ROOT, "models"))
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--len_range", default="16:64")
+    parser.add_argument("--out", default="soak.json")
+    args = parser.parse_args()
+
+    samples = []  # (seconds since start, RSS MB)
+    with LocalServer(args.server, args.repository) as server:
+        pid, start = server.process.pid, time.monotonic()
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append((time.monotonic() - start, rss_mb(pid)))
+                stop.wait(1.0)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        load = subprocess.run(
+            [args.client, "load", f"--target={server.target()}", "--model=demo", "--json",
+             f"--requests={args.requests}", f"--concurrency={args.concurrency}",
+             f"--len_range={args.len_range}", "--deadline_ms=30000", "--duration=100000s"],
+            capture_output=True, text=True)
+        stop.set()
+        sampler.join()
+        samples.append((time.monotonic() - start, rss_mb(pid)))
+    if load.returncode != 0:
+        sys.exit(f"load generator failed: {load.stderr}")
+    report = json.loads(load.stdout)
+    duration = samples[-1][0]
+    warm = [mb for t, mb in samples if t >= 0.1 * duration]
+    summary = {
+        "requests": args.requests, "concurrency": args.concurrency,
+        "len_range": args.len_range, "seconds": round(duration, 1),
+        "load": report,
+        "rss_mb_after_warmup": round(warm[0], 1), "rss_mb_end": round(samples[-1][1], 1),
+        "rss_mb_max": round(max(mb for _, mb in samples), 1),
+        "server_exit_code": server.exit_code,
+    }
+    summary["rss_growth_percent"] = round(
+        100 * (summary["rss_mb_end"] - summary["rss_mb_after_warmup"])
+        / summary["rss_mb_after_warmup"], 2)
+    with open(args.out, "w") as f:
+        json.dump({"summary": summary, "rss_samples": samples}, f, indent=1)
+    print(json.dumps(summary, indent=1))
+    failed = sum(report.get("errors", {}).values())
+    ok = failed == 0 and summary["rss_growth_percent"] < 5 and server.exit_code == 0
+    print("soak", "passed" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
