@@ -266,15 +266,18 @@ void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, 
   }
 }
 
-void AverageHeads(const float* probs, int64_t heads, int64_t rows, int64_t cols,
-                  float* weights) {
+void AccumulateHeadMean(const float* probs, int64_t heads, int64_t total_heads, int64_t rows,
+                        int64_t cols, bool first, float* weights) {
   const int64_t n = rows * cols;
-  const float inv = 1.0f / static_cast<float>(heads);
-  for (int64_t i = 0; i < n; ++i) weights[i] = probs[i];
-  for (int64_t h = 1; h < heads; ++h) {
-    for (int64_t i = 0; i < n; ++i) weights[i] += probs[h * n + i];
+  const float inv = 1.0f / static_cast<float>(total_heads);
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* head = probs + h * n;
+    if (first && h == 0) {
+      for (int64_t i = 0; i < n; ++i) weights[i] = head[i] * inv;
+    } else {
+      for (int64_t i = 0; i < n; ++i) weights[i] += head[i] * inv;
+    }
   }
-  for (int64_t i = 0; i < n; ++i) weights[i] *= inv;
 }
 
 }  // namespace mha

@@ -73,9 +73,11 @@ void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_
 void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
                       int64_t rows, int64_t cols, int64_t dv);
 
-// weights[r, c] = mean over heads of probs[h, r, c].
-void AverageHeads(const float* probs, int64_t heads, int64_t rows, int64_t cols,
-                  float* weights);
+// weights[r, c] (+)= sum over `heads` of probs[h, r, c] / total_heads:
+// the mean over all heads when they come in several chunks (`first`
+// overwrites, later chunks add).
+void AccumulateHeadMean(const float* probs, int64_t heads, int64_t total_heads, int64_t rows,
+                        int64_t cols, bool first, float* weights);
 
 }  // namespace mha
 

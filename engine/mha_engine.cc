@@ -20,6 +20,9 @@ size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
 // plain loops: below it a oneDNN call's fixed cost dominates.
 constexpr int64_t kSmallAttentionMacs = int64_t{1} << 18;
 
+// A block takes all heads at once only if it still gets this many query rows.
+constexpr int64_t kMinBlockRows = 64;
+
 std::vector<uint8_t> RowInType(const std::vector<float>& row, dt type) {
   std::vector<uint8_t> bytes(row.size() * ActSize(type));
   if (type == dt::bf16) {
@@ -96,9 +99,11 @@ struct MhaEngine::TokenMajor {
   int64_t ldq = 0, ldk = 0, ldv = 0;  // row strides in elements
 };
 
-// `count` consecutive sequences of equal lengths, query rows [row0, row0+rows).
+// `count` consecutive sequences of equal lengths, query rows [row0, row0+rows),
+// heads [head0, head0+heads).
 struct MhaEngine::Block {
   int64_t first_seq = 0, count = 1;
+  int64_t head0 = 0, heads = 1;
   int64_t q_len = 0, kv_len = 0;  // kv_len counts the appended key positions
   int64_t row0 = 0, rows = 0;
   int64_t weights_offset = 0;  // first sequence's weights in the output
@@ -153,8 +158,18 @@ int64_t MhaEngine::ScoreCap() const {
 
 int64_t MhaEngine::RowsPerBlock(int64_t q_len, int64_t kv_len) const {
   if (kv_len == 0) return std::max<int64_t>(1, q_len);
-  const int64_t fit = std::max<int64_t>(1, ScoreCap() / (dims_.num_heads * kv_len));
-  return std::max<int64_t>(1, std::min(q_len, fit));
+  const int64_t all_heads = ScoreCap() / (dims_.num_heads * kv_len);
+  if (all_heads >= std::min(q_len, kMinBlockRows)) {
+    return std::max<int64_t>(1, std::min(q_len, all_heads));
+  }
+  // Few rows would fit for all heads at once: every key would be read again
+  // for each handful of rows. Take more rows and fewer heads per block.
+  return std::max<int64_t>(1, std::min(q_len, ScoreCap() / kv_len));
+}
+
+int64_t MhaEngine::HeadsPerBlock(int64_t rows, int64_t kv_len) const {
+  if (kv_len == 0) return dims_.num_heads;
+  return std::clamp<int64_t>(ScoreCap() / (rows * kv_len), 1, dims_.num_heads);
 }
 
 std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const {
@@ -306,18 +321,25 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
            kv_len(b + block.count) == block.kv_len) {
       ++block.count;
     }
-    // A long sequence is processed in blocks of query rows.
+    // A long sequence is processed in blocks of query rows (and heads).
     const int64_t row_cap = RowsPerBlock(block.q_len, block.kv_len);
+    const int64_t head_cap = HeadsPerBlock(row_cap, block.kv_len);
     for (int64_t row0 = 0; row0 < block.q_len; row0 += row_cap) {
       block.row0 = row0;
       block.rows = std::min(row_cap, block.q_len - row0);
-      Attend(block, p, batch, out, ws);
+      for (int64_t head0 = 0; head0 < h; head0 += head_cap) {
+        block.head0 = head0;
+        block.heads = std::min(head_cap, h - head0);
+        Attend(block, p, batch, out, ws);
+      }
     }
     b += block.count;
     weights_offset += block.count * (out.per_head_weights ? per_seq : per_seq / h);
   }
   const int64_t vw = dims_.v_width(), act = static_cast<int64_t>(ActSize(act_dt_));
-  auto* context = ws.Get<uint8_t>(Workspace::kContext, total_q * vw * act);
+  // The token-major projections are dead once split into heads: their
+  // buffer takes the merged context (bounds scratch memory at long lengths).
+  auto* context = ws.Get<uint8_t>(Workspace::kProjQ, total_q * vw * act);
   for (int64_t b = 0; b < n; ++b) {
     const int64_t len = q_off[b + 1] - q_off[b];
     const HeadLayout layout{h, dims_.v_head_dim * act, len, RowsPerBlock(len, kv_len(b))};
@@ -333,36 +355,39 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
 
 void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatch& batch,
                        const AttentionOutputs& out, Workspace& ws) const {
-  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
-  const int64_t b = blk.first_seq, g = blk.count, rows = blk.rows, s = blk.kv_len;
+  const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
+  const int64_t gh = blk.count * blk.heads;  // count > 1 only with all heads
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
-  // The block's rows of q and context: [g * h, rows, d], contiguous.
-  const int64_t q_elem = (batch.q_offsets[b] + blk.row0) * dims_.qk_width();
-  const int64_t ctx_elem = (batch.q_offsets[b] + blk.row0) * dims_.v_width();
+  // The block's q and context: [gh, rows, d], contiguous (the row block's
+  // [h, rows, d] from head0 on).
+  const int64_t row_start = batch.q_offsets[b] + blk.row0;
+  const int64_t q_elem = row_start * dims_.qk_width() + blk.head0 * rows * dqk;
+  const int64_t ctx_elem = row_start * dims_.v_width() + blk.head0 * rows * dv;
   if (s == 0) {  // no keys at all: zero probabilities, zero context
-    std::memset(p.context_heads + ctx_elem * act, 0, g * h * rows * dv * act);
+    std::memset(p.context_heads + ctx_elem * act, 0, gh * rows * dv * act);
     return;
   }
   // Blocks this small cost more in oneDNN call overhead than in arithmetic.
-  const bool small = g * h * rows * s * (dqk + dv) <= kSmallAttentionMacs;
+  const bool small = gh * rows * s * (dqk + dv) <= kSmallAttentionMacs;
   const bool bf16 = act_dt_ == dt::bf16;
-  const uint8_t* k = p.k + p.kv_offsets[b] * dims_.qk_width() * act;
-  const uint8_t* v = p.v + p.kv_offsets[b] * dims_.v_width() * act;
-  // scores[g*h, rows, s] = scale * q . k^T
-  float* scores = ws.Get<float>(Workspace::kScores, g * h * rows * s);
+  const uint8_t* k = p.k + (p.kv_offsets[b] * dims_.qk_width() + blk.head0 * s * dqk) * act;
+  const uint8_t* v = p.v + (p.kv_offsets[b] * dims_.v_width() + blk.head0 * s * dv) * act;
+  // scores[gh, rows, s] = scale * q . k^T
+  float* scores = ws.Get<float>(Workspace::kScores, gh * rows * s);
   if (small && bf16) {
     SmallScoresBf16(reinterpret_cast<const uint16_t*>(p.q + q_elem * act),
-                    reinterpret_cast<const uint16_t*>(k), scores, g * h, rows, s, dqk, Scale());
+                    reinterpret_cast<const uint16_t*>(k), scores, gh, rows, s, dqk, Scale());
   } else if (small) {
     SmallScores(reinterpret_cast<const float*>(p.q + q_elem * act),
-                reinterpret_cast<const float*>(k), scores, g * h, rows, s, dqk, Scale());
+                reinterpret_cast<const float*>(k), scores, gh, rows, s, dqk, Scale());
   } else {
     AttentionScores(blk, p.q + q_elem * act, k, scores, ws);
   }
 
   // The oneDNN bf16 product takes bf16 probabilities; the small loops f32.
   uint16_t* probs_bf16 =
-      bf16 && !small ? ws.Get<uint16_t>(Workspace::kProbsBf16, g * h * rows * s) : nullptr;
+      bf16 && !small ? ws.Get<uint16_t>(Workspace::kProbsBf16, gh * rows * s) : nullptr;
   Softmax(blk, p, batch, scores, probs_bf16);
   if (!out.weights.empty()) WriteWeights(blk, scores, out);
   const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
@@ -370,10 +395,10 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
   uint8_t* context = p.context_heads + ctx_elem * act;
   if (small && bf16) {
     SmallContextBf16(scores, reinterpret_cast<const uint16_t*>(v),
-                     reinterpret_cast<uint16_t*>(context), g * h, rows, s, dv);
+                     reinterpret_cast<uint16_t*>(context), gh, rows, s, dv);
   } else if (small) {
     SmallContext(scores, reinterpret_cast<const float*>(v), reinterpret_cast<float*>(context),
-                 g * h, rows, s, dv);
+                 gh, rows, s, dv);
   } else {
     AttentionContext(blk, probs, v, context, ws);
   }
@@ -381,7 +406,7 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
 
 void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,
                         float* scores, uint16_t* probs_bf16) const {
-  const int64_t h = dims_.num_heads, b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
+  const int64_t h = blk.heads, b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
   const int64_t keys = s - dims_.extra_keys();  // before the appended positions
   for (int64_t i = 0; i < blk.count; ++i) {
     SoftmaxMasks masks;
@@ -391,9 +416,10 @@ void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBat
     const int64_t kv_row = p.kv_offsets[b + i] - (b + i) * dims_.extra_keys();
     if (p.key_padding != nullptr) masks.key_padding = p.key_padding + kv_row;
     if (p.attn_mask != nullptr) {
-      masks.attn = p.attn_mask + batch.attn_mask_offsets[b + i] + blk.row0 * keys;
       masks.attn_row_stride = keys;
       masks.attn_head_stride = batch.attn_mask_per_head ? blk.q_len * keys : 0;
+      masks.attn = p.attn_mask + batch.attn_mask_offsets[b + i] + blk.row0 * keys +
+                   blk.head0 * masks.attn_head_stride;
     }
     MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks,
                   probs_bf16 == nullptr ? nullptr : probs_bf16 + i * h * rows * s);
@@ -402,7 +428,7 @@ void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBat
 
 void MhaEngine::AttentionScores(const Block& blk, const uint8_t* q, const uint8_t* k,
                                 float* scores, Workspace& ws) const {
-  const int64_t gh = blk.count * dims_.num_heads, dqk = dims_.qk_head_dim;
+  const int64_t gh = blk.count * blk.heads, dqk = dims_.qk_head_dim;
   const int64_t rows = blk.rows, s = blk.kv_len;
   MatmulSpec spec;
   spec.src_dt = spec.wei_dt = act_dt_;
@@ -418,7 +444,7 @@ void MhaEngine::AttentionScores(const Block& blk, const uint8_t* q, const uint8_
 
 void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint8_t* v,
                                  uint8_t* context, Workspace& ws) const {
-  const int64_t gh = blk.count * dims_.num_heads, dv = dims_.v_head_dim;
+  const int64_t gh = blk.count * blk.heads, dv = dims_.v_head_dim;
   const int64_t rows = blk.rows, s = blk.kv_len;
   MatmulSpec spec;
   spec.src_dt = spec.wei_dt = spec.dst_dt = act_dt_;
@@ -435,16 +461,17 @@ void MhaEngine::WriteWeights(const Block& blk, const float* probs,
                              const AttentionOutputs& out) const {
   const int64_t h = dims_.num_heads, rows = blk.rows, s = blk.kv_len;
   for (int64_t i = 0; i < blk.count; ++i) {
-    const float* seq_probs = probs + i * h * rows * s;
+    const float* seq_probs = probs + i * blk.heads * rows * s;
     if (out.per_head_weights) {
       float* seq_out = out.weights.data() + blk.weights_offset + i * h * blk.q_len * s;
-      for (int64_t head = 0; head < h; ++head) {
-        std::memcpy(seq_out + (head * blk.q_len + blk.row0) * s,
+      for (int64_t head = 0; head < blk.heads; ++head) {
+        std::memcpy(seq_out + ((blk.head0 + head) * blk.q_len + blk.row0) * s,
                     seq_probs + head * rows * s, sizeof(float) * rows * s);
       }
     } else {
       float* seq_out = out.weights.data() + blk.weights_offset + i * blk.q_len * s;
-      AverageHeads(seq_probs, h, rows, s, seq_out + blk.row0 * s);
+      AccumulateHeadMean(seq_probs, blk.heads, h, rows, s, /*first=*/blk.head0 == 0,
+                         seq_out + blk.row0 * s);
     }
   }
 }

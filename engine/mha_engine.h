@@ -22,7 +22,7 @@ namespace mha {
 struct EngineOptions {
   // Scores of one attention block stay below this: longer sequences run in
   // blocks of query rows, so scratch memory is bounded whatever the length.
-  int64_t max_score_bytes = int64_t{2} << 20;
+  int64_t max_score_bytes = int64_t{8} << 20;
 };
 
 // Owns the packed, reordered weights of one attention layer and the oneDNN
@@ -60,6 +60,8 @@ class MhaEngine {
   // sequence with `kv_len` keys (all of them when they fit).
   int64_t ScoreCap() const;
   int64_t RowsPerBlock(int64_t q_len, int64_t kv_len) const;
+  // Heads per block for blocks of `rows` query rows (all when they fit).
+  int64_t HeadsPerBlock(int64_t rows, int64_t kv_len) const;
   TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
   Projected Project(const AttentionBatch& batch, Workspace& ws) const;
   void Attend(const Block& block, const Projected& p, const AttentionBatch& batch,

@@ -1,5 +1,7 @@
 #include "engine/workspace.h"
 
+#include <algorithm>
+
 namespace mha {
 
 Workspace::Workspace(const dnnl::engine& engine) : stream_(engine) {}
@@ -8,7 +10,8 @@ void* Workspace::Get(Slot slot, size_t bytes) {
   constexpr size_t kAlign = 64;
   Buffer& b = buffers_[slot];
   if (bytes > b.capacity || b.aligned == nullptr) {
-    const size_t capacity = bytes + bytes / 4;  // room to grow a little
+    // Room to grow a little, at most 1 MiB (long sequences stay bounded).
+    const size_t capacity = bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
     b.storage.reset(new uint8_t[capacity + kAlign]);
     const auto address = reinterpret_cast<uintptr_t>(b.storage.get());
     b.aligned = b.storage.get() + ((kAlign - address % kAlign) % kAlign);

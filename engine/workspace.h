@@ -21,7 +21,8 @@ class Workspace {
     kQueryBf16,   // query (or key/value) converted to bf16
     kKeyBf16,
     kValueBf16,
-    kProjQ,       // projected q (or q|k|v fused), token-major
+    kProjQ,       // projected q (or q|k|v fused), token-major; later the
+                  // heads' outputs merged back, [tokens, h*dv]
     kProjK,       // projected k (or k|v fused)
     kProjV,
     kHeadQ,       // q, k, v, context split into heads: [h, len, d] per sequence
@@ -30,7 +31,6 @@ class Workspace {
     kHeadContext,
     kScores,      // scores / probabilities, f32
     kProbsBf16,
-    kContext,     // heads' outputs merged back, [tokens, h*dv]
     kMaskF32,     // masks converted to additive f32
     kKeyPadF32,
     kOnednnScratchpad,

@@ -313,25 +313,34 @@ TEST(EngineMaskTest, NoKeysAtAllGivesOutputBias) {
   ExpectMatchesReference(c, w, b, r, 1e-5f);
 }
 
-// Long sequences run in blocks of query rows (and equal-length sequences in
-// smaller groups) when scores would exceed the budget: same numbers.
+// Long sequences run in blocks of query rows and heads (and equal-length
+// sequences in smaller groups) when scores would exceed the budget: same
+// numbers, and the same weights, averaged or per head.
 TEST(EngineBlockingTest, SmallScoreBudgetGivesSameResults) {
   const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.add_zero_attn = true; });
-  const PackedWeights w = RandomWeights(d, 4);
+  // 15 rows of one head per block; 40 rows (a whole sequence) of 2 heads.
+  const int64_t budgets[] = {15 * 41 * 4, 2 * 40 * 41 * 4};
   for (const AttentionDims& dims : {Dims(24, 3), d}) {
-    Case c{"blocking", dims, {40, 40, 40, 7}, {}, false, MaskKind::kBool, MaskKind::kFloat};
-    c.causal = true;
-    const PackedWeights wd = RandomWeights(dims, 4);
-    const Built b = Build(c, 2);
-    const RunResult whole = RunEngine(*MakeEngine(dims, wd), c, b);
-    EngineOptions tiny;
-    tiny.max_score_bytes = 3 * 5 * 41 * 4;  // five query rows of one sequence
-    const RunResult blocked = RunEngine(*MakeEngine(dims, wd, tiny), c, b);
-    EXPECT_LE(MaxAbsDiff(whole.output.data(), blocked.output.data(), whole.output.size()),
-              1e-6f);
-    EXPECT_LE(MaxAbsDiff(whole.weights.data(), blocked.weights.data(), whole.weights.size()),
-              1e-6f);
-    ExpectMatchesReference(c, wd, b, blocked, 1e-5f);
+    for (const bool per_head : {false, true}) {
+      Case c{"blocking", dims, {40, 40, 40, 7}, {}, false, MaskKind::kBool, MaskKind::kFloat};
+      c.causal = true;
+      c.per_head_weights = per_head;
+      const PackedWeights wd = RandomWeights(dims, 4);
+      const Built b = Build(c, 2);
+      const RunResult whole = RunEngine(*MakeEngine(dims, wd), c, b);
+      for (const int64_t budget : budgets) {
+        SCOPED_TRACE(::testing::Message() << "budget " << budget << " per_head " << per_head);
+        EngineOptions tiny;
+        tiny.max_score_bytes = budget;
+        const RunResult blocked = RunEngine(*MakeEngine(dims, wd, tiny), c, b);
+        EXPECT_LE(MaxAbsDiff(whole.output.data(), blocked.output.data(), whole.output.size()),
+                  1e-6f);
+        EXPECT_LE(
+            MaxAbsDiff(whole.weights.data(), blocked.weights.data(), whole.weights.size()),
+            1e-6f);
+        ExpectMatchesReference(c, wd, b, blocked, 1e-5f);
+      }
+    }
   }
 }
 

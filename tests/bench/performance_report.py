@@ -122,12 +122,12 @@ def sequence_table(ours):
 
 # ---------------------------------------------------------------- server
 
-def server_sweep(args, batching):
-    flags = [] if batching else ["--disable_batching"]
-    prefix = os.path.join(args.out_dir, f".sweep_{'on' if batching else 'off'}")
+def load_sweep(args, flags, len_range="16:128", concurrency=CONCURRENCY):
+    """{concurrency: row of mha_client's sweep CSV} for a server with `flags`."""
+    prefix = os.path.join(args.out_dir, ".sweep")
     with LocalServer(args.mha_server, os.path.join(ROOT, "models"), flags) as server:
         subprocess.run([args.mha_client, "load", f"--target={server.target()}", "--model=demo",
-                        f"--sweep={','.join(map(str, CONCURRENCY))}", "--len_range=16:128",
+                        f"--sweep={','.join(map(str, concurrency))}", f"--len_range={len_range}",
                         f"--duration={args.server_seconds}s", f"--sweep_out={prefix}"],
                        check=True, capture_output=True)
     with open(prefix + ".csv") as f:
@@ -135,6 +135,39 @@ def server_sweep(args, batching):
     for suffix in (".csv", ".svg"):
         os.unlink(prefix + suffix)
     return {int(r["concurrency"]): r for r in rows}
+
+
+def server_sweep(args, batching):
+    return load_sweep(args, [] if batching else ["--disable_batching"])
+
+
+# (--workers, --intra_op_threads) tried, and the loads they are tried on.
+THREAD_CONFIGS = [(1, 2), (2, 1), (1, 1)]
+THREAD_LOADS = [("small, L = 16", "16:16"), ("large, L = 512", "512:512")]
+THREAD_CONCURRENCY = [1, 16]
+
+
+def thread_sweep(args):
+    """{(workers, threads, load name): {concurrency: row}}."""
+    return {(w, t, name): load_sweep(args, [f"--workers={w}", f"--intra_op_threads={t}"],
+                                     lengths, THREAD_CONCURRENCY)
+            for w, t in THREAD_CONFIGS for name, lengths in THREAD_LOADS}
+
+
+def thread_table(results):
+    head = ["--workers", "--intra_op_threads"]
+    for name, _ in THREAD_LOADS:
+        for c in THREAD_CONCURRENCY:
+            head += [f"{name}, c={c}: req/s", "p50 ms"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w, t in THREAD_CONFIGS:
+        cells = [str(w), str(t)]
+        for name, _ in THREAD_LOADS:
+            for c in THREAD_CONCURRENCY:
+                r = results[(w, t, name)][c]
+                cells += [f"{float(r['rps']):.0f}", f"{float(r['p50_ms']):.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def server_table(on, off):
@@ -171,6 +204,8 @@ def main():
     series, ours = sequence_sweep(args)
     print("server", file=sys.stderr, flush=True)
     on, off = server_sweep(args, True), server_sweep(args, False)
+    print("threads", file=sys.stderr, flush=True)
+    threads = thread_sweep(args)
 
     with open(os.path.join(args.out_dir, "perf_seq_len.svg"), "w") as f:
         f.write(line_chart("Self-attention, B=1, E=512, h=8", "sequence length L", "GFLOP/s",
@@ -187,7 +222,7 @@ def main():
     text = TEMPLATE.format(
         date=datetime.date.today().isoformat(), machine=machine(),
         standard=standard_table(std), sequence=sequence_table(ours),
-        server=server_table(on, off), worst=max(ratios), best=min(ratios),
+        server=server_table(on, off), threads=thread_table(threads), worst=max(ratios), best=min(ratios),
         median=statistics.median(ratios))
     with open(os.path.join(args.out_dir, "PERFORMANCE.md"), "w") as f:
         f.write(text)
@@ -221,10 +256,12 @@ best of its two configurations: below 1 is faster (here {best:.2f} to
 ## Sequence length
 
 Self-attention, one sequence, E = 512, h = 8. Ours runs the attention in
-query-row blocks whose scores fit 2 MiB, so its scratch memory stays bounded
-at any length (never the L x L matrix of all heads); PyTorch is measured up
-to L = 4096 (at 16384 it would hold 8.6 GB of scores). Time should grow 4x
-per doubling of L once the L^2 attention dominates.
+blocks of query rows (and, past L = 4096, of heads: at least 64 rows per
+block) whose scores fit 8 MiB, so its scratch memory stays bounded at any
+length (never the L x L matrix of all heads; "scratch" is every buffer the
+engine held, projections included); PyTorch is measured up to L = 4096 (at
+16384 it would hold 8.6 GB of scores). Time should grow 4x per doubling of
+L once the L^2 attention dominates.
 
 ![GFLOP/s against sequence length](perf_seq_len.svg)
 
@@ -241,6 +278,15 @@ machine would see. Batching on: the default continuous batching; off:
 ![Throughput against concurrency](perf_server.svg)
 
 {server}
+
+## Threads
+
+The same server and client with batching on, for each split of the 2 cores
+between engine workers (`--workers`, requests computed at once) and threads
+per engine call (`--intra_op_threads`), on small (L = 16) and large
+(L = 512) requests at 1 and 16 concurrent clients.
+
+{threads}
 """.replace("{rounds_note}", "3 rounds, alternating the programs")
 
 
