@@ -22,7 +22,7 @@ namespace mha {
 struct EngineOptions {
   // Scores of one attention block stay below this: longer sequences run in
   // blocks of query rows, so scratch memory is bounded whatever the length.
-  int64_t max_score_bytes = int64_t{8} << 20;
+  int64_t max_score_bytes = int64_t{4} << 20;
 };
 
 // Owns the packed, reordered weights of one attention layer and the oneDNN

@@ -32,6 +32,14 @@ void AppendOffsets(const std::vector<int64_t>& offsets, std::vector<int64_t>& me
   for (size_t i = 1; i < offsets.size(); ++i) merged.push_back(base + offsets[i]);
 }
 
+// Elements of the attention weights the request asked for (0: none).
+int64_t WeightsElements(const DecodedRequest& r) {
+  if (!r.need_weights) return 0;
+  int64_t n = 1;
+  for (int64_t d : r.weights_shape) n *= d;
+  return n;
+}
+
 }  // namespace
 
 BatchSignature BatchSignature::Of(const DecodedRequest& r) {
@@ -46,13 +54,19 @@ BatchSignature BatchSignature::Of(const DecodedRequest& r) {
 }
 
 MergedBatch::MergedBatch(const std::vector<const DecodedRequest*>& requests, int64_t num_heads) {
-  bool any_key_padding = false;
-  for (const DecodedRequest* r : requests) any_key_padding |= r->batch.batch().key_padding_mask.present();
-  const AttentionBatch& first = requests.front()->batch.batch();
-  batch_.q_offsets = {0};
-  batch_.kv_offsets = {0};
   output_rows_.push_back(0);
   weights_offsets_.push_back(0);
+  const AttentionBatch& first = requests.front()->batch.batch();
+  if (requests.size() == 1) {  // nothing to merge: borrow the request's inputs
+    batch_ = first;
+    output_rows_.push_back(first.q_offsets.back());
+    weights_offsets_.push_back(WeightsElements(*requests.front()));
+    return;
+  }
+  bool any_key_padding = false;
+  for (const DecodedRequest* r : requests) any_key_padding |= r->batch.batch().key_padding_mask.present();
+  batch_.q_offsets = {0};
+  batch_.kv_offsets = {0};
   for (const DecodedRequest* r : requests) {
     const AttentionBatch& b = r->batch.batch();
     const std::vector<int64_t>& kv = b.self_attention() ? b.q_offsets : b.kv_offsets;
@@ -69,12 +83,7 @@ MergedBatch::MergedBatch(const std::vector<const DecodedRequest*>& requests, int
     AppendOffsets(b.q_offsets, batch_.q_offsets);
     AppendOffsets(kv, batch_.kv_offsets);
     output_rows_.push_back(batch_.q_offsets.back());
-    int64_t weights = 0;
-    if (r->need_weights) {
-      weights = 1;
-      for (int64_t d : r->weights_shape) weights *= d;
-    }
-    weights_offsets_.push_back(weights_offsets_.back() + weights);
+    weights_offsets_.push_back(weights_offsets_.back() + WeightsElements(*r));
   }
   (void)num_heads;
   batch_.query = query_;

@@ -27,7 +27,9 @@ struct BatchSignature {
 };
 
 // Owns the merged inputs (copies; masks as additive f32) and the ragged
-// batch that borrows them. Requests must share a signature. Not copyable.
+// batch that borrows them; a batch of one request borrows that request's
+// inputs instead (no copy), so the request must outlive it. Requests must
+// share a signature. Not copyable.
 class MergedBatch {
  public:
   MergedBatch(const std::vector<const DecodedRequest*>& requests, int64_t num_heads);

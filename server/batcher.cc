@@ -159,15 +159,23 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
       continue;
     }
     AttentionResult result;
-    result.output.assign(output.begin() + merged.output_row(i) * e,
-                         output.begin() + merged.output_row(i + 1) * e);
+    if (live.size() == 1) {  // the whole output is this request's: no copy
+      result.output = std::move(output);
+    } else {
+      result.output.assign(output.begin() + merged.output_row(i) * e,
+                           output.begin() + merged.output_row(i + 1) * e);
+    }
     if (FirstNonFinite(result.output) >= 0) {  // finite inputs that overflow f32
       live[i]->done(absl::InvalidArgumentError(
           "inputs too large: the attention overflows float32 (non-finite result)"));
       continue;
     }
-    result.weights.assign(weights.begin() + merged.weights_offset(i),
-                          weights.begin() + merged.weights_offset(i + 1));
+    if (live.size() == 1) {
+      result.weights = std::move(weights);
+    } else {
+      result.weights.assign(weights.begin() + merged.weights_offset(i),
+                            weights.begin() + merged.weights_offset(i + 1));
+    }
     live[i]->done(std::move(result));
   }
 }

@@ -342,5 +342,32 @@ TEST(BatchMergeTest, MergedBatchOffsetsFollowTheRequests) {
   for (int i = 3; i < 8; ++i) EXPECT_EQ(kpm[i], 0.0f);
 }
 
+// A batch of one request computes on that request's own inputs (no copy)
+// and gives the same numbers as the request alone, weights included.
+TEST(BatchMergeTest, OneRequestIsBorrowedNotCopied) {
+  const AttentionDims d = Dims();
+  v1::AttendRequest request = Request(4, 3, true);
+  request.set_need_weights(true);
+  DecodedRequest a = DecodeAttendRequest(request, d, {}).value();
+  const MergedBatch merged({&a}, d.num_heads);
+  EXPECT_EQ(merged.batch().query.data(), a.batch.batch().query.data());
+  EXPECT_EQ(merged.batch().key_padding_mask.data, a.batch.batch().key_padding_mask.data);
+  EXPECT_EQ(merged.output_row(1), 4);
+  EXPECT_EQ(merged.total_weights(), 4 * 4);
+}
+
+TEST_F(BatcherTest, LoneRequestWithWeightsMatchesTheEngineAlone) {
+  Batcher batcher("m", *engine_, BatcherOptions{}, metrics_.ForModel("m"), metrics_);
+  v1::AttendRequest request = Request(6, 4, true);
+  request.set_need_weights(true);
+  const absl::StatusOr<AttentionResult> r = Submit(batcher, request).get();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->weights.size(), 6u * 6u);
+  const std::vector<float> expected = Alone(request);
+  ASSERT_EQ(r->output.size(), expected.size());
+  for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(r->output[j], expected[j], 1e-5);
+  batcher.Stop();
+}
+
 }  // namespace
 }  // namespace mha::server

@@ -257,7 +257,7 @@ best of its two configurations: below 1 is faster (here {best:.2f} to
 
 Self-attention, one sequence, E = 512, h = 8. Ours runs the attention in
 blocks of query rows (and, past L = 4096, of heads: at least 64 rows per
-block) whose scores fit 8 MiB, so its scratch memory stays bounded at any
+block) whose scores fit 4 MiB, so its scratch memory stays bounded at any
 length (never the L x L matrix of all heads; "scratch" is every buffer the
 engine held, projections included); PyTorch is measured up to L = 4096 (at
 16384 it would hold 8.6 GB of scores). Time should grow 4x per doubling of
