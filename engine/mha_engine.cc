@@ -137,6 +137,34 @@ MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w,
   }
   norm_weight_ = w.norm_weight;
   norm_bias_ = w.norm_bias;
+  if (options_.runtime_dims_max_scores < 0) {
+    options_.runtime_dims_max_scores = dims.bf16 ? 0 : 128 * 128;
+  }
+  if (options_.runtime_dims_max_scores > 0) {
+    // The layouts of AttentionScores / AttentionContext with the block's
+    // size (gh, rows, s) left to run time.
+    constexpr int64_t rt = DNNL_RUNTIME_DIM_VAL;
+    const int64_t dqk = dims.qk_head_dim, dv = dims.v_head_dim;
+    MatmulSpec scores;  // [gh, rows, dqk] x [gh, dqk, s] -> f32 [gh, rows, s]
+    scores.src_dt = scores.wei_dt = act_dt_;
+    scores.src_dims = {rt, rt, dqk};
+    scores.src_strides = {rt, dqk, 1};
+    scores.wei_dims = {rt, dqk, rt};
+    scores.wei_strides = {rt, 1, dqk};
+    scores.dst_dims = {rt, rt, rt};
+    scores.dst_strides = {rt, rt, 1};
+    scores.scale = Scale();
+    runtime_scores_ = std::make_unique<MatmulPrimitive>(MakeRuntimeDimsMatmul(engine_, scores));
+    MatmulSpec context;  // [gh, rows, s] x [gh, s, dv] -> [gh, rows, dv]
+    context.src_dt = context.wei_dt = context.dst_dt = act_dt_;
+    context.src_dims = {rt, rt, rt};
+    context.src_strides = {rt, rt, 1};
+    context.wei_dims = {rt, rt, dv};
+    context.wei_strides = {rt, dv, 1};
+    context.dst_dims = {rt, rt, dv};
+    context.dst_strides = {rt, dv, 1};
+    runtime_context_ = std::make_unique<MatmulPrimitive>(MakeRuntimeDimsMatmul(engine_, context));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
@@ -439,7 +467,7 @@ void MhaEngine::AttentionScores(const Block& blk, const uint8_t* q, const uint8_
   spec.dst_dims = {gh, rows, s};
   spec.dst_strides = {rows * s, s, 1};
   spec.scale = Scale();
-  ExecuteMatmul(*attention_matmuls_.Get(spec), ws, q, k, nullptr, scores);
+  RunAttentionMatmul(blk, spec, runtime_scores_.get(), q, k, scores, ws);
 }
 
 void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint8_t* v,
@@ -454,7 +482,17 @@ void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint
   spec.wei_strides = {s * dv, dv, 1};
   spec.dst_dims = {gh, rows, dv};
   spec.dst_strides = {rows * dv, dv, 1};
-  ExecuteMatmul(*attention_matmuls_.Get(spec), ws, probs, v, nullptr, context);
+  RunAttentionMatmul(blk, spec, runtime_context_.get(), probs, v, context, ws);
+}
+
+void MhaEngine::RunAttentionMatmul(const Block& blk, const MatmulSpec& spec,
+                                   const MatmulPrimitive* runtime, const void* src,
+                                   const void* weights, void* dst, Workspace& ws) const {
+  if (runtime != nullptr && blk.rows * blk.kv_len <= options_.runtime_dims_max_scores) {
+    ExecuteMatmul(*runtime, spec, ws, src, weights, dst);
+  } else {
+    ExecuteMatmul(*attention_matmuls_.Get(spec), ws, src, weights, nullptr, dst);
+  }
 }
 
 void MhaEngine::WriteWeights(const Block& blk, const float* probs,

@@ -23,6 +23,14 @@ struct EngineOptions {
   // Scores of one attention block stay below this: longer sequences run in
   // blocks of query rows, so scratch memory is bounded whatever the length.
   int64_t max_score_bytes = int64_t{4} << 20;
+  // Attention products of blocks with at most this many scores per head
+  // (query rows x keys) run on one oneDNN primitive with runtime shapes,
+  // created with the engine; larger ones on a primitive per shape, created
+  // at first use and cached. 0: always per shape. -1 (default): 128 x 128
+  // in fp32, where both run equally fast once warm but a new shape costs
+  // ~0.5 ms more per shape; 0 in bf16, where the per-shape AMX kernels run
+  // ~1.5x faster warm (and cost ~5 ms to create). See mha_bench --overhead.
+  int64_t runtime_dims_max_scores = -1;
 };
 
 // Owns the packed, reordered weights of one attention layer and the oneDNN
@@ -78,6 +86,11 @@ class MhaEngine {
                        Workspace& ws) const;
   void AttentionContext(const Block& block, const void* probs, const uint8_t* v,
                         uint8_t* context, Workspace& ws) const;
+  // Runs `spec` on the runtime-shape primitive when the block is small
+  // enough, else on the cached per-shape one.
+  void RunAttentionMatmul(const Block& block, const MatmulSpec& spec,
+                          const MatmulPrimitive* runtime, const void* src,
+                          const void* weights, void* dst, Workspace& ws) const;
   void WriteWeights(const Block& block, const float* probs,
                     const AttentionOutputs& out) const;
 
@@ -93,6 +106,8 @@ class MhaEngine {
   std::vector<uint8_t> bias_k_, bias_v_;  // one row each, in act_dt_
   std::vector<float> norm_weight_, norm_bias_;
   mutable MatmulCache attention_matmuls_;
+  // Runtime-shape primitives for small blocks (see EngineOptions).
+  std::unique_ptr<MatmulPrimitive> runtime_scores_, runtime_context_;
 };
 
 }  // namespace mha

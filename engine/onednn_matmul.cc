@@ -54,6 +54,37 @@ void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src,
   ws.stream().wait();
 }
 
+void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace& ws,
+                   const void* src, const void* weights, void* dst) {
+  const dnnl::engine engine = p.pd.get_engine();
+  const dnnl::memory::desc scratch_md = p.pd.scratchpad_desc();
+  using md = dnnl::memory::desc;
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, dnnl::memory(md(actual.src_dims, actual.src_dt, actual.src_strides),
+                                  engine, const_cast<void*>(src))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(md(actual.wei_dims, actual.wei_dt, actual.wei_strides),
+                                      engine, const_cast<void*>(weights))},
+      {DNNL_ARG_DST, dnnl::memory(md(actual.dst_dims, actual.dst_dt, actual.dst_strides),
+                                  engine, dst)},
+      {DNNL_ARG_SCRATCHPAD,
+       dnnl::memory(scratch_md, engine,
+                    ws.Get(Workspace::kOnednnScratchpad, scratch_md.get_size()))}};
+  p.primitive.execute(ws.stream(), args);
+  ws.stream().wait();
+}
+
+MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSpec& spec) {
+  using md = dnnl::memory::desc;
+  const md src(spec.src_dims, spec.src_dt, spec.src_strides);
+  const md wei(spec.wei_dims, spec.wei_dt, spec.wei_strides);
+  const md dst(spec.dst_dims, spec.dst_dt, spec.dst_strides);
+  MatmulPrimitive p;
+  p.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), MakeAttr(spec.scale),
+                                      engine);
+  p.primitive = dnnl::matmul(p.pd);
+  return p;
+}
+
 std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
   const std::string key = s.Key();
   {

@@ -46,6 +46,17 @@ dnnl::primitive_attr MakeAttr(float scale);
 void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src,
                    const void* weights, const void* bias, void* dst);
 
+// The same for a primitive created with runtime dimensions
+// (DNNL_RUNTIME_DIM_VAL): `actual` gives this call's shapes and strides.
+void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace& ws,
+                   const void* src, const void* weights, void* dst);
+
+// A primitive for `spec` whose dims and strides may be DNNL_RUNTIME_DIM_VAL:
+// one primitive serves every shape that agrees with the fixed ones. (Keep
+// the inner dimension and unit strides fixed: oneDNN 2.6 falls back to its
+// reference kernel otherwise.)
+MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSpec& spec);
+
 // Creates each distinct MatmulSpec's primitive once. Thread-safe.
 class MatmulCache {
  public:

@@ -344,6 +344,33 @@ TEST(EngineBlockingTest, SmallScoreBudgetGivesSameResults) {
   }
 }
 
+// Mid-sized blocks run on one runtime-shape primitive (fp32 by default),
+// others on a primitive per shape: same numbers either way, in fp32 and
+// bf16, for self- and cross-attention with masks.
+TEST(EngineRuntimeDimsTest, RuntimeShapePrimitiveGivesSameResults) {
+  for (const bool bf16 : {false, true}) {
+    // Blocks of 2 heads x 90 x 100 scores: above the plain-loop size, below
+    // the runtime-shape limit.
+    AttentionDims d = Dims(64, 2);
+    d.bf16 = bf16;
+    const PackedWeights w = RandomWeights(d, 9);
+    for (const Case& c : {Case{"rt_self", d, {90, 100}, {}, false, MaskKind::kBool,
+                               MaskKind::kFloat},
+                          Case{"rt_cross", d, {90, 70}, {100, 120}, true, MaskKind::kBool}}) {
+      SCOPED_TRACE(::testing::Message() << c.name << " bf16 " << bf16);
+      const Built b = Build(c, 4);
+      EngineOptions per_shape, runtime;
+      per_shape.runtime_dims_max_scores = 0;
+      runtime.runtime_dims_max_scores = 128 * 128;
+      const RunResult a = RunEngine(*MakeEngine(d, w, per_shape), c, b);
+      const RunResult r = RunEngine(*MakeEngine(d, w, runtime), c, b);
+      EXPECT_LE(MaxAbsDiff(a.output.data(), r.output.data(), a.output.size()),
+                bf16 ? 2e-2f : 1e-5f);
+      ExpectMatchesReference(c, w, b, r, bf16 ? 3e-2f : 1e-5f);
+    }
+  }
+}
+
 TEST(EngineRaggedTest, RaggedBatchEqualsSequencesRunAlone) {
   const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.kdim = x.vdim = 12; });
   const PackedWeights w = RandomWeights(d, 5);

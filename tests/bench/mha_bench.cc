@@ -31,6 +31,11 @@ ABSL_FLAG(std::string, seq_lengths, "",
           "e.g. 128,1024,16384");
 ABSL_FLAG(int64_t, max_score_bytes, mha::EngineOptions{}.max_score_bytes,
           "EngineOptions::max_score_bytes");
+ABSL_FLAG(int64_t, runtime_dims_max_scores, mha::EngineOptions{}.runtime_dims_max_scores,
+          "EngineOptions::runtime_dims_max_scores (0: a primitive per shape always)");
+ABSL_FLAG(bool, overhead, false,
+          "instead of the shapes: per-call time of small requests (B=1, E=256, h=4, self "
+          "and cross, L in 17..128), first call of each length (cold) and again (warm)");
 
 namespace mha {
 namespace {
@@ -144,11 +149,62 @@ class MatmulCeiling {
   Workspace ws_;
 };
 
-void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
-  AttentionDims d = testing::MakeDims(s.embed_dim, s.heads);
-  d.bf16 = bf16;
+EngineOptions OptionsFromFlags() {
   EngineOptions options;
   options.max_score_bytes = absl::GetFlag(FLAGS_max_score_bytes);
+  options.runtime_dims_max_scores = absl::GetFlag(FLAGS_runtime_dims_max_scores);
+  return options;
+}
+
+// Small requests one at a time, as a server without batching runs them: the
+// mean per-call time of each length's first call (creating any primitive
+// it needs) and of a second pass (everything cached). Self-attention, then
+// cross-attention with key lengths walking another way.
+void BenchOverhead(bool bf16) {
+  AttentionDims d = testing::MakeDims(256, 4);
+  d.bf16 = bf16;
+  auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), OptionsFromFlags());
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
+    return;
+  }
+  std::unique_ptr<Workspace> ws = (*engine)->NewWorkspace();
+  const std::vector<float> data = testing::RandomVector(128 * 256, 2);
+  std::vector<float> output(128 * 256);
+  for (const bool cross : {false, true}) {
+    double pass_us[2] = {0, 0};
+    int calls = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      calls = 0;
+      for (int64_t len = 17; len <= 128; ++len, ++calls) {
+        const int64_t kv = cross ? 145 - len : len;
+        AttentionBatch batch;
+        batch.query = absl::MakeConstSpan(data.data(), len * 256);
+        if (cross) batch.key = absl::MakeConstSpan(data.data(), kv * 256);
+        SetUniformOffsets(1, len, kv, 4, batch);
+        const auto start = std::chrono::steady_clock::now();
+        const absl::Status status = (*engine)->Run(
+            batch, {absl::MakeSpan(output.data(), len * 256), {}, false}, *ws);
+        pass_us[pass] += std::chrono::duration<double, std::micro>(
+                             std::chrono::steady_clock::now() - start).count();
+        if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
+      }
+    }
+    const char* what = cross ? "overhead_cross" : "overhead_self";
+    if (absl::GetFlag(FLAGS_json)) {
+      std::printf("{\"name\": \"%s\", \"dtype\": \"%s\", \"cold_us\": %.1f, \"warm_us\": %.1f}\n",
+                  what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls);
+    } else {
+      std::printf("%-28s %-5s first call %8.1f us, warm %8.1f us (mean of %d lengths)\n", what,
+                  bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, calls);
+    }
+  }
+}
+
+void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
+  const EngineOptions options = OptionsFromFlags();
+  AttentionDims d = testing::MakeDims(s.embed_dim, s.heads);
+  d.bf16 = bf16;
   auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), options);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
@@ -205,6 +261,10 @@ int main(int argc, char** argv) {
   }
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
     const bool bf16 = dtype == "bf16";
+    if (absl::GetFlag(FLAGS_overhead)) {
+      mha::BenchOverhead(bf16);
+      continue;
+    }
     mha::MatmulCeiling ceiling(bf16);
     for (const mha::Shape& s : shapes) {
       if (s.name.find(filter) == std::string::npos) continue;
