@@ -21,6 +21,7 @@ in the same run are what to compare across machines.
 import argparse
 import csv
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -120,6 +121,33 @@ def sequence_table(ours):
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- per-call overhead
+
+def overhead_sweep(args):
+    """{(dtype, kind, runtime_dims): (cold_us, warm_us)} from mha_bench --overhead."""
+    results = {}
+    for runtime in (True, False):
+        flags = [f"--runtime_dims_max_scores={128 * 128 if runtime else 0}"]
+        out = subprocess.run([args.mha_bench, "--overhead", "--json", "--dtypes=f32,bf16"] + flags,
+                             check=True, capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                kind = r["name"].replace("overhead_", "")
+                results[(r["dtype"], kind, runtime)] = (r["cold_us"], r["warm_us"])
+    return results
+
+
+def overhead_table(results):
+    lines = ["| compute | attention | per-shape primitives: first call us | warm us | "
+             "runtime-shape primitive: first call us | warm us |", "|---|---|---|---|---|---|"]
+    for dtype in ("f32", "bf16"):
+        for kind in ("self", "cross"):
+            a, b = results[(dtype, kind, False)], results[(dtype, kind, True)]
+            lines.append(f"| {dtype} | {kind} | {a[0]:.0f} | {a[1]:.0f} | {b[0]:.0f} | {b[1]:.0f} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- server
 
 def load_sweep(args, flags, len_range="16:128", concurrency=CONCURRENCY):
@@ -200,6 +228,8 @@ def main():
     std = run_bench.collect(argparse.Namespace(
         rounds=args.rounds, mha_bench=args.mha_bench, shapes="", min_seconds=0.3,
         torch_modes="best,default"))
+    print("per-call overhead", file=sys.stderr, flush=True)
+    overhead = overhead_sweep(args)
     print("sequence lengths", file=sys.stderr, flush=True)
     series, ours = sequence_sweep(args)
     print("server", file=sys.stderr, flush=True)
@@ -222,7 +252,8 @@ def main():
     text = TEMPLATE.format(
         date=datetime.date.today().isoformat(), machine=machine(),
         standard=standard_table(std), sequence=sequence_table(ours),
-        server=server_table(on, off), threads=thread_table(threads), worst=max(ratios), best=min(ratios),
+        server=server_table(on, off), threads=thread_table(threads),
+        overhead=overhead_table(overhead), worst=max(ratios), best=min(ratios),
         median=statistics.median(ratios))
     with open(os.path.join(args.out_dir, "PERFORMANCE.md"), "w") as f:
         f.write(text)
@@ -252,6 +283,23 @@ best of its two configurations: below 1 is faster (here {best:.2f} to
 {worst:.2f}, median {median:.2f}).
 
 {standard}
+
+## Small requests: per-call time, new shapes and warm
+
+`mha_bench --overhead`: one request at a time (B = 1, E = 256, h = 4, as a
+server without batching runs them), every query length from 17 to 128 once
+("first call": each new length may need new oneDNN primitives) and then
+again ("warm": everything cached; mean per call). Cross-attention pairs
+each length with another key length. Measured both ways: a primitive per
+block shape, created at first use and cached, and (for blocks up to
+128 x 128 scores per head) one primitive with runtime shapes created with
+the engine. The engine uses the runtime-shape primitive in fp32 and
+per-shape ones in bf16 (AMX kernels, faster once created). Either way a
+first call also creates the projections' primitives for its row count
+(one per count below 64, then powers of two: bounded, created once).
+Steady-state calls grow no workspace buffer.
+
+{overhead}
 
 ## Sequence length
 
