@@ -138,7 +138,7 @@ MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w,
   norm_weight_ = w.norm_weight;
   norm_bias_ = w.norm_bias;
   if (options_.runtime_dims_max_scores < 0) {
-    options_.runtime_dims_max_scores = dims.bf16 ? 0 : 128 * 128;
+    options_.runtime_dims_max_scores = dims.bf16 ? 0 : 4 * 128 * 128;
   }
   if (options_.runtime_dims_max_scores > 0) {
     // The layouts of AttentionScores / AttentionContext with the block's
@@ -488,7 +488,8 @@ void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint
 void MhaEngine::RunAttentionMatmul(const Block& blk, const MatmulSpec& spec,
                                    const MatmulPrimitive* runtime, const void* src,
                                    const void* weights, void* dst, Workspace& ws) const {
-  if (runtime != nullptr && blk.rows * blk.kv_len <= options_.runtime_dims_max_scores) {
+  const int64_t scores = blk.count * blk.heads * blk.rows * blk.kv_len;
+  if (runtime != nullptr && scores <= options_.runtime_dims_max_scores) {
     ExecuteMatmul(*runtime, spec, ws, src, weights, dst);
   } else {
     ExecuteMatmul(*attention_matmuls_.Get(spec), ws, src, weights, nullptr, dst);

@@ -23,13 +23,14 @@ struct EngineOptions {
   // Scores of one attention block stay below this: longer sequences run in
   // blocks of query rows, so scratch memory is bounded whatever the length.
   int64_t max_score_bytes = int64_t{4} << 20;
-  // Attention products of blocks with at most this many scores per head
-  // (query rows x keys) run on one oneDNN primitive with runtime shapes,
+  // Attention products of blocks with at most this many scores (heads x
+  // query rows x keys) run on one oneDNN primitive with runtime shapes,
   // created with the engine; larger ones on a primitive per shape, created
-  // at first use and cached. 0: always per shape. -1 (default): 128 x 128
-  // in fp32, where both run equally fast once warm but a new shape costs
-  // ~0.5 ms more per shape; 0 in bf16, where the per-shape AMX kernels run
-  // ~1.5x faster warm (and cost ~5 ms to create). See mha_bench --overhead.
+  // at first use and cached. 0: always per shape. -1 (default): 4 x 128 x
+  // 128 in fp32 (a lone small request), where both run equally fast once
+  // warm but a new shape costs ~0.5 ms more per shape; 0 in bf16, where the
+  // per-shape AMX kernels run faster warm (and cost ~5 ms to create). See
+  // mha_bench --overhead.
   int64_t runtime_dims_max_scores = -1;
 };
 

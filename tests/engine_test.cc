@@ -361,7 +361,7 @@ TEST(EngineRuntimeDimsTest, RuntimeShapePrimitiveGivesSameResults) {
       const Built b = Build(c, 4);
       EngineOptions per_shape, runtime;
       per_shape.runtime_dims_max_scores = 0;
-      runtime.runtime_dims_max_scores = 128 * 128;
+      runtime.runtime_dims_max_scores = 4 * 128 * 128;
       const RunResult a = RunEngine(*MakeEngine(d, w, per_shape), c, b);
       const RunResult r = RunEngine(*MakeEngine(d, w, runtime), c, b);
       EXPECT_LE(MaxAbsDiff(a.output.data(), r.output.data(), a.output.size()),

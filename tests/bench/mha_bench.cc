@@ -33,6 +33,8 @@ ABSL_FLAG(int64_t, max_score_bytes, mha::EngineOptions{}.max_score_bytes,
           "EngineOptions::max_score_bytes");
 ABSL_FLAG(int64_t, runtime_dims_max_scores, mha::EngineOptions{}.runtime_dims_max_scores,
           "EngineOptions::runtime_dims_max_scores (0: a primitive per shape always)");
+ABSL_FLAG(bool, wide, false,
+          "instead of the standard shapes: wider models (E = 1024-2048, h = 16-32)");
 ABSL_FLAG(bool, overhead, false,
           "instead of the shapes: per-call time of small requests (B=1, E=256, h=4, self "
           "and cross, L in 17..128), first call of each length (cold) and again (warm)");
@@ -55,6 +57,18 @@ const std::vector<Shape>& StandardShapes() {
       {"self_b4_l512_e1024_h16", 4, 512, 0, 1024, 16},
       // What the server's batcher builds from 32 small requests.
       {"ragged_b32_l16-128_e256_h4", 32, 128, 0, 256, 4, true},
+  };
+  return shapes;
+}
+
+// Wider models: the standard shapes' targets should hold as E and h grow.
+const std::vector<Shape>& WideShapes() {
+  static const std::vector<Shape> shapes = {
+      {"self_b8_l128_e1024_h16", 8, 128, 0, 1024, 16},
+      {"self_b8_l128_e1024_h32", 8, 128, 0, 1024, 32},
+      {"self_b4_l512_e2048_h16", 4, 512, 0, 2048, 16},
+      {"self_b4_l512_e2048_h32", 4, 512, 0, 2048, 32},
+      {"cross_b8_l64_s256_e2048_h32", 8, 64, 256, 2048, 32},
   };
   return shapes;
 }
@@ -247,7 +261,8 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string filter = absl::GetFlag(FLAGS_shapes);
-  std::vector<mha::Shape> shapes = mha::StandardShapes();
+  std::vector<mha::Shape> shapes =
+      absl::GetFlag(FLAGS_wide) ? mha::WideShapes() : mha::StandardShapes();
   if (!absl::GetFlag(FLAGS_seq_lengths).empty()) {
     shapes.clear();
     for (absl::string_view l : absl::StrSplit(absl::GetFlag(FLAGS_seq_lengths), ',')) {

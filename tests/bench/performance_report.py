@@ -127,7 +127,7 @@ def overhead_sweep(args):
     """{(dtype, kind, runtime_dims): (cold_us, warm_us)} from mha_bench --overhead."""
     results = {}
     for runtime in (True, False):
-        flags = [f"--runtime_dims_max_scores={128 * 128 if runtime else 0}"]
+        flags = [f"--runtime_dims_max_scores={4 * 128 * 128 if runtime else 0}"]
         out = subprocess.run([args.mha_bench, "--overhead", "--json", "--dtypes=f32,bf16"] + flags,
                              check=True, capture_output=True, text=True).stdout
         for line in out.splitlines():
@@ -292,8 +292,8 @@ server without batching runs them), every query length from 17 to 128 once
 again ("warm": everything cached; mean per call). Cross-attention pairs
 each length with another key length. Measured both ways: a primitive per
 block shape, created at first use and cached, and (for blocks up to
-128 x 128 scores per head) one primitive with runtime shapes created with
-the engine. The engine uses the runtime-shape primitive in fp32 and
+4 x 128 x 128 scores) one primitive with runtime shapes created with the
+engine. The engine uses the runtime-shape primitive in fp32 and
 per-shape ones in bf16 (AMX kernels, faster once created). Either way a
 first call also creates the projections' primitives for its row count
 (one per count below 64, then powers of two: bounded, created once).
