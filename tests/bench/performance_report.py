@@ -228,6 +228,10 @@ def main():
     std = run_bench.collect(argparse.Namespace(
         rounds=args.rounds, mha_bench=args.mha_bench, shapes="", min_seconds=0.3,
         torch_modes="best,default"))
+    print("wider models", file=sys.stderr, flush=True)
+    wide = run_bench.collect(argparse.Namespace(
+        rounds=2, mha_bench=args.mha_bench, shapes="", min_seconds=0.3, min_reps=3, wide=True,
+        torch_modes="best,default"))
     print("per-call overhead", file=sys.stderr, flush=True)
     overhead = overhead_sweep(args)
     print("sequence lengths", file=sys.stderr, flush=True)
@@ -251,7 +255,7 @@ def main():
               for d in std.values() if d.get("torch_best") and d.get("torch_default")]
     text = TEMPLATE.format(
         date=datetime.date.today().isoformat(), machine=machine(),
-        standard=standard_table(std), sequence=sequence_table(ours),
+        standard=standard_table(std), wide=standard_table(wide), sequence=sequence_table(ours),
         server=server_table(on, off), threads=thread_table(threads),
         overhead=overhead_table(overhead), worst=max(ratios), best=min(ratios),
         median=statistics.median(ratios))
@@ -283,6 +287,14 @@ best of its two configurations: below 1 is faster (here {best:.2f} to
 {worst:.2f}, median {median:.2f}).
 
 {standard}
+
+## Wider models
+
+The same measurement (2 rounds) for E = 1024 to 2048 and h = 16 to 32:
+the fraction of the matmul rate and the lead over PyTorch should hold as
+models grow.
+
+{wide}
 
 ## Small requests: per-call time, new shapes and warm
 

@@ -31,14 +31,17 @@ def torch_env(mode):
 def collect(args):
     """name -> dtype -> list of per-round rows."""
     samples = collections.defaultdict(lambda: collections.defaultdict(list))
+    # Optional: the wider models, and fewer repetitions for slow shapes.
+    extra = (["--wide"] if getattr(args, "wide", False) else []) + (
+        [f"--min_reps={args.min_reps}"] if getattr(args, "min_reps", None) else [])
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
         runs = [run_json_lines([args.mha_bench, "--json", f"--shapes={args.shapes}",
-                                f"--min_seconds={args.min_seconds}"])]
+                                f"--min_seconds={args.min_seconds}"] + extra)]
         for mode in args.torch_modes.split(","):
             runs.append(run_json_lines(
                 ["/usr/bin/python3", os.path.join(HERE, "torch_bench.py"), "--mode", mode,
-                 "--min_seconds", str(args.min_seconds), "--shapes", args.shapes],
+                 "--min_seconds", str(args.min_seconds), "--shapes", args.shapes] + extra,
                 env=torch_env(mode)))
         for run in runs:
             for row in run:

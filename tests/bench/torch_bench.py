@@ -23,6 +23,14 @@ SHAPES = [  # name, batch, q_len, kv_len (0: self), embed_dim, heads
     ("self_b4_l512_e1024_h16", 4, 512, 0, 1024, 16),
 ]
 
+WIDE_SHAPES = [  # mha_bench --wide
+    ("self_b8_l128_e1024_h16", 8, 128, 0, 1024, 16),
+    ("self_b8_l128_e1024_h32", 8, 128, 0, 1024, 32),
+    ("self_b4_l512_e2048_h16", 4, 512, 0, 2048, 16),
+    ("self_b4_l512_e2048_h32", 4, 512, 0, 2048, 32),
+    ("cross_b8_l64_s256_e2048_h32", 8, 64, 256, 2048, 32),
+]
+
 
 def flops(batch, q_len, kv_len, e):
     """Same count as mha_bench: projections plus the two attention products."""
@@ -57,7 +65,7 @@ def make_case(batch, q_len, kv_len, e, heads):
 
 
 def bench_all(args, report):
-    shapes = SHAPES
+    shapes = WIDE_SHAPES if args.wide else SHAPES
     if args.seq_lengths:
         shapes = [(f"seq_l{n}_e512_h8", 1, n, 0, 512, 8)
                   for n in map(int, args.seq_lengths.split(","))]
@@ -85,6 +93,7 @@ def main():
     parser.add_argument("--min_reps", type=int, default=10)
     parser.add_argument("--min_seconds", type=float, default=1.0)
     parser.add_argument("--shapes", default="")
+    parser.add_argument("--wide", action="store_true", help="the wider models instead of SHAPES")
     parser.add_argument("--seq_lengths", default="",
                         help="instead of SHAPES: self-attention B=1 E=512 h=8 at these lengths")
     args = parser.parse_args()
