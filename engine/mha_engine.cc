@@ -86,7 +86,7 @@ struct MhaEngine::Projected {
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
   uint8_t* context_heads = nullptr;
-  std::vector<int64_t> kv_offsets;
+  int64_t* kv_offsets = nullptr;  // B + 1 entries, in the workspace
   const float* key_padding = nullptr;
   const float* attn_mask = nullptr;
 };
@@ -288,7 +288,7 @@ MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
   const std::vector<int64_t>& kv_off =
       batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   Projected p;
-  p.kv_offsets.resize(n + 1);
+  p.kv_offsets = ws.Get<int64_t>(Workspace::kKvOffsets, n + 1);
   for (int64_t b = 0; b <= n; ++b) p.kv_offsets[b] = kv_off[b] + b * extra;
   p.q = ws.Get<uint8_t>(Workspace::kHeadQ, total_q * qk * act);
   p.k = ws.Get<uint8_t>(Workspace::kHeadK, p.kv_offsets[n] * qk * act);

@@ -1,9 +1,7 @@
 #include "engine/onednn_matmul.h"
 
+#include <atomic>
 #include <cstring>
-
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace mha {
 namespace {
@@ -17,14 +15,64 @@ constexpr int64_t kReferenceRows = 256;
 
 }  // namespace
 
-std::string MatmulSpec::Key() const {
-  return absl::StrCat(static_cast<int>(src_dt), ",", static_cast<int>(wei_dt),
-                      ",", static_cast<int>(dst_dt), "|",
-                      absl::StrJoin(src_dims, ","), "/", absl::StrJoin(src_strides, ","),
-                      "|", absl::StrJoin(wei_dims, ","), "/",
-                      absl::StrJoin(wei_strides, ","), "|",
-                      absl::StrJoin(dst_dims, ","), "/", absl::StrJoin(dst_strides, ","),
-                      "|", scale);
+uint64_t MatmulPrimitive::NewId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+
+dnnl::memory::desc PlainDesc(int ndims, const MatmulSpec::Dims& dims,
+                             const MatmulSpec::Dims& strides, dt type) {
+  dnnl_memory_desc_t md;
+  dnnl_dims_t d, st;
+  for (int i = 0; i < ndims; ++i) d[i] = dims[i], st[i] = strides[i];
+  dnnl::error::wrap_c_api(
+      dnnl_memory_desc_init_by_strides(&md, ndims, d, static_cast<dnnl_data_type_t>(type), st),
+      "could not create a memory descriptor");
+  return dnnl::memory::desc(md);
+}
+
+// Points `m` at `data` unless it already does. (Setting a handle zeroes a
+// blocked layout's padding: the shared, reordered weights of a linear layer
+// keep their handle, so they are never written to.)
+void Rebind(const dnnl::memory& m, const void* data) {
+  if (m.get_data_handle() == data) return;
+  dnnl::error::wrap_c_api(dnnl_memory_set_data_handle_v2(m.get(), const_cast<void*>(data), nullptr),
+                          "could not set a memory handle");
+}
+
+// Executes with the arguments `a` holds (bias only when `with_bias`) and
+// waits: a stack array through the C API, no argument map.
+void ExecuteBound(const MatmulPrimitive& p, Workspace& ws, const BoundArgs& a, bool with_bias) {
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, a.src.get()},
+                             {DNNL_ARG_WEIGHTS, a.weights.get()},
+                             {DNNL_ARG_DST, a.dst.get()},
+                             {DNNL_ARG_SCRATCHPAD, a.scratchpad.get()},
+                             {DNNL_ARG_BIAS, with_bias ? a.bias.get() : nullptr}};
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(p.primitive.get(), ws.stream().get(), with_bias ? 5 : 4, args),
+      "could not execute a matmul");
+  ws.stream().wait();
+}
+
+// The C API query: the C++ one (pd.scratchpad_desc()) allocates a vector.
+void* Scratchpad(const MatmulPrimitive& p, Workspace& ws) {
+  const dnnl_memory_desc_t* md =
+      dnnl_primitive_desc_query_md(p.pd.get(), dnnl_query_scratchpad_md, 0);
+  return ws.Get(Workspace::kOnednnScratchpad, md == nullptr ? 0 : dnnl_memory_desc_get_size(md));
+}
+
+}  // namespace
+
+dnnl::memory::desc MatmulSpec::SrcDesc() const {
+  return PlainDesc(ndims, src_dims, src_strides, src_dt);
+}
+dnnl::memory::desc MatmulSpec::WeightsDesc() const {
+  return PlainDesc(ndims, wei_dims, wei_strides, wei_dt);
+}
+dnnl::memory::desc MatmulSpec::DstDesc() const {
+  return PlainDesc(ndims, dst_dims, dst_strides, dst_dt);
 }
 
 dnnl::primitive_attr MakeAttr(float scale) {
@@ -34,74 +82,77 @@ dnnl::primitive_attr MakeAttr(float scale) {
   return attr;
 }
 
-void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src,
-                   const void* weights, const void* bias, void* dst) {
-  const dnnl::engine engine = p.pd.get_engine();
-  const dnnl::memory::desc scratch_md = p.pd.scratchpad_desc();
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(p.pd.src_desc(), engine, const_cast<void*>(src))},
-      {DNNL_ARG_WEIGHTS,
-       dnnl::memory(p.pd.weights_desc(), engine, const_cast<void*>(weights))},
-      {DNNL_ARG_DST, dnnl::memory(p.pd.dst_desc(), engine, dst)},
-      {DNNL_ARG_SCRATCHPAD,
-       dnnl::memory(scratch_md, engine,
-                    ws.Get(Workspace::kOnednnScratchpad, scratch_md.get_size()))}};
-  if (p.has_bias) {
-    args.emplace(DNNL_ARG_BIAS,
-                 dnnl::memory(p.pd.bias_desc(), engine, const_cast<void*>(bias)));
+BoundArgs& BoundMemories::Find(uint64_t id, const MatmulSpec& shape, bool& created) {
+  if (by_key_.size() >= kMaxEntries) by_key_.clear();
+  auto [it, inserted] = by_key_.try_emplace(std::make_pair(id, shape));
+  created = inserted;
+  return it->second;
+}
+
+void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src, const void* weights,
+                   const void* bias, void* dst) {
+  bool created = false;
+  BoundArgs& a = ws.bound_memories().Find(p.id, MatmulSpec{}, created);
+  void* scratch = Scratchpad(p, ws);
+  if (created) {
+    const dnnl::engine engine = p.pd.get_engine();
+    a.src = dnnl::memory(p.pd.src_desc(), engine, const_cast<void*>(src));
+    a.weights = dnnl::memory(p.pd.weights_desc(), engine, const_cast<void*>(weights));
+    a.dst = dnnl::memory(p.pd.dst_desc(), engine, dst);
+    a.scratchpad = dnnl::memory(p.pd.scratchpad_desc(), engine, scratch);
+    if (p.has_bias) a.bias = dnnl::memory(p.pd.bias_desc(), engine, const_cast<void*>(bias));
+  } else {
+    Rebind(a.src, src);
+    Rebind(a.weights, weights);
+    Rebind(a.dst, dst);
+    Rebind(a.scratchpad, scratch);
+    if (p.has_bias) Rebind(a.bias, bias);
   }
-  p.primitive.execute(ws.stream(), args);
-  ws.stream().wait();
+  ExecuteBound(p, ws, a, p.has_bias);
 }
 
 void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace& ws,
                    const void* src, const void* weights, void* dst) {
-  const dnnl::engine engine = p.pd.get_engine();
-  const dnnl::memory::desc scratch_md = p.pd.scratchpad_desc();
-  using md = dnnl::memory::desc;
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, dnnl::memory(md(actual.src_dims, actual.src_dt, actual.src_strides),
-                                  engine, const_cast<void*>(src))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(md(actual.wei_dims, actual.wei_dt, actual.wei_strides),
-                                      engine, const_cast<void*>(weights))},
-      {DNNL_ARG_DST, dnnl::memory(md(actual.dst_dims, actual.dst_dt, actual.dst_strides),
-                                  engine, dst)},
-      {DNNL_ARG_SCRATCHPAD,
-       dnnl::memory(scratch_md, engine,
-                    ws.Get(Workspace::kOnednnScratchpad, scratch_md.get_size()))}};
-  p.primitive.execute(ws.stream(), args);
-  ws.stream().wait();
+  bool created = false;
+  BoundArgs& a = ws.bound_memories().Find(p.id, actual, created);
+  void* scratch = Scratchpad(p, ws);
+  if (created) {
+    const dnnl::engine engine = p.pd.get_engine();
+    a.src = dnnl::memory(actual.SrcDesc(), engine, const_cast<void*>(src));
+    a.weights = dnnl::memory(actual.WeightsDesc(), engine, const_cast<void*>(weights));
+    a.dst = dnnl::memory(actual.DstDesc(), engine, dst);
+    a.scratchpad = dnnl::memory(p.pd.scratchpad_desc(), engine, scratch);
+  } else {
+    Rebind(a.src, src);
+    Rebind(a.weights, weights);
+    Rebind(a.dst, dst);
+    Rebind(a.scratchpad, scratch);
+  }
+  ExecuteBound(p, ws, a, /*with_bias=*/false);
 }
 
 MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSpec& spec) {
-  using md = dnnl::memory::desc;
-  const md src(spec.src_dims, spec.src_dt, spec.src_strides);
-  const md wei(spec.wei_dims, spec.wei_dt, spec.wei_strides);
-  const md dst(spec.dst_dims, spec.dst_dt, spec.dst_strides);
   MatmulPrimitive p;
-  p.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), MakeAttr(spec.scale),
-                                      engine);
+  p.pd = dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(spec.SrcDesc(), spec.WeightsDesc(), spec.DstDesc()), MakeAttr(spec.scale),
+      engine);
   p.primitive = dnnl::matmul(p.pd);
   return p;
 }
 
 std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
-  const std::string key = s.Key();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(key);
+    auto it = cache_.find(s);
     if (it != cache_.end()) return it->second;
   }
-  const dnnl::memory::desc src(s.src_dims, s.src_dt, s.src_strides);
-  const dnnl::memory::desc wei(s.wei_dims, s.wei_dt, s.wei_strides);
-  const dnnl::memory::desc dst(s.dst_dims, s.dst_dt, s.dst_strides);
   auto created = std::make_shared<MatmulPrimitive>();
-  created->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst),
-                                             MakeAttr(s.scale), engine_);
+  created->pd = dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
   std::lock_guard<std::mutex> lock(mu_);
   if (cache_.size() >= kMaxEntries) cache_.clear();
-  return cache_.try_emplace(key, std::move(created)).first->second;
+  return cache_.try_emplace(s, std::move(created)).first->second;
 }
 
 size_t MatmulCache::size() const {
@@ -110,8 +161,7 @@ size_t MatmulCache::size() const {
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
-                         const std::vector<float>& bias, int64_t n, int64_t k,
-                         dt act_dt, dt dst_dt)
+                         const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt, dt dst_dt)
     : engine_(engine), n_(n), k_(k), act_dt_(act_dt), dst_dt_(dst_dt) {
   // W^T as a [k, n] matrix is W's [n, k] row-major bytes read with strides.
   const dnnl::memory::desc plain({k, n}, dt::f32, tag::ba);
@@ -126,13 +176,12 @@ LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& w
   stream.wait();
 }
 
-dnnl::matmul::primitive_desc LinearLayer::MakePd(
-    int64_t m, const dnnl::memory::desc& wei) const {
+dnnl::matmul::primitive_desc LinearLayer::MakePd(int64_t m, const dnnl::memory::desc& wei) const {
   const dnnl::memory::desc src({m, k_}, act_dt_, tag::ab);
   const dnnl::memory::desc bias({1, n_}, dt::f32, tag::ab);
   const dnnl::memory::desc dst({m, n_}, dst_dt_, tag::ab);
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst),
-                                      MakeAttr(1.0f), engine_);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, bias, dst), MakeAttr(1.0f),
+                                      engine_);
 }
 
 std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) const {
@@ -166,9 +215,8 @@ void LinearLayer::Run(Workspace& ws, const void* x, int64_t m, void* y) const {
       while (chunk * 2 <= left) chunk *= 2;
     }
     const std::shared_ptr<const MatmulPrimitive> p = PrimitiveFor(chunk);
-    ExecuteMatmul(*p, ws, static_cast<const uint8_t*>(x) + done * x_row,
-                  weights_.get_data_handle(), bias_.get_data_handle(),
-                  static_cast<uint8_t*>(y) + done * y_row);
+    ExecuteMatmul(*p, ws, static_cast<const uint8_t*>(x) + done * x_row, weights_.get_data_handle(),
+                  bias_.get_data_handle(), static_cast<uint8_t*>(y) + done * y_row);
     done += chunk;
   }
 }

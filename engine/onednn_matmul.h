@@ -4,10 +4,11 @@
 #ifndef MHA_ENGINE_ONEDNN_MATMUL_H_
 #define MHA_ENGINE_ONEDNN_MATMUL_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -19,23 +20,40 @@ namespace mha {
 
 using dt = dnnl::memory::data_type;
 
-// A created primitive and what executing it needs. Immutable.
+// A created primitive and what executing it needs. Immutable; `id` is
+// unique in the process (workspaces key their memory objects by it).
 struct MatmulPrimitive {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
   bool has_bias = false;
+  uint64_t id = NewId();
+
+  static uint64_t NewId();
 };
 
-// dst = scale * src x weights (+ bias), plain operands with explicit strides
-// (so heads can be strided views into a projection's output).
+// dst = scale * src x weights (+ bias), plain operands of up to 3 dims with
+// explicit strides (so heads can be strided views into a projection's
+// output). Fixed-size, so building, hashing and comparing one allocates
+// nothing.
 struct MatmulSpec {
+  using Dims = std::array<int64_t, 3>;
   dt src_dt = dt::f32, wei_dt = dt::f32, dst_dt = dt::f32;
-  dnnl::memory::dims src_dims, src_strides;
-  dnnl::memory::dims wei_dims, wei_strides;
-  dnnl::memory::dims dst_dims, dst_strides;
+  int ndims = 3;
+  Dims src_dims{}, src_strides{};
+  Dims wei_dims{}, wei_strides{};
+  Dims dst_dims{}, dst_strides{};
   float scale = 1.0f;
 
-  std::string Key() const;
+  dnnl::memory::desc SrcDesc() const;
+  dnnl::memory::desc WeightsDesc() const;
+  dnnl::memory::desc DstDesc() const;
+
+  friend bool operator==(const MatmulSpec&, const MatmulSpec&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const MatmulSpec& s) {
+    return H::combine(std::move(h), s.src_dt, s.wei_dt, s.dst_dt, s.ndims, s.src_dims,
+                      s.src_strides, s.wei_dims, s.wei_strides, s.dst_dims, s.dst_strides, s.scale);
+  }
 };
 
 // Attributes every engine primitive uses: user scratchpad (so concurrent
@@ -43,8 +61,10 @@ struct MatmulSpec {
 dnnl::primitive_attr MakeAttr(float scale);
 
 // Runs `p` on raw pointers with the workspace's stream and scratchpad.
-void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src,
-                   const void* weights, const void* bias, void* dst);
+// Warm calls allocate nothing of ours: the memory objects come from the
+// workspace's BoundMemories and only their data handles change.
+void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src, const void* weights,
+                   const void* bias, void* dst);
 
 // The same for a primitive created with runtime dimensions
 // (DNNL_RUNTIME_DIM_VAL): `actual` gives this call's shapes and strides.
@@ -56,6 +76,26 @@ void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace
 // the inner dimension and unit strides fixed: oneDNN 2.6 falls back to its
 // reference kernel otherwise.)
 MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSpec& spec);
+
+// The oneDNN memory objects one primitive's arguments are passed in.
+struct BoundArgs {
+  dnnl::memory src, weights, bias, dst, scratchpad;
+};
+
+// Memory objects a workspace has created for the primitives it ran, per
+// primitive id (and per shape for runtime-shape primitives), so a warm call
+// only resets data handles. Owned by one Workspace; not thread-safe.
+class BoundMemories {
+ public:
+  // The entry for primitive `id` and `shape` (a default MatmulSpec for
+  // fixed-shape primitives); `created` tells whether it is new.
+  BoundArgs& Find(uint64_t id, const MatmulSpec& shape, bool& created);
+  size_t size() const { return by_key_.size(); }
+
+ private:
+  static constexpr size_t kMaxEntries = 1024;
+  absl::flat_hash_map<std::pair<uint64_t, MatmulSpec>, BoundArgs> by_key_;
+};
 
 // Creates each distinct MatmulSpec's primitive once. Thread-safe.
 class MatmulCache {
@@ -70,7 +110,7 @@ class MatmulCache {
   // std::mutex, not absl::Mutex: Debian's libabsl is not built with
   // ThreadSanitizer, which then cannot see its locks (see the TSan build).
   mutable std::mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const MatmulPrimitive>> cache_
+  absl::flat_hash_map<MatmulSpec, std::shared_ptr<const MatmulPrimitive>> cache_
       ABSL_GUARDED_BY(mu_);
 };
 
@@ -82,8 +122,7 @@ class LinearLayer {
   // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
   // `act_dt` (f32 or bf16); the output is `dst_dt`.
   LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
-              const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt,
-              dt dst_dt);
+              const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt, dt dst_dt);
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
   int64_t in_features() const { return k_; }

@@ -2,9 +2,14 @@
 
 #include <algorithm>
 
+#include "engine/onednn_matmul.h"
+
 namespace mha {
 
-Workspace::Workspace(const dnnl::engine& engine) : stream_(engine) {}
+Workspace::Workspace(const dnnl::engine& engine)
+    : stream_(engine), bound_(std::make_unique<BoundMemories>()) {}
+
+Workspace::~Workspace() = default;
 
 void* Workspace::Get(Slot slot, size_t bytes) {
   constexpr size_t kAlign = 64;

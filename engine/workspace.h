@@ -11,9 +11,12 @@
 
 namespace mha {
 
-// Owns growable 64-byte-aligned buffers (one per Slot) and the oneDNN stream
-// a call executes on. Buffers grow to the largest request seen and are then
-// reused, so steady-state calls allocate nothing. Not thread-safe: one
+class BoundMemories;  // engine/onednn_matmul.h
+
+// Owns growable 64-byte-aligned buffers (one per Slot), the oneDNN stream a
+// call executes on, and the memory objects bound to the primitives it ran.
+// Buffers grow to the largest request seen and are then reused, so
+// steady-state calls allocate nothing. Not thread-safe: one
 // Workspace per concurrent caller (e.g. per batch worker).
 class Workspace {
  public:
@@ -33,11 +36,13 @@ class Workspace {
     kProbsBf16,
     kMaskF32,     // masks converted to additive f32
     kKeyPadF32,
+    kKvOffsets,   // key offsets with the appended positions, int64
     kOnednnScratchpad,
     kNumSlots
   };
 
   explicit Workspace(const dnnl::engine& engine);
+  ~Workspace();
 
   // A buffer of at least `bytes` for `slot`; contents are not preserved
   // when it grows.
@@ -48,6 +53,8 @@ class Workspace {
   }
 
   dnnl::stream& stream() { return stream_; }
+  // The oneDNN memory objects of the primitives run with this workspace.
+  BoundMemories& bound_memories() { return *bound_; }
   // Total bytes currently held (for tests and metrics).
   size_t bytes_held() const;
 
@@ -59,6 +66,7 @@ class Workspace {
   };
   std::array<Buffer, kNumSlots> buffers_;
   dnnl::stream stream_;
+  std::unique_ptr<BoundMemories> bound_;
 };
 
 }  // namespace mha

@@ -209,21 +209,23 @@ void BenchOverhead(bool bf16) {
     int calls = 0;
     for (int pass = 0; pass < 2; ++pass) {
       calls = 0;
-      const int64_t allocations_before = g_allocations.load();
+      int64_t allocations = 0;
       for (int64_t len = 17; len <= 128; ++len, ++calls) {
         const int64_t kv = cross ? 145 - len : len;
         AttentionBatch batch;
         batch.query = absl::MakeConstSpan(data.data(), len * 256);
         if (cross) batch.key = absl::MakeConstSpan(data.data(), kv * 256);
         SetUniformOffsets(1, len, kv, 4, batch);
+        const int64_t allocations_before = g_allocations.load();
         const auto start = std::chrono::steady_clock::now();
         const absl::Status status = (*engine)->Run(
             batch, {absl::MakeSpan(output.data(), len * 256), {}, false}, *ws);
         pass_us[pass] += std::chrono::duration<double, std::micro>(
                              std::chrono::steady_clock::now() - start).count();
+        allocations += g_allocations.load() - allocations_before;
         if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
       }
-      pass_allocations[pass] = g_allocations.load() - allocations_before;
+      pass_allocations[pass] = allocations;
     }
     const double warm_allocations = static_cast<double>(pass_allocations[1]) / calls;
     const char* what = cross ? "overhead_cross" : "overhead_self";
