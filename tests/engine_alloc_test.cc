@@ -1,54 +1,15 @@
-// A warm MhaEngine::Run allocates nothing of its own, and a workspace's
-// cached oneDNN memory objects follow new buffers correctly.
-//
-// Every operator new in this binary is counted. The binary is linked with
-// -Wl,--wrap=dnnl_primitive_execute, so the engine's calls into oneDNN's
-// execute come through __wrap_dnnl_primitive_execute below, which counts
-// them and sets aside the allocations oneDNN 2.6 makes inside (it builds an
-// argument map on every call, which no API of 2.6 avoids).
-#include <atomic>
-#include <cstdlib>
-#include <new>
+// A warm MhaEngine::Run allocates nothing of its own (oneDNN's execute
+// still does: see tests/alloc_counter.h), and a workspace's cached oneDNN
+// memory objects follow new buffers correctly.
 #include <vector>
 
 #include "engine/mha_engine.h"
 #include "gtest/gtest.h"
-#include "oneapi/dnnl/dnnl.h"
+#include "tests/alloc_counter.h"
 #include "tests/test_models.h"
-
-namespace {
-std::atomic<int64_t> g_allocations{0};
-std::atomic<int64_t> g_allocations_in_execute{0};
-std::atomic<int64_t> g_executes{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-
-extern "C" dnnl_status_t __real_dnnl_primitive_execute(const_dnnl_primitive_t, dnnl_stream_t,
-                                                       int, const dnnl_exec_arg_t*);
-extern "C" dnnl_status_t __wrap_dnnl_primitive_execute(const_dnnl_primitive_t primitive,
-                                                       dnnl_stream_t stream, int nargs,
-                                                       const dnnl_exec_arg_t* args) {
-  const int64_t before = g_allocations.load();
-  const dnnl_status_t status = __real_dnnl_primitive_execute(primitive, stream, nargs, args);
-  g_allocations_in_execute.fetch_add(g_allocations.load() - before);
-  g_executes.fetch_add(1);
-  return status;
-}
 
 namespace mha::testing {
 namespace {
-
-struct Counts {
-  int64_t ours = 0;      // allocations outside oneDNN's execute
-  int64_t executes = 0;  // oneDNN primitive executions
-};
 
 // Self-attention (or cross-attention with `kv_len` keys) of one sequence.
 struct Request {
@@ -66,15 +27,12 @@ struct Request {
   }
 };
 
-Counts RunCounted(const MhaEngine& engine, Request& r, Workspace& ws) {
-  const int64_t all = g_allocations.load(), in_execute = g_allocations_in_execute.load();
-  const int64_t executes = g_executes.load();
+AllocationCounts RunCounted(const MhaEngine& engine, Request& r, Workspace& ws) {
+  const AllocationCounts before = CurrentAllocationCounts();
   const absl::Status status = engine.Run(r.batch, {absl::MakeSpan(r.output), {}, false}, ws);
-  Counts c;
-  c.ours = (g_allocations.load() - all) - (g_allocations_in_execute.load() - in_execute);
-  c.executes = g_executes.load() - executes;
+  const AllocationCounts counts = CurrentAllocationCounts() - before;
   EXPECT_TRUE(status.ok()) << status;
-  return c;
+  return counts;
 }
 
 std::unique_ptr<MhaEngine> Engine(const AttentionDims& d, int64_t runtime_dims_max_scores) {
@@ -100,8 +58,8 @@ TEST(EngineAllocationTest, WarmRunAllocatesNothingOutsideOneDnn) {
                                           << " len " << len);
         Request r(d, len, cross ? len + 7 : 0, 5);
         RunCounted(*engine, r, *ws);  // warm-up: primitives and buffers
-        const Counts warm = RunCounted(*engine, r, *ws);
-        EXPECT_EQ(warm.ours, 0);
+        const AllocationCounts warm = RunCounted(*engine, r, *ws);
+        EXPECT_EQ(warm.outside_onednn_execute(), 0);
         EXPECT_GE(warm.executes, 2);  // at least the two projections
       }
     }

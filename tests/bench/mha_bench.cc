@@ -4,11 +4,9 @@
 // moment (these machines are shared and noisy). One JSON object per line
 // with --json.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/mha_engine.h"
 #include "engine/onednn_matmul.h"
+#include "tests/alloc_counter.h"
 #include "tests/test_models.h"
 
 ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per measurement");
@@ -41,21 +40,6 @@ ABSL_FLAG(bool, wide, false,
 ABSL_FLAG(bool, overhead, false,
           "instead of the shapes: per-call time of small requests (B=1, E=256, h=4, self "
           "and cross, L in 17..128), first call of each length (cold) and again (warm)");
-
-// Every operator new in the program (ours, Abseil's, oneDNN's C++ objects)
-// is counted, so --overhead can report heap allocations per warm call.
-// (oneDNN's own buffers come from malloc and are not counted.)
-namespace {
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace mha {
 namespace {
@@ -205,41 +189,43 @@ void BenchOverhead(bool bf16) {
   std::vector<float> output(128 * 256);
   for (const bool cross : {false, true}) {
     double pass_us[2] = {0, 0};
-    int64_t pass_allocations[2] = {0, 0};
+    testing::AllocationCounts warm;  // summed over the warm pass
     int calls = 0;
     for (int pass = 0; pass < 2; ++pass) {
       calls = 0;
-      int64_t allocations = 0;
       for (int64_t len = 17; len <= 128; ++len, ++calls) {
         const int64_t kv = cross ? 145 - len : len;
         AttentionBatch batch;
         batch.query = absl::MakeConstSpan(data.data(), len * 256);
         if (cross) batch.key = absl::MakeConstSpan(data.data(), kv * 256);
         SetUniformOffsets(1, len, kv, 4, batch);
-        const int64_t allocations_before = g_allocations.load();
+        const testing::AllocationCounts before = testing::CurrentAllocationCounts();
         const auto start = std::chrono::steady_clock::now();
         const absl::Status status = (*engine)->Run(
             batch, {absl::MakeSpan(output.data(), len * 256), {}, false}, *ws);
         pass_us[pass] += std::chrono::duration<double, std::micro>(
                              std::chrono::steady_clock::now() - start).count();
-        allocations += g_allocations.load() - allocations_before;
+        if (pass == 1) warm = warm + (testing::CurrentAllocationCounts() - before);
         if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
       }
-      pass_allocations[pass] = allocations;
     }
-    const double warm_allocations = static_cast<double>(pass_allocations[1]) / calls;
+    const double ours = static_cast<double>(warm.outside_onednn_execute()) / calls;
+    const double onednn = static_cast<double>(warm.in_onednn_execute) / calls;
+    const double executes = static_cast<double>(warm.executes) / calls;
     const char* what = cross ? "overhead_cross" : "overhead_self";
     if (absl::GetFlag(FLAGS_json)) {
       std::printf(
           "{\"name\": \"%s\", \"dtype\": \"%s\", \"cold_us\": %.1f, \"warm_us\": %.1f, "
-          "\"warm_allocations\": %.1f}\n",
-          what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, warm_allocations);
+          "\"warm_allocations_ours\": %.1f, \"warm_allocations_onednn\": %.1f, "
+          "\"warm_executes\": %.1f}\n",
+          what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, ours, onednn,
+          executes);
     } else {
       std::printf(
-          "%-28s %-5s first call %8.1f us, warm %8.1f us, %.1f allocations per warm call "
-          "(mean of %d lengths)\n",
-          what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, warm_allocations,
-          calls);
+          "%-28s %-5s first call %8.1f us, warm %8.1f us; per warm call: %.1f allocations "
+          "of ours, %.1f inside %.1f oneDNN executes (mean of %d lengths)\n",
+          what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, ours, onednn,
+          executes, calls);
     }
   }
 }
