@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "oneapi/dnnl/dnnl.hpp"
+
 namespace mha {
 
 #if defined(__SANITIZE_THREAD__)
@@ -28,6 +30,11 @@ void SetComputeThreads(int n) {
 int AvailableCores() {
   const int n = omp_get_num_procs();
   return n > 0 ? n : static_cast<int>(std::thread::hardware_concurrency());
+}
+
+bool CpuHasNativeBf16() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
 }  // namespace mha

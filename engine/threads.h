@@ -1,4 +1,5 @@
-// How many threads the engine's math uses on the calling thread.
+// How many threads the engine's math uses on the calling thread, and what
+// the CPU offers it.
 #ifndef MHA_ENGINE_THREADS_H_
 #define MHA_ENGINE_THREADS_H_
 
@@ -11,6 +12,10 @@ void SetComputeThreads(int n);
 
 // Cores this process may use.
 int AvailableCores();
+
+// Whether oneDNN finds bf16 instructions on this CPU (AVX512-BF16 or AMX).
+// Without them bf16 compute is emulated and slower than fp32.
+bool CpuHasNativeBf16();
 
 }  // namespace mha
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/threads.h"
 
 namespace mha::server {
 namespace {
@@ -41,6 +42,12 @@ std::unique_ptr<ServedModel> LoadOne(const std::filesystem::path& dir,
     served->batcher = std::make_unique<Batcher>(
         served->name, *served->model.engine, BatcherOptionsFor(served->model.config, options),
         model_metrics, metrics);
+    if (served->model.dims.bf16 && !CpuHasNativeBf16()) {
+      std::fprintf(stderr,
+                   "mha_server: warning: model '%s' computes in bf16, but this CPU has no bf16 "
+                   "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32\n",
+                   served->name.c_str());
+    }
   } else {
     served->load_status = absl::FailedPreconditionError(
         absl::StrCat("model '", served->name, "' failed to load: ", loaded.status().message()));

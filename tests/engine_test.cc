@@ -2,10 +2,12 @@
 #include "engine/mha_engine.h"
 
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <thread>
 
 #include "engine/model.h"
+#include "engine/threads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/reference_mha.h"
@@ -481,6 +483,22 @@ TEST(EngineCreateTest, WeightsOfTheWrongSizeAreRejected) {
   PackedWeights w = RandomWeights(d, 1);
   w.w_o.pop_back();
   EXPECT_EQ(MhaEngine::Create(d, w).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// oneDNN's view of bf16 support agrees with the flags the kernel reports
+// (the server warns when a bf16 model would run emulated).
+TEST(EngineCpuTest, NativeBf16MatchesCpuFlags) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  ASSERT_TRUE(cpuinfo.good());
+  std::string line;
+  bool flags_bf16 = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    flags_bf16 = line.find(" avx512_bf16") != std::string::npos ||
+                 line.find(" amx_bf16") != std::string::npos;
+    break;
+  }
+  EXPECT_EQ(CpuHasNativeBf16(), flags_bf16);
 }
 
 }  // namespace
