@@ -161,9 +161,6 @@ void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count) {
   }
 }
 
-// Copies are memory-bound; two threads help only on large ones.
-constexpr int64_t kParallelCopyBytes = 256 << 10;
-
 void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
                 const HeadLayout& layout, uint8_t* dst) {
   const int64_t hb = layout.head_bytes;

@@ -43,6 +43,9 @@ void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count);
 // stored as [heads, rows in block, head], blocks back to back. The layout
 // spans `layout_rows` >= `rows` rows (room for appended rows). With
 // block_rows >= layout_rows this is plain [heads, layout_rows, head].
+// Copies are memory-bound; two threads help only on large ones.
+inline constexpr int64_t kParallelCopyBytes = 256 << 10;
+
 struct HeadLayout {
   int64_t heads = 1, head_bytes = 0;
   int64_t layout_rows = 0, block_rows = 1;

@@ -277,14 +277,47 @@ MhaEngine::TokenMajor MhaEngine::ProjectTokens(const AttentionBatch& batch,
   return t;
 }
 
+void MhaEngine::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
+                              const Projected& p) const {
+  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
+  const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
+  const std::vector<int64_t>& q_off = batch.q_offsets;
+  const std::vector<int64_t>& kv_off =
+      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
+  const int64_t len = q_off[b + 1] - q_off[b], keys = kv_off[b + 1] - kv_off[b];
+  const int64_t keys_ext = keys + extra;
+  const HeadLayout q_layout{h, dqk * act, len, RowsPerBlock(len, keys_ext)};
+  SplitHeads(t.q + q_off[b] * t.ldq * act, t.ldq * act, len, q_layout,
+             p.q + q_off[b] * qk * act);
+  const HeadLayout k_layout{h, dqk * act, keys_ext, keys_ext};
+  const HeadLayout v_layout{h, dv * act, keys_ext, keys_ext};
+  uint8_t* k = p.k + p.kv_offsets[b] * qk * act;
+  uint8_t* v = p.v + p.kv_offsets[b] * vw * act;
+  SplitHeads(t.k + kv_off[b] * t.ldk * act, t.ldk * act, keys, k_layout, k);
+  SplitHeads(t.v + kv_off[b] * t.ldv * act, t.ldv * act, keys, v_layout, v);
+  int64_t row = keys;
+  if (dims_.add_bias_kv) {  // bias_k / bias_v as one more key position
+    for (int64_t head = 0; head < h; ++head) {
+      std::memcpy(k + k_layout.Offset(head, row), bias_k_.data() + head * dqk * act, dqk * act);
+      std::memcpy(v + v_layout.Offset(head, row), bias_v_.data() + head * dv * act, dv * act);
+    }
+    ++row;
+  }
+  if (dims_.add_zero_attn) {  // and an all-zero one
+    for (int64_t head = 0; head < h; ++head) {
+      std::memset(k + k_layout.Offset(head, row), 0, dqk * act);
+      std::memset(v + v_layout.Offset(head, row), 0, dv * act);
+    }
+  }
+}
+
 MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
                                         Workspace& ws) const {
   const TokenMajor t = ProjectTokens(batch, ws);
-  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
   const int64_t n = batch.num_sequences(), total_q = batch.q_offsets.back();
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
-  const std::vector<int64_t>& q_off = batch.q_offsets;
   const std::vector<int64_t>& kv_off =
       batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   Projected p;
@@ -294,32 +327,16 @@ MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
   p.k = ws.Get<uint8_t>(Workspace::kHeadK, p.kv_offsets[n] * qk * act);
   p.v = ws.Get<uint8_t>(Workspace::kHeadV, p.kv_offsets[n] * vw * act);
   p.context_heads = ws.Get<uint8_t>(Workspace::kHeadContext, total_q * vw * act);
-  for (int64_t b = 0; b < n; ++b) {
-    const int64_t len = q_off[b + 1] - q_off[b], keys = kv_off[b + 1] - kv_off[b];
-    const int64_t keys_ext = keys + extra;
-    const HeadLayout q_layout{h, dqk * act, len, RowsPerBlock(len, keys_ext)};
-    SplitHeads(t.q + q_off[b] * t.ldq * act, t.ldq * act, len, q_layout,
-               p.q + q_off[b] * qk * act);
-    const HeadLayout k_layout{h, dqk * act, keys_ext, keys_ext};
-    const HeadLayout v_layout{h, dv * act, keys_ext, keys_ext};
-    uint8_t* k = p.k + p.kv_offsets[b] * qk * act;
-    uint8_t* v = p.v + p.kv_offsets[b] * vw * act;
-    SplitHeads(t.k + kv_off[b] * t.ldk * act, t.ldk * act, keys, k_layout, k);
-    SplitHeads(t.v + kv_off[b] * t.ldv * act, t.ldv * act, keys, v_layout, v);
-    int64_t row = keys;
-    if (dims_.add_bias_kv) {  // bias_k / bias_v as one more key position
-      for (int64_t head = 0; head < h; ++head) {
-        std::memcpy(k + k_layout.Offset(head, row), bias_k_.data() + head * dqk * act, dqk * act);
-        std::memcpy(v + v_layout.Offset(head, row), bias_v_.data() + head * dv * act, dv * act);
-      }
-      ++row;
-    }
-    if (dims_.add_zero_attn) {  // and an all-zero one
-      for (int64_t head = 0; head < h; ++head) {
-        std::memset(k + k_layout.Offset(head, row), 0, dqk * act);
-        std::memset(v + v_layout.Offset(head, row), 0, dv * act);
-      }
-    }
+  // Sequences in parallel when there are several (each split alone would
+  // often be too small to share out); one alone shares out its rows. (Not
+  // an `if` clause: a nested region inside an inactive one makes libgomp
+  // start new threads on every call.)
+  const int64_t bytes = (total_q * qk + p.kv_offsets[n] * (qk + vw)) * act;
+  if (n > 1 && bytes > kParallelCopyBytes) {
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t b = 0; b < n; ++b) SplitSequence(t, batch, b, p);
+  } else {
+    for (int64_t b = 0; b < n; ++b) SplitSequence(t, batch, b, p);
   }
   p.key_padding = AdditiveMask(batch.key_padding_mask, ws, Workspace::kKeyPadF32);
   p.attn_mask = AdditiveMask(batch.attn_mask, ws, Workspace::kMaskF32);
@@ -368,11 +385,17 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
   // The token-major projections are dead once split into heads: their
   // buffer takes the merged context (bounds scratch memory at long lengths).
   auto* context = ws.Get<uint8_t>(Workspace::kProjQ, total_q * vw * act);
-  for (int64_t b = 0; b < n; ++b) {
+  auto merge = [&](int64_t b) {
     const int64_t len = q_off[b + 1] - q_off[b];
     const HeadLayout layout{h, dims_.v_head_dim * act, len, RowsPerBlock(len, kv_len(b))};
     MergeHeads(p.context_heads + q_off[b] * vw * act, layout, len,
                context + q_off[b] * vw * act, vw * act);
+  };
+  if (n > 1 && total_q * vw * act > kParallelCopyBytes) {  // as in Project
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t b = 0; b < n; ++b) merge(b);
+  } else {
+    for (int64_t b = 0; b < n; ++b) merge(b);
   }
   out_->Run(ws, context, total_q, out.output.data());
   if (dims_.post_norm) {

@@ -73,6 +73,10 @@ class MhaEngine {
   int64_t HeadsPerBlock(int64_t rows, int64_t kv_len) const;
   TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
   Projected Project(const AttentionBatch& batch, Workspace& ws) const;
+  // Copies sequence b's token-major q, k, v into p's head-major buffers
+  // (and appends the bias_kv / zero_attn positions).
+  void SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
+                     const Projected& p) const;
   void Attend(const Block& block, const Projected& p, const AttentionBatch& batch,
               const AttentionOutputs& out, Workspace& ws) const;
   // 1 / sqrt(qk_head_dim).
