@@ -49,7 +49,12 @@ def machine():
     versions = subprocess.run(
         ["dpkg-query", "-W", "-f=${Package} ${Version}\\n", "libdnnl2", "python3-torch"],
         capture_output=True, text=True).stdout.strip().replace("\n", ", ")
-    return (f"{cpu}, {os.cpu_count()} cores visible, {platform.system()} "
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split() for line in f if line.startswith("flags")), [])
+    bf16 = ("bf16 instructions: AMX" if "amx_bf16" in flags else
+            "bf16 instructions: AVX512-BF16" if "avx512_bf16" in flags else
+            "no bf16 instructions (bf16 runs emulated)")
+    return (f"{cpu}, {os.cpu_count()} cores visible, {bf16}, {platform.system()} "
             f"{platform.release()}; {versions}")
 
 
@@ -313,7 +318,7 @@ each length with another key length. Measured both ways: a primitive per
 block shape, created at first use and cached, and (for blocks up to
 4 x 128 x 128 scores) one primitive with runtime shapes created with the
 engine. The engine uses the runtime-shape primitive in fp32 and
-per-shape ones in bf16 (AMX kernels, faster once created). Either way a
+per-shape ones in bf16 (with AMX those run faster once created). Either way a
 first call also creates the projections' primitives for its row count
 (one per count below 64, then powers of two: bounded, created once).
 Steady-state calls allocate nothing of ours: workspace buffers are reused
