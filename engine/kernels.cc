@@ -121,6 +121,102 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
   }
 }
 
+namespace {
+
+// One row of OnlineSoftmaxTile; `masked` and `causal_limit` are relative to
+// the tile.
+MHA_MULTIVERSION
+void OnlineSoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
+                      int64_t masked, int64_t causal_limit, float& max, float& sum,
+                      float& rescale, uint16_t* bf16_row) {
+  if (add_a != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < masked; ++j) row[j] += add_a[j];
+  }
+  if (add_b != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < masked; ++j) row[j] += add_b[j];
+  }
+  for (int64_t j = causal_limit; j < masked; ++j) row[j] = kNegInf;
+  float tile_max = kNegInf;
+#pragma omp simd reduction(max : tile_max)
+  for (int64_t j = 0; j < cols; ++j) tile_max = row[j] > tile_max ? row[j] : tile_max;
+  const float new_max = tile_max > max ? tile_max : max;
+  if (!(tile_max < std::numeric_limits<float>::infinity()) || new_max == kNegInf) {
+    // Overflowed scores poison the row (NaN sum); keys all masked so far
+    // add nothing. Either way this tile contributes zeros.
+    if (tile_max != kNegInf) sum = std::numeric_limits<float>::quiet_NaN();
+    rescale = 1.0f;
+    std::memset(row, 0, sizeof(float) * cols);
+    if (bf16_row != nullptr) std::memset(bf16_row, 0, sizeof(uint16_t) * cols);
+    return;
+  }
+  rescale = VectorExp(max - new_max);  // 0 on the first contributing tile
+  float tile_sum = 0.0f;
+#pragma omp simd reduction(+ : tile_sum)
+  for (int64_t j = 0; j < cols; ++j) {
+    const float e = VectorExp(row[j] - new_max);
+    row[j] = e;
+    tile_sum += e;
+  }
+  sum = sum * rescale + tile_sum;
+  max = new_max;
+  if (bf16_row != nullptr) {
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j]);
+  }
+}
+
+}  // namespace
+
+void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
+                       const SoftmaxMasks& m, const OnlineSoftmaxRows& state,
+                       uint16_t* bf16_out) {
+  const int64_t masked = std::clamp<int64_t>(m.masked_cols - col0, 0, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* pad = m.key_padding == nullptr ? nullptr : m.key_padding + col0;
+    const float* attn = m.attn == nullptr ? nullptr : m.attn + r * m.attn_row_stride + col0;
+    const int64_t causal_limit =
+        m.causal ? std::clamp<int64_t>(m.first_row + r + 1 - col0, 0, masked) : masked;
+    OnlineSoftmaxRow(scores + r * cols, cols, pad, attn, masked, causal_limit, state.max[r],
+                     state.sum[r], state.rescale[r],
+                     bf16_out == nullptr ? nullptr : bf16_out + r * cols);
+  }
+}
+
+MHA_MULTIVERSION
+void RescaleAccumulate(float* acc, const float* product, const float* rescale, int64_t rows,
+                       int64_t n, bool first) {
+  if (first) {
+    std::memcpy(acc, product, sizeof(float) * rows * n);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float f = rescale[r];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) acc[r * n + i] = acc[r * n + i] * f + product[r * n + i];
+  }
+}
+
+MHA_MULTIVERSION
+void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, bool bf16,
+                   void* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    // NaN sums (overflowed scores) give NaN outputs: 0 * NaN is NaN.
+    const float inv = sum[r] == 0.0f ? 0.0f : 1.0f / sum[r];
+    const float* a = acc + r * n;
+    if (bf16) {
+      uint16_t* o = static_cast<uint16_t*>(out) + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = ToBf16(a[i] * inv);
+    } else {
+      float* o = static_cast<float*>(out) + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) o[i] = a[i] * inv;
+    }
+  }
+}
+
 MHA_MULTIVERSION
 void AddLayerNorm(float* out, const float* residual, const float* gamma,
                   const float* beta, int64_t rows, int64_t n, float eps) {

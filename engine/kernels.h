@@ -30,6 +30,35 @@ struct SoftmaxMasks {
 void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
                    const SoftmaxMasks& masks, uint16_t* bf16_out = nullptr);
 
+// One key tile of an online (flash-attention style) softmax: `scores`
+// [rows, cols] are the scaled scores of columns [col0, col0 + cols) of each
+// row (masks indexed as in MaskedSoftmax, by the full row). Per row, given
+// the running maximum and sum of the tiles before, writes the tile's
+// unnormalised probabilities exp(score - new max) in place (and as bf16 to
+// `bf16_out` when not null), updates the running maximum and sum, and sets
+// `rescale` to the factor that earlier accumulations must be multiplied by.
+// A row with every key so far masked keeps sum 0; a row whose scores
+// overflowed (+inf or NaN) gets sum NaN, so its output is NaN, as in
+// MaskedSoftmax. Start a row with max -inf and sum 0.
+struct OnlineSoftmaxRows {
+  float* max = nullptr;      // [rows]
+  float* sum = nullptr;      // [rows]
+  float* rescale = nullptr;  // [rows]
+};
+void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
+                       const SoftmaxMasks& masks, const OnlineSoftmaxRows& state,
+                       uint16_t* bf16_out = nullptr);
+
+// acc[r] = acc[r] * rescale[r] + product[r] for rows [rows, n] (`first`:
+// acc = product).
+void RescaleAccumulate(float* acc, const float* product, const float* rescale, int64_t rows,
+                       int64_t n, bool first);
+
+// out[r] = acc[r] / sum[r] (zeros where sum is 0: every key masked), as f32
+// or, when `bf16`, as bf16.
+void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, bool bf16,
+                   void* out);
+
 // out[t] = LayerNorm(out[t] + residual[t]) * gamma + beta, per row of width n.
 void AddLayerNorm(float* out, const float* residual, const float* gamma,
                   const float* beta, int64_t rows, int64_t n, float eps);

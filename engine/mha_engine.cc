@@ -5,6 +5,8 @@
 #include <cstring>
 #include <exception>
 
+#include <omp.h>
+
 #include "absl/strings/str_cat.h"
 #include "engine/kernels.h"
 #include "engine/status_macros.h"
@@ -137,6 +139,8 @@ MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w,
   }
   norm_weight_ = w.norm_weight;
   norm_bias_ = w.norm_bias;
+  tiled_ = std::make_unique<TiledAttention>(dims.qk_head_dim, dims.v_head_dim, act_dt_, Scale(),
+                                            options_.tile_keys, &attention_matmuls_);
   if (options_.runtime_dims_max_scores < 0) {
     options_.runtime_dims_max_scores = dims.bf16 ? 0 : 4 * 128 * 128;
   }
@@ -198,6 +202,18 @@ int64_t MhaEngine::RowsPerBlock(int64_t q_len, int64_t kv_len) const {
 int64_t MhaEngine::HeadsPerBlock(int64_t rows, int64_t kv_len) const {
   if (kv_len == 0) return dims_.num_heads;
   return std::clamp<int64_t>(ScoreCap() / (rows * kv_len), 1, dims_.num_heads);
+}
+
+bool MhaEngine::Tiled(int64_t q_len, int64_t kv_len, bool weights) const {
+  return !weights && options_.tiled_min_keys > 0 && kv_len >= options_.tiled_min_keys &&
+         q_len >= options_.tiled_min_rows;
+}
+
+int64_t MhaEngine::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
+  if (Tiled(q_len, kv_len, weights)) {
+    return std::clamp<int64_t>(options_.tile_rows, 1, std::max<int64_t>(1, q_len));
+  }
+  return RowsPerBlock(q_len, kv_len);
 }
 
 std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const {
@@ -278,7 +294,7 @@ MhaEngine::TokenMajor MhaEngine::ProjectTokens(const AttentionBatch& batch,
 }
 
 void MhaEngine::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
-                              const Projected& p) const {
+                              bool weights, const Projected& p) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
@@ -287,7 +303,7 @@ void MhaEngine::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, 
       batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   const int64_t len = q_off[b + 1] - q_off[b], keys = kv_off[b + 1] - kv_off[b];
   const int64_t keys_ext = keys + extra;
-  const HeadLayout q_layout{h, dqk * act, len, RowsPerBlock(len, keys_ext)};
+  const HeadLayout q_layout{h, dqk * act, len, QueryBlockRows(len, keys_ext, weights)};
   SplitHeads(t.q + q_off[b] * t.ldq * act, t.ldq * act, len, q_layout,
              p.q + q_off[b] * qk * act);
   const HeadLayout k_layout{h, dqk * act, keys_ext, keys_ext};
@@ -312,7 +328,7 @@ void MhaEngine::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, 
   }
 }
 
-MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
+MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch, bool weights,
                                         Workspace& ws) const {
   const TokenMajor t = ProjectTokens(batch, ws);
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
@@ -334,9 +350,9 @@ MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch,
   const int64_t bytes = (total_q * qk + p.kv_offsets[n] * (qk + vw)) * act;
   if (n > 1 && bytes > kParallelCopyBytes) {
 #pragma omp parallel for schedule(dynamic)
-    for (int64_t b = 0; b < n; ++b) SplitSequence(t, batch, b, p);
+    for (int64_t b = 0; b < n; ++b) SplitSequence(t, batch, b, weights, p);
   } else {
-    for (int64_t b = 0; b < n; ++b) SplitSequence(t, batch, b, p);
+    for (int64_t b = 0; b < n; ++b) SplitSequence(t, batch, b, weights, p);
   }
   p.key_padding = AdditiveMask(batch.key_padding_mask, ws, Workspace::kKeyPadF32);
   p.attn_mask = AdditiveMask(batch.attn_mask, ws, Workspace::kMaskF32);
@@ -347,13 +363,19 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
                         Workspace& ws) const {
   const int64_t total_q = batch.q_offsets.back();
   if (total_q == 0) return;
-  const Projected p = Project(batch, ws);
+  const bool weights = !out.weights.empty();
+  const Projected p = Project(batch, weights, ws);
   const std::vector<int64_t>& q_off = batch.q_offsets;
   const int64_t h = dims_.num_heads, n = batch.num_sequences();
   const int64_t score_cap = ScoreCap();
   auto kv_len = [&](int64_t b) { return p.kv_offsets[b + 1] - p.kv_offsets[b]; };
   int64_t weights_offset = 0;
   for (int64_t b = 0; b < n;) {
+    if (Tiled(q_off[b + 1] - q_off[b], kv_len(b), weights)) {  // no weights to write
+      AttendTiled(b, p, batch, ws);
+      ++b;
+      continue;
+    }
     Block block;
     block.first_seq = b;
     block.weights_offset = weights_offset;
@@ -387,7 +409,8 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
   auto* context = ws.Get<uint8_t>(Workspace::kProjQ, total_q * vw * act);
   auto merge = [&](int64_t b) {
     const int64_t len = q_off[b + 1] - q_off[b];
-    const HeadLayout layout{h, dims_.v_head_dim * act, len, RowsPerBlock(len, kv_len(b))};
+    const HeadLayout layout{h, dims_.v_head_dim * act, len,
+                            QueryBlockRows(len, kv_len(b), weights)};
     MergeHeads(p.context_heads + q_off[b] * vw * act, layout, len,
                context + q_off[b] * vw * act, vw * act);
   };
@@ -453,6 +476,59 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
   } else {
     AttentionContext(blk, probs, v, context, ws);
   }
+}
+
+void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch,
+                            Workspace& ws) const {
+  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
+  const int64_t len = batch.q_offsets[b + 1] - batch.q_offsets[b];
+  const int64_t s = p.kv_offsets[b + 1] - p.kv_offsets[b], keys = s - dims_.extra_keys();
+  const int64_t block_rows = QueryBlockRows(len, s, /*weights=*/false);
+  const HeadLayout q_layout{h, dqk * act, len, block_rows};
+  const HeadLayout ctx_layout{h, dv * act, len, block_rows};
+  const uint8_t* q = p.q + batch.q_offsets[b] * dims_.qk_width() * act;
+  uint8_t* context = p.context_heads + batch.q_offsets[b] * dims_.v_width() * act;
+  const uint8_t* k = p.k + p.kv_offsets[b] * dims_.qk_width() * act;
+  const uint8_t* v = p.v + p.kv_offsets[b] * dims_.v_width() * act;
+  const int64_t kv_row = p.kv_offsets[b] - b * dims_.extra_keys();
+  auto block_at = [&](int64_t item) {
+    const int64_t head = item % h, row0 = (item / h) * block_rows;
+    TiledBlock blk;
+    blk.rows = std::min(block_rows, len - row0);
+    blk.keys = s;
+    blk.q = q + q_layout.Offset(head, row0);
+    blk.context = context + ctx_layout.Offset(head, row0);
+    blk.k = k + head * s * dqk * act;
+    blk.v = v + head * s * dv * act;
+    blk.masks.masked_cols = keys;
+    blk.masks.causal = batch.is_causal;
+    blk.masks.first_row = row0;
+    if (p.key_padding != nullptr) blk.masks.key_padding = p.key_padding + kv_row;
+    if (p.attn_mask != nullptr) {
+      blk.masks.attn_row_stride = keys;
+      blk.masks.attn_head_stride = batch.attn_mask_per_head ? len * keys : 0;
+      blk.masks.attn = p.attn_mask + batch.attn_mask_offsets[b] + row0 * keys +
+                       head * blk.masks.attn_head_stride;
+    }
+    return blk;
+  };
+  const int64_t items = h * ((len + block_rows - 1) / block_rows);
+  tiled_->Prepare(block_rows);
+  ws.ReserveChildren(omp_get_max_threads());
+  // One block per thread at a time, each on its own child workspace; oneDNN
+  // runs single-threaded inside the region. Exceptions must not cross it.
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t item = 0; item < items; ++item) {
+    try {
+      tiled_->Run(block_at(item), ws.Child(omp_get_thread_num()));
+    } catch (...) {
+#pragma omp critical(mha_tiled_error)
+      if (error == nullptr) error = std::current_exception();
+    }
+  }
+  if (error != nullptr) std::rethrow_exception(error);
 }
 
 void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,

@@ -13,6 +13,7 @@
 #include "engine/attention_batch.h"
 #include "engine/model_config.h"
 #include "engine/onednn_matmul.h"
+#include "engine/tiled_attention.h"
 #include "engine/weights.h"
 #include "engine/workspace.h"
 
@@ -32,6 +33,16 @@ struct EngineOptions {
   // per-shape AMX kernels run faster warm (and cost ~5 ms to create). See
   // mha_bench --overhead.
   int64_t runtime_dims_max_scores = -1;
+  // Sequences with at least this many keys (appended positions included)
+  // and `tiled_min_rows` query rows run key-tiled with an online softmax
+  // (flash-attention style) when no attention weights are asked for: each
+  // block of `tile_rows` query rows of one head streams its keys
+  // `tile_keys` at a time, so its scores stay in the core's L2 cache, and
+  // the blocks are shared out among the threads. 0: never.
+  int64_t tiled_min_keys = 512;
+  int64_t tiled_min_rows = 64;
+  int64_t tile_rows = 512;
+  int64_t tile_keys = 512;
 };
 
 // Owns the packed, reordered weights of one attention layer and the oneDNN
@@ -71,12 +82,20 @@ class MhaEngine {
   int64_t RowsPerBlock(int64_t q_len, int64_t kv_len) const;
   // Heads per block for blocks of `rows` query rows (all when they fit).
   int64_t HeadsPerBlock(int64_t rows, int64_t kv_len) const;
+  // Whether a sequence runs key-tiled (see EngineOptions), and the query
+  // rows per block of its head-major q and context either way.
+  bool Tiled(int64_t q_len, int64_t kv_len, bool weights) const;
+  int64_t QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const;
   TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
-  Projected Project(const AttentionBatch& batch, Workspace& ws) const;
+  Projected Project(const AttentionBatch& batch, bool weights, Workspace& ws) const;
   // Copies sequence b's token-major q, k, v into p's head-major buffers
   // (and appends the bias_kv / zero_attn positions).
   void SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
-                     const Projected& p) const;
+                     bool weights, const Projected& p) const;
+  // Sequence b on the key-tiled path: its (row block, head) pairs shared out
+  // among the threads, each on a child workspace.
+  void AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch,
+                   Workspace& ws) const;
   void Attend(const Block& block, const Projected& p, const AttentionBatch& batch,
               const AttentionOutputs& out, Workspace& ws) const;
   // 1 / sqrt(qk_head_dim).
@@ -113,6 +132,7 @@ class MhaEngine {
   mutable MatmulCache attention_matmuls_;
   // Runtime-shape primitives for small blocks (see EngineOptions).
   std::unique_ptr<MatmulPrimitive> runtime_scores_, runtime_context_;
+  std::unique_ptr<TiledAttention> tiled_;
 };
 
 }  // namespace mha

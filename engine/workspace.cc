@@ -16,7 +16,8 @@ void* Workspace::Get(Slot slot, size_t bytes) {
   Buffer& b = buffers_[slot];
   if (bytes > b.capacity || b.aligned == nullptr) {
     // Room to grow a little, at most 1 MiB (long sequences stay bounded).
-    const size_t capacity = bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
+    const size_t capacity =
+        bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
     b.storage.reset(new uint8_t[capacity + kAlign]);
     const auto address = reinterpret_cast<uintptr_t>(b.storage.get());
     b.aligned = b.storage.get() + ((kAlign - address % kAlign) % kAlign);
@@ -25,9 +26,16 @@ void* Workspace::Get(Slot slot, size_t bytes) {
   return b.aligned;
 }
 
+void Workspace::ReserveChildren(int n) {
+  while (static_cast<int>(children_.size()) < n) {
+    children_.push_back(std::make_unique<Workspace>(stream_.get_engine()));
+  }
+}
+
 size_t Workspace::bytes_held() const {
   size_t total = 0;
   for (const Buffer& b : buffers_) total += b.capacity;
+  for (const auto& child : children_) total += child->bytes_held();
   return total;
 }
 

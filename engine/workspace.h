@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -16,28 +17,33 @@ class BoundMemories;  // engine/onednn_matmul.h
 // Owns growable 64-byte-aligned buffers (one per Slot), the oneDNN stream a
 // call executes on, and the memory objects bound to the primitives it ran.
 // Buffers grow to the largest request seen and are then reused, so
-// steady-state calls allocate nothing. Not thread-safe: one
-// Workspace per concurrent caller (e.g. per batch worker).
+// steady-state calls allocate nothing. Also owns child workspaces, one per
+// thread of work that a call shares out. Not thread-safe: one Workspace per
+// concurrent caller (e.g. per batch worker); ReserveChildren before a
+// parallel region, then each thread uses only Child(its own index).
 class Workspace {
  public:
   enum Slot {
-    kQueryBf16,   // query (or key/value) converted to bf16
+    kQueryBf16,  // query (or key/value) converted to bf16
     kKeyBf16,
     kValueBf16,
-    kProjQ,       // projected q (or q|k|v fused), token-major; later the
-                  // heads' outputs merged back, [tokens, h*dv]
-    kProjK,       // projected k (or k|v fused)
+    kProjQ,  // projected q (or q|k|v fused), token-major; later the
+             // heads' outputs merged back, [tokens, h*dv]
+    kProjK,  // projected k (or k|v fused)
     kProjV,
-    kHeadQ,       // q, k, v, context split into heads: [h, len, d] per sequence
+    kHeadQ,  // q, k, v, context split into heads: [h, len, d] per sequence
     kHeadK,
     kHeadV,
     kHeadContext,
-    kScores,      // scores / probabilities, f32
+    kScores,  // scores / probabilities, f32
     kProbsBf16,
-    kMaskF32,     // masks converted to additive f32
+    kMaskF32,  // masks converted to additive f32
     kKeyPadF32,
-    kKvOffsets,   // key offsets with the appended positions, int64
+    kKvOffsets,  // key offsets with the appended positions, int64
     kOnednnScratchpad,
+    kTileAcc,      // key-tiled attention: f32 accumulator [rows, dv],
+    kTileProduct,  // one tile's probs . v [rows, dv],
+    kTileStats,    // and running max, sum, rescale per row
     kNumSlots
   };
 
@@ -52,10 +58,15 @@ class Workspace {
     return static_cast<T*>(Get(slot, count * sizeof(T)));
   }
 
+  // Makes sure children 0..n-1 exist (call outside parallel regions).
+  void ReserveChildren(int n);
+  Workspace& Child(int i) { return *children_[static_cast<size_t>(i)]; }
+  int num_children() const { return static_cast<int>(children_.size()); }
+
   dnnl::stream& stream() { return stream_; }
   // The oneDNN memory objects of the primitives run with this workspace.
   BoundMemories& bound_memories() { return *bound_; }
-  // Total bytes currently held (for tests and metrics).
+  // Total bytes currently held, children included (for tests and metrics).
   size_t bytes_held() const;
 
  private:
@@ -67,6 +78,7 @@ class Workspace {
   std::array<Buffer, kNumSlots> buffers_;
   dnnl::stream stream_;
   std::unique_ptr<BoundMemories> bound_;
+  std::vector<std::unique_ptr<Workspace>> children_;
 };
 
 }  // namespace mha

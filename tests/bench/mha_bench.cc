@@ -35,6 +35,12 @@ ABSL_FLAG(int64_t, max_score_bytes, mha::EngineOptions{}.max_score_bytes,
           "EngineOptions::max_score_bytes");
 ABSL_FLAG(int64_t, runtime_dims_max_scores, mha::EngineOptions{}.runtime_dims_max_scores,
           "EngineOptions::runtime_dims_max_scores (0: a primitive per shape always)");
+ABSL_FLAG(int64_t, tiled_min_keys, mha::EngineOptions{}.tiled_min_keys,
+          "EngineOptions::tiled_min_keys (0: never key-tiled)");
+ABSL_FLAG(int64_t, tiled_min_rows, mha::EngineOptions{}.tiled_min_rows,
+          "EngineOptions::tiled_min_rows");
+ABSL_FLAG(int64_t, tile_rows, mha::EngineOptions{}.tile_rows, "EngineOptions::tile_rows");
+ABSL_FLAG(int64_t, tile_keys, mha::EngineOptions{}.tile_keys, "EngineOptions::tile_keys");
 ABSL_FLAG(bool, wide, false,
           "instead of the standard shapes: wider models (E = 1024-2048, h = 16-32)");
 ABSL_FLAG(bool, overhead, false,
@@ -168,6 +174,10 @@ class MatmulCeiling {
 EngineOptions OptionsFromFlags() {
   EngineOptions options;
   options.max_score_bytes = absl::GetFlag(FLAGS_max_score_bytes);
+  options.tiled_min_keys = absl::GetFlag(FLAGS_tiled_min_keys);
+  options.tiled_min_rows = absl::GetFlag(FLAGS_tiled_min_rows);
+  options.tile_rows = absl::GetFlag(FLAGS_tile_rows);
+  options.tile_keys = absl::GetFlag(FLAGS_tile_keys);
   options.runtime_dims_max_scores = absl::GetFlag(FLAGS_runtime_dims_max_scores);
   return options;
 }

@@ -122,6 +122,15 @@ FIXED_CASES = [
     dict(layout="linear", mode="cross", kdim=24, vdim=16, L=5, S=7,
          kpm="bool", attn_mask="3d-bool", causal=True, full_rows=True,
          weights="avg"),
+    # 24: >= 512 keys and no weights: the key-tiled online-softmax path
+    #     (two uneven row blocks), with both masks, causal, zero_attn and
+    #     fully masked rows.
+    dict(E=64, h=4, batch=1, L=700, S=700, add_zero_attn=True, kpm="bool",
+         attn_mask="3d-float", causal=True, full_rows=True),
+    # 25: the key-tiled path in BF16 for cross-attention with other widths,
+    #     bias_kv and a float padding mask.
+    dict(E=32, h=4, batch=2, mode="cross", kdim=40, vdim=20, L=96, S=1100,
+         compute="BF16", add_bias_kv=True, kpm="float", attn_mask="2d-bool"),
 ]
 
 

@@ -1,0 +1,92 @@
+#include "engine/tiled_attention.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace mha {
+
+TiledAttention::TiledAttention(int64_t qk_head_dim, int64_t v_head_dim,
+                               dt act_dt, float scale, int64_t tile_keys,
+                               MatmulCache* matmuls)
+    : dqk_(qk_head_dim),
+      dv_(v_head_dim),
+      act_dt_(act_dt),
+      scale_(scale),
+      tile_keys_(std::max<int64_t>(1, tile_keys)),
+      matmuls_(matmuls) {}
+
+// scores [rows, cols] f32 = scale * q [rows, dqk] . k_tile [cols, dqk]^T
+MatmulSpec TiledAttention::ScoresSpec(int64_t rows, int64_t cols) const {
+  MatmulSpec spec;
+  spec.ndims = 2;
+  spec.src_dt = spec.wei_dt = act_dt_;
+  spec.src_dims = {rows, dqk_};
+  spec.src_strides = {dqk_, 1};
+  spec.wei_dims = {dqk_, cols};
+  spec.wei_strides = {1, dqk_};
+  spec.dst_dims = {rows, cols};
+  spec.dst_strides = {cols, 1};
+  spec.scale = scale_;
+  return spec;
+}
+
+// product [rows, dv] f32 = probs [rows, cols] . v_tile [cols, dv]
+MatmulSpec TiledAttention::ContextSpec(int64_t rows, int64_t cols) const {
+  MatmulSpec spec;
+  spec.ndims = 2;
+  spec.src_dt = spec.wei_dt = act_dt_;
+  spec.src_dims = {rows, cols};
+  spec.src_strides = {cols, 1};
+  spec.wei_dims = {cols, dv_};
+  spec.wei_strides = {dv_, 1};
+  spec.dst_dims = {rows, dv_};
+  spec.dst_strides = {dv_, 1};
+  return spec;
+}
+
+void TiledAttention::Prepare(int64_t rows) const {
+  matmuls_->Get(ScoresSpec(rows, tile_keys_));
+  matmuls_->Get(ContextSpec(rows, tile_keys_));
+}
+
+bool TiledAttention::HiddenByCausalMask(const TiledBlock& b, int64_t col0,
+                                        int64_t cols) {
+  // Columns appended after the masked ones (bias_kv, zero_attn) are never
+  // masked; the block's last row sees columns up to first_row + rows - 1.
+  return b.masks.causal && col0 + cols <= b.masks.masked_cols &&
+         col0 > b.masks.first_row + b.rows - 1;
+}
+
+void TiledAttention::Run(const TiledBlock& b, Workspace& ws) const {
+  const int64_t rows = b.rows, act = act_dt_ == dt::bf16 ? 2 : 4;
+  const int64_t tile = std::min(tile_keys_, b.keys);
+  float* scores = ws.Get<float>(Workspace::kScores, rows * tile);
+  uint16_t* probs_bf16 =
+      act_dt_ == dt::bf16 ? ws.Get<uint16_t>(Workspace::kProbsBf16, rows * tile)
+                          : nullptr;
+  float* acc = ws.Get<float>(Workspace::kTileAcc, rows * dv_);
+  float* product = ws.Get<float>(Workspace::kTileProduct, rows * dv_);
+  float* stats = ws.Get<float>(Workspace::kTileStats, 3 * rows);
+  const OnlineSoftmaxRows state{stats, stats + rows, stats + 2 * rows};
+  std::fill_n(state.max, rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(state.sum, rows, 0.0f);
+  bool first = true;
+  for (int64_t col0 = 0; col0 < b.keys; col0 += tile) {
+    const int64_t cols = std::min(tile, b.keys - col0);
+    if (HiddenByCausalMask(b, col0, cols)) continue;
+    ExecuteMatmul(*matmuls_->Get(ScoresSpec(rows, cols)), ws, b.q,
+                  b.k + col0 * dqk_ * act, nullptr, scores);
+    OnlineSoftmaxTile(scores, rows, cols, col0, b.masks, state, probs_bf16);
+    const void* probs =
+        probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
+    ExecuteMatmul(*matmuls_->Get(ContextSpec(rows, cols)), ws, probs,
+                  b.v + col0 * dv_ * act, nullptr, product);
+    RescaleAccumulate(acc, product, state.rescale, rows, dv_, first);
+    first = false;
+  }
+  if (first) std::memset(acc, 0, sizeof(float) * rows * dv_);  // no tile seen
+  NormalizeRows(acc, state.sum, rows, dv_, act_dt_ == dt::bf16, b.context);
+}
+
+}  // namespace mha

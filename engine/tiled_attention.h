@@ -1,0 +1,58 @@
+// Attention of one block of query rows of one head over a long key
+// sequence, key tile by key tile with an online softmax (flash-attention
+// style): a tile's scores stay in the core's cache, and no [rows, keys]
+// score matrix is ever held. Internal to the engine (throws dnnl::error).
+#ifndef MHA_ENGINE_TILED_ATTENTION_H_
+#define MHA_ENGINE_TILED_ATTENTION_H_
+
+#include <cstdint>
+
+#include "engine/kernels.h"
+#include "engine/onednn_matmul.h"
+#include "engine/workspace.h"
+
+namespace mha {
+
+// One (query-row block, head): q [rows, dqk], k [keys, dqk], v [keys, dv]
+// and context [rows, dv] contiguous, in the compute type. `masks` as for
+// MaskedSoftmax over the block's rows and all `keys` columns.
+struct TiledBlock {
+  const uint8_t* q = nullptr;
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
+  uint8_t* context = nullptr;
+  int64_t rows = 0, keys = 0;
+  SoftmaxMasks masks;
+};
+
+// Holds the head sizes, compute type and tile width, and borrows the
+// engine's primitive cache. Immutable; Run is thread-safe with one
+// Workspace per concurrent caller. Meant to run single-threaded inside the
+// caller's parallel region (oneDNN then uses the calling thread only).
+class TiledAttention {
+ public:
+  TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, dt act_dt,
+                 float scale, int64_t tile_keys, MatmulCache* matmuls);
+
+  // Creates the primitives of a full tile of `rows` query rows (outside a
+  // parallel region, so they are planned for the calling thread's pool).
+  void Prepare(int64_t rows) const;
+  void Run(const TiledBlock& block, Workspace& ws) const;
+
+ private:
+  MatmulSpec ScoresSpec(int64_t rows, int64_t cols) const;
+  MatmulSpec ContextSpec(int64_t rows, int64_t cols) const;
+  // Whether causal masking hides every column of the tile from every row.
+  static bool HiddenByCausalMask(const TiledBlock& block, int64_t col0,
+                                 int64_t cols);
+
+  int64_t dqk_, dv_;
+  dt act_dt_;
+  float scale_;
+  int64_t tile_keys_;
+  MatmulCache* matmuls_;
+};
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_TILED_ATTENTION_H_
