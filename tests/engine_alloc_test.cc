@@ -44,8 +44,9 @@ std::unique_ptr<MhaEngine> Engine(const AttentionDims& d, int64_t runtime_dims_m
 }
 
 // Lengths whose attention runs in plain loops (16), on the runtime-shape
-// primitive (100) and on per-shape primitives (300): in each, once the
-// shape has been seen, a call allocates nothing outside oneDNN.
+// primitive (100), on per-shape primitives (300) and key-tiled on the
+// threads' child workspaces (700): in each, once the shape has been seen,
+// a call allocates nothing outside oneDNN.
 TEST(EngineAllocationTest, WarmRunAllocatesNothingOutsideOneDnn) {
   for (const bool bf16 : {false, true}) {
     for (const bool cross : {false, true}) {
@@ -53,7 +54,7 @@ TEST(EngineAllocationTest, WarmRunAllocatesNothingOutsideOneDnn) {
       d.bf16 = bf16;
       const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
       std::unique_ptr<Workspace> ws = engine->NewWorkspace();
-      for (const int64_t len : {16, 100, 300}) {
+      for (const int64_t len : {16, 100, 300, 700}) {
         SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " cross " << cross
                                           << " len " << len);
         Request r(d, len, cross ? len + 7 : 0, 5);
@@ -68,8 +69,9 @@ TEST(EngineAllocationTest, WarmRunAllocatesNothingOutsideOneDnn) {
 
 // The cached memory objects are re-pointed at each call's buffers: runs on
 // a warm workspace with other inputs and outputs (all alive at once, so at
-// other addresses), and after a longer request has grown its buffers, give
-// what a fresh workspace gives, on both kinds of attention primitive.
+// other addresses), and after a longer request has grown its buffers (and
+// run key-tiled), give what a fresh workspace gives, on both kinds of
+// attention primitive.
 TEST(EngineAllocationTest, WarmWorkspaceFollowsNewBuffers) {
   const AttentionDims d = MakeDims(64, 2);
   for (const int64_t runtime_limit : {int64_t{0}, int64_t{4 * 128 * 128}}) {
@@ -77,7 +79,7 @@ TEST(EngineAllocationTest, WarmWorkspaceFollowsNewBuffers) {
     std::unique_ptr<Workspace> warm = engine->NewWorkspace();
     std::vector<Request> on_warm, on_fresh;
     for (uint32_t i = 0; i < 4; ++i) {
-      const int64_t len = i == 2 ? 400 : 100;
+      const int64_t len = i == 2 ? 700 : 100;
       on_warm.emplace_back(d, len, 0, i + 1);
       on_fresh.emplace_back(d, len, 0, i + 1);
     }

@@ -333,13 +333,15 @@ number of executes (per-shape · runtime-shape).
 
 ## Sequence length
 
-Self-attention, one sequence, E = 512, h = 8. Ours runs the attention in
-blocks of query rows (and, past L = 4096, of heads: at least 64 rows per
-block) whose scores fit 4 MiB, so its scratch memory stays bounded at any
-length (never the L x L matrix of all heads; "scratch" is every buffer the
-engine held, projections included); PyTorch is measured up to L = 4096 (at
-16384 it would hold 8.6 GB of scores). Time should grow 4x per doubling of
-L once the L^2 attention dominates.
+Self-attention, one sequence, E = 512, h = 8, no weights asked for. From
+L = 512 on, ours runs key-tiled with an online softmax: blocks of 512
+query rows of one head stream their keys 512 at a time (a tile's scores
+stay in L2), the blocks shared out among the threads; shorter ones run in
+blocks of query rows whose scores fit 4 MiB. Either way scratch memory
+stays bounded at any length (never the L x L matrix of all heads;
+"scratch" is every buffer the engine held, projections included); PyTorch
+is measured up to L = 4096 (at 16384 it would hold 8.6 GB of scores). Time
+should grow 4x per doubling of L once the L^2 attention dominates.
 
 ![GFLOP/s against sequence length](perf_seq_len.svg)
 
