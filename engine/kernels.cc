@@ -57,18 +57,25 @@ inline uint16_t ToBf16(float f) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-MHA_MULTIVERSION
-void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
-                int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
+// Adds the additive masks to the first `masked` columns of a score row and
+// masks out those from `causal_limit` on. Inlined into each vectorised caller.
+inline void AddMasks(float* row, const float* add_a, const float* add_b, int64_t masked,
+                     int64_t causal_limit) {
   if (add_a != nullptr) {
 #pragma omp simd
-    for (int64_t j = 0; j < masked_cols; ++j) row[j] += add_a[j];
+    for (int64_t j = 0; j < masked; ++j) row[j] += add_a[j];
   }
   if (add_b != nullptr) {
 #pragma omp simd
-    for (int64_t j = 0; j < masked_cols; ++j) row[j] += add_b[j];
+    for (int64_t j = 0; j < masked; ++j) row[j] += add_b[j];
   }
-  for (int64_t j = causal_limit; j < masked_cols; ++j) row[j] = kNegInf;
+  for (int64_t j = causal_limit; j < masked; ++j) row[j] = kNegInf;
+}
+
+MHA_MULTIVERSION
+void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
+                int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
+  AddMasks(row, add_a, add_b, masked_cols, causal_limit);
   float max = kNegInf;
 #pragma omp simd reduction(max : max)
   for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
@@ -129,15 +136,7 @@ MHA_MULTIVERSION
 void OnlineSoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
                       int64_t masked, int64_t causal_limit, float& max, float& sum,
                       float& rescale, uint16_t* bf16_row) {
-  if (add_a != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < masked; ++j) row[j] += add_a[j];
-  }
-  if (add_b != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < masked; ++j) row[j] += add_b[j];
-  }
-  for (int64_t j = causal_limit; j < masked; ++j) row[j] = kNegInf;
+  AddMasks(row, add_a, add_b, masked, causal_limit);
   float tile_max = kNegInf;
 #pragma omp simd reduction(max : tile_max)
   for (int64_t j = 0; j < cols; ++j) tile_max = row[j] > tile_max ? row[j] : tile_max;

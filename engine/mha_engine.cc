@@ -478,12 +478,32 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
   }
 }
 
+SoftmaxMasks MhaEngine::MasksFor(const Projected& p, const AttentionBatch& batch, int64_t seq,
+                                 int64_t q_len, int64_t row0, int64_t head0) const {
+  const int64_t extra = dims_.extra_keys();
+  const int64_t keys = p.kv_offsets[seq + 1] - p.kv_offsets[seq] - extra;
+  SoftmaxMasks masks;
+  masks.masked_cols = keys;  // appended positions are never masked
+  masks.causal = batch.is_causal;
+  masks.first_row = row0;
+  if (p.key_padding != nullptr) {
+    masks.key_padding = p.key_padding + p.kv_offsets[seq] - seq * extra;
+  }
+  if (p.attn_mask != nullptr) {
+    masks.attn_row_stride = keys;
+    masks.attn_head_stride = batch.attn_mask_per_head ? q_len * keys : 0;
+    masks.attn = p.attn_mask + batch.attn_mask_offsets[seq] + row0 * keys +
+                 head0 * masks.attn_head_stride;
+  }
+  return masks;
+}
+
 void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch,
                             Workspace& ws) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
   const int64_t len = batch.q_offsets[b + 1] - batch.q_offsets[b];
-  const int64_t s = p.kv_offsets[b + 1] - p.kv_offsets[b], keys = s - dims_.extra_keys();
+  const int64_t s = p.kv_offsets[b + 1] - p.kv_offsets[b];
   const int64_t block_rows = QueryBlockRows(len, s, /*weights=*/false);
   const HeadLayout q_layout{h, dqk * act, len, block_rows};
   const HeadLayout ctx_layout{h, dv * act, len, block_rows};
@@ -491,7 +511,6 @@ void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch&
   uint8_t* context = p.context_heads + batch.q_offsets[b] * dims_.v_width() * act;
   const uint8_t* k = p.k + p.kv_offsets[b] * dims_.qk_width() * act;
   const uint8_t* v = p.v + p.kv_offsets[b] * dims_.v_width() * act;
-  const int64_t kv_row = p.kv_offsets[b] - b * dims_.extra_keys();
   auto block_at = [&](int64_t item) {
     const int64_t head = item % h, row0 = (item / h) * block_rows;
     TiledBlock blk;
@@ -501,25 +520,19 @@ void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch&
     blk.context = context + ctx_layout.Offset(head, row0);
     blk.k = k + head * s * dqk * act;
     blk.v = v + head * s * dv * act;
-    blk.masks.masked_cols = keys;
-    blk.masks.causal = batch.is_causal;
-    blk.masks.first_row = row0;
-    if (p.key_padding != nullptr) blk.masks.key_padding = p.key_padding + kv_row;
-    if (p.attn_mask != nullptr) {
-      blk.masks.attn_row_stride = keys;
-      blk.masks.attn_head_stride = batch.attn_mask_per_head ? len * keys : 0;
-      blk.masks.attn = p.attn_mask + batch.attn_mask_offsets[b] + row0 * keys +
-                       head * blk.masks.attn_head_stride;
-    }
+    blk.masks = MasksFor(p, batch, b, len, row0, head);
     return blk;
   };
   const int64_t items = h * ((len + block_rows - 1) / block_rows);
   tiled_->Prepare(block_rows);
   ws.ReserveChildren(omp_get_max_threads());
-  // One block per thread at a time, each on its own child workspace; oneDNN
-  // runs single-threaded inside the region. Exceptions must not cross it.
+  // Blocks dealt out round-robin (heads alternate, so the threads get equal
+  // work), each thread on its own child workspace; oneDNN runs
+  // single-threaded inside the region. A fixed deal, not a dynamic one: each
+  // child then sees the same block shapes call after call, so warm calls
+  // allocate nothing. Exceptions must not cross the region.
   std::exception_ptr error;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(static, 1)
   for (int64_t item = 0; item < items; ++item) {
     try {
       tiled_->Run(block_at(item), ws.Child(omp_get_thread_num()));
@@ -534,20 +547,8 @@ void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch&
 void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,
                         float* scores, uint16_t* probs_bf16) const {
   const int64_t h = blk.heads, b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
-  const int64_t keys = s - dims_.extra_keys();  // before the appended positions
   for (int64_t i = 0; i < blk.count; ++i) {
-    SoftmaxMasks masks;
-    masks.masked_cols = keys;
-    masks.causal = batch.is_causal;
-    masks.first_row = blk.row0;
-    const int64_t kv_row = p.kv_offsets[b + i] - (b + i) * dims_.extra_keys();
-    if (p.key_padding != nullptr) masks.key_padding = p.key_padding + kv_row;
-    if (p.attn_mask != nullptr) {
-      masks.attn_row_stride = keys;
-      masks.attn_head_stride = batch.attn_mask_per_head ? blk.q_len * keys : 0;
-      masks.attn = p.attn_mask + batch.attn_mask_offsets[b + i] + blk.row0 * keys +
-                   blk.head0 * masks.attn_head_stride;
-    }
+    const SoftmaxMasks masks = MasksFor(p, batch, b + i, blk.q_len, blk.row0, blk.head0);
     MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks,
                   probs_bf16 == nullptr ? nullptr : probs_bf16 + i * h * rows * s);
   }

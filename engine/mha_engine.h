@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/attention_batch.h"
+#include "engine/kernels.h"
 #include "engine/model_config.h"
 #include "engine/onednn_matmul.h"
 #include "engine/tiled_attention.h"
@@ -100,6 +101,10 @@ class MhaEngine {
               const AttentionOutputs& out, Workspace& ws) const;
   // 1 / sqrt(qk_head_dim).
   float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dims_.qk_head_dim)); }
+  // The masks of sequence `seq` (q_len query rows) for the block starting
+  // at query row `row0` and head `head0`.
+  SoftmaxMasks MasksFor(const Projected& p, const AttentionBatch& batch, int64_t seq,
+                        int64_t q_len, int64_t row0, int64_t head0) const;
   // Masks and softmax over a block's scores (and their bf16 copy when
   // computing in bf16).
   void Softmax(const Block& block, const Projected& p, const AttentionBatch& batch,

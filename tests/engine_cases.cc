@@ -153,23 +153,23 @@ AttentionDims With(AttentionDims d, void (*edit)(AttentionDims&)) {
   return d;
 }
 
+// One case per line reads as a table.
+// clang-format off
 std::vector<Case> AllCases() {
   const AttentionDims base = Dims(24, 3);
-  const AttentionDims cross =
-      With(base, [](AttentionDims& d) { d.kdim = 16, d.vdim = 20; });
-  const AttentionDims no_bias =
-      With(base, [](AttentionDims& d) { d.bias = false; });
-  const AttentionDims bias_kv =
-      With(base, [](AttentionDims& d) { d.add_bias_kv = true; });
-  const AttentionDims zero_attn =
-      With(base, [](AttentionDims& d) { d.add_zero_attn = true; });
+  const AttentionDims cross = With(base, [](AttentionDims& d) { d.kdim = 16, d.vdim = 20; });
+  const AttentionDims no_bias = With(base, [](AttentionDims& d) { d.bias = false; });
+  const AttentionDims bias_kv = With(base, [](AttentionDims& d) { d.add_bias_kv = true; });
+  const AttentionDims zero_attn = With(base, [](AttentionDims& d) { d.add_zero_attn = true; });
   const AttentionDims both_extra = With(cross, [](AttentionDims& d) {
     d.add_bias_kv = true, d.add_zero_attn = true;
   });
-  const AttentionDims einsum =
-      With(base, [](AttentionDims& d) { d.qk_head_dim = 5, d.v_head_dim = 7; });
-  const AttentionDims norm = With(
-      base, [](AttentionDims& d) { d.post_norm = true, d.norm_eps = 1e-3f; });
+  const AttentionDims einsum = With(base, [](AttentionDims& d) {
+    d.qk_head_dim = 5, d.v_head_dim = 7;
+  });
+  const AttentionDims norm = With(base, [](AttentionDims& d) {
+    d.post_norm = true, d.norm_eps = 1e-3f;
+  });
   using M = MaskKind;
   return {
       {"self", base, {5, 5}, {}},
@@ -177,113 +177,35 @@ std::vector<Case> AllCases() {
       {"self_ragged", base, {1, 7, 3, 3}, {}},
       {"cross_L_ne_S", cross, {3, 4}, {6, 2}},
       {"cross_S1", cross, {4}, {1}},
-      {"cross_value_is_key",
-       With(base, [](AttentionDims& d) { d.kdim = d.vdim = 10; }),
-       {3, 2},
-       {5, 5},
-       true},
+      {"cross_value_is_key", With(base, [](AttentionDims& d) { d.kdim = d.vdim = 10; }),
+       {3, 2}, {5, 5}, true},
       {"no_bias", no_bias, {4}, {}},
       {"key_padding_bool", base, {4, 6}, {}, false, M::kBool},
       {"key_padding_float", cross, {3, 3}, {5, 5}, false, M::kFloat},
       {"attn_mask_bool_per_head", base, {4, 2}, {}, false, M::kNone, M::kBool},
-      {"attn_mask_float_shared",
-       cross,
-       {3, 3},
-       {4, 4},
-       false,
-       M::kNone,
-       M::kFloat,
-       false},
+      {"attn_mask_float_shared", cross, {3, 3}, {4, 4}, false, M::kNone, M::kFloat, false},
       {"both_masks", base, {5, 5}, {}, false, M::kBool, M::kFloat, true},
       {"causal", base, {6, 3}, {}, false, M::kNone, M::kNone, true, true},
-      {"causal_cross_L_gt_S",
-       cross,
-       {6},
-       {4},
-       false,
-       M::kBool,
-       M::kNone,
-       true,
-       true},
-      {"causal_with_masks",
-       base,
-       {5},
-       {},
-       false,
-       M::kFloat,
-       M::kBool,
-       false,
-       true},
-      {"per_head_weights",
-       base,
-       {4, 2},
-       {3, 5},
-       false,
-       M::kBool,
-       M::kNone,
-       true,
-       false,
-       true},
-      {"bias_kv",
-       bias_kv,
-       {4, 3},
-       {},
-       false,
-       M::kBool,
-       M::kNone,
-       true,
-       false,
-       true},
+      {"causal_cross_L_gt_S", cross, {6}, {4}, false, M::kBool, M::kNone, true, true},
+      {"causal_with_masks", base, {5}, {}, false, M::kFloat, M::kBool, false, true},
+      {"per_head_weights", base, {4, 2}, {3, 5}, false, M::kBool, M::kNone, true, false, true},
+      {"bias_kv", bias_kv, {4, 3}, {}, false, M::kBool, M::kNone, true, false, true},
       {"zero_attn", zero_attn, {3}, {2}, false, M::kNone, M::kBool, true, true},
-      {"bias_kv_zero_attn_cross",
-       both_extra,
-       {3, 1},
-       {4, 2},
-       false,
-       M::kBool,
-       M::kBool,
-       true,
-       false,
-       true},
-      {"einsum_head_dims",
-       einsum,
-       {4, 4},
-       {},
-       false,
-       M::kBool,
-       M::kNone,
-       true,
-       false,
-       true},
-      {"einsum_cross",
-       With(einsum, [](AttentionDims& d) { d.kdim = 9, d.vdim = 11; }),
-       {2, 3},
-       {3, 1},
-       false,
-       M::kFloat,
-       M::kBool},
+      {"bias_kv_zero_attn_cross", both_extra, {3, 1}, {4, 2}, false, M::kBool, M::kBool, true,
+       false, true},
+      {"einsum_head_dims", einsum, {4, 4}, {}, false, M::kBool, M::kNone, true, false, true},
+      {"einsum_cross", With(einsum, [](AttentionDims& d) { d.kdim = 9, d.vdim = 11; }),
+       {2, 3}, {3, 1}, false, M::kFloat, M::kBool},
       {"post_norm", norm, {4, 2}, {}, false, M::kBool},
       {"one_head", Dims(8, 1), {3}, {}},
       {"many_heads", Dims(64, 8), {9, 9, 9}, {}, false, M::kBool, M::kFloat},
       // Blocks above the small-attention threshold: the oneDNN products.
-      {"large_blocks",
-       Dims(64, 4),
-       {80, 80, 70},
-       {},
-       false,
-       M::kBool,
-       M::kFloat,
-       true,
-       false,
+      {"large_blocks", Dims(64, 4), {80, 80, 70}, {}, false, M::kBool, M::kFloat, true, false,
        true},
-      {"large_blocks_cross",
-       With(cross, [](AttentionDims& d) { d.add_zero_attn = true; }),
-       {90},
-       {120},
-       false,
-       M::kFloat,
-       M::kNone},
+      {"large_blocks_cross", With(cross, [](AttentionDims& d) { d.add_zero_attn = true; }),
+       {90}, {120}, false, M::kFloat, M::kNone},
   };
 }
+// clang-format on
 
 }  // namespace mha::testing
