@@ -25,17 +25,22 @@ struct SoftmaxMasks {
 // Scores -> probabilities, row by row, after adding the masks. A row whose
 // every column is -inf (all keys masked) becomes all zeros instead of NaN.
 // Probabilities are written in place (f32) and, when `bf16_out` is not null,
-// also as bf16 there (same layout) for a bf16 product that follows.
+// also as bf16 there (same layout) for a bf16 product that follows. With
+// `bf16_out` and `f32_probs` false they go to `bf16_out` only (`scores` is
+// then scratch), from a cheaper exp accurate to ~4e-6 relative: what a bf16
+// product needs and nothing more.
 // Parallel over rows with OpenMP when the block is large.
 void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
-                   const SoftmaxMasks& masks, uint16_t* bf16_out = nullptr);
+                   const SoftmaxMasks& masks, uint16_t* bf16_out = nullptr,
+                   bool f32_probs = true);
 
 // One key tile of an online (flash-attention style) softmax: `scores`
 // [rows, cols] are the scaled scores of columns [col0, col0 + cols) of each
 // row (masks indexed as in MaskedSoftmax, by the full row). Per row, given
 // the running maximum and sum of the tiles before, writes the tile's
-// unnormalised probabilities exp(score - new max) in place (and as bf16 to
-// `bf16_out` when not null), updates the running maximum and sum, and sets
+// unnormalised probabilities exp(score - new max) in place (and, when
+// `bf16_out` is not null, as bf16 there, from the cheaper exp of
+// MaskedSoftmax's bf16-only mode), updates the running maximum and sum, and sets
 // `rescale` to the factor that earlier accumulations must be multiplied by.
 // A row with every key so far masked keeps sum 0; a row whose scores
 // overflowed (+inf or NaN) gets sum NaN, so its output is NaN, as in
@@ -63,7 +68,8 @@ void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, 
 void AddLayerNorm(float* out, const float* residual, const float* gamma,
                   const float* beta, int64_t rows, int64_t n, float eps);
 
-// f32 -> bf16 (round to nearest even), and its inverse.
+// f32 -> bf16 (round to nearest even; on both threads when large), and its
+// inverse.
 void ConvertToBf16(const float* in, uint16_t* out, int64_t count);
 void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count);
 

@@ -459,10 +459,11 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
     AttentionScores(blk, p.q + q_elem * act, k, scores, ws);
   }
 
-  // The oneDNN bf16 product takes bf16 probabilities; the small loops f32.
+  // The oneDNN bf16 product takes bf16 probabilities; the small loops and
+  // the weights f32.
   uint16_t* probs_bf16 =
       bf16 && !small ? ws.Get<uint16_t>(Workspace::kProbsBf16, gh * rows * s) : nullptr;
-  Softmax(blk, p, batch, scores, probs_bf16);
+  Softmax(blk, p, batch, scores, probs_bf16, /*f32_probs=*/small || !out.weights.empty());
   if (!out.weights.empty()) WriteWeights(blk, scores, out);
   const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
   // context[g*h, rows, dv] = probs . v
@@ -545,12 +546,12 @@ void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch&
 }
 
 void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,
-                        float* scores, uint16_t* probs_bf16) const {
+                        float* scores, uint16_t* probs_bf16, bool f32_probs) const {
   const int64_t h = blk.heads, b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
   for (int64_t i = 0; i < blk.count; ++i) {
     const SoftmaxMasks masks = MasksFor(p, batch, b + i, blk.q_len, blk.row0, blk.head0);
     MaskedSoftmax(scores + i * h * rows * s, h, rows, s, masks,
-                  probs_bf16 == nullptr ? nullptr : probs_bf16 + i * h * rows * s);
+                  probs_bf16 == nullptr ? nullptr : probs_bf16 + i * h * rows * s, f32_probs);
   }
 }
 

@@ -105,10 +105,10 @@ class MhaEngine {
   // at query row `row0` and head `head0`.
   SoftmaxMasks MasksFor(const Projected& p, const AttentionBatch& batch, int64_t seq,
                         int64_t q_len, int64_t row0, int64_t head0) const;
-  // Masks and softmax over a block's scores (and their bf16 copy when
-  // computing in bf16).
+  // Masks and softmax over a block's scores: into `probs_bf16` when not
+  // null, and in place when `f32_probs` (see MaskedSoftmax).
   void Softmax(const Block& block, const Projected& p, const AttentionBatch& batch,
-               float* scores, uint16_t* probs_bf16) const;
+               float* scores, uint16_t* probs_bf16, bool f32_probs) const;
   // The two attention products of a block on oneDNN (scores f32; context in
   // the compute type).
   void AttentionScores(const Block& block, const uint8_t* q, const uint8_t* k, float* scores,

@@ -1,0 +1,199 @@
+// The element-wise kernels on their own: the bf16-only softmax against the
+// f32 one and a double-precision softmax, head split/merge against a plain
+// copy, and bf16 conversion on both threads against the element-wise rule.
+#include "engine/kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace mha {
+namespace {
+
+float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::vector<float> RandomScores(int64_t n, float spread, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-spread, spread);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+// Softmax of one row in double precision, masked positions (-inf) excluded.
+std::vector<double> ExactSoftmax(const float* row, int64_t cols) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < cols; ++j) max = std::max(max, static_cast<double>(row[j]));
+  std::vector<double> p(cols);
+  double sum = 0.0;
+  for (int64_t j = 0; j < cols; ++j) sum += p[j] = std::exp(row[j] - max);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+TEST(KernelsTest, Bf16OnlySoftmaxMatchesExactWithinBf16Rounding) {
+  const int64_t heads = 3, rows = 5, cols = 77;  // odd width: vector tails
+  // Scores up to +-40: exp arguments down to -80, near the underflow clamp.
+  std::vector<float> scores = RandomScores(heads * rows * cols, 40.0f, 7);
+  std::vector<float> key_padding(cols, 0.0f);
+  key_padding[3] = key_padding[50] = -std::numeric_limits<float>::infinity();
+  SoftmaxMasks masks;
+  masks.key_padding = key_padding.data();
+  masks.masked_cols = cols;
+  masks.causal = true;
+  masks.first_row = 10;
+  // The expected probabilities: masks applied by hand, then exact softmax.
+  std::vector<float> masked = scores;
+  for (int64_t hr = 0; hr < heads * rows; ++hr) {
+    const int64_t r = hr % rows;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (j > masks.first_row + r || key_padding[j] != 0.0f) {
+        masked[hr * cols + j] = -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+  std::vector<uint16_t> bf16(scores.size());
+  MaskedSoftmax(scores.data(), heads, rows, cols, masks, bf16.data(), /*f32_probs=*/false);
+  for (int64_t hr = 0; hr < heads * rows; ++hr) {
+    const std::vector<double> exact = ExactSoftmax(masked.data() + hr * cols, cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      const double got = Bf16ToFloat(bf16[hr * cols + j]);
+      // bf16 rounding is 2^-9 relative; the exp adds ~4e-6.
+      EXPECT_NEAR(got, exact[j], exact[j] * 4.1e-3 + 1e-30) << "row " << hr << " col " << j;
+      if (exact[j] == 0.0) {
+        EXPECT_EQ(got, 0.0) << "masked position " << j;
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
+  const int64_t cols = 40;
+  std::vector<float> scores = RandomScores(3 * cols, 3.0f, 11);
+  std::vector<float> attn(3 * cols, 0.0f);
+  for (int64_t j = 0; j < cols; ++j) attn[j] = -std::numeric_limits<float>::infinity();
+  scores[2 * cols + 5] = std::numeric_limits<float>::infinity();  // row 2 overflowed
+  SoftmaxMasks masks;
+  masks.attn = attn.data();
+  masks.attn_row_stride = cols;
+  masks.masked_cols = cols;
+  std::vector<uint16_t> bf16(scores.size(), 0x1234);
+  MaskedSoftmax(scores.data(), 1, 3, cols, masks, bf16.data(), /*f32_probs=*/false);
+  double row1_sum = 0.0;
+  for (int64_t j = 0; j < cols; ++j) {
+    EXPECT_EQ(bf16[j], 0) << "fully masked row, column " << j;
+    row1_sum += Bf16ToFloat(bf16[cols + j]);
+    EXPECT_TRUE(std::isnan(Bf16ToFloat(bf16[2 * cols + j]))) << "overflowed row, column " << j;
+  }
+  EXPECT_NEAR(row1_sum, 1.0, 1e-2);
+}
+
+TEST(KernelsTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
+  const int64_t rows = 4, cols = 33;
+  std::vector<float> scores = RandomScores(rows * cols, 5.0f, 3);
+  SoftmaxMasks masks;
+  masks.masked_cols = cols;
+  std::vector<uint16_t> bf16(scores.size());
+  MaskedSoftmax(scores.data(), 1, rows, cols, masks, bf16.data(), /*f32_probs=*/true);
+  std::vector<uint16_t> rounded(scores.size());
+  ConvertToBf16(scores.data(), rounded.data(), static_cast<int64_t>(scores.size()));
+  EXPECT_EQ(bf16, rounded);
+}
+
+TEST(KernelsTest, OnlineSoftmaxBf16CopyMatchesItsF32Values) {
+  const int64_t rows = 3, cols = 50;
+  const std::vector<float> scores = RandomScores(rows * cols, 20.0f, 5);
+  SoftmaxMasks masks;
+  masks.masked_cols = cols;
+  std::vector<float> stats(3 * rows), f32_scores = scores, bf16_scores = scores;
+  auto run = [&](std::vector<float>& s, uint16_t* bf16) {
+    const OnlineSoftmaxRows state{stats.data(), stats.data() + rows, stats.data() + 2 * rows};
+    for (int64_t r = 0; r < rows; ++r) state.max[r] = -INFINITY, state.sum[r] = 0.0f;
+    OnlineSoftmaxTile(s.data(), rows, cols, 0, masks, state, bf16);
+    return std::vector<float>(stats.begin() + rows, stats.begin() + 2 * rows);  // sums
+  };
+  const std::vector<float> f32_sums = run(f32_scores, nullptr);
+  std::vector<uint16_t> bf16(rows * cols);
+  const std::vector<float> bf16_sums = run(bf16_scores, bf16.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_NEAR(bf16_sums[r], f32_sums[r], f32_sums[r] * 1e-5) << "row " << r;
+  }
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    EXPECT_NEAR(Bf16ToFloat(bf16[i]), f32_scores[i], f32_scores[i] * 4.1e-3 + 1e-30) << i;
+  }
+}
+
+TEST(KernelsTest, SplitAndMergeHeadsMatchAPlainCopy) {
+  // Head widths in bytes from 2 (one bf16 element) to beyond the inline
+  // copy's 64-byte steps, in blocks of rows and not.
+  for (int64_t head_bytes : {2, 6, 18, 64, 130, 256}) {
+    for (int64_t block_rows : {3, 100}) {
+      const int64_t heads = 3, rows = 7, layout_rows = 8, row_bytes = heads * head_bytes + 4;
+      std::vector<uint8_t> src(rows * row_bytes);
+      for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 37 + 1);
+      const HeadLayout layout{heads, head_bytes, layout_rows, block_rows};
+      std::vector<uint8_t> split(layout_rows * heads * head_bytes, 0);
+      SplitHeads(src.data(), row_bytes, rows, layout, split.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < heads; ++h) {
+          ASSERT_EQ(std::memcmp(split.data() + layout.Offset(h, r),
+                                src.data() + r * row_bytes + h * head_bytes, head_bytes),
+                    0)
+              << "head bytes " << head_bytes << " row " << r << " head " << h;
+        }
+      }
+      std::vector<uint8_t> merged(rows * row_bytes, 0);
+      MergeHeads(split.data(), layout, rows, merged.data(), row_bytes);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(std::memcmp(merged.data() + r * row_bytes, src.data() + r * row_bytes,
+                              heads * head_bytes),
+                  0)
+            << "head bytes " << head_bytes << " row " << r;
+        for (int64_t i = heads * head_bytes; i < row_bytes; ++i) {
+          EXPECT_EQ(merged[r * row_bytes + i], 0) << "wrote past the heads, row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
+  // Above the two-thread threshold and not a multiple of the chunk size.
+  const int64_t n = (int64_t{1} << 18) + 12345;
+  std::vector<float> in(n);
+  std::mt19937 gen(1);
+  for (float& x : in) {
+    const uint32_t bits = static_cast<uint32_t>(gen()) & 0xbfffffffu;  // finite values
+    std::memcpy(&x, &bits, 4);
+  }
+  in[0] = 1.0f + std::ldexp(1.0f, -8);       // tie, rounds down to even 1.0
+  in[1] = 1.0f + 3 * std::ldexp(1.0f, -8);   // tie, rounds up to even
+  std::vector<uint16_t> out(n);
+  ConvertToBf16(in.data(), out.data(), n);
+  EXPECT_EQ(out[0], 0x3f80);
+  EXPECT_EQ(out[1], 0x3f82);
+  for (int64_t i = 0; i < n; ++i) {
+    // The nearest bf16: the candidate below or above, ties to the even one.
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], 4);
+    const uint16_t below = static_cast<uint16_t>(bits >> 16);
+    const double lo = Bf16ToFloat(below), hi = Bf16ToFloat(below + 1);
+    const double x = std::fabs(static_cast<double>(in[i]));
+    const double dlo = x - std::fabs(lo), dhi = std::fabs(hi) - x;
+    const uint16_t expected =
+        dlo < dhi ? below : dlo > dhi ? below + 1 : ((below & 1) == 0 ? below : below + 1);
+    ASSERT_EQ(out[i], expected) << "element " << i << " = " << in[i];
+  }
+}
+
+}  // namespace
+}  // namespace mha
