@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/softmax_exp.h"
+
 // Each hot loop is compiled for AVX-512, AVX2 and the baseline; the loader
 // picks the best the CPU has. Not under ThreadSanitizer: the loader runs the
 // (instrumented) resolvers before the TSan runtime exists and crashes.
@@ -73,14 +75,20 @@ inline float VectorExpBf16(float x) {
   return x != x ? x : result;
 }
 
-// The exp of a softmax whose probabilities feed a bf16 product only.
+// row[j] = exp(row[j] - max), returning their sum; kBf16Only: with the
+// cheaper exp of probabilities that feed a bf16 product only (in AVX-512
+// intrinsics where the CPU has them).
 template <bool kBf16Only>
-inline float SoftmaxExp(float x) {
-  if constexpr (kBf16Only) {
-    return VectorExpBf16(x);
-  } else {
-    return VectorExp(x);
+inline float ExpSum(float* row, int64_t cols, float max) {
+  if (kBf16Only && HasAvx512()) return ExpSumAvx512(row, cols, max);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < cols; ++j) {
+    const float e = kBf16Only ? VectorExpBf16(row[j] - max) : VectorExp(row[j] - max);
+    row[j] = e;
+    sum += e;
   }
+  return sum;
 }
 
 inline uint16_t ToBf16(float f) {
@@ -129,14 +137,7 @@ MHA_MULTIVERSION void SoftmaxRow(float* row, int64_t cols, const float* add_a,
     }
     return;
   }
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t j = 0; j < cols; ++j) {
-    const float e = SoftmaxExp<kBf16Only>(row[j] - max);
-    row[j] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / sum;
+  const float inv = 1.0f / ExpSum<kBf16Only>(row, cols, max);
   if constexpr (kBf16Only) {
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j] * inv);
@@ -194,15 +195,9 @@ MHA_MULTIVERSION void OnlineSoftmaxRow(float* row, int64_t cols, const float* ad
     return;
   }
   rescale = VectorExp(max - new_max);  // 0 on the first contributing tile
-  float tile_sum = 0.0f;
-  // (Kept as two loops: GCC leaves an exp, a bf16 store and a sum in one
-  // loop scalar, 2x slower in all.)
-#pragma omp simd reduction(+ : tile_sum)
-  for (int64_t j = 0; j < cols; ++j) {
-    const float e = SoftmaxExp<kBf16Only>(row[j] - new_max);
-    row[j] = e;
-    tile_sum += e;
-  }
+  const float tile_sum = ExpSum<kBf16Only>(row, cols, new_max);
+  // (A separate loop: GCC leaves an exp, a bf16 store and a sum in one loop
+  // scalar, 2x slower in all.)
   if constexpr (kBf16Only) {
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j]);
