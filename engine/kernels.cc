@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "engine/softmax_exp.h"
+#include "engine/avx512_kernels.h"
 
 // Each hot loop is compiled for AVX-512, AVX2 and the baseline; the loader
 // picks the best the CPU has. Not under ThreadSanitizer: the loader runs the
@@ -97,6 +97,13 @@ inline uint16_t ToBf16(float f) {
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// out[i] = bf16(in[i] * scale), in AVX-512 intrinsics where the CPU has them.
+inline void ScaleToBf16(const float* in, float scale, uint16_t* out, int64_t count) {
+  if (HasAvx512()) return ScaleToBf16Avx512(in, scale, out, count);
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) out[i] = ToBf16(in[i] * scale);
+}
+
 // Adds the additive masks to the first `masked` columns of a score row and
 // masks out those from `causal_limit` on. Inlined into each vectorised caller.
 inline void AddMasks(float* row, const float* add_a, const float* add_b, int64_t masked,
@@ -139,16 +146,12 @@ MHA_MULTIVERSION void SoftmaxRow(float* row, int64_t cols, const float* add_a,
   }
   const float inv = 1.0f / ExpSum<kBf16Only>(row, cols, max);
   if constexpr (kBf16Only) {
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j] * inv);
+    ScaleToBf16(row, inv, bf16_row, cols);
     return;
   }
 #pragma omp simd
   for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
-  if (bf16_row != nullptr) {
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j]);
-  }
+  if (bf16_row != nullptr) ScaleToBf16(row, 1.0f, bf16_row, cols);
 }
 
 }  // namespace
@@ -198,10 +201,7 @@ MHA_MULTIVERSION void OnlineSoftmaxRow(float* row, int64_t cols, const float* ad
   const float tile_sum = ExpSum<kBf16Only>(row, cols, new_max);
   // (A separate loop: GCC leaves an exp, a bf16 store and a sum in one loop
   // scalar, 2x slower in all.)
-  if constexpr (kBf16Only) {
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) bf16_row[j] = ToBf16(row[j]);
-  }
+  if constexpr (kBf16Only) ScaleToBf16(row, 1.0f, bf16_row, cols);
   sum = sum * rescale + tile_sum;
   max = new_max;
 }
@@ -249,9 +249,7 @@ void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, 
     const float inv = sum[r] == 0.0f ? 0.0f : 1.0f / sum[r];
     const float* a = acc + r * n;
     if (bf16) {
-      uint16_t* o = static_cast<uint16_t*>(out) + r * n;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = ToBf16(a[i] * inv);
+      ScaleToBf16(a, inv, static_cast<uint16_t*>(out) + r * n, n);
     } else {
       float* o = static_cast<float*>(out) + r * n;
 #pragma omp simd
@@ -286,8 +284,7 @@ namespace {
 
 MHA_MULTIVERSION
 void ConvertChunkToBf16(const float* in, uint16_t* out, int64_t count) {
-#pragma omp simd
-  for (int64_t i = 0; i < count; ++i) out[i] = ToBf16(in[i]);
+  ScaleToBf16(in, 1.0f, out, count);
 }
 
 // Copies `bytes` (a multiple of 2) with inline fixed-size moves: the head

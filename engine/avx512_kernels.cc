@@ -1,4 +1,4 @@
-#include "engine/softmax_exp.h"
+#include "engine/avx512_kernels.h"
 
 // GCC 12's AVX-512 headers trip its own uninitialised-value warnings
 // (their _mm512_undefined_* placeholders); nothing of ours is uninitialised.
@@ -43,6 +43,23 @@ __attribute__((target("avx512f"))) float ExpSumAvx512(float* row, int64_t cols, 
     sum = _mm512_mask_add_ps(sum, lanes, sum, e);
   }
   return _mm512_reduce_add_ps(sum);
+}
+
+__attribute__((target("avx512f"))) void ScaleToBf16Avx512(const float* in, float scale,
+                                                          uint16_t* out, int64_t count) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 lanes =
+        count - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (count - i)) - 1);
+    const __m512i bits =
+        _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, in + i), factor));
+    // Round to nearest even: add 0x7fff plus the lowest kept bit, keep the top half.
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
+    _mm512_mask_cvtepi32_storeu_epi16(out + i, lanes, rounded);
+  }
 }
 
 }  // namespace mha
