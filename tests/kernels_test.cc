@@ -10,23 +10,18 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_models.h"
 
 namespace mha {
 namespace {
+
+using testing::RandomVector;
 
 float Bf16ToFloat(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
-}
-
-std::vector<float> RandomScores(int64_t n, float spread, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-spread, spread);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
 }
 
 // Softmax of one row in double precision, masked positions (-inf) excluded.
@@ -43,7 +38,7 @@ std::vector<double> ExactSoftmax(const float* row, int64_t cols) {
 TEST(KernelsTest, Bf16OnlySoftmaxMatchesExactWithinBf16Rounding) {
   const int64_t heads = 3, rows = 5, cols = 77;  // odd width: vector tails
   // Scores up to +-40: exp arguments down to -80, near the underflow clamp.
-  std::vector<float> scores = RandomScores(heads * rows * cols, 40.0f, 7);
+  std::vector<float> scores = RandomVector(heads * rows * cols, 7, 40.0f);
   std::vector<float> key_padding(cols, 0.0f);
   key_padding[3] = key_padding[50] = -std::numeric_limits<float>::infinity();
   SoftmaxMasks masks;
@@ -78,7 +73,7 @@ TEST(KernelsTest, Bf16OnlySoftmaxMatchesExactWithinBf16Rounding) {
 
 TEST(KernelsTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
   const int64_t cols = 40;
-  std::vector<float> scores = RandomScores(3 * cols, 3.0f, 11);
+  std::vector<float> scores = RandomVector(3 * cols, 11, 3.0f);
   std::vector<float> attn(3 * cols, 0.0f);
   for (int64_t j = 0; j < cols; ++j) attn[j] = -std::numeric_limits<float>::infinity();
   scores[2 * cols + 5] = std::numeric_limits<float>::infinity();  // row 2 overflowed
@@ -99,7 +94,7 @@ TEST(KernelsTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
 
 TEST(KernelsTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
   const int64_t rows = 4, cols = 33;
-  std::vector<float> scores = RandomScores(rows * cols, 5.0f, 3);
+  std::vector<float> scores = RandomVector(rows * cols, 3, 5.0f);
   SoftmaxMasks masks;
   masks.masked_cols = cols;
   std::vector<uint16_t> bf16(scores.size());
@@ -111,7 +106,7 @@ TEST(KernelsTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
 
 TEST(KernelsTest, OnlineSoftmaxBf16CopyMatchesItsF32Values) {
   const int64_t rows = 3, cols = 50;
-  const std::vector<float> scores = RandomScores(rows * cols, 20.0f, 5);
+  const std::vector<float> scores = RandomVector(rows * cols, 5, 20.0f);
   SoftmaxMasks masks;
   masks.masked_cols = cols;
   std::vector<float> stats(3 * rows), f32_scores = scores, bf16_scores = scores;
