@@ -18,6 +18,9 @@
 #define MHA_MULTIVERSION \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
+// Bodies shared by several multiversioned functions: inlined into each clone,
+// so each is compiled for that clone's instruction set.
+#define MHA_INLINE inline __attribute__((always_inline))
 
 namespace mha {
 namespace {
@@ -111,9 +114,8 @@ inline void AddMasks(float* row, const float* add_a, const float* add_b, int64_t
 // One row of MaskedSoftmax. kBf16Only: the probabilities go to `bf16_row`
 // only (`row` keeps unnormalised values), computed with the cheaper exp.
 template <bool kBf16Only>
-MHA_MULTIVERSION void SoftmaxRow(float* row, int64_t cols, const float* add_a,
-                                 const float* add_b, int64_t masked_cols,
-                                 int64_t causal_limit, uint16_t* bf16_row) {
+MHA_INLINE void SoftmaxRowOf(float* row, int64_t cols, const float* add_a, const float* add_b,
+                             int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
   AddMasks(row, add_a, add_b, masked_cols, causal_limit);
   float max = kNegInf;
 #pragma omp simd reduction(max : max)
@@ -143,12 +145,26 @@ MHA_MULTIVERSION void SoftmaxRow(float* row, int64_t cols, const float* add_a,
   if (bf16_row != nullptr) ScaleToBf16(row, 1.0f, bf16_row, cols);
 }
 
+// Template instances cannot be cloned per CPU (clang: "multiversioned
+// functions do not yet support function templates"): plain wrappers are.
+MHA_MULTIVERSION
+void SoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
+                int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
+  SoftmaxRowOf<false>(row, cols, add_a, add_b, masked_cols, causal_limit, bf16_row);
+}
+
+MHA_MULTIVERSION
+void SoftmaxRowBf16Only(float* row, int64_t cols, const float* add_a, const float* add_b,
+                        int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
+  SoftmaxRowOf<true>(row, cols, add_a, add_b, masked_cols, causal_limit, bf16_row);
+}
+
 }  // namespace
 
 void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
                    const SoftmaxMasks& m, uint16_t* bf16_out, bool f32_probs) {
   const int64_t total_rows = heads * rows;
-  const auto row_fn = bf16_out != nullptr && !f32_probs ? SoftmaxRow<true> : SoftmaxRow<false>;
+  const auto row_fn = bf16_out != nullptr && !f32_probs ? SoftmaxRowBf16Only : SoftmaxRow;
   const bool parallel = total_rows * cols >= (1 << 15);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t hr = 0; hr < total_rows; ++hr) {
@@ -168,10 +184,9 @@ namespace {
 // the tile. kBf16Only: the probabilities also go to `bf16_row`, computed
 // with the cheaper exp.
 template <bool kBf16Only>
-MHA_MULTIVERSION void OnlineSoftmaxRow(float* row, int64_t cols, const float* add_a,
-                                       const float* add_b, int64_t masked,
-                                       int64_t causal_limit, float& max, float& sum,
-                                       float& rescale, uint16_t* bf16_row) {
+MHA_INLINE void OnlineSoftmaxRowOf(float* row, int64_t cols, const float* add_a,
+                                   const float* add_b, int64_t masked, int64_t causal_limit,
+                                   float& max, float& sum, float& rescale, uint16_t* bf16_row) {
   AddMasks(row, add_a, add_b, masked, causal_limit);
   float tile_max = kNegInf;
 #pragma omp simd reduction(max : tile_max)
@@ -195,6 +210,22 @@ MHA_MULTIVERSION void OnlineSoftmaxRow(float* row, int64_t cols, const float* ad
   max = new_max;
 }
 
+MHA_MULTIVERSION
+void OnlineSoftmaxRow(float* row, int64_t cols, const float* add_a, const float* add_b,
+                      int64_t masked, int64_t causal_limit, float& max, float& sum,
+                      float& rescale) {
+  OnlineSoftmaxRowOf<false>(row, cols, add_a, add_b, masked, causal_limit, max, sum, rescale,
+                            nullptr);
+}
+
+MHA_MULTIVERSION
+void OnlineSoftmaxRowBf16(float* row, int64_t cols, const float* add_a, const float* add_b,
+                          int64_t masked, int64_t causal_limit, float& max, float& sum,
+                          float& rescale, uint16_t* bf16_row) {
+  OnlineSoftmaxRowOf<true>(row, cols, add_a, add_b, masked, causal_limit, max, sum, rescale,
+                           bf16_row);
+}
+
 }  // namespace
 
 void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
@@ -207,11 +238,11 @@ void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
     const int64_t causal_limit =
         m.causal ? std::clamp<int64_t>(m.first_row + r + 1 - col0, 0, masked) : masked;
     if (bf16_out != nullptr) {
-      OnlineSoftmaxRow<true>(scores + r * cols, cols, pad, attn, masked, causal_limit,
-                             state.max[r], state.sum[r], state.rescale[r], bf16_out + r * cols);
+      OnlineSoftmaxRowBf16(scores + r * cols, cols, pad, attn, masked, causal_limit,
+                           state.max[r], state.sum[r], state.rescale[r], bf16_out + r * cols);
     } else {
-      OnlineSoftmaxRow<false>(scores + r * cols, cols, pad, attn, masked, causal_limit,
-                              state.max[r], state.sum[r], state.rescale[r], nullptr);
+      OnlineSoftmaxRow(scores + r * cols, cols, pad, attn, masked, causal_limit, state.max[r],
+                       state.sum[r], state.rescale[r]);
     }
   }
 }
