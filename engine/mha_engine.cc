@@ -459,11 +459,11 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
     AttentionScores(blk, p.q + q_elem * act, k, scores, ws);
   }
 
-  // The oneDNN bf16 product takes bf16 probabilities; the small loops and
-  // the weights f32.
+  // The oneDNN bf16 product takes bf16 probabilities (f32 ones too only when
+  // weights are asked for); the small loops take f32.
   uint16_t* probs_bf16 =
       bf16 && !small ? ws.Get<uint16_t>(Workspace::kProbsBf16, gh * rows * s) : nullptr;
-  Softmax(blk, p, batch, scores, probs_bf16, /*f32_probs=*/small || !out.weights.empty());
+  Softmax(blk, p, batch, scores, probs_bf16, /*f32_probs=*/!out.weights.empty());
   if (!out.weights.empty()) WriteWeights(blk, scores, out);
   const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
   // context[g*h, rows, dv] = probs . v
