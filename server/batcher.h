@@ -22,7 +22,7 @@ namespace mha::server {
 
 struct BatcherOptions {
   bool enabled = true;               // false: one request per engine call
-  int64_t max_batch_tokens = 8192;   // query + key tokens per engine call
+  int64_t max_batch_tokens = 1024;   // query + key tokens per engine call
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
