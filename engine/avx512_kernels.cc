@@ -6,60 +6,148 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+#include <cpuid.h>
 #include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
 
 namespace mha {
 
-bool HasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
+namespace {
+
+#define MHA_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
+// The templates below carry the bf16 target for their native instances;
+// the others use plain AVX-512 intrinsics only (GCC 12 and clang 14 never
+// emit bf16 instructions on their own).
+#define MHA_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+std::atomic<KernelIsa> isa_cap{KernelIsa::kAvx512Bf16};
+
+KernelIsa DetectIsa() {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl")) {
+    return KernelIsa::kPortable;
+  }
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // leaf 7, subleaf 1: EAX bit 5
+  const bool bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+  return bf16 ? KernelIsa::kAvx512Bf16 : KernelIsa::kAvx512;
 }
 
-__attribute__((target("avx512f"))) float ExpSumAvx512(float* row, int64_t cols, float max) {
+MHA_AVX512_INLINE __mmask16 TailLanes(int64_t left) {
+  return left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// exp(x) for x <= 0 with the degree-4 polynomial; NaN stays NaN.
+MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
+  // -inf (a masked key) and anything below -1000 become -1000, whose 2^n
+  // below scales to exactly 0. vmaxps returns its second operand when
+  // either is NaN: NaN goes through and comes out NaN.
+  const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-1000.0f), x);
+  // exp(c) = 2^n * exp(r), n = round(c / ln 2), r = c - n ln 2 (two steps,
+  // exact products for |n| < 2^15); vscalefps underflows to denormals and 0.
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(4.15898298e-2f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.67906357e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.00022231e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.99963654e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Stores v as bf16, rounded to nearest even. kNative: the AVX512-BF16
+// conversion (one instruction; denormals become 0). Otherwise integer
+// steps: add 0x7fff plus the lowest kept bit, keep the top half.
+template <bool kNative>
+MHA_AVX512_BF16 inline void StoreBf16(uint16_t* out, __mmask16 lanes, __m512 v) {
+  if constexpr (kNative) {
+    _mm256_mask_storeu_epi16(out, lanes, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  } else {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    _mm512_mask_cvtepi32_storeu_epi16(out, lanes, rounded);
+  }
+}
+
+// Where ExpSumOf writes the exps: back into the f32 row, or as bf16 (with
+// the native conversion or the integer one).
+enum class ExpOut { kF32, kBf16Native, kBf16Integer };
+
+template <ExpOut kOut>
+MHA_AVX512_BF16 inline void StoreExp(float* f32, uint16_t* bf16, int64_t j, __mmask16 lanes,
+                                     __m512 e) {
+  if constexpr (kOut == ExpOut::kF32) {
+    _mm512_mask_storeu_ps(f32 + j, lanes, e);
+  } else {
+    StoreBf16<kOut == ExpOut::kBf16Native>(bf16 + j, lanes, e);
+  }
+}
+
+// exp(row[j] - max) to f32_out or bf16_out, returning their sum. Full
+// vectors two at a time: two independent chains keep the core busy (one
+// chain left it waiting on each exp's latency, 1.2x slower).
+template <ExpOut kOut>
+MHA_AVX512_BF16 float ExpSumOf(const float* row, int64_t cols, float max, float* f32_out,
+                               uint16_t* bf16_out) {
   const __m512 row_max = _mm512_set1_ps(max);
-  const __m512 low = _mm512_set1_ps(-87.0f);
-  const __m512 zero = _mm512_setzero_ps();
-  __m512 sum = zero;
-  for (int64_t j = 0; j < cols; j += 16) {
-    const __mmask16 lanes =
-        cols - j >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (cols - j)) - 1);
-    const __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), row_max);
-    // vmaxps returns its second operand for NaN: NaN is restored below.
-    const __m512 clamped = _mm512_max_ps(x, low);
-    // exp(c) = 2^n * exp(r), n = round(c / ln 2), r = c - n ln 2 (two steps).
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(4.15898298e-2f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.67906357e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.00022231e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.99963654e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    __m512 e = _mm512_scalef_ps(p, n);
-    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, low, _CMP_LT_OQ), e, zero);
-    e = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), e, x);
-    _mm512_mask_storeu_ps(row + j, lanes, e);
+  __m512 sum = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= cols; j += 32) {
+    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), row_max));
+    const __m512 e2 = ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), row_max));
+    StoreExp<kOut>(f32_out, bf16_out, j, 0xffff, e);
+    StoreExp<kOut>(f32_out, bf16_out, j + 16, 0xffff, e2);
+    sum = _mm512_add_ps(sum, e);
+    sum2 = _mm512_add_ps(sum2, e2);
+  }
+  for (; j < cols; j += 16) {
+    const __mmask16 lanes = TailLanes(cols - j);
+    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), row_max));
+    StoreExp<kOut>(f32_out, bf16_out, j, lanes, e);
     sum = _mm512_mask_add_ps(sum, lanes, sum, e);
   }
-  return _mm512_reduce_add_ps(sum);
+  return _mm512_reduce_add_ps(_mm512_add_ps(sum, sum2));
 }
 
-__attribute__((target("avx512f"))) void ScaleToBf16Avx512(const float* in, float scale,
-                                                          uint16_t* out, int64_t count) {
+template <bool kNative>
+MHA_AVX512_BF16 void ScaleToBf16Of(const float* in, float scale, uint16_t* out, int64_t count) {
   const __m512 factor = _mm512_set1_ps(scale);
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
   for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 lanes =
-        count - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (count - i)) - 1);
-    const __m512i bits =
-        _mm512_castps_si512(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, in + i), factor));
-    // Round to nearest even: add 0x7fff plus the lowest kept bit, keep the top half.
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-    const __m512i rounded =
-        _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
-    _mm512_mask_cvtepi32_storeu_epi16(out + i, lanes, rounded);
+    const __mmask16 lanes = TailLanes(count - i);
+    StoreBf16<kNative>(out + i, lanes,
+                       _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, in + i), factor));
   }
+}
+
+}  // namespace
+
+KernelIsa ActiveKernelIsa() {
+  static const KernelIsa detected = DetectIsa();
+  return std::min(detected, isa_cap.load(std::memory_order_relaxed));
+}
+
+void CapKernelIsaForTesting(KernelIsa cap) { isa_cap.store(cap); }
+
+bool HasAvx512() { return ActiveKernelIsa() >= KernelIsa::kAvx512; }
+
+float ExpSumAvx512(float* row, int64_t cols, float max) {
+  return ExpSumOf<ExpOut::kF32>(row, cols, max, row, nullptr);
+}
+
+float ExpSumToBf16Avx512(const float* row, int64_t cols, float max, uint16_t* out) {
+  return ActiveKernelIsa() == KernelIsa::kAvx512Bf16
+             ? ExpSumOf<ExpOut::kBf16Native>(row, cols, max, nullptr, out)
+             : ExpSumOf<ExpOut::kBf16Integer>(row, cols, max, nullptr, out);
+}
+
+void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t count) {
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) return ScaleToBf16Of<true>(in, scale, out, count);
+  ScaleToBf16Of<false>(in, scale, out, count);
 }
 
 }  // namespace mha

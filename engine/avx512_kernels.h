@@ -1,8 +1,9 @@
 // Hot loops of the bf16 softmax in AVX-512 intrinsics, for CPUs that have
 // it (HasAvx512): the exp-and-sum of a row whose probabilities feed a bf16
 // product only (the portable loop's exponent assembly and range checks cost
-// as much as its polynomial), and f32 -> bf16 rounding (GCC vectorises the
-// portable one at half width with a pack and a permute).
+// as much as its polynomial), written as f32 or straight to bf16, and
+// f32 -> bf16 rounding (GCC vectorises the portable one at half width with
+// a pack and a permute; with AVX512-BF16 it is one instruction).
 #ifndef MHA_ENGINE_AVX512_KERNELS_H_
 #define MHA_ENGINE_AVX512_KERNELS_H_
 
@@ -10,16 +11,32 @@
 
 namespace mha {
 
-// Whether the functions below may run on this CPU (checked once).
+// What the kernels use: portable loops, AVX-512, or AVX-512 with its bf16
+// conversion. Ordered: each level has what the one before has.
+enum class KernelIsa { kPortable, kAvx512, kAvx512Bf16 };
+
+// The best level this CPU has (checked once), at most the test cap.
+KernelIsa ActiveKernelIsa();
+
+// Tests: run the kernels at most at `cap`, to cover every path on one CPU.
+void CapKernelIsaForTesting(KernelIsa cap);
+
+// Whether the functions below may run: ActiveKernelIsa() >= kAvx512.
 bool HasAvx512();
 
 // row[j] = exp(row[j] - max) for j < cols, returning their sum: exact 0 for
-// -inf and arguments below -87, NaN for NaN, ~4e-6 relative otherwise (the
-// degree-4 polynomial of the portable bf16 softmax). `max` is the row's
+// -inf and arguments below -1000 (denormals from -87 down, where the portable
+// loop gives 0), NaN for NaN, ~4e-6 relative otherwise (the degree-4
+// polynomial of the portable bf16 softmax). `max` is the row's
 // finite maximum, so every argument is <= 0. Only when HasAvx512().
 float ExpSumAvx512(float* row, int64_t cols, float max);
 
-// out[i] = bf16(in[i] * scale), rounded to nearest even, for i < count.
+// The same exp and sum, but the values go to out[j] as bf16 (rounded as
+// ScaleToBf16Avx512) and the row is left as it was.
+float ExpSumToBf16Avx512(const float* row, int64_t cols, float max, uint16_t* out);
+
+// out[i] = bf16(in[i] * scale), rounded to nearest even, for i < count
+// (with kAvx512Bf16, denormal results become 0).
 void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t count);
 
 }  // namespace mha

@@ -202,10 +202,15 @@ MHA_INLINE void OnlineSoftmaxRowOf(float* row, int64_t cols, const float* add_a,
     return;
   }
   rescale = VectorExp(max - new_max);  // 0 on the first contributing tile
-  const float tile_sum = ExpSum<kBf16Only>(row, cols, new_max);
-  // bf16 rounding as a pass of its own: GCC leaves an exp, a bf16 store and
-  // a sum in one loop scalar, 2x slower in all.
-  if constexpr (kBf16Only) ScaleToBf16(row, 1.0f, bf16_row, cols);
+  float tile_sum;
+  if (kBf16Only && HasAvx512()) {
+    tile_sum = ExpSumToBf16Avx512(row, cols, new_max, bf16_row);
+  } else {
+    tile_sum = ExpSum<kBf16Only>(row, cols, new_max);
+    // bf16 rounding as a pass of its own: GCC leaves an exp, a bf16 store
+    // and a sum in one loop scalar, 2x slower in all.
+    if constexpr (kBf16Only) ScaleToBf16(row, 1.0f, bf16_row, cols);
+  }
   sum = sum * rescale + tile_sum;
   max = new_max;
 }

@@ -38,9 +38,10 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
 // [rows, cols] are the scaled scores of columns [col0, col0 + cols) of each
 // row (masks indexed as in MaskedSoftmax, by the full row). Per row, given
 // the running maximum and sum of the tiles before, writes the tile's
-// unnormalised probabilities exp(score - new max) in place (and, when
-// `bf16_out` is not null, as bf16 there, from the cheaper exp of
-// MaskedSoftmax's bf16-only mode), updates the running maximum and sum, and sets
+// unnormalised probabilities exp(score - new max) in place or, when
+// `bf16_out` is not null, as bf16 there only (from the cheaper exp of
+// MaskedSoftmax's bf16-only mode; `scores` is then scratch), updates the
+// running maximum and sum, and sets
 // `rescale` to the factor that earlier accumulations must be multiplied by.
 // A row with every key so far masked keeps sum 0; a row whose scores
 // overflowed (+inf or NaN) gets sum NaN, so its output is NaN, as in

@@ -1,14 +1,18 @@
 // The element-wise kernels on their own: the bf16-only softmax against the
 // f32 one and a double-precision softmax, head split/merge against a plain
 // copy, and bf16 conversion on both threads against the element-wise rule.
+// The bf16 kernels run at every instruction level this CPU has (portable,
+// AVX-512, AVX512-BF16), so each code path is checked on the machine.
 #include "engine/kernels.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "engine/avx512_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 
@@ -24,6 +28,34 @@ float Bf16ToFloat(uint16_t b) {
   return f;
 }
 
+// Runs a test at one kernel level, then restores the CPU's best.
+class KernelsIsaTest : public ::testing::TestWithParam<KernelIsa> {
+ protected:
+  void SetUp() override { CapKernelIsaForTesting(GetParam()); }
+  void TearDown() override { CapKernelIsaForTesting(KernelIsa::kAvx512Bf16); }
+};
+
+// Every level up to the one this CPU has.
+std::vector<KernelIsa> LevelsOfThisCpu() {
+  std::vector<KernelIsa> levels;
+  for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx512, KernelIsa::kAvx512Bf16}) {
+    if (isa <= ActiveKernelIsa()) levels.push_back(isa);
+  }
+  return levels;
+}
+
+std::string LevelName(const ::testing::TestParamInfo<KernelIsa>& info) {
+  switch (info.param) {
+    case KernelIsa::kPortable: return "portable";
+    case KernelIsa::kAvx512: return "avx512";
+    case KernelIsa::kAvx512Bf16: return "avx512_bf16";
+  }
+  return "unknown";
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, KernelsIsaTest, ::testing::ValuesIn(LevelsOfThisCpu()),
+                         LevelName);
+
 // Softmax of one row in double precision, masked positions (-inf) excluded.
 std::vector<double> ExactSoftmax(const float* row, int64_t cols) {
   double max = -std::numeric_limits<double>::infinity();
@@ -35,7 +67,7 @@ std::vector<double> ExactSoftmax(const float* row, int64_t cols) {
   return p;
 }
 
-TEST(KernelsTest, Bf16OnlySoftmaxMatchesExactWithinBf16Rounding) {
+TEST_P(KernelsIsaTest, Bf16OnlySoftmaxMatchesExactWithinBf16Rounding) {
   const int64_t heads = 3, rows = 5, cols = 77;  // odd width: vector tails
   // Scores up to +-40: exp arguments down to -80, near the underflow clamp.
   std::vector<float> scores = RandomVector(heads * rows * cols, 7, 40.0f);
@@ -71,7 +103,7 @@ TEST(KernelsTest, Bf16OnlySoftmaxMatchesExactWithinBf16Rounding) {
   }
 }
 
-TEST(KernelsTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
+TEST_P(KernelsIsaTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
   const int64_t cols = 40;
   std::vector<float> scores = RandomVector(3 * cols, 11, 3.0f);
   std::vector<float> attn(3 * cols, 0.0f);
@@ -92,7 +124,7 @@ TEST(KernelsTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
   EXPECT_NEAR(row1_sum, 1.0, 1e-2);
 }
 
-TEST(KernelsTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
+TEST_P(KernelsIsaTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
   const int64_t rows = 4, cols = 33;
   std::vector<float> scores = RandomVector(rows * cols, 3, 5.0f);
   SoftmaxMasks masks;
@@ -104,7 +136,7 @@ TEST(KernelsTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
   EXPECT_EQ(bf16, rounded);
 }
 
-TEST(KernelsTest, OnlineSoftmaxBf16CopyMatchesItsF32Values) {
+TEST_P(KernelsIsaTest, OnlineSoftmaxBf16CopyMatchesItsF32Values) {
   const int64_t rows = 3, cols = 50;
   const std::vector<float> scores = RandomVector(rows * cols, 5, 20.0f);
   SoftmaxMasks masks;
@@ -125,6 +157,53 @@ TEST(KernelsTest, OnlineSoftmaxBf16CopyMatchesItsF32Values) {
   for (int64_t i = 0; i < rows * cols; ++i) {
     EXPECT_NEAR(Bf16ToFloat(bf16[i]), f32_scores[i], f32_scores[i] * 4.1e-3 + 1e-30) << i;
   }
+}
+
+TEST_P(KernelsIsaTest, OnlineSoftmaxBf16TileZeroesMaskedKeysAndKeepsNaN) {
+  // Row 0: two masked keys in a tile; row 1: every key masked; row 2: a NaN
+  // score (an overflow upstream). Two tiles, so the running state carries.
+  const int64_t rows = 3, cols = 37, tiles = 2;
+  std::vector<float> key_padding(tiles * cols, 0.0f);
+  key_padding[4] = key_padding[cols + 20] = -INFINITY;
+  std::vector<float> attn(rows * tiles * cols, 0.0f);
+  for (int64_t j = 0; j < tiles * cols; ++j) attn[tiles * cols + j] = -INFINITY;
+  SoftmaxMasks masks;
+  masks.key_padding = key_padding.data();
+  masks.attn = attn.data();
+  masks.attn_row_stride = tiles * cols;
+  masks.masked_cols = tiles * cols;
+  std::vector<float> stats(3 * rows);
+  const OnlineSoftmaxRows state{stats.data(), stats.data() + rows, stats.data() + 2 * rows};
+  for (int64_t r = 0; r < rows; ++r) state.max[r] = -INFINITY, state.sum[r] = 0.0f;
+  double expected_sum = 0.0, running_max = -INFINITY;
+  for (int64_t t = 0; t < tiles; ++t) {
+    std::vector<float> scores = RandomVector(rows * cols, 20 + t, 8.0f);
+    scores[2 * cols + 9] = NAN;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (key_padding[t * cols + j] == 0.0f) {
+        running_max = std::max(running_max, static_cast<double>(scores[j]));
+      }
+    }
+    std::vector<float> tile_scores = scores;
+    std::vector<uint16_t> bf16(rows * cols, 0x1234);
+    OnlineSoftmaxTile(scores.data(), rows, cols, t * cols, masks, state, bf16.data());
+    expected_sum *= t == 0 ? 0.0 : state.rescale[0];
+    for (int64_t j = 0; j < cols; ++j) {
+      const double p = Bf16ToFloat(bf16[j]);
+      if (key_padding[t * cols + j] != 0.0f) {
+        EXPECT_EQ(bf16[j], 0) << "masked key " << t * cols + j;
+      } else {
+        const double exact = std::exp(tile_scores[j] - running_max);
+        EXPECT_NEAR(p, exact, exact * 4.1e-3 + 1e-30) << "key " << t * cols + j;
+        expected_sum += exact;
+      }
+      EXPECT_EQ(bf16[cols + j], 0) << "fully masked row, key " << t * cols + j;
+    }
+    EXPECT_EQ(state.max[0], static_cast<float>(running_max)) << "tile " << t;
+  }
+  EXPECT_NEAR(state.sum[0], expected_sum, expected_sum * 1e-5);
+  EXPECT_EQ(state.sum[1], 0.0f) << "every key masked: nothing summed";
+  EXPECT_TRUE(std::isnan(state.sum[2])) << "a NaN score must poison its row";
 }
 
 TEST(KernelsTest, SplitAndMergeHeadsMatchAPlainCopy) {
@@ -161,7 +240,7 @@ TEST(KernelsTest, SplitAndMergeHeadsMatchAPlainCopy) {
   }
 }
 
-TEST(KernelsTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
+TEST_P(KernelsIsaTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
   // Above the two-thread threshold and not a multiple of the chunk size.
   const int64_t n = (int64_t{1} << 18) + 12345;
   std::vector<float> in(n);
@@ -184,8 +263,12 @@ TEST(KernelsTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
     const double lo = Bf16ToFloat(below), hi = Bf16ToFloat(below + 1);
     const double x = std::fabs(static_cast<double>(in[i]));
     const double dlo = x - std::fabs(lo), dhi = std::fabs(hi) - x;
-    const uint16_t expected =
+    uint16_t expected =
         dlo < dhi ? below : dlo > dhi ? below + 1 : ((below & 1) == 0 ? below : below + 1);
+    // The AVX512-BF16 conversion reads denormals as zero (of their sign).
+    if (GetParam() == KernelIsa::kAvx512Bf16 && std::fpclassify(in[i]) == FP_SUBNORMAL) {
+      expected = static_cast<uint16_t>(bits >> 31 << 15);
+    }
     ASSERT_EQ(out[i], expected) << "element " << i << " = " << in[i];
   }
 }
