@@ -38,7 +38,10 @@ MHA_AVX512_INLINE __mmask16 TailLanes(int64_t left) {
   return left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// exp(x) for x <= 0 with the degree-4 polynomial; NaN stays NaN.
+// exp(x) for x <= 0; NaN stays NaN. kAccurate: ~2 ulp (the degree-6
+// polynomial of the portable f32 exp); otherwise ~4e-6 relative (degree 4,
+// for probabilities that are rounded to bf16).
+template <bool kAccurate>
 MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
   // -inf (a masked key) and anything below -1000 become -1000, whose 2^n
   // below scales to exactly 0. vmaxps returns its second operand when
@@ -50,11 +53,23 @@ MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(4.15898298e-2f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.67906357e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.00022231e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.99963654e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 p;
+  if constexpr (kAccurate) {
+    p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    // p r^2 + r + 1, adding the large terms last.
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  } else {
+    p = _mm512_set1_ps(4.15898298e-2f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.67906357e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.00022231e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.99963654e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  }
   return _mm512_scalef_ps(p, n);
 }
 
@@ -76,12 +91,13 @@ MHA_AVX512_BF16 inline void StoreBf16(uint16_t* out, __mmask16 lanes, __m512 v) 
 
 // Where ExpSumOf writes the exps: back into the f32 row, or as bf16 (with
 // the native conversion or the integer one).
-enum class ExpOut { kF32, kBf16Native, kBf16Integer };
+// kF32Accurate: the ~2 ulp exp, for f32 probabilities.
+enum class ExpOut { kF32Accurate, kF32, kBf16Native, kBf16Integer };
 
 template <ExpOut kOut>
 MHA_AVX512_BF16 inline void StoreExp(float* f32, uint16_t* bf16, int64_t j, __mmask16 lanes,
                                      __m512 e) {
-  if constexpr (kOut == ExpOut::kF32) {
+  if constexpr (kOut == ExpOut::kF32 || kOut == ExpOut::kF32Accurate) {
     _mm512_mask_storeu_ps(f32 + j, lanes, e);
   } else {
     StoreBf16<kOut == ExpOut::kBf16Native>(bf16 + j, lanes, e);
@@ -94,12 +110,13 @@ MHA_AVX512_BF16 inline void StoreExp(float* f32, uint16_t* bf16, int64_t j, __mm
 template <ExpOut kOut>
 MHA_AVX512_BF16 float ExpSumOf(const float* row, int64_t cols, float max, float* f32_out,
                                uint16_t* bf16_out) {
+  constexpr bool kAccurate = kOut == ExpOut::kF32Accurate;
   const __m512 row_max = _mm512_set1_ps(max);
   __m512 sum = _mm512_setzero_ps(), sum2 = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j + 32 <= cols; j += 32) {
-    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), row_max));
-    const __m512 e2 = ExpNonPositive(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), row_max));
+    const __m512 e = ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_loadu_ps(row + j), row_max));
+    const __m512 e2 = ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), row_max));
     StoreExp<kOut>(f32_out, bf16_out, j, 0xffff, e);
     StoreExp<kOut>(f32_out, bf16_out, j + 16, 0xffff, e2);
     sum = _mm512_add_ps(sum, e);
@@ -107,7 +124,7 @@ MHA_AVX512_BF16 float ExpSumOf(const float* row, int64_t cols, float max, float*
   }
   for (; j < cols; j += 16) {
     const __mmask16 lanes = TailLanes(cols - j);
-    const __m512 e = ExpNonPositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), row_max));
+    const __m512 e = ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), row_max));
     StoreExp<kOut>(f32_out, bf16_out, j, lanes, e);
     sum = _mm512_mask_add_ps(sum, lanes, sum, e);
   }
@@ -137,6 +154,10 @@ bool HasAvx512() { return ActiveKernelIsa() >= KernelIsa::kAvx512; }
 
 float ExpSumAvx512(float* row, int64_t cols, float max) {
   return ExpSumOf<ExpOut::kF32>(row, cols, max, row, nullptr);
+}
+
+float ExpSumAccurateAvx512(float* row, int64_t cols, float max) {
+  return ExpSumOf<ExpOut::kF32Accurate>(row, cols, max, row, nullptr);
 }
 
 float ExpSumToBf16Avx512(const float* row, int64_t cols, float max, uint16_t* out) {

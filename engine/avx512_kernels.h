@@ -1,7 +1,7 @@
-// Hot loops of the bf16 softmax in AVX-512 intrinsics, for CPUs that have
-// it (HasAvx512): the exp-and-sum of a row whose probabilities feed a bf16
-// product only (the portable loop's exponent assembly and range checks cost
-// as much as its polynomial), written as f32 or straight to bf16, and
+// Hot loops of the softmax in AVX-512 intrinsics, for CPUs that have it
+// (HasAvx512): the exp-and-sum of a row (the portable loop's exponent
+// assembly and range checks cost as much as its polynomial, and it runs one
+// dependency chain), written as f32 or straight to bf16, and
 // f32 -> bf16 rounding (GCC vectorises the portable one at half width with
 // a pack and a permute; with AVX512-BF16 it is one instruction).
 #ifndef MHA_ENGINE_AVX512_KERNELS_H_
@@ -30,6 +30,10 @@ bool HasAvx512();
 // polynomial of the portable bf16 softmax). `max` is the row's
 // finite maximum, so every argument is <= 0. Only when HasAvx512().
 float ExpSumAvx512(float* row, int64_t cols, float max);
+
+// The same with the ~2 ulp exp of f32 probabilities (the portable f32
+// softmax's degree-6 polynomial).
+float ExpSumAccurateAvx512(float* row, int64_t cols, float max);
 
 // The same exp and sum, but the values go to out[j] as bf16 (rounded as
 // ScaleToBf16Avx512) and the row is left as it was.

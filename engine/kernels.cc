@@ -72,7 +72,9 @@ inline float VectorExp(float x) {
 // intrinsics where the CPU has them).
 template <bool kBf16Only>
 inline float ExpSum(float* row, int64_t cols, float max) {
-  if (kBf16Only && HasAvx512()) return ExpSumAvx512(row, cols, max);
+  if (HasAvx512()) {
+    return kBf16Only ? ExpSumAvx512(row, cols, max) : ExpSumAccurateAvx512(row, cols, max);
+  }
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < cols; ++j) {
