@@ -15,6 +15,8 @@ Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions opti
     : model_(std::move(model)),
       engine_(engine),
       options_(options),
+      max_batch_tokens_(options.max_batch_tokens > 0 ? options.max_batch_tokens
+                                                     : int64_t{1024} * ThreadsPerCall()),
       metrics_(metrics),
       all_metrics_(all_metrics) {
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
@@ -63,7 +65,7 @@ void Batcher::Stop() {
 bool Batcher::BatchReady() const {
   if (queue_.empty()) return false;
   if (stopping_ || !options_.enabled) return true;
-  if (queued_tokens_ >= options_.max_batch_tokens) return true;
+  if (queued_tokens_ >= max_batch_tokens_) return true;
   return absl::Now() - queue_.front()->enqueued >= options_.max_queue_delay;
 }
 
@@ -85,7 +87,7 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
   int64_t tokens = 0;
   for (auto it = queue_.begin(); it != queue_.end();) {
     const bool fits = batch.empty() || (options_.enabled &&
-                                        tokens + (*it)->input.tokens <= options_.max_batch_tokens);
+                                        tokens + (*it)->input.tokens <= max_batch_tokens_);
     if (!fits) break;
     if (!(BatchSignature::Of((*it)->input) == signature)) {
       ++it;
@@ -103,11 +105,14 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
   return batch;
 }
 
+int Batcher::ThreadsPerCall() const {
+  return options_.compute_threads > 0
+             ? options_.compute_threads
+             : std::max(1, AvailableCores() / std::max(1, options_.workers));
+}
+
 void Batcher::WorkerLoop() {
-  const int threads = options_.compute_threads > 0
-                          ? options_.compute_threads
-                          : std::max(1, AvailableCores() / std::max(1, options_.workers));
-  SetComputeThreads(threads);
+  SetComputeThreads(ThreadsPerCall());
   std::unique_ptr<Workspace> ws = engine_.NewWorkspace();
   while (true) {
     std::vector<std::unique_ptr<PendingRequest>> batch = NextBatch();

@@ -22,7 +22,9 @@ namespace mha::server {
 
 struct BatcherOptions {
   bool enabled = true;               // false: one request per engine call
-  int64_t max_batch_tokens = 1024;   // query + key tokens per engine call
+  // Query + key tokens per engine call; 0: 1024 per thread of the call,
+  // so that each thread's share of the activations stays near its L2.
+  int64_t max_batch_tokens = 0;
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
@@ -72,10 +74,12 @@ class Batcher {
   std::vector<std::unique_ptr<PendingRequest>> NextBatch();
   bool BatchReady() const;
   void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws);
+  int ThreadsPerCall() const;
 
   const std::string model_;
   const MhaEngine& engine_;
   const BatcherOptions options_;
+  const int64_t max_batch_tokens_;  // options_' value, 0 resolved
   ModelMetrics& metrics_;
   Metrics& all_metrics_;
 

@@ -217,6 +217,26 @@ TEST_F(BatcherTest, BatchingOffRunsOneRequestPerCall) {
   EXPECT_EQ(BatchCount(), 5);
 }
 
+TEST_F(BatcherTest, DefaultTokenCapIs1024PerThreadOfACall) {
+  // Requests of 400 tokens (L = 200, query + key); batches close on size
+  // only (or at Stop). 1 thread per call: 2 fit under 1,024, so 6 requests
+  // take 3 calls; 2 threads: 5 fit under 2,048, so 2 calls.
+  for (int threads : {1, 2}) {
+    Metrics metrics;
+    BatcherOptions options;
+    options.compute_threads = threads;
+    options.max_queue_delay = absl::Seconds(30);
+    Batcher batcher("m", *engine_, options, metrics.ForModel("m"), metrics);
+    std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+    for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(200, i)));
+    batcher.Stop();
+    for (auto& r : results) EXPECT_TRUE(r.get().ok());
+    EXPECT_EQ(metrics.ForModel("m").batch_requests->Collect().histogram.sample_count,
+              threads == 1 ? 3 : 2)
+        << threads << " threads per call";
+  }
+}
+
 TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
   BatcherOptions options;
   options.max_queue_size = 2;

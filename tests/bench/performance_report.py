@@ -242,7 +242,7 @@ def main():
         torch_modes="best,default"))
     print("wider models", file=sys.stderr, flush=True)
     wide = run_bench.collect(argparse.Namespace(
-        rounds=2, mha_bench=args.mha_bench, shapes="", min_seconds=0.3, min_reps=3, wide=True,
+        rounds=3, mha_bench=args.mha_bench, shapes="", min_seconds=0.3, min_reps=3, wide=True,
         torch_modes="best,default"))
     print("per-call overhead", file=sys.stderr, flush=True)
     overhead = overhead_sweep(args)
@@ -302,7 +302,7 @@ best of its two configurations: below 1 is faster (here {best:.2f} to
 
 ## Wider models
 
-The same measurement (2 rounds) for E = 1024 to 2048 and h = 16 to 32:
+The same measurement (3 rounds) for E = 1024 to 2048 and h = 16 to 32:
 the fraction of the matmul rate and the lead over PyTorch should hold as
 models grow.
 
