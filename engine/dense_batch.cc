@@ -93,6 +93,10 @@ absl::Status DenseBatch::CheckShapes(const AttentionDims& dims) {
           in_.key->dim(0)));
     }
     kv_len_ = in_.key->dim(rank - 2);
+    if (kv_len_ == 0) {  // an empty key would read as self-attention
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key: shape ", ShapeString(in_.key->shape()), " has no tokens"));
+    }
   }
   if (in_.value.has_value()) {
     RETURN_IF_ERROR(Normalize(*in_.value, "value", false));

@@ -102,6 +102,12 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
        absl::StatusCode::kInvalidArgument, "query: element 2 is nan"},
       {"value without key", [](auto& r) { *r.mutable_value() = r.query(); },
        absl::StatusCode::kInvalidArgument, "value: given without key"},
+      {"empty key",  // would read as self-attention (found by fuzz_request)
+       [](auto& r) {
+         *r.mutable_key() = Wire({1, 0, 24}, {});
+         *r.mutable_value() = Wire({1, 0, 24}, {});
+       },
+       absl::StatusCode::kInvalidArgument, "key: shape [1, 0, 24] has no tokens"},
       {"mask shape", [](auto& r) { *r.mutable_key_padding_mask() = BoolWire({1, 4}, {0, 0, 0, 0}); },
        absl::StatusCode::kInvalidArgument, "key_padding_mask: expected shape [1, 5]"},
       {"mask dtype",
