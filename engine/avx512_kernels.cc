@@ -89,9 +89,9 @@ MHA_AVX512_BF16 inline void StoreBf16(uint16_t* out, __mmask16 lanes, __m512 v) 
   }
 }
 
-// Where ExpSumOf writes the exps: back into the f32 row, or as bf16 (with
-// the native conversion or the integer one).
-// kF32Accurate: the ~2 ulp exp, for f32 probabilities.
+// What ExpSumOf computes and where it writes it: back into the f32 row
+// (with the ~2 ulp exp of f32 probabilities, or the cheap one), or as bf16
+// (with the native conversion or the integer one).
 enum class ExpOut { kF32Accurate, kF32, kBf16Native, kBf16Integer };
 
 template <ExpOut kOut>
@@ -116,7 +116,8 @@ MHA_AVX512_BF16 float ExpSumOf(const float* row, int64_t cols, float max, float*
   int64_t j = 0;
   for (; j + 32 <= cols; j += 32) {
     const __m512 e = ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_loadu_ps(row + j), row_max));
-    const __m512 e2 = ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), row_max));
+    const __m512 e2 =
+        ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16), row_max));
     StoreExp<kOut>(f32_out, bf16_out, j, 0xffff, e);
     StoreExp<kOut>(f32_out, bf16_out, j + 16, 0xffff, e2);
     sum = _mm512_add_ps(sum, e);
@@ -124,7 +125,8 @@ MHA_AVX512_BF16 float ExpSumOf(const float* row, int64_t cols, float max, float*
   }
   for (; j < cols; j += 16) {
     const __mmask16 lanes = TailLanes(cols - j);
-    const __m512 e = ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), row_max));
+    const __m512 e =
+        ExpNonPositive<kAccurate>(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + j), row_max));
     StoreExp<kOut>(f32_out, bf16_out, j, lanes, e);
     sum = _mm512_mask_add_ps(sum, lanes, sum, e);
   }
@@ -167,7 +169,9 @@ float ExpSumToBf16Avx512(const float* row, int64_t cols, float max, uint16_t* ou
 }
 
 void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t count) {
-  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) return ScaleToBf16Of<true>(in, scale, out, count);
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) {
+    return ScaleToBf16Of<true>(in, scale, out, count);
+  }
   ScaleToBf16Of<false>(in, scale, out, count);
 }
 

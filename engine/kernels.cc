@@ -67,9 +67,9 @@ inline float VectorExp(float x) {
   return x != x ? x : result;
 }
 
-// row[j] = exp(row[j] - max), returning their sum; kBf16Only: with the
-// cheaper exp of probabilities that feed a bf16 product only (in AVX-512
-// intrinsics where the CPU has them).
+// row[j] = exp(row[j] - max), returning their sum (in AVX-512 intrinsics
+// where the CPU has them); kBf16Only: with the cheaper exp of probabilities
+// that feed a bf16 product only.
 template <bool kBf16Only>
 inline float ExpSum(float* row, int64_t cols, float max) {
   if (HasAvx512()) {
