@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <new>
 
 #include <omp.h>
 
@@ -243,7 +244,12 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
   }
   try {
     Compute(batch, out, ws);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("out of memory while computing attention");
   } catch (const dnnl::error& e) {
+    if (e.status == dnnl_out_of_memory) {
+      return absl::ResourceExhaustedError(absl::StrCat("oneDNN out of memory: ", e.what()));
+    }
     return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("attention failed: ", e.what()));

@@ -46,6 +46,19 @@ struct EngineOptions {
   int64_t tile_keys = 512;
 };
 
+// The sizes of a dense batch, all Run's memory depends on: `sequences`
+// sequences of `q_len` query rows and `kv_len` keys each (self-attention:
+// kv_len = q_len).
+struct BatchShape {
+  int64_t sequences = 0;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  bool self_attention = true;
+  bool value_is_key = true;          // cross-attention with no value of its own
+  int64_t bool_mask_elements = 0;    // BOOL mask elements (Run makes them f32)
+  bool need_weights = false;
+};
+
 // Owns the packed, reordered weights of one attention layer and the oneDNN
 // primitives built for it. Created once; after Create every method is const
 // and thread-safe (concurrent Run calls need one Workspace each).
@@ -65,6 +78,14 @@ class MhaEngine {
 
   // Elements Run writes into AttentionOutputs::weights for `batch`.
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
+
+  // An upper bound of the workspace bytes one Run over `shape` on `threads`
+  // threads needs (engine/memory_estimate.cc), from the shape alone: what
+  // admission control charges before a request takes any memory.
+  int64_t ScratchBytes(const BatchShape& shape, int threads) const;
+  // A workspace holding more than this after a call gives its buffers back
+  // (Workspace::ReleaseIfAbove), so one large request does not pin memory.
+  static constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
 
   const AttentionDims& dims() const { return dims_; }
 

@@ -39,4 +39,11 @@ size_t Workspace::bytes_held() const {
   return total;
 }
 
+bool Workspace::ReleaseIfAbove(size_t keep) {
+  if (bytes_held() <= keep) return false;
+  for (Buffer& b : buffers_) b = Buffer{};
+  for (auto& child : children_) child->ReleaseIfAbove(0);
+  return true;
+}
+
 }  // namespace mha

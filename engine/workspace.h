@@ -68,6 +68,9 @@ class Workspace {
   BoundMemories& bound_memories() { return *bound_; }
   // Total bytes currently held, children included (for tests and metrics).
   size_t bytes_held() const;
+  // Frees every buffer (children's too) when more than `keep` bytes are
+  // held, so one large call does not pin its memory; returns whether it did.
+  bool ReleaseIfAbove(size_t keep);
 
  private:
   struct Buffer {

@@ -1,11 +1,13 @@
 #include "server/attend_dispatch.h"
 
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/admission.h"
 
 namespace mha::server {
 
@@ -29,9 +31,9 @@ absl::StatusOr<const ServedModel*> AttendDispatcher::ServingModel(const std::str
   return model;
 }
 
-void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
-                                grpc::ServerUnaryReactor* reactor, const std::string& model_name,
-                                const char* api, const Decoder& decode, Responder respond) {
+void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
+                                const std::string& model_name, const char* api,
+                                const Decoder& decode, Responder respond) {
   const absl::Time start = absl::Now();
   absl::StatusOr<const ServedModel*> found = ServingModel(model_name);
   // Series exist for the repository's models only: a client naming random
@@ -58,18 +60,44 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
   if (admitted.ok()) admitted = found.status();
   if (!admitted.ok()) return finish(admitted);
   const ServedModel& model = **found;
-  absl::StatusOr<DecodedRequest> decoded = decode(model);
-  if (!decoded.ok()) return finish(decoded.status());
-
-  auto pending = std::make_unique<PendingRequest>(std::move(*decoded));
+  std::unique_ptr<PendingRequest> pending;
+  try {
+    absl::StatusOr<DecodedRequest> decoded = decode(model);
+    if (!decoded.ok()) return finish(decoded.status());
+    pending = std::make_unique<PendingRequest>(std::move(*decoded));
+  } catch (const std::bad_alloc&) {
+    return finish(absl::ResourceExhaustedError("out of memory decoding the request; retry later"));
+  }
+  // What it will cost, from its shapes, before it takes memory or time.
+  const RequestCost cost = CostOf(pending->input, *model.model.engine,
+                                  model.batcher->ThreadsPerCall());
+  if (absl::Status s = CheckResponseSize(pending->input, cost, limits_.max_message_bytes);
+      !s.ok()) {
+    metrics_.CountDropped(label, "message_size");
+    return finish(s);
+  }
+  if (absl::Status s = CheckWorkingMemory(pending->input, cost, memory_.capacity()); !s.ok()) {
+    metrics_.CountDropped(label, "memory");
+    return finish(s);
+  }
+  pending->queued_bytes = cost.queued_bytes;
+  pending->active_bytes = cost.active_bytes;
+  reactor->Hold(pending->memory);
   pending->deadline = absl::FromChrono(context->deadline());
   pending->cancelled = [context] { return context->IsCancelled(); };
   ResultLayout layout{pending->input.output_dtype, pending->input.output_shape,
                       pending->input.weights_shape};
   pending->done = [finish, respond = std::move(respond), layout = std::move(layout),
                    &model](absl::StatusOr<AttentionResult> result) {
-    if (result.ok()) respond(model, layout, *result);
-    finish(result.status());
+    absl::Status status = result.status();
+    if (result.ok()) {
+      try {
+        respond(model, layout, *result);
+      } catch (const std::bad_alloc&) {
+        status = absl::ResourceExhaustedError("out of memory encoding the response; retry later");
+      }
+    }
+    finish(status);
   };
   const absl::Status queued = model.batcher->Enqueue(pending);
   if (!queued.ok()) finish(queued);

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/auth.h"
 #include "server/batcher.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 #include "server/request_codec.h"
@@ -26,6 +28,18 @@ inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
 
 // The one conversion from absl::Status to grpc::Status.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The reactor of one attention call. The dispatcher finishes it exactly
+// once; it holds the request's memory reservation until gRPC is done with
+// the call (response sent, or call cancelled), then deletes itself.
+class CallReactor : public grpc::ServerUnaryReactor {
+ public:
+  void Hold(std::shared_ptr<MemoryReservation> memory) { memory_ = std::move(memory); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<MemoryReservation> memory_;
+};
 
 // The shapes a response needs, taken from the decoded request.
 struct ResultLayout {
@@ -45,9 +59,15 @@ class AttendDispatcher {
   using Responder = std::function<void(const ServedModel&, const ResultLayout&,
                                        const AttentionResult&)>;
 
+  // `memory` (borrowed, outlives the dispatcher) is the budget the
+  // batchers reserve in; admission refuses a request that alone exceeds it.
   AttendDispatcher(const ModelRepository& models, Metrics& metrics, RequestLimits limits,
-                   BearerAuth auth = {})
-      : models_(models), metrics_(metrics), limits_(limits), auth_(std::move(auth)) {}
+                   const MemoryBudget& memory, BearerAuth auth = {})
+      : models_(models),
+        metrics_(metrics),
+        limits_(limits),
+        memory_(memory),
+        auth_(std::move(auth)) {}
 
   // After this, new attention calls get UNAVAILABLE and readiness is false.
   void StartDraining() { draining_ = true; }
@@ -61,10 +81,11 @@ class AttendDispatcher {
   // Finds a serving model or says why not (NOT_FOUND, FAILED_PRECONDITION).
   absl::StatusOr<const ServedModel*> ServingModel(const std::string& name) const;
 
-  // Admits, decodes, enqueues and returns at once; `reactor` is finished
-  // exactly once, on this thread when the call is refused, else on the worker
-  // after `respond`. `api` labels mha_requests_total.
-  void Dispatch(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+  // Admits, decodes, checks what the request will cost (server/admission.h),
+  // enqueues and returns at once; `reactor` is finished exactly once, on
+  // this thread when the call is refused, else on the worker after
+  // `respond`. `api` labels mha_requests_total.
+  void Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
                 const std::string& model_name, const char* api, const Decoder& decode,
                 Responder respond);
 
@@ -72,6 +93,7 @@ class AttendDispatcher {
   const ModelRepository& models_;
   Metrics& metrics_;
   const RequestLimits limits_;
+  const MemoryBudget& memory_;
   const BearerAuth auth_;
   std::atomic<bool> draining_{false};
 };

@@ -5,7 +5,7 @@ namespace mha::server {
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerContext* context,
                                                        const v1::AttendRequest* request,
                                                        v1::AttendResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new CallReactor();
   auto decode = [this, request](const ServedModel& model) {
     return DecodeAttendRequest(*request, model.model.dims, dispatcher_.limits());
   };

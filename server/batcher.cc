@@ -1,7 +1,10 @@
 #include "server/batcher.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +43,14 @@ absl::Status Batcher::Enqueue(std::unique_ptr<PendingRequest>& request) {
         "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this request ",
         request->input.bytes, ", limit ", options_.max_queue_bytes, ")"));
   }
+  MemoryBudget* memory = options_.memory;
+  if (memory != nullptr && !memory->TryReserveQueued(request->queued_bytes, *request->memory)) {
+    all_metrics_.CountDropped(model_, "memory");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
+        " of ", WithCommas(memory->capacity()), " bytes and this one needs ",
+        WithCommas(request->queued_bytes), " to wait in the queue; retry later"));
+  }
   request->enqueued = absl::Now();
   queued_tokens_ += request->input.tokens;
   queued_bytes_ += request->input.bytes;
@@ -69,19 +80,54 @@ bool Batcher::BatchReady() const {
   return absl::Now() - queue_.front()->enqueued >= options_.max_queue_delay;
 }
 
+bool Batcher::ReserveActive(PendingRequest& request) {
+  return options_.memory == nullptr ||
+         options_.memory->TryGrowActive(request.active_bytes, *request.memory);
+}
+
 std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!BatchReady()) {
-    if (queue_.empty()) {
-      if (stopping_) return {};
-      cv_.wait(lock);
-    } else {
-      const absl::Time close = queue_.front()->enqueued + options_.max_queue_delay;
-      cv_.wait_until(lock, absl::ToChronoTime(close));
+  while (true) {
+    while (!BatchReady()) {
+      if (queue_.empty()) {
+        if (stopping_) return {};
+        cv_.wait(lock);
+      } else {
+        const absl::Time close = queue_.front()->enqueued + options_.max_queue_delay;
+        cv_.wait_until(lock, absl::ToChronoTime(close));
+      }
     }
+    // The oldest request first gets the memory to compute and answer it.
+    PendingRequest& oldest = *queue_.front();
+    if (ReserveActive(oldest)) break;
+    const bool unwanted =
+        absl::Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
+    if (!unwanted && options_.memory->active() > 0) {
+      // Batches computing or answering will give memory back.
+      lock.unlock();
+      options_.memory->WaitForRelease(absl::Milliseconds(20));
+      lock.lock();
+      continue;
+    }
+    // Nothing will give memory back (queued requests hold it), or nobody
+    // waits for this one any more: it leaves alone, and Compute drops it.
+    if (!unwanted) {
+      oldest.refusal = absl::ResourceExhaustedError(absl::StrCat(
+          "server memory budget full: requests waiting hold ",
+          WithCommas(options_.memory->reserved()), " of ", WithCommas(options_.memory->capacity()),
+          " bytes and this one needs ", WithCommas(oldest.active_bytes),
+          " more to compute; retry later"));
+    }
+    std::vector<std::unique_ptr<PendingRequest>> alone;
+    queued_tokens_ -= oldest.input.tokens;
+    queued_bytes_ -= oldest.input.bytes;
+    alone.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+    metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+    return alone;
   }
   // The oldest request sets the signature; compatible ones join in order
-  // while the batch has room.
+  // while the batch has room, in tokens and in memory.
   std::vector<std::unique_ptr<PendingRequest>> batch;
   const BatchSignature signature = BatchSignature::Of(queue_.front()->input);
   int64_t tokens = 0;
@@ -93,6 +139,7 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
       ++it;
       continue;
     }
+    if (!batch.empty() && !ReserveActive(**it)) break;
     tokens += (*it)->input.tokens;
     queued_tokens_ -= (*it)->input.tokens;
     queued_bytes_ -= (*it)->input.bytes;
@@ -118,6 +165,9 @@ void Batcher::WorkerLoop() {
     std::vector<std::unique_ptr<PendingRequest>> batch = NextBatch();
     if (batch.empty()) return;
     Compute(std::move(batch), *ws);
+    // After a large batch, give its memory back to the system: the
+    // workspace's buffers, and what glibc keeps of freed blocks.
+    if (ws->ReleaseIfAbove(MhaEngine::kWorkspaceKeepBytes)) malloc_trim(0);
   }
 }
 
@@ -127,7 +177,10 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
   std::vector<std::unique_ptr<PendingRequest>> live;
   for (std::unique_ptr<PendingRequest>& r : batch) {
     metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
-    if (r->cancelled && r->cancelled()) {
+    if (!r->refusal.ok()) {
+      all_metrics_.CountDropped(model_, "memory");
+      r->done(r->refusal);
+    } else if (r->cancelled && r->cancelled()) {
       all_metrics_.CountDropped(model_, "cancelled");
       r->done(absl::CancelledError("client cancelled the request"));
     } else if (now > r->deadline) {
@@ -138,7 +191,19 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
     }
   }
   if (live.empty()) return;
+  size_t answered = 0;
+  try {
+    ComputeLive(live, ws, answered);
+  } catch (const std::bad_alloc&) {  // the batch fails, the server goes on
+    for (size_t i = answered; i < live.size(); ++i) {
+      live[i]->done(absl::ResourceExhaustedError(
+          "out of memory while computing this request's batch; retry later"));
+    }
+  }
+}
 
+void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
+                          Workspace& ws, size_t& answered) {
   std::vector<const DecodedRequest*> inputs;
   int64_t tokens = 0;
   for (const auto& r : live) {
@@ -158,7 +223,8 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
   metrics_.batch_tokens->Observe(static_cast<double>(tokens));
   metrics_.tokens->Increment(static_cast<double>(tokens));
 
-  for (size_t i = 0; i < live.size(); ++i) {
+  for (; answered < live.size(); ++answered) {
+    const size_t i = answered;
     if (!status.ok()) {
       live[i]->done(status);
       continue;

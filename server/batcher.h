@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/mha_engine.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/request_codec.h"
 
@@ -30,6 +31,10 @@ struct BatcherOptions {
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
   int workers = 1;                   // threads calling the engine
   int compute_threads = 0;           // threads per engine call (0: all cores / workers)
+  // The server's memory budget (borrowed; null: no accounting). Requests
+  // reserve their queued bytes at Enqueue and their active bytes when a
+  // batch takes them.
+  MemoryBudget* memory = nullptr;
 };
 
 // What a computed request gets back: f32 output and optional weights, in
@@ -49,6 +54,12 @@ struct PendingRequest {
   std::function<bool()> cancelled;  // may be empty
   std::function<void(absl::StatusOr<AttentionResult>)> done;
   absl::Time enqueued;
+  // What it holds while queued and what computing and answering it adds
+  // (server/admission.h), and where those bytes are reserved: shared with
+  // the call, so they come back when both the batch and the call are done.
+  int64_t queued_bytes = 0, active_bytes = 0;
+  std::shared_ptr<MemoryReservation> memory = std::make_shared<MemoryReservation>();
+  absl::Status refusal;  // set when the batcher refuses it instead of computing
 };
 
 // Owns one model's queue and worker threads; borrows the engine and the
@@ -67,14 +78,23 @@ class Batcher {
   // Stops taking requests, computes everything queued, joins the workers.
   void Stop();
 
+  // Threads of one engine call.
+  int ThreadsPerCall() const;
+
  private:
   // Requests that may share one engine call.
   struct Signature;
   void WorkerLoop();
   std::vector<std::unique_ptr<PendingRequest>> NextBatch();
   bool BatchReady() const;
+  // Reserves the active bytes of the requests the next batch takes (see
+  // NextBatch); false when the oldest request must wait for memory.
+  bool ReserveActive(PendingRequest& request);
   void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws);
-  int ThreadsPerCall() const;
+  // Computes the requests and answers them in order; `answered` counts
+  // those answered, so an allocation failure answers only the rest.
+  void ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live, Workspace& ws,
+                   size_t& answered);
 
   const std::string model_;
   const MhaEngine& engine_;

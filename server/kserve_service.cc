@@ -80,7 +80,7 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelMetadata(
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerContext* context,
                                                         const inference::ModelInferRequest* request,
                                                         inference::ModelInferResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new CallReactor();
   auto outputs = std::make_shared<std::vector<std::string>>();
   auto decode = [this, request, outputs](const ServedModel& model)
       -> absl::StatusOr<DecodedRequest> {

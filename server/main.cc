@@ -4,6 +4,7 @@
 // metrics on /metrics.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -24,6 +25,7 @@
 #include "server/attention_service.h"
 #include "server/auth.h"
 #include "server/kserve_service.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 
@@ -42,6 +44,9 @@ ABSL_FLAG(int, intra_op_threads, 0, "threads per engine call; 0: cores / workers
 ABSL_FLAG(int, shutdown_grace_s, 30, "seconds to finish queued requests on SIGTERM");
 ABSL_FLAG(bool, disable_batching, false, "one request per engine call, whatever the configs say");
 ABSL_FLAG(int64_t, max_request_tokens, int64_t{1} << 20, "query + key tokens per request");
+ABSL_FLAG(int64_t, memory_limit_bytes, 0,
+          "working memory of requests in flight plus the engines' reserve; 0: 75% of the "
+          "cgroup's memory limit, of what RLIMIT_AS leaves, or of physical memory");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -71,6 +76,20 @@ std::string ModelSummary(const ModelRepository& models) {
     parts.push_back(absl::StrCat(m->name, m->load_status.ok() ? "" : "(failed)"));
   }
   return absl::StrJoin(parts, ",");
+}
+
+// What the process holds before any request: its resident memory with the
+// models loaded, plus per engine worker a workspace kept between calls and
+// room for the primitives its shapes add.
+int64_t EngineReserve(const ModelRepository& models, const RepositoryOptions& options) {
+  constexpr int64_t kPrimitiveCacheBytes = int64_t{32} << 20;
+  int64_t reserve = ResidentBytes();
+  for (const ServedModel* m : models.All()) {
+    if (m->batcher == nullptr) continue;
+    reserve += std::max(1, options.workers) *
+               (static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes) + kPrimitiveCacheBytes);
+  }
+  return reserve;
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -112,13 +131,24 @@ int Serve() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Metrics metrics;
+  const MemoryLimit memory_limit = ResolveMemoryLimit(absl::GetFlag(FLAGS_memory_limit_bytes));
+  MemoryBudget memory(memory_limit.bytes, &metrics.memory_reserved());
+  metrics.memory_limit().Set(static_cast<double>(memory_limit.bytes));
   RepositoryOptions repo_options{.workers = absl::GetFlag(FLAGS_workers),
                                  .compute_threads = absl::GetFlag(FLAGS_intra_op_threads),
-                                 .force_batching_off = absl::GetFlag(FLAGS_disable_batching)};
+                                 .force_batching_off = absl::GetFlag(FLAGS_disable_batching),
+                                 .memory = &memory};
   absl::StatusOr<std::unique_ptr<ModelRepository>> models = ModelRepository::Load(
       absl::GetFlag(FLAGS_model_repository), repo_options, metrics);
   if (!models.ok()) {
     std::fprintf(stderr, "mha_server: %s\n", models.status().ToString().c_str());
+    return 1;
+  }
+  memory.SetReserve(EngineReserve(**models, repo_options));
+  if (memory.capacity() <= 0) {
+    std::fprintf(stderr, "mha_server: --memory_limit_bytes %s leaves nothing for requests "
+                 "beyond the engines' reserve of %s bytes\n",
+                 WithCommas(memory.limit()).c_str(), WithCommas(memory.reserve()).c_str());
     return 1;
   }
 
@@ -137,8 +167,10 @@ int Serve() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   AttendDispatcher dispatcher(
-      **models, metrics, RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens)},
-      *std::move(auth));
+      **models, metrics,
+      RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens),
+                    .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
+      memory, *std::move(auth));
   AttentionServiceImpl service(dispatcher);
   KserveServiceImpl kserve(dispatcher);
   grpc::ServerBuilder builder;
@@ -160,8 +192,11 @@ int Serve() {
     return 1;
   }
   SetHealth(*server, **models, /*serving=*/true);
-  std::printf("mha_server ready grpc_port=%d metrics_port=%d models=%s\n", grpc_port,
-              exposer.GetListeningPorts().front(), ModelSummary(**models).c_str());
+  std::printf("mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%lld "
+              "(%s; engines' reserve %s)\n",
+              grpc_port, exposer.GetListeningPorts().front(), ModelSummary(**models).c_str(),
+              static_cast<long long>(memory.limit()), memory_limit.source.c_str(),
+              WithCommas(memory.reserve()).c_str());
   std::fflush(stdout);
 
   int received = 0;

@@ -61,11 +61,22 @@ Metrics::Metrics()
                   .Help("Query + key tokens computed")
                   .Register(*registry_)),
       dropped_(BuildCounter().Name("mha_dropped_requests_total")
-                   .Help("Requests not computed: deadline, cancelled, queue_full")
+                   .Help("Requests not computed, by reason: deadline, cancelled, queue_full, "
+                         "memory (the memory budget), message_size (response above the limit)")
                    .Register(*registry_)),
       loaded_(BuildGauge().Name("mha_model_loaded")
                   .Help("1 when the model loaded and serves, 0 when it failed")
-                  .Register(*registry_)) {}
+                  .Register(*registry_)),
+      memory_(BuildGauge().Name("mha_memory_limit_bytes")
+                  .Help("Memory limit for requests in flight and the engines' reserve "
+                        "(--memory_limit_bytes)")
+                  .Register(*registry_)
+                  .Add({})),
+      memory_reserved_(BuildGauge().Name("mha_memory_reserved_bytes")
+                           .Help("Working memory reserved by requests in flight "
+                                 "(queued, computing, answering)")
+                           .Register(*registry_)
+                           .Add({})) {}
 
 ModelMetrics& Metrics::ForModel(const std::string& model) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -82,6 +93,9 @@ ModelMetrics& Metrics::ForModel(const std::string& model) {
     m->inflight = &inflight_.Add(labels);
     m->tokens = &tokens_.Add(labels);
     m->loaded = &loaded_.Add(labels);
+    // Every reason's series from the start, so rate() alerts work before
+    // the first drop.
+    for (const char* reason : kDropReasons) dropped_.Add({{"model", model}, {"reason", reason}});
   }
   return *m;
 }

@@ -44,6 +44,8 @@ class Metrics {
   void CountDropped(const std::string& model, const std::string& reason);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  prometheus::Gauge& memory_limit() { return memory_; }
+  prometheus::Gauge& memory_reserved() { return memory_reserved_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -58,6 +60,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Family<prometheus::Gauge>& loaded_;
+  prometheus::Gauge& memory_;
+  prometheus::Gauge& memory_reserved_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_;
 };
@@ -65,6 +69,10 @@ class Metrics {
 // Values of the `api` label of mha_requests_total: which front end answered.
 inline constexpr char kApiMha[] = "mha.v1";
 inline constexpr char kApiKserve[] = "kserve.v2";
+
+// The reasons of mha_dropped_requests_total, each exported from the start.
+inline constexpr const char* kDropReasons[] = {"deadline", "cancelled", "queue_full", "memory",
+                                               "message_size"};
 
 // The label value used for requests naming no loaded model.
 inline constexpr char kUnknownModelLabel[] = "_unknown";

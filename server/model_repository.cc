@@ -61,7 +61,9 @@ std::unique_ptr<ServedModel> LoadOne(const std::filesystem::path& dir,
 }  // namespace
 
 bool IsValidModelName(const std::string& name) {
-  if (name.empty() || name == "." || name == "..") return false;
+  if (name.empty() || name == "." || name == ".." || name.size() > kMaxModelNameBytes) {
+    return false;
+  }
   for (char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '.' || c == '-';
@@ -80,6 +82,7 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   if (db.max_queue_bytes() > 0) b.max_queue_bytes = db.max_queue_bytes();
   b.workers = options.workers;
   b.compute_threads = options.compute_threads;
+  b.memory = options.memory;
   return b;
 }
 
@@ -96,8 +99,10 @@ absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
     if (!entry.is_directory()) continue;
     const std::string name = entry.path().filename().string();
     if (!IsValidModelName(name)) {
-      std::fprintf(stderr, "mha_server: skipping folder '%s': model names match [A-Za-z0-9_.-]+\n",
-                   name.c_str());
+      std::fprintf(stderr,
+                   "mha_server: skipping folder '%s': model names match [A-Za-z0-9_.-]+, "
+                   "at most %zu characters\n",
+                   name.c_str(), kMaxModelNameBytes);
       continue;
     }
     repo->models_[name] = LoadOne(entry.path(), options, metrics);

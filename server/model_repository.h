@@ -32,6 +32,7 @@ struct RepositoryOptions {
   int workers = 1;
   int compute_threads = 0;
   bool force_batching_off = false;
+  MemoryBudget* memory = nullptr;  // the server's budget (borrowed), or none
 };
 
 // Owns every ServedModel. Built once (Load), then read-only apart from
@@ -55,7 +56,10 @@ class ModelRepository {
   std::map<std::string, std::unique_ptr<ServedModel>> models_;
 };
 
-// Model names are folder names matching [A-Za-z0-9_.-]+ (and not "." or "..").
+// Model names are folder names matching [A-Za-z0-9_.-]+ (and not "." or
+// ".."), at most kMaxModelNameBytes long (they are label values, health
+// service names and parts of every error message).
+inline constexpr size_t kMaxModelNameBytes = 128;
 bool IsValidModelName(const std::string& name);
 
 // The batcher settings of a config (defaults for absent fields).

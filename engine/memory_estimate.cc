@@ -1,0 +1,73 @@
+// MhaEngine::ScratchBytes: the workspace a Run needs, from the shape alone.
+// It follows Compute slot by slot (see Workspace::Slot); the engine tests
+// check it against what a fresh workspace really holds after the run.
+#include <algorithm>
+
+#include "engine/mha_engine.h"
+
+namespace mha {
+namespace {
+
+// What Workspace::Get allocates for a request of `bytes`: 25 % room to grow
+// (at most 1 MiB) and the alignment.
+int64_t Grown(int64_t bytes) {
+  if (bytes <= 0) return 0;
+  return bytes + std::min<int64_t>(bytes / 4, int64_t{1} << 20) + 64;
+}
+
+// oneDNN's scratchpad for one primitive (per-thread packing buffers of its
+// GEMM kernels), per workspace that runs primitives. Measured at most
+// ~1.1 MiB for the engine's products on 2 threads up to E = 1024; the
+// engine tests check the whole estimate against real runs.
+constexpr int64_t kOnednnScratchpadAllowance = int64_t{4} << 20;
+
+}  // namespace
+
+int64_t MhaEngine::ScratchBytes(const BatchShape& shape, int threads) const {
+  const int64_t act = dims_.bf16 ? 2 : 4;
+  const int64_t h = dims_.num_heads, dv = dims_.v_head_dim;
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), e = dims_.embed_dim;
+  const int64_t n = shape.sequences;
+  if (n <= 0 || shape.q_len <= 0) return 0;  // Run computes nothing
+  const int64_t total_q = n * shape.q_len;
+  const int64_t total_kv = shape.self_attention ? total_q : n * shape.kv_len;
+  const int64_t keys = (shape.self_attention ? shape.q_len : shape.kv_len) + dims_.extra_keys();
+  const int64_t total_keys = n * keys;
+  int64_t bytes = kOnednnScratchpadAllowance;
+  if (dims_.bf16) {  // activations converted to bf16
+    bytes += Grown(total_q * e * 2);
+    if (!shape.self_attention) {
+      bytes += Grown(total_kv * dims_.kdim * 2);
+      if (!shape.value_is_key) bytes += Grown(total_kv * dims_.vdim * 2);
+    }
+  }
+  // Token-major projections (kProjQ later holds the merged context).
+  if (shape.self_attention) {
+    bytes += Grown(total_q * std::max(2 * qk + vw, vw) * act);
+  } else {
+    bytes += Grown(total_q * std::max(qk, vw) * act);
+    bytes += Grown(total_kv * qk * act) + Grown(total_kv * vw * act);
+  }
+  // Head-major q, k, v and context; key offsets; masks made f32.
+  bytes += Grown(total_q * qk * act) + Grown(total_keys * qk * act) +
+           Grown(total_keys * vw * act) + Grown(total_q * vw * act);
+  bytes += Grown((n + 1) * 8) + Grown(shape.bool_mask_elements * 4);
+  if (Tiled(shape.q_len, keys, shape.need_weights)) {
+    // Each thread's child workspace holds one tile's scores and its
+    // accumulators, and runs primitives of its own.
+    const int64_t rows = QueryBlockRows(shape.q_len, keys, false);
+    const int64_t tile = std::min(options_.tile_keys, keys);
+    const int64_t child = Grown(rows * tile * 4) + (dims_.bf16 ? Grown(rows * tile * 2) : 0) +
+                          2 * Grown(rows * dv * 4) + Grown(3 * rows * 4) +
+                          kOnednnScratchpadAllowance;
+    return bytes + std::max(1, threads) * child;
+  }
+  // The largest block's scores (and bf16 probabilities), as Compute cuts them.
+  const int64_t per_seq = h * shape.q_len * keys;
+  const int64_t count = per_seq <= ScoreCap() ? std::clamp<int64_t>(ScoreCap() / per_seq, 1, n) : 1;
+  const int64_t rows = RowsPerBlock(shape.q_len, keys);
+  const int64_t scores = count * HeadsPerBlock(rows, keys) * rows * keys;
+  return bytes + Grown(scores * 4) + (dims_.bf16 ? Grown(scores * 2) : 0);
+}
+
+}  // namespace mha

@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""Memory tests of the real mha_server: one well-formed request must never
+take the server down (issue 18).
+
+    /usr/bin/python3 tests/server/test_memory.py [unittest options]
+
+- Requests whose response could never be sent (above --max_message_bytes)
+  are refused at once, on both front ends, with the numbers in the message.
+- Requests that alone need more than the memory budget are refused; those
+  that fit wait for each other; an allocation failure in the engine path
+  answers RESOURCE_EXHAUSTED and the server goes on.
+- The server stays up under RLIMIT_AS = 3 GiB (the address-space limit a
+  container's memory limit amounts to), its peak RSS stays under 1 GiB,
+  and RSS comes back after a large legitimate request.
+
+The sanitizer build cannot run under RLIMIT_AS (AddressSanitizer maps
+terabytes of shadow memory), so there the servers run without it and the
+RSS bound allows for ASan's shadow and quarantine; every other assertion
+is the same.
+"""
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import grpc
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "parity"))
+from mha_model_io import format_pbtxt, write_safetensors  # noqa: E402
+from mha_test_server import (TestServer, load_grpc_stubs, load_stubs, metric_sample,  # noqa: E402
+                             tensor, to_numpy)
+from test_server import DEMO_E, DEMO_H, MHA_SERVER, make_repository, reference  # noqa: E402
+import mha_client  # noqa: E402
+
+pb, rpc, cfg = load_stubs()
+kpb, krpc = mha_client.load_kserve_stubs()
+health_pb2, health_grpc, _, _ = load_grpc_stubs()
+
+GiB, MiB = 1 << 30, 1 << 20
+RLIMIT_AS_BYTES = 3 * GiB
+WIDE_E, WIDE_H, WIDE_KDIM = 32, 4, 8   # cross-attention over 300k narrow keys
+RPC_TIMEOUT = 120.0
+EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def sanitized(binary):
+    """Whether the binary was built with AddressSanitizer (linked libasan)."""
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    return "libasan" in out
+
+
+ASAN = sanitized(MHA_SERVER)
+PEAK_RSS_BOUND = (3 * GiB) if ASAN else GiB
+
+
+class LimitedServer(TestServer):
+    """A TestServer started under RLIMIT_AS (but under ASan): its binary is a
+    script that execs prlimit, which execs the server, so the process (and
+    its pid) is the server's own."""
+
+    def __init__(self, repository, flags=(), folder=None, address_space=RLIMIT_AS_BYTES):
+        binary = MHA_SERVER
+        if not ASAN:
+            binary = os.path.join(folder, "limited_server.sh")
+            with open(binary, "w") as f:
+                f.write(f'#!/bin/sh\nexec prlimit --as={address_space} -- {MHA_SERVER} "$@"\n')
+            os.chmod(binary, 0o755)
+        super().__init__(binary, repository, list(flags))
+
+    def status(self, field):
+        """A VmXXX field of /proc/PID/status, in bytes."""
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise KeyError(field)
+
+    def channel(self):
+        return grpc.insecure_channel(self.target(), options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+
+
+def make_wide_model(root):
+    """A cross-attention model with narrow keys (kdim = vdim = 8)."""
+    torch.manual_seed(5)
+    module = torch.nn.MultiheadAttention(WIDE_E, WIDE_H, kdim=WIDE_KDIM, vdim=WIDE_KDIM,
+                                         batch_first=True).eval()
+    folder = os.path.join(root, "wide")
+    os.makedirs(folder)
+    write_safetensors(os.path.join(folder, "weights.safetensors"),
+                      {n: (t.detach().numpy(), "F32") for n, t in module.state_dict().items()})
+    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+        f.write(format_pbtxt({"embed_dim": WIDE_E, "num_heads": WIDE_H, "kdim": WIDE_KDIM,
+                              "vdim": WIDE_KDIM}))
+
+
+def random(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def attend(query, model="demo", **fields):
+    return pb.AttendRequest(model=model, query=tensor(pb, cfg, query), **fields)
+
+
+def infer(query, need_weights=False, per_head=False):
+    request = kpb.ModelInferRequest(model_name="demo")
+    request.inputs.add(name="query", datatype="FP32", shape=query.shape)
+    request.raw_input_contents.append(np.ascontiguousarray(query).tobytes())
+    request.parameters["need_weights"].bool_param = need_weights
+    request.parameters["per_head_weights"].bool_param = per_head
+    return request
+
+
+class MemoryTestBase(unittest.TestCase):
+    server_flags = ()
+    address_space = RLIMIT_AS_BYTES
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        repository = os.path.join(cls.tmp.name, "models")
+        os.makedirs(repository)
+        cls.models = make_repository(repository, names=("demo",))
+        make_wide_model(repository)
+        cls.server = LimitedServer(os.path.join(cls.tmp.name, "models"), cls.server_flags,
+                                   folder=cls.tmp.name, address_space=cls.address_space)
+        cls.server.start()
+        cls.channel = cls.server.channel()
+        cls.stub = rpc.AttentionServiceStub(cls.channel)
+        cls.kserve = krpc.GRPCInferenceServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        code = cls.server.stop()
+        cls.server.remove_log()
+        cls.tmp.cleanup()
+        assert code == 0, f"server exit code {code}"
+
+    def assertRefused(self, call, *needles):
+        """The call fails RESOURCE_EXHAUSTED in under a second, naming `needles`."""
+        start = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as caught:
+            call()
+        took = time.monotonic() - start
+        self.assertEqual(caught.exception.code(), EXHAUSTED, caught.exception.details())
+        self.assertLess(took, 1.0)
+        for needle in needles:
+            self.assertIn(needle, caught.exception.details())
+        return caught.exception.details()
+
+    def assertGoodAnswer(self, length=16, seed=1):
+        query = random(1, length, DEMO_E, seed=seed)
+        reply = self.stub.Attend(attend(query, need_weights=True), timeout=RPC_TIMEOUT)
+        want, weights = reference(self.models["demo"], query)
+        np.testing.assert_allclose(to_numpy(reply.output), want, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(to_numpy(reply.attn_weights), weights, atol=1e-5, rtol=1e-5)
+
+    def assertAlive(self):
+        self.assertIsNone(self.server.process.poll(), "the server exited")
+        health = health_grpc.HealthStub(self.channel)
+        self.assertEqual(health.Check(health_pb2.HealthCheckRequest(), timeout=10).status,
+                         health_pb2.HealthCheckResponse.SERVING)
+
+
+class AdmissionTest(MemoryTestBase):
+    """Default limits (the budget from RLIMIT_AS), under RLIMIT_AS = 3 GiB."""
+
+    def test_ready_line_says_where_the_limit_comes_from(self):
+        self.assertRegex(self.server.ready_line, r"memory_limit_bytes=\d+ \(75% of ")
+        if not ASAN:
+            self.assertIn("RLIMIT_AS", self.server.ready_line)
+            limit = int(self.server.ready_line.split("memory_limit_bytes=")[1].split()[0])
+            self.assertLess(limit, RLIMIT_AS_BYTES * 3 // 4)
+        text = self.server.metrics()
+        self.assertGreater(metric_sample(text, "mha_memory_limit_bytes"), 0)
+        self.assertIsNotNone(metric_sample(text, "mha_memory_reserved_bytes"))
+        for reason in ("deadline", "cancelled", "queue_full", "memory", "message_size"):
+            self.assertIsNotNone(
+                metric_sample(text, "mha_dropped_requests_total", model="wide", reason=reason),
+                reason)
+
+    def test_responses_above_the_message_limit_are_refused_at_once(self):
+        long = random(1, 16384, DEMO_E)
+        before = metric_sample(self.server.metrics(), "mha_dropped_requests_total",
+                               model="demo", reason="message_size")
+        self.assertRefused(
+            lambda: self.stub.Attend(attend(long, need_weights=True, per_head_weights=True),
+                                     timeout=RPC_TIMEOUT),
+            "attn_weights would be 4,294,967,296 bytes ([1, 4, 16384, 16384] FP32)",
+            "the limit is 67,108,864 (--max_message_bytes)", "without need_weights")
+        self.assertGoodAnswer()
+        self.assertRefused(
+            lambda: self.stub.Attend(attend(long, need_weights=True), timeout=RPC_TIMEOUT),
+            "1,073,741,824 bytes ([1, 16384, 16384] FP32)")
+        self.assertRefused(
+            lambda: self.stub.Attend(attend(random(1, 8192, DEMO_E), need_weights=True,
+                                            per_head_weights=True), timeout=RPC_TIMEOUT),
+            "1,073,741,824 bytes ([1, 4, 8192, 8192] FP32)")
+        keys = random(1, 300000, WIDE_KDIM)
+        self.assertRefused(
+            lambda: self.stub.Attend(attend(random(1, 64, WIDE_E), model="wide",
+                                            key=tensor(pb, cfg, keys), need_weights=True),
+                                     timeout=RPC_TIMEOUT),
+            "76,800,000 bytes ([1, 64, 300000] FP32)")
+        # KServe: the same check, the same message.
+        self.assertRefused(
+            lambda: self.kserve.ModelInfer(infer(long, need_weights=True, per_head=True),
+                                           timeout=RPC_TIMEOUT),
+            "attn_weights would be 4,294,967,296 bytes")
+        self.assertGoodAnswer(seed=2)
+        after = metric_sample(self.server.metrics(), "mha_dropped_requests_total",
+                              model="demo", reason="message_size")
+        self.assertEqual(after - before, 4)
+        self.assertAlive()
+
+    def test_cross_attention_over_300k_keys_within_the_limit_is_answered(self):
+        keys = random(1, 300000, WIDE_KDIM, seed=3)
+        query = random(1, 16, WIDE_E, seed=4)
+        reply = self.stub.Attend(attend(query, model="wide", key=tensor(pb, cfg, keys),
+                                        need_weights=True), timeout=RPC_TIMEOUT)
+        self.assertEqual(list(reply.attn_weights.shape), [1, 16, 300000])
+        weights = to_numpy(reply.attn_weights)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-4)
+
+    def test_concurrent_requests_just_under_the_message_limit(self):
+        # Per-head weights of [1, 4, 2000, 2000] FP32 (64,000,000 bytes) and
+        # the output: 66,048,000 bytes, under the 67,108,864 limit.
+        query = random(1, 2000, DEMO_E, seed=5)
+        request = attend(query, need_weights=True, per_head_weights=True)
+        answered = refused = 0
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            futures = [pool.submit(self.stub.Attend, request, timeout=RPC_TIMEOUT)
+                       for _ in range(64)]
+            first = None
+            for f in concurrent.futures.as_completed(futures):
+                try:
+                    reply = f.result()
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), EXHAUSTED, e.details())
+                    self.assertIn("bytes", e.details())
+                    refused += 1
+                    continue
+                self.assertEqual(list(reply.attn_weights.shape), [1, DEMO_H, 2000, 2000])
+                if first is None:
+                    first = (to_numpy(reply.output).copy(), to_numpy(reply.attn_weights).copy())
+                answered += 1
+        self.assertEqual(answered + refused, 64)
+        self.assertGreater(answered, 0)
+        want, weights = reference(self.models["demo"], query, per_head=True)
+        np.testing.assert_allclose(first[0], want, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(first[1], weights, atol=1e-5, rtol=1e-5)
+        self.assertGoodAnswer(seed=6)
+        self.assertAlive()
+
+    def test_zz_peak_rss_stayed_bounded(self):
+        # Runs last (alphabetical order): after every request above.
+        self.assertLess(self.server.status("VmHWM"), PEAK_RSS_BOUND)
+        self.assertAlive()
+
+
+class BudgetTest(MemoryTestBase):
+    """A small budget and no message limit in the way: the memory check
+    itself, and RSS coming back."""
+    server_flags = (f"--memory_limit_bytes={640 * MiB}", f"--max_message_bytes={2 * GiB - 1}")
+
+    def test_a_request_alone_above_the_budget_is_refused(self):
+        details = self.assertRefused(
+            lambda: self.stub.Attend(attend(random(1, 16384, DEMO_E), need_weights=True),
+                                     timeout=RPC_TIMEOUT),
+            "bytes of working memory", "--memory_limit_bytes", "without need_weights")
+        self.assertIn("the server's memory budget for requests is ", details)
+        self.assertGreater(metric_sample(self.server.metrics(), "mha_dropped_requests_total",
+                                         model="demo", reason="memory"), 0)
+        self.assertGoodAnswer()
+
+    def test_requests_that_fit_one_at_a_time_wait_for_each_other(self):
+        # Each needs ~300 MB (weights [1, 4096, 4096] FP32, twice, and the
+        # response twice): the budget takes one at a time, none is refused.
+        query = random(1, 4096, DEMO_E, seed=7)
+        request = attend(query, need_weights=True)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda _: self.stub.Attend(request, timeout=RPC_TIMEOUT),
+                                    range(4)))
+        want, weights = reference(self.models["demo"], query)
+        for reply in replies:
+            np.testing.assert_allclose(to_numpy(reply.output), want, atol=1e-5, rtol=1e-5)
+        self.assertEqual(metric_sample(self.server.metrics(), "mha_memory_reserved_bytes"), 0)
+        self.assertLess(self.server.status("VmHWM"), 640 * MiB + (2 * GiB if ASAN else 0))
+
+    def test_rss_comes_back_after_a_large_request(self):
+        self.assertGoodAnswer(length=128)
+        time.sleep(0.5)
+        before = self.server.status("VmRSS")
+        query = random(1, 4096, DEMO_E, seed=8)  # ~300 MB of working memory
+        reply = self.stub.Attend(attend(query, need_weights=True), timeout=RPC_TIMEOUT)
+        self.assertEqual(list(reply.attn_weights.shape), [1, 4096, 4096])
+        del reply
+        time.sleep(1.0)
+        self.assertLess(self.server.status("VmRSS"), 2 * before)
+        self.assertAlive()
+
+
+@unittest.skipIf(ASAN, "RLIMIT_AS cannot apply to an AddressSanitizer build")
+class AllocationFailureTest(MemoryTestBase):
+    """A budget far above what RLIMIT_AS (1.5 GiB here) allows: admission
+    lets a request through whose buffers cannot be allocated. It must get
+    RESOURCE_EXHAUSTED, and the server must go on."""
+    server_flags = (f"--memory_limit_bytes={256 * GiB}", f"--max_message_bytes={2 * GiB - 1}")
+    address_space = 3 * GiB // 2
+
+    def test_bad_alloc_answers_resource_exhausted(self):
+        query = random(1, 16384, DEMO_E, seed=9)  # weights [1, 16384, 16384]: 1 GiB
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.stub.Attend(attend(query, need_weights=True), timeout=RPC_TIMEOUT)
+        self.assertEqual(caught.exception.code(), EXHAUSTED, caught.exception.details())
+        self.assertIn("out of memory", caught.exception.details())
+        self.assertGoodAnswer()
+        self.assertAlive()
+
+
+if __name__ == "__main__":
+    unittest.main()
