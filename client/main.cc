@@ -11,11 +11,9 @@
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX]
 #include <unistd.h>
 
-#include <condition_variable>
 #include <fstream>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <random>
 #include <map>
 #include <string>
@@ -33,7 +31,7 @@
 #include "client/client_common.h"
 #include "client/load_generator.h"
 #include "client/tensor_files.h"
-#include "grpcpp/generic/generic_stub.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
 ABSL_FLAG(bool, tls, false, "connect with TLS");
@@ -86,39 +84,17 @@ std::unique_ptr<grpc::ClientContext> Context() {
   return context;
 }
 
-// grpc.health.v1 without generated stubs: the request is one string field
-// (tag 1), the response one enum field (tag 1; 1 = SERVING).
+// grpc.health.v1 Check of the server ("") or of one model.
 int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
-  grpc::GenericStub stub(channel);
-  std::string request;
-  if (!service.empty()) {
-    request.push_back(0x0a);
-    request.push_back(static_cast<char>(service.size()));
-    request += service;
-  }
-  grpc::Slice slice(request);
-  grpc::ByteBuffer in(&slice, 1), out;
-  auto context = Context();
-  grpc::Status status;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  stub.UnaryCall(context.get(), "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   status = s, done = true;
-                   cv.notify_all();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(Context().get(), request, &response);
   if (!status.ok()) return ReportError(status);
-  std::vector<grpc::Slice> slices;
-  out.Dump(&slices);
-  std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  const bool serving = bytes.size() >= 2 && bytes[0] == 0x08 && bytes[1] == 1;
+  const bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   std::printf("%s: %s\n", service.empty() ? "server" : service.c_str(),
-              serving ? "SERVING" : "NOT_SERVING");
+              grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
   return serving ? 0 : 1;
 }
 
@@ -246,6 +222,14 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o);
 int Load(const std::shared_ptr<grpc::Channel>& channel) {
   LoadOptions o;
   o.concurrency = absl::GetFlag(FLAGS_concurrency);
+  if (o.concurrency < 1) {
+    std::fprintf(stderr, "--concurrency: expected at least 1, got %d\n", o.concurrency);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_rate) < 0) {
+    std::fprintf(stderr, "--rate: expected a rate >= 0 (0: as fast as --concurrency allows)\n");
+    return 2;
+  }
   o.duration = absl::GetFlag(FLAGS_duration);
   o.max_requests = absl::GetFlag(FLAGS_requests);
   o.kv_len = absl::GetFlag(FLAGS_kv_len);

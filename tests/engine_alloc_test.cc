@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/mha_engine.h"
+#include "engine/threads.h"
 #include "gtest/gtest.h"
 #include "tests/alloc_counter.h"
 #include "tests/test_models.h"
@@ -91,6 +92,60 @@ TEST(EngineAllocationTest, WarmWorkspaceFollowsNewBuffers) {
       EXPECT_EQ(on_warm[i].output, on_fresh[i].output);
     }
     EXPECT_NE(on_warm[0].output, on_warm[1].output);  // the inputs differ
+  }
+}
+
+// MhaEngine::ScratchBytes, what admission control charges from the shape
+// alone, bounds what a fresh workspace holds after the run, and is not
+// wildly above it: every path (plain loops, per-shape primitives, blocks of
+// rows, key-tiled), self and cross, f32 and bf16, with weights and masks.
+TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
+  SetComputeThreads(2);
+  for (const bool bf16 : {false, true}) {
+    for (const bool cross : {false, true}) {
+      AttentionDims d = MakeDims(64, 2);
+      d.bf16 = bf16;
+      d.add_bias_kv = cross;
+      const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
+      for (const int64_t len : {16, 300, 700, 3000}) {
+        for (const bool weights : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " cross " << cross << " len "
+                                            << len << " weights " << weights);
+          const int64_t n = 3, kv_len = cross ? len / 2 + 5 : len;
+          const std::vector<float> query = RandomVector(n * len * d.embed_dim, 1);
+          const std::vector<float> key = cross ? RandomVector(n * kv_len * d.kdim, 2)
+                                               : std::vector<float>{};
+          const std::vector<uint8_t> padding(n * kv_len, 0);
+          AttentionBatch batch;
+          batch.query = query;
+          batch.key = key;
+          SetUniformOffsets(n, len, kv_len, d.num_heads, batch);
+          batch.key_padding_mask = {DType::kBool, padding.data(),
+                                    static_cast<int64_t>(padding.size())};
+          std::vector<float> output(n * len * d.embed_dim);
+          std::vector<float> probs(weights ? engine->WeightsElements(batch, false) : 0);
+          std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+          ASSERT_TRUE(
+              engine->Run(batch, {absl::MakeSpan(output), absl::MakeSpan(probs), false}, *ws)
+                  .ok());
+          BatchShape shape{.sequences = n, .q_len = len, .kv_len = kv_len,
+                           .self_attention = !cross, .value_is_key = true,
+                           .bool_mask_elements = n * kv_len, .need_weights = weights};
+          const int64_t held = static_cast<int64_t>(ws->bytes_held());
+          const int64_t estimate = engine->ScratchBytes(shape, 2);
+          EXPECT_LE(held, estimate);
+          EXPECT_LE(estimate, 2 * held + (int64_t{12} << 20));
+          // A workspace above what it may keep gives everything back.
+          EXPECT_TRUE(ws->ReleaseIfAbove(0));
+          EXPECT_EQ(ws->bytes_held(), 0u);
+          std::vector<float> again(output.size());
+          ASSERT_TRUE(
+              engine->Run(batch, {absl::MakeSpan(again), absl::MakeSpan(probs), false}, *ws)
+                  .ok());
+          EXPECT_EQ(again, output);
+        }
+      }
+    }
   }
 }
 

@@ -26,12 +26,18 @@ MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_
 MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
 
 
+LONG_NAME = "m" * 128
+
+
 class ClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.repo = tempfile.mkdtemp(prefix="mha_client_repo_")
         shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "demo"))
         shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "twin"))
+        # Names of the longest length allowed (128) and one longer.
+        for name in (LONG_NAME, LONG_NAME + "x"):
+            shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, name))
         broken = os.path.join(cls.repo, "broken")
         os.mkdir(broken)
         with open(os.path.join(broken, "config.pbtxt"), "w") as f:
@@ -61,6 +67,25 @@ class ClientTest(unittest.TestCase):
         unknown = self.client("health", "--model=nope")
         self.assertEqual(unknown.returncode, 1)
         self.assertIn("NOT_FOUND", unknown.stderr)
+
+    def test_health_of_a_model_with_a_128_character_name(self):
+        # The name's length is a varint of two bytes from 128 on.
+        r = self.client("health", f"--model={LONG_NAME}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"{LONG_NAME}: SERVING", r.stdout)
+
+    def test_model_names_longer_than_128_characters_are_skipped_at_load(self):
+        self.assertIn(f"skipping folder '{LONG_NAME}x'", self.server.stderr())
+        self.assertIn("at most 128 characters", self.server.stderr())
+        self.assertNotIn(LONG_NAME + "x", self.client("models").stdout)
+
+    def test_load_refuses_a_concurrency_below_one(self):
+        for value in ("0", "-3"):
+            r = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "load",
+                                "--model=demo", f"--concurrency={value}", "--duration=5s"],
+                               capture_output=True, text=True, timeout=20)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--concurrency: expected at least 1", r.stderr)
 
     def test_models_and_info(self):
         r = self.client("models")
