@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "engine/mha_engine.h"
+#include "engine/threads.h"
 #include "google/protobuf/stubs/logging.h"
+#include "server/admission.h"
 #include "server/kserve_codec.h"
 #include "server/request_codec.h"
 #include "tests/test_models.h"
@@ -42,10 +44,18 @@ void RunOn(Model& m, const mha::v1::AttendRequest& request) {
   std::vector<float> weights(d->need_weights
                                  ? m.engine->WeightsElements(batch, d->per_head_weights)
                                  : 0);
+  // Admission's cost, from the shapes alone, must bound what the call
+  // really takes: the response's bytes, and a fresh workspace's.
+  const mha::server::RequestCost cost = mha::server::CostOf(*d, *m.engine, mha::AvailableCores());
+  if (cost.response_bytes < static_cast<int64_t>((output.size() + weights.size()) * 2)) {
+    __builtin_trap();
+  }
+  m.ws->ReleaseIfAbove(0);
   const absl::Status s = m.engine->Run(
       batch, {absl::MakeSpan(output), absl::MakeSpan(weights), d->per_head_weights}, *m.ws);
   // A request the codec accepted must compute.
   if (!s.ok()) __builtin_trap();
+  if (static_cast<int64_t>(m.ws->bytes_held()) > cost.active_bytes) __builtin_trap();
 }
 
 }  // namespace
