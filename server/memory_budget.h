@@ -24,8 +24,8 @@ struct MemoryLimit {
 
 // `flag_bytes` > 0 is taken as given; 0 means 75 % of the tightest of the
 // cgroup's memory limit (v2 memory.max or v1 memory.limit_in_bytes), the
-// address space RLIMIT_AS leaves above what the process maps now, and
-// physical memory.
+// address space RLIMIT_AS leaves above what the process maps now (less
+// 1 GiB for thread stacks and allocator arenas), and physical memory.
 MemoryLimit ResolveMemoryLimit(int64_t flag_bytes);
 
 // The process's resident memory now (VmRSS), or 0 if unknown.

@@ -130,7 +130,7 @@ class MemoryTestBase(unittest.TestCase):
         os.makedirs(repository)
         cls.models = make_repository(repository, names=("demo",))
         make_wide_model(repository)
-        cls.server = LimitedServer(os.path.join(cls.tmp.name, "models"), cls.server_flags,
+        cls.server = LimitedServer(repository, cls.server_flags,
                                    folder=cls.tmp.name, address_space=cls.address_space)
         cls.server.start()
         cls.channel = cls.server.channel()
