@@ -99,7 +99,12 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
     }
     finish(status);
   };
-  const absl::Status queued = model.batcher->Enqueue(pending);
+  absl::Status queued;
+  try {
+    queued = model.batcher->Enqueue(pending);
+  } catch (const std::bad_alloc&) {  // the request stays ours, unqueued
+    queued = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
+  }
   if (!queued.ok()) finish(queued);
 }
 

@@ -52,9 +52,10 @@ absl::Status Batcher::Enqueue(std::unique_ptr<PendingRequest>& request) {
         WithCommas(request->queued_bytes), " to wait in the queue; retry later"));
   }
   request->enqueued = absl::Now();
-  queued_tokens_ += request->input.tokens;
-  queued_bytes_ += request->input.bytes;
-  queue_.push_back(std::move(request));
+  const int64_t tokens = request->input.tokens, bytes = request->input.bytes;
+  queue_.push_back(std::move(request));  // if it throws, nothing has changed
+  queued_tokens_ += tokens;
+  queued_bytes_ += bytes;
   metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
   cv_.notify_one();
   return absl::OkStatus();
