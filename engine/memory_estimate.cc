@@ -15,10 +15,9 @@ int64_t Grown(int64_t bytes) {
   return bytes + std::min<int64_t>(bytes / 4, int64_t{1} << 20) + 64;
 }
 
-// oneDNN's scratchpad for one primitive (per-thread packing buffers of its
-// GEMM kernels), per workspace that runs primitives. Measured at most
-// ~1.1 MiB for the engine's products on 2 threads up to E = 1024; the
-// engine tests check the whole estimate against real runs.
+// An allowance for oneDNN's scratchpad (its GEMM kernels' packing
+// buffers) per workspace that runs primitives; the engine tests check the
+// whole estimate against what real runs hold.
 constexpr int64_t kOnednnScratchpadAllowance = int64_t{4} << 20;
 
 }  // namespace
@@ -43,7 +42,7 @@ int64_t MhaEngine::ScratchBytes(const BatchShape& shape, int threads) const {
   }
   // Token-major projections (kProjQ later holds the merged context).
   if (shape.self_attention) {
-    bytes += Grown(total_q * std::max(2 * qk + vw, vw) * act);
+    bytes += Grown(total_q * (2 * qk + vw) * act);  // q|k|v, later the context
   } else {
     bytes += Grown(total_q * std::max(qk, vw) * act);
     bytes += Grown(total_kv * qk * act) + Grown(total_kv * vw * act);
@@ -64,7 +63,8 @@ int64_t MhaEngine::ScratchBytes(const BatchShape& shape, int threads) const {
   }
   // The largest block's scores (and bf16 probabilities), as Compute cuts them.
   const int64_t per_seq = h * shape.q_len * keys;
-  const int64_t count = per_seq <= ScoreCap() ? std::clamp<int64_t>(ScoreCap() / per_seq, 1, n) : 1;
+  const int64_t count =
+      per_seq <= ScoreCap() ? std::clamp<int64_t>(ScoreCap() / per_seq, 1, n) : 1;
   const int64_t rows = RowsPerBlock(shape.q_len, keys);
   const int64_t scores = count * HeadsPerBlock(rows, keys) * rows * keys;
   return bytes + Grown(scores * 4) + (dims_.bf16 ? Grown(scores * 2) : 0);
