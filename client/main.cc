@@ -4,7 +4,7 @@
 //   mha_client info NAME
 //   mha_client attend --model NAME [--query FILE] [--key FILE] [--value FILE]
 //                     [--masks FILE] [--batch B --len L --kv_len S --random]
-//                     [--causal] [--need_weights] [--per_head_weights] [--bf16]
+//                     [--is_causal] [--need_weights] [--per_head_weights] [--bf16]
 //                     [--out FILE]
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <map>
 #include <string>
 #include <tuple>
@@ -26,9 +27,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/client_common.h"
+#include "engine/status_macros.h"
 #include "client/load_generator.h"
 #include "client/tensor_files.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -38,7 +42,8 @@ ABSL_FLAG(bool, tls, false, "connect with TLS");
 ABSL_FLAG(std::string, ca, "", "--tls: PEM CA certificates to trust (default: the system's)");
 ABSL_FLAG(std::string, tls_cert, "", "--tls: PEM client certificate, for mutual TLS");
 ABSL_FLAG(std::string, tls_key, "", "--tls: PEM private key of --tls_cert");
-ABSL_FLAG(std::string, token, "", "file holding a bearer token to send");
+ABSL_FLAG(std::string, token_file, "", "file holding a bearer token to send");
+ABSL_FLAG(std::string, token, "", "an alias of --token_file (a file, not the token)");
 ABSL_FLAG(std::string, model, "",
           "model name (attend: default demo; load: a comma-separated list, requests "
           "alternate; health: that model)");
@@ -47,7 +52,8 @@ ABSL_FLAG(int64_t, batch, 1, "attend: batch size B");
 ABSL_FLAG(int64_t, len, 16, "attend: query length L");
 ABSL_FLAG(int64_t, kv_len, 0, "key/value length S (0: self-attention)");
 ABSL_FLAG(uint32_t, seed, 1, "random inputs' seed");
-ABSL_FLAG(bool, causal, false, "attend: is_causal");
+ABSL_FLAG(bool, is_causal, false, "attend: query i may not attend key j > i (PyTorch's name)");
+ABSL_FLAG(bool, causal, false, "attend: an alias of --is_causal");
 ABSL_FLAG(std::string, query, "", "attend: safetensors file with the query (else random)");
 ABSL_FLAG(std::string, key, "", "attend: safetensors file with the key");
 ABSL_FLAG(std::string, value, "", "attend: safetensors file with the value");
@@ -91,6 +97,18 @@ int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& ser
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(Context().get(), request, &response);
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND && !service.empty()) {
+    // The health service only says "unknown": name what is served.
+    v1::ListModelsResponse models;
+    auto attention = v1::AttentionService::NewStub(channel);
+    std::vector<std::string> names;
+    if (attention->ListModels(Context().get(), {}, &models).ok()) {
+      for (const v1::ModelInfo& m : models.models()) names.push_back(m.name());
+    }
+    std::fprintf(stderr, "NOT_FOUND: no model '%s' on this server; it has: %s\n",
+                 service.c_str(), absl::StrJoin(names, ", ").c_str());
+    return 1;
+  }
   if (!status.ok()) return ReportError(status);
   const bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   std::printf("%s: %s\n", service.empty() ? "server" : service.c_str(),
@@ -124,6 +142,26 @@ int Info(v1::AttentionService::Stub& stub, const std::string& name) {
   return 0;
 }
 
+// The names of the flags on the command line (Abseil of this version keeps
+// that private).
+std::set<std::string>& GivenFlags() {
+  static auto* given = new std::set<std::string>;
+  return *given;
+}
+
+void RecordGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    GivenFlags().insert(std::string(arg.substr(0, arg.find('='))));
+  }
+}
+
+// The tensor names an input file may hold.
+const std::vector<std::string> kInputNames = {"query", "key", "value", "key_padding_mask",
+                                              "attn_mask"};
+
 // Fills the request's tensors from files, or randomly.
 absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
   if (absl::GetFlag(FLAGS_query).empty()) {
@@ -136,6 +174,17 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
       *request.mutable_value() = RandomTensor({b, s, info.vdim()}, gen);
     }
   } else {
+    for (const char* random_only : {"batch", "len", "kv_len", "seed"}) {
+      if (GivenFlags().count(random_only) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", random_only, " shapes random inputs; with --query the files give the shapes"));
+      }
+    }
+    for (const std::string& path : {absl::GetFlag(FLAGS_query), absl::GetFlag(FLAGS_key),
+                                    absl::GetFlag(FLAGS_value)}) {
+      if (path.empty()) continue;
+      RETURN_IF_ERROR(CheckTensorNames(path, kInputNames, /*any_single=*/true));
+    }
     absl::StatusOr<v1::Tensor> t = ReadWireTensor(absl::GetFlag(FLAGS_query), "query");
     if (!t.ok()) return t.status();
     *request.mutable_query() = *t;
@@ -148,6 +197,9 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
     }
   }
   const std::string masks = absl::GetFlag(FLAGS_masks);
+  if (!masks.empty()) {
+    RETURN_IF_ERROR(CheckTensorNames(masks, {"key_padding_mask", "attn_mask"}, false));
+  }
   for (const char* name : {"key_padding_mask", "attn_mask"}) {
     if (masks.empty()) break;
     absl::StatusOr<bool> has = HasTensor(masks, name);
@@ -178,7 +230,7 @@ int Attend(v1::AttentionService::Stub& stub) {
     std::fprintf(stderr, "%s\n", filled.ToString().c_str());
     return 2;
   }
-  request.set_is_causal(absl::GetFlag(FLAGS_causal));
+  request.set_is_causal(absl::GetFlag(FLAGS_is_causal) || absl::GetFlag(FLAGS_causal));
   request.set_need_weights(absl::GetFlag(FLAGS_need_weights));
   request.set_per_head_weights(absl::GetFlag(FLAGS_per_head_weights));
   v1::AttendResponse response;
@@ -295,7 +347,8 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "mha_client {health [--model NAME] | models | info NAME | attend | load} [--target "
-      "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token FILE]");
+      "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token_file FILE]");
+  mha::client::RecordGivenFlags(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
@@ -306,8 +359,11 @@ int main(int argc, char** argv) {
       .target = absl::GetFlag(FLAGS_target), .tls = absl::GetFlag(FLAGS_tls),
       .ca_file = absl::GetFlag(FLAGS_ca), .cert_file = absl::GetFlag(FLAGS_tls_cert),
       .key_file = absl::GetFlag(FLAGS_tls_key)};
-  if (!absl::GetFlag(FLAGS_token).empty()) {
-    absl::StatusOr<std::string> token = mha::client::ReadTextFile(absl::GetFlag(FLAGS_token));
+  const std::string token_file = absl::GetFlag(FLAGS_token_file).empty()
+                                     ? absl::GetFlag(FLAGS_token)
+                                     : absl::GetFlag(FLAGS_token_file);
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = mha::client::ReadTextFile(token_file);
     if (!token.ok()) {
       std::fprintf(stderr, "%s\n", token.status().ToString().c_str());
       return 2;
@@ -321,10 +377,20 @@ int main(int argc, char** argv) {
   }
   const std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = mha::v1::AttentionService::NewStub(channel);
+  const size_t expected_args = command == "info" ? 3 : 2;
+  if (command == "info" && args.size() < 3) {
+    std::fprintf(stderr, "info: expected a model name, e.g. mha_client info demo\n");
+    return 2;
+  }
+  if (args.size() > expected_args) {
+    std::fprintf(stderr, "%s: unexpected argument '%s' (flags are written --name=value)\n",
+                 command.c_str(), args[expected_args]);
+    return 2;
+  }
   if (command == "health") return mha::client::Health(channel, absl::GetFlag(FLAGS_model));
   if (absl::GetFlag(FLAGS_model).empty()) absl::SetFlag(&FLAGS_model, "demo");
   if (command == "models") return mha::client::Models(*stub);
-  if (command == "info" && args.size() > 2) return mha::client::Info(*stub, args[2]);
+  if (command == "info") return mha::client::Info(*stub, args[2]);
   if (command == "attend") return mha::client::Attend(*stub);
   if (command == "load") return mha::client::Load(channel);
   std::fprintf(stderr, "unknown command '%s'\nusage: %s\n", command.c_str(),

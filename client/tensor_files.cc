@@ -1,8 +1,10 @@
 #include "client/tensor_files.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/safetensors.h"
 
 namespace mha::client {
@@ -57,6 +59,21 @@ absl::StatusOr<v1::Tensor> ReadWireTensor(const std::string& path, const std::st
   wire.mutable_shape()->Assign(t.shape().begin(), t.shape().end());
   wire.set_data(std::string(reinterpret_cast<const char*>(t.raw()), t.num_bytes()));
   return wire;
+}
+
+absl::Status CheckTensorNames(const std::string& path, const std::vector<std::string>& known,
+                              bool any_single) {
+  absl::StatusOr<TensorMap> tensors = ReadSafetensors(path);
+  if (!tensors.ok()) return tensors.status();
+  if (any_single && tensors->size() == 1) return absl::OkStatus();
+  for (const auto& [name, tensor] : *tensors) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown tensor '", name,
+                                                     "'; the names it may hold: ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> HasTensor(const std::string& path, const std::string& name) {

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "mha/v1/attention.pb.h"
@@ -13,6 +14,12 @@ namespace mha::client {
 // The tensor `name` of a safetensors file, or its only tensor when it has
 // no tensor of that name. F32, F16, BF16 and BOOL map to the wire dtypes.
 absl::StatusOr<v1::Tensor> ReadWireTensor(const std::string& path, const std::string& name);
+
+// Every tensor of the file is named in `known`, or (when `any_single`) the
+// file holds exactly one tensor; else INVALID_ARGUMENT naming the unknown
+// tensor and the known names (a misspelt mask must not pass silently).
+absl::Status CheckTensorNames(const std::string& path, const std::vector<std::string>& known,
+                              bool any_single);
 
 // Whether the file holds a tensor called `name`.
 absl::StatusOr<bool> HasTensor(const std::string& path, const std::string& name);

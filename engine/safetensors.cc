@@ -1,6 +1,7 @@
 #include "engine/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -131,8 +132,9 @@ absl::StatusOr<TensorMap> ParseSafetensors(std::string_view bytes) {
   }
   if (header_len > kMaxSafetensorsHeaderBytes || header_len > bytes.size() - 8) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors: header length ", header_len, " exceeds the file (",
-        bytes.size() - 8, " bytes after the length) or the limit"));
+        "not a safetensors file (header length ", header_len, " exceeds the file's ",
+        bytes.size() - 8, " bytes after the length, or the limit; safetensors files start "
+        "with a little-endian header length and a JSON header)"));
   }
   const std::string_view header_text = bytes.substr(8, header_len);
   const json header = json::parse(header_text.begin(), header_text.end(),
@@ -202,7 +204,10 @@ std::string SerializeSafetensors(const TensorMap& tensors) {
 absl::Status WriteSafetensors(const std::string& path,
                               const TensorMap& tensors) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::InvalidArgumentError(absl::StrCat("cannot write ", path));
+  if (!out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
   const std::string bytes = SerializeSafetensors(tensors);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (!out) return absl::InternalError(absl::StrCat("write failed: ", path));

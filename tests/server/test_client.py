@@ -66,7 +66,8 @@ class ClientTest(unittest.TestCase):
         self.assertIn("broken: NOT_SERVING", broken.stdout)
         unknown = self.client("health", "--model=nope")
         self.assertEqual(unknown.returncode, 1)
-        self.assertIn("NOT_FOUND", unknown.stderr)
+        self.assertIn("NOT_FOUND: no model 'nope' on this server; it has: broken, demo",
+                      unknown.stderr)
 
     def test_health_of_a_model_with_a_128_character_name(self):
         # The name's length is a varint of two bytes from 128 on.
@@ -151,6 +152,67 @@ class ClientTest(unittest.TestCase):
         missing = self.client("attend", "--model=demo", f"--query={work}/nope.safetensors")
         self.assertNotEqual(missing.returncode, 0)
         self.assertIn("nope.safetensors", missing.stderr)
+
+    def test_input_files_with_unknown_tensor_names_are_refused(self):
+        # A misspelt mask must not give an unmasked answer with exit 0.
+        work = tempfile.mkdtemp(prefix="mha_client_names_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        query = np.ones((1, 4, 256), np.float32)
+        write_safetensors(f"{work}/q.safetensors", {"query": (query, "F32")})
+        write_safetensors(f"{work}/typo.safetensors",
+                          {"key_pading_mask": (np.zeros((1, 4), np.bool_), "BOOL")})
+        write_safetensors(f"{work}/two.safetensors",
+                          {"query": (query, "F32"), "quer": (query, "F32")})
+        write_safetensors(f"{work}/alone.safetensors", {"x": (query, "F32")})
+        r = self.client("attend", f"--query={work}/q.safetensors",
+                        f"--masks={work}/typo.safetensors")
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("unknown tensor 'key_pading_mask'; the names it may hold: "
+                      "key_padding_mask, attn_mask", r.stderr)
+        r = self.client("attend", f"--query={work}/two.safetensors")
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("unknown tensor 'quer'", r.stderr)
+        # A file of one tensor gives it whatever its name (documented).
+        self.assertEqual(self.client("attend", f"--query={work}/alone.safetensors").returncode, 0)
+
+    def test_small_cli_mistakes_get_a_reason(self):
+        work = tempfile.mkdtemp(prefix="mha_client_mistakes_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        with open(f"{work}/q.pt", "wb") as f:  # a zip, as torch.save writes
+            f.write(b"PK\x03\x04" + bytes(range(200)))
+        write_safetensors(f"{work}/q.safetensors",
+                          {"query": (np.ones((1, 4, 256), np.float32), "F32")})
+        cases = [
+            (("info",), 2, "info: expected a model name"),
+            (("models", "extra"), 2, "models: unexpected argument 'extra'"),
+            (("attend", f"--query={work}/q.pt"), 2, "not a safetensors file"),
+            (("attend", f"--query={work}/q.safetensors", "--len=5"), 2,
+             "--len shapes random inputs; with --query the files give the shapes"),
+            (("attend", f"--out={work}/missing/out.safetensors"), 1,
+             "No such file or directory"),
+        ]
+        for args, code, message in cases:
+            r = self.client(*args)
+            self.assertEqual(r.returncode, code, (args, r.stdout, r.stderr))
+            self.assertIn(message, r.stderr, args)
+
+    def test_is_causal_and_its_alias_causal_ask_the_same(self):
+        pb, _, cfg = load_stubs()
+        query = np.random.default_rng(4).standard_normal((1, 4, 256), dtype=np.float32)
+        expected = self.server.stub().Attend(pb.AttendRequest(
+            model="demo", is_causal=True, query=tensor(pb, cfg, query)))
+        unmasked = self.server.stub().Attend(pb.AttendRequest(
+            model="demo", query=tensor(pb, cfg, query)))
+        self.assertFalse(np.array_equal(to_numpy(expected.output), to_numpy(unmasked.output)))
+        work = tempfile.mkdtemp(prefix="mha_client_causal_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        write_safetensors(f"{work}/q.safetensors", {"query": (query, "F32")})
+        for flag in ("--is_causal", "--causal"):
+            out = f"{work}/{flag[2:]}.safetensors"
+            r = self.client("attend", f"--query={work}/q.safetensors", flag, f"--out={out}")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            got, _ = read_safetensors(out)
+            np.testing.assert_array_equal(got["output"], to_numpy(expected.output))
 
     def test_load_alternates_between_models(self):
         text = self.server.metrics()
