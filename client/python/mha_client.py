@@ -13,10 +13,11 @@
 
 Arrays are numpy arrays (or anything np.asarray accepts, e.g. CPU torch
 tensors). On the wire: float32 -> DATA_TYPE_FP32, float16 -> DATA_TYPE_FP16,
-bool -> DATA_TYPE_BOOL; float64 is sent as FP32. The output comes back in
-the query's dtype and shape (float16 in, float16 out); attention weights are
-float32. Masks are bool (True = masked out) or float, sent as FP32 (added
-to the scores, -inf = masked out).
+bool -> DATA_TYPE_BOOL; float64 is sent (and computed) as FP32. The output
+comes back in the query's dtype and shape (float16 in, float16 out; float64
+in, float64 out); attention weights are float32. Masks are bool (True =
+masked out, sent as BOOL) or floating (added to the scores, -inf = masked
+out, sent as FP32); an integer mask is a TypeError, as in PyTorch.
 
 Errors are the server's gRPC status, raised as grpc.RpcError as every gRPC
 Python call does: `e.code()` is a grpc.StatusCode (INVALID_ARGUMENT for a
@@ -162,10 +163,18 @@ def from_tensor(tensor):
     return values.reshape(shape)
 
 
-def _mask_tensor(mask):
-    """Masks go as BOOL or FP32 (the only mask types the server takes)."""
+def _mask_tensor(mask, name):
+    """Masks go as BOOL (bool arrays) or FP32 (floating arrays, added to the
+    scores). Anything else is a TypeError: an integer 0/1 mask sent as a
+    float would add 1 to the scores instead of masking (PyTorch refuses
+    integer masks too)."""
     m = np.asarray(mask)
-    return to_tensor(m if m.dtype == np.bool_ else m.astype(np.float32))
+    if m.dtype == np.bool_:
+        return to_tensor(m)
+    if np.issubdtype(m.dtype, np.floating):
+        return to_tensor(m.astype(np.float32))
+    raise TypeError(f"{name}: cannot send a {m.dtype} mask: use bool (True = masked out) "
+                    "or a floating type (added to the scores, -inf = masked out)")
 
 
 # ----------------------------------------------------------------- client
@@ -221,15 +230,17 @@ class MhaClient:
         """Multi-head attention of `model` on `query` as
         nn.MultiheadAttention(batch_first=True) computes it.
 
-        query [B, L, E] or [L, E] (float32 or float16); key [B, S, kdim] and
+        query [B, L, E] or [L, E] (float32, float16 or float64); key [B, S, kdim] and
         value [B, S, vdim] (both None: self-attention; value None: value =
         key); key_padding_mask [B, S] and attn_mask [L, S] or [B*h, L, S],
-        bool (True = masked out) or float (added to the scores); is_causal:
+        bool (True = masked out) or floating (added to the scores), never
+        integer (TypeError); is_causal:
         query i may not attend key j > i.
 
         Returns (output, weights): output has the query's shape and dtype;
         weights is None unless need_weights, then float32 [B, L, S'] (the
         mean over heads) or [B, h, L, S'] with per_head_weights."""
+        query = np.asarray(query)
         request = self._pb.AttendRequest(
             model=model, query=to_tensor(query), is_causal=is_causal,
             need_weights=need_weights, per_head_weights=per_head_weights)
@@ -238,12 +249,15 @@ class MhaClient:
         if value is not None:
             request.value.CopyFrom(to_tensor(value))
         if key_padding_mask is not None:
-            request.key_padding_mask.CopyFrom(_mask_tensor(key_padding_mask))
+            request.key_padding_mask.CopyFrom(_mask_tensor(key_padding_mask, "key_padding_mask"))
         if attn_mask is not None:
-            request.attn_mask.CopyFrom(_mask_tensor(attn_mask))
+            request.attn_mask.CopyFrom(_mask_tensor(attn_mask, "attn_mask"))
         response = self._stub.Attend(request, timeout=self.timeout, metadata=self._metadata)
         weights = from_tensor(response.attn_weights) if response.HasField("attn_weights") else None
-        return from_tensor(response.output), weights
+        output = from_tensor(response.output)
+        if query.dtype == np.float64:  # sent and computed as float32
+            output = output.astype(np.float64)
+        return output, weights
 
     def list_models(self):
         """[mha.v1.ModelInfo] of every model folder the server found,

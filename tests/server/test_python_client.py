@@ -299,14 +299,32 @@ class ClientTest(unittest.TestCase):
         ref, _ = torch_mha(modules["demo"], q, attn_mask=causal)
         self.assertLessEqual(max_error(out, ref), FP32_TOL)
 
-    def test_float16_in_float16_out_and_float64_as_float32(self):
+    def test_integer_masks_are_refused_bool_and_float_masks_mean_what_torch_means(self):
+        q, k = randn(1, 3, 256, seed=12), randn(1, 5, 256, seed=13)
+        pad = np.array([[0, 0, 0, 1, 1]])
+        for integer in (pad.astype(np.uint8), pad.astype(np.int64)):
+            with self.assertRaises(TypeError) as e:
+                client.attend("demo", q, k, key_padding_mask=integer)
+            self.assertIn("key_padding_mask: cannot send a", str(e.exception))
+            self.assertIn("use bool", str(e.exception))
+            with self.assertRaises(TypeError):
+                client.attend("demo", q, k, attn_mask=np.zeros((3, 5), np.int32))
+        out, _ = client.attend("demo", q, k, key_padding_mask=pad.astype(bool))
+        ref, _ = torch_mha(modules["demo"], q, k,
+                           key_padding_mask=torch.from_numpy(pad.astype(bool)))
+        self.assertLessEqual(max_error(out, ref), FP32_TOL)
+        additive = np.where(pad, -np.inf, 0.0)  # float64, as numpy makes it
+        out64, _ = client.attend("demo", q, k, key_padding_mask=additive)
+        self.assertLessEqual(max_error(out64, ref), FP32_TOL)
+
+    def test_float16_in_float16_out_and_float64_in_float64_out(self):
         q = randn(2, 3, 256, seed=11).astype(np.float16)
         out, _ = client.attend("demo", q)
         self.assertEqual((out.dtype, out.shape), (np.float16, (2, 3, 256)))
         ref, _ = torch_mha(modules["demo"], q.astype(np.float32))
         self.assertLessEqual(max_error(out, ref), 1e-3)
         out64, _ = client.attend("demo", q.astype(np.float64))
-        self.assertEqual(out64.dtype, np.float32)
+        self.assertEqual(out64.dtype, np.float64)  # computed in float32
         self.assertLessEqual(max_error(out64, ref), FP32_TOL)
 
     def test_errors_are_grpc_errors(self):
