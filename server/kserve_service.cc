@@ -61,6 +61,9 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ServerMetadata(
   if (allowed.ok()) {
     response->set_name("mha-serve");
     response->set_version(MHA_VERSION);
+    // Of the protocol's optional extensions: request parameters (is_causal,
+    // need_weights, per_head_weights). Repository and statistics are not.
+    response->add_extensions("parameters");
   }
   return Finish(context, allowed);
 }

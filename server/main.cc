@@ -28,6 +28,7 @@
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
+#include "server/reflection_v1.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
 #define MHA_DEFAULT_MODEL_REPOSITORY "models"
@@ -173,6 +174,7 @@ int Serve() {
       memory, *std::move(auth));
   AttentionServiceImpl service(dispatcher);
   KserveServiceImpl kserve(dispatcher);
+  ReflectionV1Service reflection_v1(ServedServiceNames());
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(HostPort(host, absl::GetFlag(FLAGS_port)),
@@ -185,6 +187,7 @@ int Serve() {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.RegisterService(&service);
   builder.RegisterService(&kserve);
+  builder.RegisterService(&reflection_v1);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     std::fprintf(stderr, "mha_server: cannot listen on %s\n",

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
@@ -25,7 +26,9 @@ absl::StatusOr<DType> EngineDType(v1::DataType dtype, const char* field) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": dtype ", v1::DataType_IsValid(dtype) ? v1::DataType_Name(dtype)
                                                          : absl::StrCat(static_cast<int>(dtype)),
-          " is not one of DATA_TYPE_FP32, DATA_TYPE_BF16, DATA_TYPE_FP16, DATA_TYPE_BOOL"));
+          absl::EndsWith(field, "mask") ? " is not one of DATA_TYPE_BOOL, DATA_TYPE_FP32"
+                                        : " is not one of DATA_TYPE_FP32, DATA_TYPE_BF16, "
+                                          "DATA_TYPE_FP16"));
   }
 }
 

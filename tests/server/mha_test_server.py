@@ -191,6 +191,25 @@ def load_grpc_stubs():
                  ("health_pb2", "health_pb2_grpc", "reflection_pb2", "reflection_pb2_grpc"))
 
 
+def load_reflection_v1_stubs():
+    """(reflection_v1_pb2, reflection_v1_pb2_grpc): grpc.reflection.v1, the
+    same messages as v1alpha in another package, generated once."""
+    load_grpc_stubs()
+    folder = os.path.join(_GRPC_STUB_DIR, "mha_test_grpc")
+    path = os.path.join(folder, "reflection_v1.proto")
+    if not os.path.exists(path):
+        text = _REFLECTION_PROTO.replace("package grpc.reflection.v1alpha;",
+                                         "package grpc.reflection.v1;")
+        with open(path, "w") as f:
+            f.write(text)
+        subprocess.run(
+            ["protoc", f"-I{_GRPC_STUB_DIR}", f"--python_out={_GRPC_STUB_DIR}",
+             f"--grpc_out={_GRPC_STUB_DIR}",
+             "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin", path], check=True)
+    return tuple(importlib.import_module(f"mha_test_grpc.{m}") for m in
+                 ("reflection_v1_pb2", "reflection_v1_pb2_grpc"))
+
+
 def _remove_stub_dirs():
     import shutil
     if _GRPC_STUB_DIR is not None:

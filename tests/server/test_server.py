@@ -500,7 +500,8 @@ class SharedServerTest(ServerTestCase):
              INVALID, "query: dtype 99 is not one of"),
             ("unspecified dtype", pb.AttendRequest(model="demo",
                                                    query=raw([1, 1, 256], 1024, 0)),
-             INVALID, "query: dtype DATA_TYPE_UNSPECIFIED"),
+             INVALID, "query: dtype DATA_TYPE_UNSPECIFIED is not one of DATA_TYPE_FP32, "
+                      "DATA_TYPE_BF16, DATA_TYPE_FP16"),
             ("bool query", pb.AttendRequest(model="demo",
                                             query=tensor(pb, cfg, np.ones((1, 2, 256), bool))),
              INVALID, "query: dtype DATA_TYPE_BOOL"),
@@ -645,6 +646,45 @@ class SharedServerTest(ServerTestCase):
         self.assertIn("mha/v1/attention.proto", files)
         methods = {m.name for s in files["mha/v1/attention.proto"].service for m in s.method}
         self.assertEqual(methods, {"Attend", "ListModels", "GetModel"})
+
+    def test_reflection_v1_describes_every_service_health_included(self):
+        # What a reflection-only tool does: list, fetch descriptors, build
+        # the messages from them (no local protos) and call Health/Check.
+        from google.protobuf import descriptor_pool, message_factory
+        from mha_test_server import load_reflection_v1_stubs
+        rpb, rgrpc = load_reflection_v1_stubs()
+        reflection = rgrpc.ServerReflectionStub(self.channel)
+        requests = [rpb.ServerReflectionRequest(list_services="")] + [
+            rpb.ServerReflectionRequest(file_containing_symbol=name) for name in
+            ("grpc.health.v1.Health", "inference.GRPCInferenceService",
+             "grpc.reflection.v1.ServerReflection", "no.such.Symbol")]
+        responses = list(reflection.ServerReflectionInfo(iter(requests), timeout=RPC_TIMEOUT))
+        services = {s.name for s in responses[0].list_services_response.service}
+        self.assertEqual(services, {"mha.v1.AttentionService", "inference.GRPCInferenceService",
+                                    "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                                    "grpc.reflection.v1alpha.ServerReflection"})
+        for r in responses[1:4]:
+            self.assertEqual(r.WhichOneof("message_response"), "file_descriptor_response")
+        self.assertEqual(responses[4].error_response.error_code, grpc.StatusCode.NOT_FOUND.value[0])
+        pool = descriptor_pool.DescriptorPool()
+        for blob in responses[1].file_descriptor_response.file_descriptor_proto:
+            pool.Add(descriptor_pb2.FileDescriptorProto.FromString(blob))
+        factory = message_factory.MessageFactory(pool)  # protobuf 3.21's spelling
+        request_class = factory.GetPrototype(
+            pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest"))
+        response_class = factory.GetPrototype(
+            pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse"))
+        check = self.channel.unary_unary("/grpc.health.v1.Health/Check",
+                                         request_serializer=request_class.SerializeToString,
+                                         response_deserializer=response_class.FromString)
+        reply = check(request_class(service="demo"), timeout=RPC_TIMEOUT)
+        self.assertEqual(response_class.DESCRIPTOR.fields_by_name["status"].enum_type
+                         .values_by_number[reply.status].name, "SERVING")
+        # v1alpha describes the health service too now.
+        alpha = reflection_grpc.ServerReflectionStub(self.channel)
+        answer = list(alpha.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="grpc.health.v1.Health")]), timeout=RPC_TIMEOUT))
+        self.assertEqual(answer[0].WhichOneof("message_response"), "file_descriptor_response")
 
     # --- 8. metrics -------------------------------------------------------
 
