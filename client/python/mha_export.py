@@ -434,8 +434,19 @@ def main(argv=None):
     p.add_argument("--verify", action="store_true", help="serve the folder and compare")
     p.add_argument("--server", default=DEFAULT_SERVER, help=f"mha_server (default {DEFAULT_SERVER})")
     args = p.parse_args(argv)
+    if args.verify and not (os.path.isfile(args.server) and os.access(args.server, os.X_OK)):
+        print(f"mha_export: --verify needs mha_server, and {args.server} is not an executable "
+              "file: build it (bash deploy/debian/build.sh) or pass --server PATH; nothing "
+              "was written", file=sys.stderr)
+        return 2
     try:
-        module = torch.load(args.module, map_location="cpu")
+        try:
+            module = torch.load(args.module, map_location="cpu")
+        except (ImportError, AttributeError) as e:
+            raise ExportError(
+                f"{args.module}: {e}: the module's class must be importable here, as when it "
+                "was saved: put the folder of its .py file on PYTHONPATH (PYTHONPATH=DIR "
+                "python3 mha_export.py ...) or run from that folder") from e
         if not isinstance(module, nn.Module):
             raise ExportError(f"{args.module} holds no module (it holds {type(module).__name__}): "
                               "save it with torch.save(module), or call export() from Python")

@@ -490,6 +490,36 @@ class ExportTest(unittest.TestCase):
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
+    def test_command_line_mistakes_are_caught_before_anything_is_written(self):
+        work = tempfile.mkdtemp(prefix="mha_export_cli_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        export_script = os.path.join(CLIENT_DIR, "mha_export.py")
+        self.assertTrue(os.access(export_script, os.X_OK), "mha_export.py has no run bit")
+        path = os.path.join(work, "layer.pt")
+        torch.save(nn.MultiheadAttention(16, 2, batch_first=True), path)
+        out = os.path.join(work, "folder")
+        r = subprocess.run([export_script, "--module", path, "--out", out, "--verify",
+                            "--server", os.path.join(work, "no_server")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--verify needs mha_server", r.stderr)
+        self.assertFalse(os.path.exists(out))
+        # A module whose class this process cannot import: a hint, not a trace.
+        code = os.path.join(work, "code")
+        os.makedirs(code)
+        with open(os.path.join(code, "my_layers.py"), "w") as f:
+            f.write("import torch\nclass MyAttention(torch.nn.Module):\n"
+                    "    def __init__(self):\n        super().__init__()\n"
+                    "        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)\n")
+        subprocess.run([sys.executable, "-c", "import torch, my_layers; "
+                        f"torch.save(my_layers.MyAttention(), {path!r})"],
+                       cwd=code, check=True, timeout=120)
+        r = subprocess.run([sys.executable, export_script, "--module", path, "--out", out],
+                           capture_output=True, text=True, timeout=120, cwd=work)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("No module named 'my_layers'", r.stderr)
+        self.assertIn("put the folder of its .py file on PYTHONPATH", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
