@@ -76,9 +76,9 @@ RequestCost CostOf(const DecodedRequest& request, const MhaEngine& engine, int t
 
 absl::Status CheckResponseSize(const DecodedRequest& request, const RequestCost& cost,
                                int64_t max_message_bytes) {
-  const std::string limit =
-      absl::StrCat("the limit is ", WithCommas(max_message_bytes), " (--max_message_bytes)");
   if (cost.response_bytes > max_message_bytes) {
+    const std::string limit =
+        absl::StrCat("the limit is ", WithCommas(max_message_bytes), " (--max_message_bytes)");
     const int64_t weights =
         request.weights_shape.empty() ? 0 : Elements(request.weights_shape) * 4;
     if (weights > max_message_bytes / 2) {

@@ -62,7 +62,7 @@ PEAK_RSS_BOUND = (3 * GiB) if ASAN else GiB
 
 
 class LimitedServer(TestServer):
-    """A TestServer started under RLIMIT_AS (but under ASan): its binary is a
+    """A TestServer started under RLIMIT_AS (but not under ASan): its binary is a
     script that execs prlimit, which execs the server, so the process (and
     its pid) is the server's own."""
 
