@@ -10,6 +10,7 @@
         client.get_model("demo").embed_dim
 
     MhaClient(target, tls=True, ca="ca.pem", token="...")          # a secured server
+    MhaClient(target, wait_for_ready=True, retries=3)              # ride out restarts
 
 Arrays are numpy arrays (or anything np.asarray accepts, e.g. CPU torch
 tensors). On the wire: float32 -> DATA_TYPE_FP32, float16 -> DATA_TYPE_FP16,
@@ -27,18 +28,23 @@ DEADLINE_EXCEEDED after `timeout` seconds, ...) and `e.details()` the
 message, e.g. "query: expected last dimension 256, got 255". Arrays of an
 unsupported dtype raise TypeError before any call.
 
-Stubs: the module imports mha.v1.attention_pb2(_grpc) from client/python/gen/,
-written by one command,
+Installed (`pip install --no-deps --no-build-isolation ./client/python`),
+the module uses the stubs generated into its wheel (mha_client_stubs). In
+the source tree it imports mha.v1.attention_pb2(_grpc) from
+client/python/gen/, written by one command,
 
     client/python/generate_stubs.sh
 
 If gen/ is missing or older than proto/, it runs that script into a
 temporary folder instead (removed at exit), which needs protoc and
 grpc_python_plugin (Debian: protobuf-compiler, protobuf-compiler-grpc).
+Either stub folder goes on sys.path (the generated modules import each
+other as mha.v1.* and inference.*).
 """
 
 import atexit
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -51,6 +57,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "proto"))
 GEN_DIR = os.path.join(HERE, "gen")
+INSTALLED_STUB_DIR = os.path.join(HERE, "mha_client_stubs")  # written by setup.py
 GENERATE_SCRIPT = os.path.join(HERE, "generate_stubs.sh")
 _PROTOS = ("mha/v1/model_config.proto", "mha/v1/attention.proto",
            "inference/grpc_service.proto")
@@ -70,13 +77,17 @@ def generate_stubs(out_dir):
     subprocess.run(["sh", GENERATE_SCRIPT, out_dir], check=True)
 
 
+def _stubs_are_complete(folder):
+    return all(os.path.isfile(os.path.join(folder, f)) for f in _STUB_FILES)
+
+
 def _stubs_are_fresh(folder):
     """True if folder holds every stub and none is older than its proto
     (without proto/ next to us, e.g. a copied client, any complete gen/ is
     taken)."""
-    stubs = [os.path.join(folder, f) for f in _STUB_FILES]
-    if not all(os.path.isfile(f) for f in stubs):
+    if not _stubs_are_complete(folder):
         return False
+    stubs = [os.path.join(folder, f) for f in _STUB_FILES]
     protos = [os.path.join(PROTO_DIR, p) for p in _PROTOS]
     if not all(os.path.isfile(p) for p in protos):
         return True
@@ -89,11 +100,20 @@ def _remove_temp_stubs():
 
 
 def _stub_folder():
-    """gen/ when it is fresh, else a temporary folder generated once per
-    process; on sys.path either way."""
+    """The folder of the stubs, put on sys.path: the installed package's,
+    else gen/ when it is fresh, else a temporary folder generated once per
+    process from proto/."""
     global _temp_stub_dir
-    folder = GEN_DIR
-    if not _stubs_are_fresh(GEN_DIR):
+    if _stubs_are_complete(INSTALLED_STUB_DIR):
+        folder = INSTALLED_STUB_DIR
+    elif _stubs_are_fresh(GEN_DIR):
+        folder = GEN_DIR
+    else:
+        if not os.path.isdir(PROTO_DIR):
+            raise ImportError(
+                f"mha_client: no gRPC stubs next to {__file__} and no proto/ folder to "
+                "generate them from: install the client (pip install --no-deps "
+                "--no-build-isolation ./client/python) or run client/python/generate_stubs.sh")
         if _temp_stub_dir is None:
             _temp_stub_dir = tempfile.mkdtemp(prefix="mha_stubs_")
             atexit.register(_remove_temp_stubs)
@@ -179,6 +199,39 @@ def _mask_tensor(mask, name):
 
 # ----------------------------------------------------------------- client
 
+MAX_RETRIES = 4  # gRPC caps a call at 5 attempts
+
+
+def _reconnect_options(first_s, longest_s):
+    """Channel arguments of the reconnect backoff, in seconds."""
+    if not 0 < first_s <= longest_s:
+        raise ValueError(f"reconnect_backoff: need 0 < first <= longest, got ({first_s}, {longest_s})")
+    return [("grpc.initial_reconnect_backoff_ms", int(first_s * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(longest_s * 1000))]
+
+
+def _retry_options(retries, first_s, longest_s, buffer_bytes):
+    """Channel arguments of gRPC's retry policy: UNAVAILABLE is retried
+    `retries` times on every method of both services. gRPC gives up
+    retrying a call whose messages exceed its per-call buffer (256 KiB by
+    default), so the buffer is as large as a message may be."""
+    if not 0 <= retries <= MAX_RETRIES:
+        raise ValueError(f"retries: 0 to {MAX_RETRIES} (gRPC caps a call at "
+                         f"{MAX_RETRIES + 1} attempts), got {retries}")
+    if retries == 0:
+        return []  # gRPC's transparent retries (calls that never left) stay on
+    if not 0 < first_s <= longest_s:
+        raise ValueError(f"retry_backoff: need 0 < first <= longest, got ({first_s}, {longest_s})")
+    policy = {"maxAttempts": retries + 1, "initialBackoff": f"{first_s}s",
+              "maxBackoff": f"{longest_s}s", "backoffMultiplier": 2,
+              "retryableStatusCodes": ["UNAVAILABLE"]}
+    config = {"methodConfig": [{"name": [{"service": "mha.v1.AttentionService"},
+                                         {"service": "inference.GRPCInferenceService"}],
+                                "retryPolicy": policy}]}
+    return [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(config)),
+            ("grpc.per_rpc_retry_buffer_size", buffer_bytes)]
+
+
 def _read(path):
     """The bytes of a PEM file, or None for no path."""
     if path is None:
@@ -194,7 +247,9 @@ class MhaClient:
     failure."""
 
     def __init__(self, target, timeout=30.0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
-                 tls=False, ca=None, cert=None, key=None, token=None):
+                 tls=False, ca=None, cert=None, key=None, token=None,
+                 wait_for_ready=False, retries=0, retry_backoff=(0.1, 2.0),
+                 reconnect_backoff=(0.1, 1.0)):
         """target: "host:port". timeout: seconds per call (the gRPC
         deadline); None = no deadline.
 
@@ -202,11 +257,26 @@ class MhaClient:
         by ca or cert); ca: PEM file of the roots to trust (default: the
         system's); cert, key: PEM files of a client certificate, for a
         server with --tls_client_ca. token: the bearer token of a server
-        with --auth_token_file, sent as "authorization: Bearer <token>"."""
+        with --auth_token_file, sent as "authorization: Bearer <token>".
+
+        Connection failures:
+        wait_for_ready: a call made while the server cannot be reached
+          waits (up to `timeout`) for it instead of failing at once with
+          UNAVAILABLE — e.g. through a server restart.
+        retries (0-4): a call answered UNAVAILABLE (server unreachable or
+          draining) is sent again up to this many times, after random
+          waits of at most retry_backoff[0] seconds, doubling up to
+          retry_backoff[1] (gRPC's retry policy; every call of this client
+          computes without side effects, so a retry is always safe).
+        reconnect_backoff: (first, longest) seconds between the channel's
+          attempts to reconnect to a server that went away; gRPC's own
+          (1, 120) leave calls failing for seconds after a server is back."""
         self._pb, rpc, _ = load_stubs()
-        self.target, self.timeout = target, timeout
+        self.target, self.timeout, self.wait_for_ready = target, timeout, wait_for_ready
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes)]
+        options += _reconnect_options(*reconnect_backoff)
+        options += _retry_options(retries, *retry_backoff, buffer_bytes=max_message_bytes)
         if tls or ca or cert:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_read(ca), private_key=_read(key), certificate_chain=_read(cert))
@@ -215,6 +285,12 @@ class MhaClient:
             self._channel = grpc.insecure_channel(target, options=options)
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
         self._stub = rpc.AttentionServiceStub(self._channel)
+
+    def _call(self, method, request):
+        """One unary call with this client's deadline, token and
+        wait_for_ready."""
+        return method(request, timeout=self.timeout, metadata=self._metadata,
+                      wait_for_ready=self.wait_for_ready)
 
     def __enter__(self):
         return self
@@ -252,7 +328,7 @@ class MhaClient:
             request.key_padding_mask.CopyFrom(_mask_tensor(key_padding_mask, "key_padding_mask"))
         if attn_mask is not None:
             request.attn_mask.CopyFrom(_mask_tensor(attn_mask, "attn_mask"))
-        response = self._stub.Attend(request, timeout=self.timeout, metadata=self._metadata)
+        response = self._call(self._stub.Attend, request)
         weights = from_tensor(response.attn_weights) if response.HasField("attn_weights") else None
         output = from_tensor(response.output)
         if query.dtype == np.float64:  # sent and computed as float32
@@ -262,13 +338,11 @@ class MhaClient:
     def list_models(self):
         """[mha.v1.ModelInfo] of every model folder the server found,
         including failed ones (state STATE_FAILED, `error` says why)."""
-        response = self._stub.ListModels(self._pb.ListModelsRequest(), timeout=self.timeout,
-                                         metadata=self._metadata)
+        response = self._call(self._stub.ListModels, self._pb.ListModelsRequest())
         return list(response.models)
 
     def get_model(self, name):
         """mha.v1.ModelInfo of one model: config, state, weight_layout,
         parameter_count and the effective embed_dim, num_heads, kdim, vdim.
         NOT_FOUND (grpc.RpcError) for an unknown name."""
-        return self._stub.GetModel(self._pb.GetModelRequest(name=name), timeout=self.timeout,
-                                   metadata=self._metadata)
+        return self._call(self._stub.GetModel, self._pb.GetModelRequest(name=name))

@@ -75,7 +75,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_folder import Enum, write_model_folder  # noqa: E402
+from mha_model_folder import Enum, write_model_folder  # noqa: E402
 
 FP32_ABS_TOL = 1e-5
 BF16_REL_TOL = 2e-2
@@ -362,7 +362,7 @@ def verify(exported, server_binary=DEFAULT_SERVER, batch=2, query_len=7, key_len
     request's output with the module's (eval mode, torch.inference_mode);
     returns a Verification(ok, error, tolerance, mode). grpc.RpcError if the
     server rejects the request; RuntimeError if it does not start."""
-    from local_server import LocalServer
+    from mha_local_server import LocalServer
     from mha_client import MhaClient
 
     config, module = exported.config, exported.module

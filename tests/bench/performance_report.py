@@ -33,7 +33,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import run_bench  # noqa: E402
-from local_server import LocalServer  # noqa: E402
+from mha_local_server import LocalServer  # noqa: E402
 from svg_chart import line_chart  # noqa: E402
 
 SEQ_LENGTHS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]

@@ -21,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-from local_server import LocalServer  # noqa: E402
+from mha_local_server import LocalServer  # noqa: E402
 
 
 def rss_mb(pid):

@@ -3,7 +3,7 @@ tests and the demo-model writer.
 
 * safetensors reading/writing without the `safetensors` package, rounding
   of float32 values to a storage dtype, config.pbtxt formatting: moved to
-  client/python/model_folder.py and re-exported from here;
+  client/python/mha_model_folder.py and re-exported from here;
 * the weight layouts mha_run understands, as conversions between a
   "canonical" parameter dict and named tensors.
 
@@ -19,11 +19,11 @@ import sys
 
 import numpy as np
 
-# The file formats live with the Python client (client/python/model_folder.py),
+# The file formats live with the Python client (client/python/mha_model_folder.py),
 # which mha_export.py uses too; they are re-exported here for the tests.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "client", "python"))
-from model_folder import (Enum, decode_tensor, encode_tensor,  # noqa: E402,F401
+from mha_model_folder import (Enum, decode_tensor, encode_tensor,  # noqa: E402,F401
                           format_pbtxt, read_safetensors, round_to_dtype,
                           write_safetensors)
 

@@ -6,7 +6,7 @@
     s.exit_code                              # after SIGTERM
 
 The process handling (free ports, ready line, SIGTERM and wait) is the
-Python client's LocalServer (client/python/local_server.py), and the stubs
+Python client's LocalServer (client/python/mha_local_server.py), and the stubs
 are the client's (client/python/mha_client.py: client/python/gen/ when it
 is up to date, else generated from proto/ with protoc and Debian's
 grpc_python_plugin into a temporary folder).
@@ -22,7 +22,7 @@ import urllib.request
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO_ROOT, "client", "python"))
 import mha_client  # noqa: E402
-from local_server import LocalServer  # noqa: E402
+from mha_local_server import LocalServer  # noqa: E402
 
 
 def load_stubs():

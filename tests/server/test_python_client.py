@@ -38,7 +38,7 @@ from mha_test_server import REPO_ROOT, TestServer  # noqa: E402  (puts client/py
 from make_demo_model import demo_module  # noqa: E402
 from mha_client import MhaClient  # noqa: E402
 from mha_export import ExportError, Renames, export  # noqa: E402
-from model_folder import read_safetensors  # noqa: E402
+from mha_model_folder import read_safetensors  # noqa: E402
 
 MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 CLIENT_DIR = os.path.join(REPO_ROOT, "client", "python")
