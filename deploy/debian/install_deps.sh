@@ -11,7 +11,7 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev
   python3 python3-numpy python3-torch python3-grpcio python3-protobuf curl openssl
-  python3-pip python3-setuptools python3-wheel  # installing client/python (pip install --no-deps)
+  python3-pip python3-setuptools python3-wheel python3-venv  # installing client/python
   libopenblas0-pthread  # the BLAS PyTorch uses in the benchmark (Debian default is reference BLAS)
 )
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Regenerates docs/PERFORMANCE.md and its charts from one run on this machine:
+"""Regenerates docs/performance_report.md and its charts from one run on this machine:
 
     /usr/bin/python3 tests/bench/performance_report.py      # after deploy/debian/build.sh
 
@@ -271,9 +271,9 @@ def main():
         server=server_table(on, off), threads=thread_table(threads),
         overhead=overhead_table(overhead), worst=max(ratios), best=min(ratios),
         median=statistics.median(ratios))
-    with open(os.path.join(args.out_dir, "PERFORMANCE.md"), "w") as f:
+    with open(os.path.join(args.out_dir, "performance_report.md"), "w") as f:
         f.write(text)
-    print(f"wrote {os.path.join(args.out_dir, 'PERFORMANCE.md')}", file=sys.stderr)
+    print(f"wrote {os.path.join(args.out_dir, 'performance_report.md')}", file=sys.stderr)
 
 
 TEMPLATE = """# Performance
