@@ -28,7 +28,7 @@ What is exported:
                               multihead_attn (+ norm2), key = value = the
                               encoder's memory
   any other module            found by the canonical tensor names of its
-                              state_dict (README, "Model folders"): q_proj,
+                              state_dict (README, "Weight layouts"): q_proj,
                               k_proj, v_proj, out_proj as nn.Linear, or
                               q_proj.{i} ... per head (nn.ModuleList), and
                               optionally bias_k, bias_v; --post_norm adds the
