@@ -3,7 +3,7 @@
 //   mha_client models
 //   mha_client info NAME
 //   mha_client attend --model NAME [--query FILE] [--key FILE] [--value FILE]
-//                     [--masks FILE] [--batch B --len L --kv_len S --random]
+//                     [--masks FILE] [--batch B --len L --kv_len S]
 //                     [--is_causal] [--need_weights] [--per_head_weights] [--bf16]
 //                     [--out FILE]
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
@@ -59,7 +59,6 @@ ABSL_FLAG(std::string, key, "", "attend: safetensors file with the key");
 ABSL_FLAG(std::string, value, "", "attend: safetensors file with the value");
 ABSL_FLAG(std::string, masks, "",
           "attend: safetensors file with key_padding_mask and/or attn_mask");
-ABSL_FLAG(bool, random, false, "attend: random inputs of --batch/--len/--kv_len (the default)");
 ABSL_FLAG(bool, bf16, false, "attend: send query/key/value as BF16");
 ABSL_FLAG(std::string, out, "", "attend: write output (and attn_weights) to this safetensors");
 ABSL_FLAG(bool, need_weights, false, "attend: return attention weights");

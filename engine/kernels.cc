@@ -336,13 +336,6 @@ void ConvertToBf16(const float* in, uint16_t* out, int64_t count) {
   }
 }
 
-void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
-    std::memcpy(&out[i], &bits, 4);
-  }
-}
-
 void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
                 const HeadLayout& layout, uint8_t* dst) {
   const int64_t hb = layout.head_bytes;

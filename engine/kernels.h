@@ -69,10 +69,8 @@ void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, 
 void AddLayerNorm(float* out, const float* residual, const float* gamma,
                   const float* beta, int64_t rows, int64_t n, float eps);
 
-// f32 -> bf16 (round to nearest even; on both threads when large), and its
-// inverse.
+// f32 -> bf16 (round to nearest even; on both threads when large).
 void ConvertToBf16(const float* in, uint16_t* out, int64_t count);
-void ConvertBf16ToF32(const uint16_t* in, float* out, int64_t count);
 
 // Token-major rows [rows, heads * head] (row stride `src_row_bytes`) to
 // head-major blocks: rows are cut into blocks of `block_rows`, each block

@@ -87,6 +87,15 @@ class MhaEngine {
   // (Workspace::ReleaseIfAbove), so one large request does not pin memory.
   static constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
 
+  // Creates, for each length L, the primitives a lone request of L tokens
+  // needs (self-attention, or cross-attention over L keys for a model with
+  // kdim or vdim != embed_dim), so that they are not created on the
+  // request path (bf16's take ~5 ms each). At load, before serving.
+  absl::Status WarmUp(absl::Span<const int64_t> lengths) const;
+  // oneDNN primitives created since Create because a cache had none for
+  // the shape (including those WarmUp made).
+  uint64_t PrimitiveCacheMisses() const;
+
   const AttentionDims& dims() const { return dims_; }
 
  private:

@@ -14,6 +14,7 @@ absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config,
   model.layout = weights.layout;
   model.parameter_count = weights.parameter_count;
   ASSIGN_OR_RETURN(model.engine, MhaEngine::Create(model.dims, weights));
+  RETURN_IF_ERROR(model.engine->WarmUp(config.warmup_lengths()));
   return model;
 }
 

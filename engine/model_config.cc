@@ -107,6 +107,17 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
           "config: compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
           v1::DataType_Name(config.compute_dtype())));
   }
+  if (config.warmup_lengths_size() > kMaxWarmupLengths) {
+    return absl::InvalidArgumentError(absl::StrCat("config: at most ", kMaxWarmupLengths,
+                                                   " warmup_lengths, got ",
+                                                   config.warmup_lengths_size()));
+  }
+  for (const int64_t len : config.warmup_lengths()) {
+    if (len < 1 || len > kMaxWarmupLength) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: warmup_lengths must be in [1, ", kMaxWarmupLength, "], got ", len));
+    }
+  }
   d.post_norm = config.has_post_norm();
   if (d.post_norm && config.post_norm().has_eps()) {
     const double eps = config.post_norm().eps();

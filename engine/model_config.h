@@ -34,6 +34,9 @@ struct AttentionDims {
 
 // Largest width accepted for any dimension; bounds memory a config can ask for.
 inline constexpr int64_t kMaxModelDim = 65536;
+// ModelConfig.warmup_lengths: how many, and the longest (load time stays short).
+inline constexpr int kMaxWarmupLengths = 16;
+inline constexpr int64_t kMaxWarmupLength = 4096;
 
 // Parses protobuf text format; errors name the line and column.
 absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text);

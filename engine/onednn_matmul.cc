@@ -83,10 +83,7 @@ dnnl::primitive_attr MakeAttr(float scale) {
 }
 
 BoundArgs& BoundMemories::Find(uint64_t id, const MatmulSpec& shape, bool& created) {
-  if (by_key_.size() >= kMaxEntries) by_key_.clear();
-  auto [it, inserted] = by_key_.try_emplace(std::make_pair(id, shape));
-  created = inserted;
-  return it->second;
+  return by_key_.FindOrInsert(std::make_pair(id, shape), created);
 }
 
 void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src, const void* weights,
@@ -143,26 +140,23 @@ MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSp
 std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(s);
-    if (it != cache_.end()) return it->second;
+    if (const auto* found = cache_.Find(s)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
   created->pd = dnnl::matmul::primitive_desc(
       dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
+  misses_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
-  if (cache_.size() >= kMaxEntries) cache_.clear();
-  return cache_.try_emplace(s, std::move(created)).first->second;
-}
-
-size_t MatmulCache::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return cache_.size();
+  bool inserted = false;
+  std::shared_ptr<const MatmulPrimitive>& entry = cache_.FindOrInsert(s, inserted);
+  if (inserted) entry = std::move(created);  // else another thread made it meanwhile
+  return entry;
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
                          const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt, dt dst_dt)
-    : engine_(engine), n_(n), k_(k), act_dt_(act_dt), dst_dt_(dst_dt) {
+    : engine_(engine), n_(n), k_(k), act_dt_(act_dt), dst_dt_(dst_dt), by_m_(kMaxEntries) {
   // W^T as a [k, n] matrix is W's [n, k] row-major bytes read with strides.
   const dnnl::memory::desc plain({k, n}, dt::f32, tag::ba);
   const dnnl::memory::desc any({k, n}, act_dt, tag::any);
@@ -187,16 +181,18 @@ dnnl::matmul::primitive_desc LinearLayer::MakePd(int64_t m, const dnnl::memory::
 std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = by_m_.find(m);
-    if (it != by_m_.end()) return it->second;
+    if (const auto* found = by_m_.Find(m)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
   created->pd = MakePd(m, weights_.get_desc());
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
+  misses_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
-  if (by_m_.size() >= kMaxEntries) by_m_.clear();
-  return by_m_.try_emplace(m, std::move(created)).first->second;
+  bool inserted = false;
+  std::shared_ptr<const MatmulPrimitive>& entry = by_m_.FindOrInsert(m, inserted);
+  if (inserted) entry = std::move(created);  // else another thread made it meanwhile
+  return entry;
 }
 
 // Rows are processed in chunks of power-of-two sizes (and one final chunk

@@ -5,6 +5,7 @@
 #define MHA_ENGINE_ONEDNN_MATMUL_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "engine/lru_cache.h"
 #include "engine/workspace.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -84,38 +86,42 @@ struct BoundArgs {
 
 // Memory objects a workspace has created for the primitives it ran, per
 // primitive id (and per shape for runtime-shape primitives), so a warm call
-// only resets data handles. Owned by one Workspace; not thread-safe.
+// only resets data handles; the least recently used go when it is full.
+// Owned by one Workspace; not thread-safe.
 class BoundMemories {
  public:
   // The entry for primitive `id` and `shape` (a default MatmulSpec for
   // fixed-shape primitives); `created` tells whether it is new.
   BoundArgs& Find(uint64_t id, const MatmulSpec& shape, bool& created);
-  size_t size() const { return by_key_.size(); }
 
  private:
   static constexpr size_t kMaxEntries = 1024;
-  absl::flat_hash_map<std::pair<uint64_t, MatmulSpec>, BoundArgs> by_key_;
+  LruCache<std::pair<uint64_t, MatmulSpec>, BoundArgs> by_key_{kMaxEntries};
 };
 
-// Creates each distinct MatmulSpec's primitive once. Thread-safe.
+// Creates each distinct MatmulSpec's primitive once and keeps the
+// `capacity` most recently used. Thread-safe.
 class MatmulCache {
  public:
-  explicit MatmulCache(const dnnl::engine& engine) : engine_(engine) {}
+  static constexpr size_t kDefaultCapacity = 4096;
+  explicit MatmulCache(const dnnl::engine& engine, size_t capacity = kDefaultCapacity)
+      : engine_(engine), cache_(capacity) {}
   std::shared_ptr<const MatmulPrimitive> Get(const MatmulSpec& spec);
-  size_t size() const;
+  // Primitives created since construction (lookups that found none).
+  uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 
  private:
-  static constexpr size_t kMaxEntries = 4096;
   dnnl::engine engine_;
   // std::mutex, not absl::Mutex: Debian's libabsl is not built with
   // ThreadSanitizer, which then cannot see its locks (see the TSan build).
   mutable std::mutex mu_;
-  absl::flat_hash_map<MatmulSpec, std::shared_ptr<const MatmulPrimitive>> cache_
-      ABSL_GUARDED_BY(mu_);
+  LruCache<MatmulSpec, std::shared_ptr<const MatmulPrimitive>> cache_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> misses_{0};
 };
 
 // y[m, N] = x[m, K] W^T + b for any m. Owns W (reordered once into the
-// format oneDNN picks for this machine) and b, and one primitive per m seen.
+// format oneDNN picks for this machine) and b, and one primitive per m seen
+// (the most recently used 1024).
 // Immutable after Create apart from that cache; thread-safe.
 class LinearLayer {
  public:
@@ -125,8 +131,8 @@ class LinearLayer {
               const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt, dt dst_dt);
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
-  int64_t in_features() const { return k_; }
-  int64_t out_features() const { return n_; }
+  // Primitives created since construction (per number of rows).
+  uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 
  private:
   dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;
@@ -139,8 +145,8 @@ class LinearLayer {
   dnnl::memory weights_;
   dnnl::memory bias_;
   mutable std::mutex mu_;  // std::mutex for TSan, as in MatmulCache
-  mutable absl::flat_hash_map<int64_t, std::shared_ptr<const MatmulPrimitive>> by_m_
-      ABSL_GUARDED_BY(mu_);
+  mutable LruCache<int64_t, std::shared_ptr<const MatmulPrimitive>> by_m_ ABSL_GUARDED_BY(mu_);
+  mutable std::atomic<uint64_t> misses_{0};
 };
 
 }  // namespace mha

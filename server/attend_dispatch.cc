@@ -99,13 +99,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
     }
     finish(status);
   };
-  absl::Status queued;
-  try {
-    queued = model.batcher->Enqueue(pending);
-  } catch (const std::bad_alloc&) {  // the request stays ours, unqueued
-    queued = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
-  }
-  if (!queued.ok()) finish(queued);
+  model.batcher->Enqueue(std::move(pending));  // answers through done, whatever happens
 }
 
 }  // namespace mha::server

@@ -21,7 +21,9 @@ Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions opti
       max_batch_tokens_(options.max_batch_tokens > 0 ? options.max_batch_tokens
                                                      : int64_t{1024} * ThreadsPerCall()),
       metrics_(metrics),
-      all_metrics_(all_metrics) {
+      all_metrics_(all_metrics),
+      clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
+      reported_misses_(engine.PrimitiveCacheMisses()) {  // warm-up misses are not counted
   for (int i = 0; i < std::max(1, options_.workers); ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
@@ -29,7 +31,17 @@ Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions opti
 
 Batcher::~Batcher() { Stop(); }
 
-absl::Status Batcher::Enqueue(std::unique_ptr<PendingRequest>& request) {
+void Batcher::Enqueue(std::unique_ptr<PendingRequest> request) {
+  absl::Status admitted;
+  try {
+    admitted = Admit(request);
+  } catch (const std::bad_alloc&) {  // the queue could not grow: nothing changed
+    admitted = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
+  }
+  if (!admitted.ok()) request->done(admitted);  // outside the lock
+}
+
+absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("server is shutting down");
   if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
@@ -51,7 +63,7 @@ absl::Status Batcher::Enqueue(std::unique_ptr<PendingRequest>& request) {
         " of ", WithCommas(memory->capacity()), " bytes and this one needs ",
         WithCommas(request->queued_bytes), " to wait in the queue; retry later"));
   }
-  request->enqueued = absl::Now();
+  request->enqueued = clock_.Now();
   const int64_t tokens = request->input.tokens, bytes = request->input.bytes;
   queue_.push_back(std::move(request));  // if it throws, nothing has changed
   queued_tokens_ += tokens;
@@ -73,12 +85,23 @@ void Batcher::Stop() {
 }
 
 // A batch may close: it is full, its oldest request waited long enough, or
-// batching is off, or the batcher is draining.
+// batching is off, or the batcher is draining. Requests that cannot join
+// the oldest one's batch (another signature) do not fill it.
 bool Batcher::BatchReady() const {
   if (queue_.empty()) return false;
   if (stopping_ || !options_.enabled) return true;
-  if (queued_tokens_ >= max_batch_tokens_) return true;
-  return absl::Now() - queue_.front()->enqueued >= options_.max_queue_delay;
+  if (clock_.Now() - queue_.front()->enqueued >= options_.max_queue_delay) return true;
+  return queued_tokens_ >= max_batch_tokens_ && TokensJoiningOldest() >= max_batch_tokens_;
+}
+
+int64_t Batcher::TokensJoiningOldest() const {
+  const BatchSignature signature = BatchSignature::Of(queue_.front()->input);
+  int64_t tokens = 0;
+  for (const auto& r : queue_) {
+    if (BatchSignature::Of(r->input) == signature) tokens += r->input.tokens;
+    if (tokens >= max_batch_tokens_) break;
+  }
+  return tokens;
 }
 
 bool Batcher::ReserveActive(PendingRequest& request) {
@@ -94,15 +117,14 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
         if (stopping_) return {};
         cv_.wait(lock);
       } else {
-        const absl::Time close = queue_.front()->enqueued + options_.max_queue_delay;
-        cv_.wait_until(lock, absl::ToChronoTime(close));
+        clock_.WaitUntil(cv_, lock, queue_.front()->enqueued + options_.max_queue_delay);
       }
     }
     // The oldest request first gets the memory to compute and answer it.
     PendingRequest& oldest = *queue_.front();
     if (ReserveActive(oldest)) break;
     const bool unwanted =
-        absl::Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
+        clock_.Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
     if (!unwanted && options_.memory->active() > 0) {
       // Batches computing or answering will give memory back.
       lock.unlock();
@@ -128,18 +150,19 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
     return alone;
   }
   // The oldest request sets the signature; compatible ones join in order
-  // while the batch has room, in tokens and in memory.
+  // while the batch has room, in tokens and in memory. Requests of another
+  // signature are passed over, however large.
   std::vector<std::unique_ptr<PendingRequest>> batch;
   const BatchSignature signature = BatchSignature::Of(queue_.front()->input);
   int64_t tokens = 0;
   for (auto it = queue_.begin(); it != queue_.end();) {
-    const bool fits = batch.empty() || (options_.enabled &&
-                                        tokens + (*it)->input.tokens <= max_batch_tokens_);
-    if (!fits) break;
     if (!(BatchSignature::Of((*it)->input) == signature)) {
       ++it;
       continue;
     }
+    const bool fits = batch.empty() || (options_.enabled &&
+                                        tokens + (*it)->input.tokens <= max_batch_tokens_);
+    if (!fits) break;
     if (!batch.empty() && !ReserveActive(**it)) break;
     tokens += (*it)->input.tokens;
     queued_tokens_ -= (*it)->input.tokens;
@@ -174,7 +197,7 @@ void Batcher::WorkerLoop() {
 
 void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws) {
   // Drop what nobody waits for any more, before spending compute on it.
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_.Now();
   std::vector<std::unique_ptr<PendingRequest>> live;
   for (std::unique_ptr<PendingRequest>& r : batch) {
     metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
@@ -203,6 +226,14 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
   }
 }
 
+void Batcher::ReportPrimitiveCacheMisses() {
+  const uint64_t now = engine_.PrimitiveCacheMisses();
+  uint64_t reported = reported_misses_.load();
+  while (now > reported && !reported_misses_.compare_exchange_weak(reported, now)) {
+  }
+  if (now > reported) metrics_.primitive_cache_misses->Increment(static_cast<double>(now - reported));
+}
+
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
                           Workspace& ws, size_t& answered) {
   std::vector<const DecodedRequest*> inputs;
@@ -220,6 +251,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
   const absl::Time start = absl::Now();
   const absl::Status status = engine_.Run(merged.batch(), out, ws);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  ReportPrimitiveCacheMisses();
   metrics_.batch_requests->Observe(static_cast<double>(live.size()));
   metrics_.batch_tokens->Observe(static_cast<double>(tokens));
   metrics_.tokens->Increment(static_cast<double>(tokens));

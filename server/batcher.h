@@ -3,6 +3,7 @@
 #ifndef MHA_SERVER_BATCHER_H_
 #define MHA_SERVER_BATCHER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/mha_engine.h"
+#include "server/clock.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/request_codec.h"
@@ -35,6 +37,9 @@ struct BatcherOptions {
   // reserve their queued bytes at Enqueue and their active bytes when a
   // batch takes them.
   MemoryBudget* memory = nullptr;
+  // What queue delays and deadlines are measured with (borrowed; null: the
+  // real clock). Tests pass a clock they move by hand.
+  const Clock* clock = nullptr;
 };
 
 // What a computed request gets back: f32 output and optional weights, in
@@ -44,8 +49,8 @@ struct AttentionResult {
   std::vector<float> weights;
 };
 
-// One request waiting for compute. The callback is called exactly once, on
-// a worker thread (or in Enqueue's caller when Enqueue fails).
+// One request waiting for compute. `done` is called exactly once: on a
+// worker thread, or in Enqueue's caller when the batcher refuses it.
 struct PendingRequest {
   explicit PendingRequest(DecodedRequest in) : input(std::move(in)) {}
 
@@ -62,18 +67,19 @@ struct PendingRequest {
   absl::Status refusal;  // set when the batcher refuses it instead of computing
 };
 
-// Owns one model's queue and worker threads; borrows the engine and the
-// metrics, which must outlive it. Enqueue is thread-safe and never blocks
-// on compute. On success Enqueue takes ownership of the request; on failure
-// the caller keeps it and gets the status (RESOURCE_EXHAUSTED when full,
-// UNAVAILABLE when stopping).
+// Owns one model's queue and worker threads; borrows the engine, the
+// metrics and the clock, which must outlive it. Enqueue is thread-safe and
+// never blocks on compute.
 class Batcher {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
           ModelMetrics& metrics, Metrics& all_metrics);
   ~Batcher();  // Stop()
 
-  absl::Status Enqueue(std::unique_ptr<PendingRequest>& request);
+  // Takes the request. Every outcome arrives through its `done`: the result
+  // later, or at once, in this thread, RESOURCE_EXHAUSTED when the queue or
+  // the memory budget is full and UNAVAILABLE when stopping.
+  void Enqueue(std::unique_ptr<PendingRequest> request);
 
   // Stops taking requests, computes everything queued, joins the workers.
   void Stop();
@@ -82,11 +88,13 @@ class Batcher {
   int ThreadsPerCall() const;
 
  private:
-  // Requests that may share one engine call.
-  struct Signature;
+  // Why the request cannot wait in the queue, or OK (then it is queued).
+  absl::Status Admit(std::unique_ptr<PendingRequest>& request);
   void WorkerLoop();
   std::vector<std::unique_ptr<PendingRequest>> NextBatch();
   bool BatchReady() const;
+  // Query + key tokens queued that may join the oldest request's batch.
+  int64_t TokensJoiningOldest() const;
   // Reserves the active bytes of the requests the next batch takes (see
   // NextBatch); false when the oldest request must wait for memory.
   bool ReserveActive(PendingRequest& request);
@@ -95,6 +103,9 @@ class Batcher {
   // those answered, so an allocation failure answers only the rest.
   void ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live, Workspace& ws,
                    size_t& answered);
+  // Adds the primitives the engine created since the last report (on any
+  // worker) to the metric.
+  void ReportPrimitiveCacheMisses();
 
   const std::string model_;
   const MhaEngine& engine_;
@@ -102,6 +113,7 @@ class Batcher {
   const int64_t max_batch_tokens_;  // options_' value, 0 resolved
   ModelMetrics& metrics_;
   Metrics& all_metrics_;
+  const Clock& clock_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -110,6 +122,7 @@ class Batcher {
   int64_t queued_bytes_ = 0;                           // guarded by mu_
   bool stopping_ = false;                              // guarded by mu_
   std::vector<std::thread> workers_;
+  std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };
 
 }  // namespace mha::server

@@ -67,6 +67,10 @@ Metrics::Metrics()
       loaded_(BuildGauge().Name("mha_model_loaded")
                   .Help("1 when the model loaded and serves, 0 when it failed")
                   .Register(*registry_)),
+      primitive_cache_misses_(BuildCounter().Name("mha_engine_primitive_cache_misses_total")
+                                  .Help("oneDNN primitives created while serving (a request "
+                                        "of a new shape; warmup_lengths avoid them)")
+                                  .Register(*registry_)),
       memory_(BuildGauge().Name("mha_memory_limit_bytes")
                   .Help("Memory limit for requests in flight and the engines' reserve "
                         "(--memory_limit_bytes)")
@@ -93,6 +97,7 @@ ModelMetrics& Metrics::ForModel(const std::string& model) {
     m->inflight = &inflight_.Add(labels);
     m->tokens = &tokens_.Add(labels);
     m->loaded = &loaded_.Add(labels);
+    m->primitive_cache_misses = &primitive_cache_misses_.Add(labels);
     // Every reason's series from the start, so rate() alerts work before
     // the first drop.
     for (const char* reason : kDropReasons) dropped_.Add({{"model", model}, {"reason", reason}});

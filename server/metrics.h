@@ -29,6 +29,7 @@ struct ModelMetrics {
   prometheus::Gauge* inflight = nullptr;
   prometheus::Counter* tokens = nullptr;
   prometheus::Gauge* loaded = nullptr;
+  prometheus::Counter* primitive_cache_misses = nullptr;
 };
 
 // Owns the registry and every metric family. Thread-safe.
@@ -60,6 +61,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Family<prometheus::Gauge>& loaded_;
+  prometheus::Family<prometheus::Counter>& primitive_cache_misses_;
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;
   std::mutex mu_;

@@ -13,6 +13,7 @@
 #include "server/batch_merge.h"
 #include "server/batcher.h"
 #include "server/request_codec.h"
+#include "tests/manual_clock.h"
 #include "tests/test_models.h"
 
 namespace mha::server {
@@ -180,8 +181,7 @@ class BatcherTest : public ::testing::Test {
     p->done = [promise](absl::StatusOr<AttentionResult> result) {
       promise->set_value(std::move(result));
     };
-    const absl::Status s = b.Enqueue(p);
-    if (!s.ok()) promise->set_value(s);
+    b.Enqueue(std::move(p));  // a refusal comes through done, at once
     return promise->get_future();
   }
 
@@ -189,20 +189,29 @@ class BatcherTest : public ::testing::Test {
     return metrics_.ForModel("m").batch_requests->Collect().histogram.sample_count;
   }
 
+  // Options whose queue delay only the test's clock can end.
+  BatcherOptions Delayed(absl::Duration delay) {
+    BatcherOptions options;
+    options.max_queue_delay = delay;
+    options.clock = &clock_;
+    return options;
+  }
+
   std::unique_ptr<MhaEngine> engine_;
   Metrics metrics_;
+  testing::ManualClock clock_;
 };
 
 TEST_F(BatcherTest, ConcurrentRequestsShareEngineCallsAndGetTheirOwnAnswers) {
-  BatcherOptions options;
-  options.max_queue_delay = absl::Milliseconds(200);  // every request arrives in time
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(200)), metrics_.ForModel("m"),
+                  metrics_);
   std::vector<v1::AttendRequest> requests;
   std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
   for (int i = 0; i < 8; ++i) {
     requests.push_back(Request(1 + 3 * i, 10 + i, /*key_padding=*/i % 2 == 0));
     results.push_back(Submit(batcher, requests.back()));
   }
+  clock_.Advance(absl::Milliseconds(200));
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<AttentionResult> r = results[i].get();
     ASSERT_TRUE(r.ok()) << r.status();
@@ -210,7 +219,7 @@ TEST_F(BatcherTest, ConcurrentRequestsShareEngineCallsAndGetTheirOwnAnswers) {
     ASSERT_EQ(r->output.size(), expected.size());
     for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(r->output[j], expected[j], 1e-5);
   }
-  EXPECT_LT(BatchCount(), 8);  // merged into fewer engine calls
+  EXPECT_EQ(BatchCount(), 1);  // 184 tokens, one signature: one engine call
 }
 
 TEST_F(BatcherTest, BatchingOffRunsOneRequestPerCall) {
@@ -244,23 +253,22 @@ TEST_F(BatcherTest, DefaultTokenCapIs1024PerThreadOfACall) {
 }
 
 TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
-  BatcherOptions options;
+  BatcherOptions options = Delayed(absl::Seconds(1));
   options.max_queue_size = 2;
-  options.max_queue_delay = absl::Seconds(1);
   options.max_batch_tokens = 1 << 20;
   Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
   auto a = Submit(batcher, Request(3, 1));
   auto b = Submit(batcher, Request(3, 2));
   auto c = Submit(batcher, Request(3, 3));
   EXPECT_EQ(c.get().status().code(), absl::StatusCode::kResourceExhausted);
+  clock_.Advance(absl::Seconds(1));
   EXPECT_TRUE(a.get().ok());
   EXPECT_TRUE(b.get().ok());
 }
 
 TEST_F(BatcherTest, QueuedBytesLimitRefusesWhatWouldPassIt) {
-  BatcherOptions options;
-  options.max_queue_delay = absl::Milliseconds(300);  // the first two wait together
-  options.max_queue_bytes = 2 * 3 * 24 * 4 + 10;     // two [1, 3, 24] f32 queries
+  BatcherOptions options = Delayed(absl::Milliseconds(300));  // the first two wait together
+  options.max_queue_bytes = 2 * 3 * 24 * 4 + 10;                 // two [1, 3, 24] f32 queries
   Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
   auto a = Submit(batcher, Request(3, 1));
   auto b = Submit(batcher, Request(3, 2));
@@ -268,10 +276,13 @@ TEST_F(BatcherTest, QueuedBytesLimitRefusesWhatWouldPassIt) {
   const absl::Status refused = c.get().status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("576 bytes waiting, this request 288"));
+  clock_.Advance(absl::Milliseconds(300));
   EXPECT_TRUE(a.get().ok());
   EXPECT_TRUE(b.get().ok());
   // Computed requests give their bytes back.
-  EXPECT_TRUE(Submit(batcher, Request(3, 4)).get().ok());
+  auto d = Submit(batcher, Request(3, 4));
+  clock_.Advance(absl::Milliseconds(300));
+  EXPECT_TRUE(d.get().ok());
 }
 
 // Many client threads against two workers, with metrics read meanwhile: the
@@ -309,12 +320,12 @@ TEST_F(BatcherTest, ManyThreadsAndWorkersGetTheirOwnAnswers) {
 }
 
 TEST_F(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
-  BatcherOptions options;
-  options.max_queue_delay = absl::Milliseconds(50);
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
-  auto expired = Submit(batcher, Request(3, 1), absl::Now() + absl::Milliseconds(1));
+  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(50)), metrics_.ForModel("m"),
+                  metrics_);
+  auto expired = Submit(batcher, Request(3, 1), clock_.Now() + absl::Milliseconds(1));
   auto cancelled = Submit(batcher, Request(3, 2), absl::InfiniteFuture(), [] { return true; });
-  auto live = Submit(batcher, Request(3, 3));
+  auto live = Submit(batcher, Request(3, 3), clock_.Now() + absl::Milliseconds(60));
+  clock_.Advance(absl::Milliseconds(50));
   EXPECT_EQ(expired.get().status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(cancelled.get().status().code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(live.get().ok());
@@ -334,9 +345,8 @@ TEST_F(BatcherTest, StopComputesWhatIsQueuedThenRefuses) {
 }
 
 TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
-  BatcherOptions options;
-  options.max_queue_delay = absl::Milliseconds(100);
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(100)), metrics_.ForModel("m"),
+                  metrics_);
   v1::AttendRequest causal = Request(6, 1);
   causal.set_is_causal(true);
   v1::AttendRequest weights = Request(4, 2);
@@ -345,6 +355,7 @@ TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
   auto r1 = Submit(batcher, causal);
   auto r2 = Submit(batcher, weights);
   auto r3 = Submit(batcher, plain);
+  clock_.Advance(absl::Milliseconds(100));
   for (auto* f : {&r1, &r2, &r3}) ASSERT_TRUE(f->valid());
   absl::StatusOr<AttentionResult> a = r1.get(), b = r2.get(), c = r3.get();
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
@@ -352,6 +363,28 @@ TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
   EXPECT_TRUE(a->weights.empty());
   const std::vector<float> expected = Alone(causal);
   for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(a->output[j], expected[j], 1e-5);
+}
+
+// A request that cannot join (another signature), however large, neither
+// makes the oldest request's batch ready nor closes it: the two compatible
+// requests around it share one call.
+TEST_F(BatcherTest, OversizedRequestOfAnotherSignatureDoesNotCloseTheBatch) {
+  BatcherOptions options = Delayed(absl::Milliseconds(100));
+  options.max_batch_tokens = 100;
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  v1::AttendRequest large = Request(60, 2);  // 120 tokens: alone above the cap
+  large.set_is_causal(true);
+  auto a = Submit(batcher, Request(5, 1));
+  auto b = Submit(batcher, large);
+  auto c = Submit(batcher, Request(5, 3));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(a.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the batch closed before its delay";
+  clock_.Advance(absl::Milliseconds(100));
+  for (auto* f : {&a, &b, &c}) EXPECT_TRUE(f->get().ok());
+  const auto batches = metrics_.ForModel("m").batch_requests->Collect().histogram;
+  EXPECT_EQ(batches.sample_count, 2);  // {a, c} and {large}
+  EXPECT_EQ(batches.sample_sum, 3);
 }
 
 TEST(BatchMergeTest, MergedBatchOffsetsFollowTheRequests) {

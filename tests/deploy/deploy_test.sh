@@ -106,7 +106,7 @@ metrics="$(docker port "$project-single" 9464/tcp | head -1)"
 for _ in $(seq 40); do "$client" health --target "$grpc" >/dev/null 2>&1 && break; sleep 0.25; done
 "$client" health --target "$grpc"
 "$client" models --target "$grpc" | grep "^demo .*READY" >/dev/null || fail "demo model not READY"
-"$client" attend --target "$grpc" --model demo --random | grep "output \[1, 16, 256\]" >/dev/null ||
+"$client" attend --target "$grpc" --model demo | grep "output \[1, 16, 256\]" >/dev/null ||
   fail "attend on the container"
 curl -sf "http://$metrics/metrics" | grep '^mha_requests_total{api="mha.v1",code="OK",model="demo"} 1$' >/dev/null ||
   fail "/metrics does not count the request"

@@ -777,6 +777,11 @@ class RestrictedServerTest(ServerTestCase):
     def setUpClass(cls):
         cls.repo = tempfile.mkdtemp(prefix="mha_server_test_repo_")
         cls.models = make_repository(cls.repo, names=("demo",))
+        # The demo model again, with primitives for 8 and 12 tokens made at load.
+        shutil.copytree(DEMO_DIR, os.path.join(cls.repo, "warm"))
+        with open(os.path.join(cls.repo, "warm", "config.pbtxt"), "a") as f:
+            f.write("warmup_lengths: [8, 12]\n")
+        cls.models["warm"] = cls.models["demo"]
         cls.server = TestServer(MHA_SERVER, cls.repo, extra_flags=[
             "--max_message_bytes=100000", "--max_request_tokens=64", "--disable_batching"])
         cls.server.start()
@@ -827,6 +832,15 @@ class RestrictedServerTest(ServerTestCase):
         self.assertEqual(delta("mha_batch_requests_count"), len(queries))
         self.assertEqual(delta("mha_batch_requests_sum"), len(queries))
 
+    def test_warmed_lengths_create_no_primitive_while_serving(self):
+        name = "mha_engine_primitive_cache_misses_total"
+        for length in (8, 12):
+            query = randn(self.rng, 1, length, DEMO_E)
+            self.check_against_torch("warm", self.attend("warm", **request_fields(query)), query)
+        self.assertEqual(metric_sample(self.server.metrics(), name, model="warm"), 0)
+        query = randn(self.rng, 1, 10, DEMO_E)  # a length not warmed
+        self.check_against_torch("warm", self.attend("warm", **request_fields(query)), query)
+        self.assertGreater(metric_value(self.server.metrics(), name, model="warm"), 0)
 
 # ----------------------------------------------------------------- shutdown
 

@@ -1,0 +1,44 @@
+// MhaEngine::WarmUp and PrimitiveCacheMisses: creating at load the oneDNN
+// primitives that requests of known lengths will need, and counting those
+// created later, on the request path.
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/mha_engine.h"
+
+namespace mha {
+
+absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
+  const bool self = dims_.kdim == dims_.embed_dim && dims_.vdim == dims_.embed_dim;
+  const bool value_is_key = dims_.kdim == dims_.vdim;
+  std::unique_ptr<Workspace> ws = NewWorkspace();
+  for (const int64_t len : lengths) {
+    // Zeros: the primitives depend on the shapes only.
+    const std::vector<float> query(len * dims_.embed_dim, 0.0f);
+    const std::vector<float> key(self ? 0 : len * dims_.kdim, 0.0f);
+    const std::vector<float> value(self || value_is_key ? 0 : len * dims_.vdim, 0.0f);
+    std::vector<float> output(len * dims_.embed_dim);
+    AttentionBatch batch;
+    batch.query = query;
+    batch.key = key;
+    batch.value = value;
+    batch.q_offsets = {0, len};
+    batch.kv_offsets = {0, self ? 0 : len};
+    const absl::Status status = Run(batch, {absl::MakeSpan(output), {}, false}, *ws);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("warm-up at length ", len, ": ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t MhaEngine::PrimitiveCacheMisses() const {
+  uint64_t misses = attention_matmuls_.misses();
+  for (const auto* layer : {&qkv_, &q_, &kv_, &k_, &v_, &out_}) {
+    if (*layer != nullptr) misses += (*layer)->misses();
+  }
+  return misses;
+}
+
+}  // namespace mha
