@@ -8,25 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/tensor.h"
 
 namespace mha::client {
-namespace {
-
-float HalfBitsToFloat(uint16_t h, bool bf16) {
-  if (bf16) {
-    const uint32_t bits = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
-  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
-  if (exponent == 31) return mantissa ? NAN : sign * INFINITY;
-  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -99,11 +83,9 @@ std::vector<float> TensorValues(const v1::Tensor& t) {
     return values;
   }
   values.resize(t.data().size() / 2);
-  for (size_t i = 0; i < values.size(); ++i) {
-    uint16_t h;
-    std::memcpy(&h, t.data().data() + 2 * i, 2);
-    values[i] = HalfBitsToFloat(h, t.dtype() == v1::DATA_TYPE_BF16);
-  }
+  ConvertToFloat(t.dtype() == v1::DATA_TYPE_BF16 ? DType::kBF16 : DType::kF16,
+                 reinterpret_cast<const uint8_t*>(t.data().data()),
+                 static_cast<int64_t>(values.size()), values.data());
   return values;
 }
 

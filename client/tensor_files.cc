@@ -2,45 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/safetensors.h"
+#include "client/client_common.h"
+#include "engine/wire_dtype.h"
 
 namespace mha::client {
-namespace {
-
-v1::DataType WireDType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return v1::DATA_TYPE_FP32;
-    case DType::kF16:
-      return v1::DATA_TYPE_FP16;
-    case DType::kBF16:
-      return v1::DATA_TYPE_BF16;
-    case DType::kBool:
-      return v1::DATA_TYPE_BOOL;
-  }
-  return v1::DATA_TYPE_UNSPECIFIED;
-}
-
-absl::StatusOr<DType> FileDType(v1::DataType dtype) {
-  switch (dtype) {
-    case v1::DATA_TYPE_FP32:
-      return DType::kF32;
-    case v1::DATA_TYPE_FP16:
-      return DType::kF16;
-    case v1::DATA_TYPE_BF16:
-      return DType::kBF16;
-    case v1::DATA_TYPE_BOOL:
-      return DType::kBool;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot store dtype ", v1::DataType_Name(dtype)));
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<v1::Tensor> ReadWireTensor(const std::string& path, const std::string& name) {
   absl::StatusOr<TensorMap> tensors = ReadSafetensors(path);
@@ -55,7 +25,7 @@ absl::StatusOr<v1::Tensor> ReadWireTensor(const std::string& path, const std::st
   }
   const Tensor& t = it->second;
   v1::Tensor wire;
-  wire.set_dtype(WireDType(t.dtype()));
+  wire.set_dtype(ToWireDType(t.dtype()));
   wire.mutable_shape()->Assign(t.shape().begin(), t.shape().end());
   wire.set_data(std::string(reinterpret_cast<const char*>(t.raw()), t.num_bytes()));
   return wire;
@@ -86,8 +56,11 @@ absl::Status WriteWireTensors(const std::string& path,
                               const std::map<std::string, const v1::Tensor*>& tensors) {
   TensorMap out;
   for (const auto& [name, wire] : tensors) {
-    absl::StatusOr<DType> dtype = FileDType(wire->dtype());
-    if (!dtype.ok()) return dtype.status();
+    const std::optional<DType> dtype = FromWireDType(wire->dtype());
+    if (!dtype.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": cannot store dtype ", v1::DataType_Name(wire->dtype())));
+    }
     Tensor t(*dtype, std::vector<int64_t>(wire->shape().begin(), wire->shape().end()));
     if (t.num_bytes() != wire->data().size()) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": data does not match its shape"));
@@ -102,14 +75,10 @@ v1::Tensor ToBf16(const v1::Tensor& t) {
   if (t.dtype() != v1::DATA_TYPE_FP32) return t;
   v1::Tensor out = t;
   out.set_dtype(v1::DATA_TYPE_BF16);
-  const size_t n = t.data().size() / 4;
-  std::string data(n * 2, '\0');
-  for (size_t i = 0; i < n; ++i) {
-    float f;
-    std::memcpy(&f, t.data().data() + 4 * i, 4);
-    const uint16_t b = FloatToBf16(f);
-    std::memcpy(data.data() + 2 * i, &b, 2);
-  }
+  const std::vector<float> values = TensorValues(t);
+  std::string data(values.size() * 2, '\0');
+  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()), DType::kBF16,
+                   reinterpret_cast<uint8_t*>(data.data()));
   out.set_data(std::move(data));
   return out;
 }

@@ -39,8 +39,8 @@ absl::Status CheckMaskDtype(const MaskView& m, const char* name) {
 
 absl::Status CheckKeyValue(const AttentionDims& dims, const AttentionBatch& batch) {
   if (batch.self_attention()) {
-    if (!batch.value.empty()) {
-      return absl::InvalidArgumentError("value given without key");
+    if (!batch.key.empty() || !batch.value.empty()) {
+      return absl::InvalidArgumentError("self-attention: key and value must be empty");
     }
     if (dims.kdim != dims.embed_dim || dims.vdim != dims.embed_dim) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -57,7 +57,13 @@ absl::Status CheckKeyValue(const AttentionDims& dims, const AttentionBatch& batc
   }
   const int64_t total_kv = batch.kv_offsets.back();
   RETURN_IF_ERROR(CheckSize("key", batch.key.size(), total_kv, dims.kdim));
-  if (batch.value.empty()) {
+  if (batch.key.empty()) {
+    return absl::InvalidArgumentError("cross-attention: key has no tokens");
+  }
+  if (batch.value_is_key()) {
+    if (!batch.value.empty()) {
+      return absl::InvalidArgumentError("cross-attention with value = key: value must be empty");
+    }
     if (dims.kdim != dims.vdim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "value: required because kdim ", dims.kdim, " != vdim ", dims.vdim));

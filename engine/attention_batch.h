@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "engine/model_config.h"
+#include "engine/attention_dims.h"
 #include "engine/tensor.h"
 
 namespace mha {
@@ -24,15 +24,20 @@ struct MaskView {
   bool present() const { return data != nullptr; }
 };
 
+// What the keys and values are: the query itself (self-attention), one key
+// tensor serving as value too, or a key and a value of their own.
+enum class AttentionKind { kSelf, kCrossValueIsKey, kCross };
+
 // A ragged batch of B sequences. Sequence b owns query rows
 // [q_offsets[b], q_offsets[b+1]) and key/value rows
 // [kv_offsets[b], kv_offsets[b+1]). All pointers are borrowed for the call.
 struct AttentionBatch {
+  AttentionKind kind = AttentionKind::kSelf;
   absl::Span<const float> query;  // [total_q, embed_dim]
-  absl::Span<const float> key;    // [total_kv, kdim]; empty: self-attention
-  absl::Span<const float> value;  // [total_kv, vdim]; empty with a key: value = key
+  absl::Span<const float> key;    // [total_kv, kdim]; empty for kSelf
+  absl::Span<const float> value;  // [total_kv, vdim]; empty unless kCross
   std::vector<int64_t> q_offsets;   // B + 1 entries, from 0
-  std::vector<int64_t> kv_offsets;  // B + 1 entries; ignored for self-attention
+  std::vector<int64_t> kv_offsets;  // B + 1 entries; ignored for kSelf
 
   // One entry per key row of the batch: [total_kv].
   MaskView key_padding_mask;
@@ -45,7 +50,8 @@ struct AttentionBatch {
   // Query i of a sequence may not attend key j > i.
   bool is_causal = false;
 
-  bool self_attention() const { return key.empty(); }
+  bool self_attention() const { return kind == AttentionKind::kSelf; }
+  bool value_is_key() const { return kind == AttentionKind::kCrossValueIsKey; }
   int64_t num_sequences() const {
     return q_offsets.empty() ? 0 : static_cast<int64_t>(q_offsets.size()) - 1;
   }
@@ -59,6 +65,19 @@ struct AttentionOutputs {
   absl::Span<float> output;
   absl::Span<float> weights;
   bool per_head_weights = false;
+};
+
+// The sizes of a dense batch, all Run's memory depends on: `sequences`
+// sequences of `q_len` query rows and `kv_len` keys each (self-attention:
+// kv_len = q_len).
+struct BatchShape {
+  int64_t sequences = 0;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  bool self_attention = true;
+  bool value_is_key = true;          // cross-attention with no value of its own
+  int64_t bool_mask_elements = 0;    // BOOL mask elements (Run makes them f32)
+  bool need_weights = false;
 };
 
 // Describes a dense batch [B, L, *] / [B, S, *] as a ragged one, with masks

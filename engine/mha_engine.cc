@@ -283,7 +283,7 @@ MhaEngine::TokenMajor MhaEngine::ProjectTokens(const AttentionBatch& batch,
   q_->Run(ws, query, total_q, q);
   t.q = q, t.ldq = qk;
   const void* key = as_act(batch.key, Workspace::kKeyBf16);
-  const bool same = batch.value.empty() || batch.value.data() == batch.key.data();
+  const bool same = batch.value_is_key();
   if (same && kv_ != nullptr) {  // one product for k and v
     auto* kv = ws.Get<uint8_t>(Workspace::kProjK, total_kv * (qk + v) * act);
     kv_->Run(ws, key, total_kv, kv);

@@ -46,19 +46,6 @@ struct EngineOptions {
   int64_t tile_keys = 512;
 };
 
-// The sizes of a dense batch, all Run's memory depends on: `sequences`
-// sequences of `q_len` query rows and `kv_len` keys each (self-attention:
-// kv_len = q_len).
-struct BatchShape {
-  int64_t sequences = 0;
-  int64_t q_len = 0;
-  int64_t kv_len = 0;
-  bool self_attention = true;
-  bool value_is_key = true;          // cross-attention with no value of its own
-  int64_t bool_mask_elements = 0;    // BOOL mask elements (Run makes them f32)
-  bool need_weights = false;
-};
-
 // Owns the packed, reordered weights of one attention layer and the oneDNN
 // primitives built for it. Created once; after Create every method is const
 // and thread-safe (concurrent Run calls need one Workspace each).

@@ -20,12 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-absl::StatusOr<DType> ParseDType(const std::string& name,
-                                 const std::string& tensor) {
-  if (name == "F32") return DType::kF32;
-  if (name == "F16") return DType::kF16;
-  if (name == "BF16") return DType::kBF16;
-  if (name == "BOOL") return DType::kBool;
+absl::StatusOr<DType> FileDType(const std::string& name, const std::string& tensor) {
+  if (std::optional<DType> dtype = ParseDType(name, DTypeSpelling::kSafetensors)) return *dtype;
   return absl::InvalidArgumentError(
       absl::StrCat("tensor '", tensor, "': unsupported dtype '", name,
                    "' (expected F32, F16, BF16 or BOOL)"));
@@ -73,7 +69,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const json& value) {
     return fail("'data_offsets' must be two non-negative integers");
   Entry e;
   e.name = name;
-  ASSIGN_OR_RETURN(e.dtype, ParseDType(value["dtype"].get<std::string>(), name));
+  ASSIGN_OR_RETURN(e.dtype, FileDType(value["dtype"].get<std::string>(), name));
   ASSIGN_OR_RETURN(e.shape, ParseShape(value["shape"], name));
   e.begin = value["data_offsets"][0].get<uint64_t>();
   e.end = value["data_offsets"][1].get<uint64_t>();

@@ -23,18 +23,28 @@ size_t DTypeSize(DType dtype) {
   return 0;
 }
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kBool:
-      return "BOOL";
+namespace {
+
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kBool};
+
+// Names by DTypeSpelling, then by DType.
+constexpr const char* kDTypeNames[3][4] = {
+    {"F32", "F16", "BF16", "BOOL"},
+    {"FP32", "FP16", "BF16", "BOOL"},
+    {"DATA_TYPE_FP32", "DATA_TYPE_FP16", "DATA_TYPE_BF16", "DATA_TYPE_BOOL"},
+};
+
+}  // namespace
+
+const char* DTypeName(DType dtype, DTypeSpelling spelling) {
+  return kDTypeNames[static_cast<int>(spelling)][static_cast<int>(dtype)];
+}
+
+std::optional<DType> ParseDType(std::string_view name, DTypeSpelling spelling) {
+  for (DType dtype : kAllDTypes) {
+    if (name == DTypeName(dtype, spelling)) return dtype;
   }
-  return "?";
+  return std::nullopt;
 }
 
 absl::StatusOr<int64_t> NumElements(absl::Span<const int64_t> shape) {
@@ -105,33 +115,84 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-std::vector<float> ToFloatVector(const Tensor& t) {
-  const int64_t n = t.num_elements();
-  std::vector<float> out(static_cast<size_t>(n));
-  const uint8_t* raw = t.raw();
-  for (int64_t i = 0; i < n; ++i) {
-    switch (t.dtype()) {
-      case DType::kF32:
-        std::memcpy(&out[i], raw + 4 * i, 4);
-        break;
-      case DType::kF16:
-      case DType::kBF16: {
-        uint16_t v;
-        std::memcpy(&v, raw + 2 * i, 2);
-        out[i] = t.dtype() == DType::kF16 ? HalfToFloat(v) : Bf16ToFloat(v);
-        break;
-      }
-      case DType::kBool:
-        out[i] = raw[i] != 0 ? 1.0f : 0.0f;
-        break;
-    }
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const int32_t exponent = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mantissa = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff) {
+    return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0));
   }
+  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
+  if (exponent <= 0) {                                                // subnormal or zero
+    if (exponent < -10) return static_cast<uint16_t>(sign);
+    mantissa |= 0x800000u;
+    const int shift = 14 - exponent;
+    uint32_t half = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rest > mid || (rest == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
+  const uint32_t rest = mantissa & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into exponent
+  return static_cast<uint16_t>(sign | half);
+}
+
+void ConvertToFloat(DType dtype, const uint8_t* bytes, int64_t n, float* out) {
+  switch (dtype) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(out, bytes, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kF16:
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, bytes + 2 * i, 2);
+        out[i] = dtype == DType::kF16 ? HalfToFloat(v) : Bf16ToFloat(v);
+      }
+      return;
+    case DType::kBool:
+      for (int64_t i = 0; i < n; ++i) out[i] = bytes[i] != 0 ? 1.0f : 0.0f;
+      return;
+  }
+}
+
+void ConvertFromFloat(const float* values, int64_t n, DType dtype, uint8_t* bytes) {
+  if (dtype == DType::kF32) {
+    if (n > 0) std::memcpy(bytes, values, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]);
+    std::memcpy(bytes + 2 * i, &h, 2);
+  }
+}
+
+std::vector<float> ToFloatVector(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.num_elements()));
+  ConvertToFloat(t.dtype(), t.raw(), t.num_elements(), out.data());
   return out;
 }
 
 int64_t FirstNonFinite(absl::Span<const float> values) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+  // A branch-free pass per chunk (vectorized), the exact index only when a
+  // chunk holds a non-finite value: the check costs about a memory read.
+  constexpr size_t kChunk = 1024;
+  constexpr uint32_t kExponent = 0x7f800000u;
+  for (size_t begin = 0; begin < values.size(); begin += kChunk) {
+    const size_t end = std::min(values.size(), begin + kChunk);
+    bool any = false;
+    for (size_t i = begin; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &values[i], 4);
+      any |= (bits & kExponent) == kExponent;
+    }
+    if (!any) continue;
+    for (size_t i = begin; i < end; ++i) {
+      if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+    }
   }
   return -1;
 }

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,8 +19,14 @@ enum class DType { kF32, kF16, kBF16, kBool };
 
 // Bytes per element of `dtype` (bool: one byte).
 size_t DTypeSize(DType dtype);
-// "F32", "F16", "BF16", "BOOL": the safetensors spelling.
-const char* DTypeName(DType dtype);
+
+// The one table of dtype names, in each format's spelling: safetensors
+// ("F32", "F16", "BF16", "BOOL"), KServe v2 ("FP32", "FP16", "BF16",
+// "BOOL") and mha.v1 ("DATA_TYPE_FP32", ...).
+enum class DTypeSpelling { kSafetensors, kKserve, kMhaV1 };
+const char* DTypeName(DType dtype, DTypeSpelling spelling = DTypeSpelling::kSafetensors);
+// The dtype `name` spells, or nullopt.
+std::optional<DType> ParseDType(std::string_view name, DTypeSpelling spelling);
 
 // Number of elements of `shape`, or INVALID_ARGUMENT when a dimension is
 // negative or the product overflows int64.
@@ -54,10 +62,17 @@ class Tensor {
   std::vector<uint8_t> bytes_;
 };
 
+// The one home of the dtype conversions.
 float HalfToFloat(uint16_t h);
 float Bf16ToFloat(uint16_t b);
 // Round-to-nearest-even, NaN preserved.
 uint16_t FloatToBf16(float f);
+uint16_t FloatToHalf(float f);
+// `n` elements of `dtype` at `bytes` (little-endian, any alignment) as f32
+// (BOOL: 0/1).
+void ConvertToFloat(DType dtype, const uint8_t* bytes, int64_t n, float* out);
+// `n` f32 values as `dtype` (F32, F16 or BF16) at `bytes`.
+void ConvertFromFloat(const float* values, int64_t n, DType dtype, uint8_t* bytes);
 
 // The values of a F32, F16 or BF16 tensor as f32 (BOOL: 0/1).
 std::vector<float> ToFloatVector(const Tensor& t);

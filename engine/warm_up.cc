@@ -19,6 +19,9 @@ absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
     const std::vector<float> value(self || value_is_key ? 0 : len * dims_.vdim, 0.0f);
     std::vector<float> output(len * dims_.embed_dim);
     AttentionBatch batch;
+    batch.kind = self           ? AttentionKind::kSelf
+                 : value_is_key ? AttentionKind::kCrossValueIsKey
+                                : AttentionKind::kCross;
     batch.query = query;
     batch.key = key;
     batch.value = value;

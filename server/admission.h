@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "engine/attention_request.h"
 #include "engine/mha_engine.h"
-#include "server/request_codec.h"
 
 namespace mha::server {
 
@@ -23,15 +23,15 @@ struct RequestCost {
 
 // From the decoded request's shapes alone; `threads` is what one engine
 // call of the model uses.
-RequestCost CostOf(const DecodedRequest& request, const MhaEngine& engine, int threads);
+RequestCost CostOf(const AttentionRequest& request, const MhaEngine& engine, int threads);
 
 // RESOURCE_EXHAUSTED when the response could never be sent: above
 // `max_message_bytes`. The message names the numbers and what to change.
-absl::Status CheckResponseSize(const DecodedRequest& request, const RequestCost& cost,
+absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCost& cost,
                                int64_t max_message_bytes);
 // RESOURCE_EXHAUSTED when the request alone needs more than the memory
 // budget gives all requests in flight (`memory_capacity`).
-absl::Status CheckWorkingMemory(const DecodedRequest& request, const RequestCost& cost,
+absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCost& cost,
                                 int64_t memory_capacity);
 
 }  // namespace mha::server

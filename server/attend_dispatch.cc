@@ -62,7 +62,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   const ServedModel& model = **found;
   std::unique_ptr<PendingRequest> pending;
   try {
-    absl::StatusOr<DecodedRequest> decoded = decode(model);
+    absl::StatusOr<AttentionRequest> decoded = decode(model);
     if (!decoded.ok()) return finish(decoded.status());
     pending = std::make_unique<PendingRequest>(std::move(*decoded));
   } catch (const std::bad_alloc&) {
@@ -85,8 +85,8 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   reactor->Hold(pending->memory);
   pending->deadline = absl::FromChrono(context->deadline());
   pending->cancelled = [context] { return context->IsCancelled(); };
-  ResultLayout layout{pending->input.output_dtype, pending->input.output_shape,
-                      pending->input.weights_shape};
+  ResultLayout layout{pending->input.output_dtype(), pending->input.output_shape(),
+                      pending->input.weights_shape()};
   pending->done = [finish, respond = std::move(respond), layout = std::move(layout),
                    &model](absl::StatusOr<AttentionResult> result) {
     absl::Status status = result.status();

@@ -43,7 +43,7 @@ class CallReactor : public grpc::ServerUnaryReactor {
 
 // The shapes a response needs, taken from the decoded request.
 struct ResultLayout {
-  v1::DataType output_dtype = v1::DATA_TYPE_FP32;
+  DType output_dtype = DType::kF32;
   std::vector<int64_t> output_shape;
   std::vector<int64_t> weights_shape;  // empty unless weights were asked for
 };
@@ -54,7 +54,7 @@ struct ResultLayout {
 class AttendDispatcher {
  public:
   // Validates a call for the model found; runs on the handler thread.
-  using Decoder = std::function<absl::StatusOr<DecodedRequest>(const ServedModel&)>;
+  using Decoder = std::function<absl::StatusOr<AttentionRequest>(const ServedModel&)>;
   // Fills the response from a successful result; runs on a batcher worker.
   using Responder = std::function<void(const ServedModel&, const ResultLayout&,
                                        const AttentionResult&)>;

@@ -12,10 +12,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
   auto respond = [response](const ServedModel& model, const ResultLayout& layout,
                             const AttentionResult& result) {
     response->set_model(model.name);
-    EncodeTensor(result.output.data(), layout.output_shape, layout.output_dtype,
+    EncodeTensor(result.output, layout.output_shape, layout.output_dtype,
                  response->mutable_output());
     if (!layout.weights_shape.empty()) {
-      EncodeTensor(result.weights.data(), layout.weights_shape, v1::DATA_TYPE_FP32,
+      EncodeTensor(result.weights, layout.weights_shape, DType::kF32,
                    response->mutable_attn_weights());
     }
   };

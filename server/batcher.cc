@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/mha_engine.h"
 #include "engine/threads.h"
-#include "server/batch_merge.h"
 
 namespace mha::server {
 
@@ -49,11 +49,11 @@ absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", options_.max_queue_size, " requests waiting)"));
   }
-  if (queued_bytes_ + request->input.bytes > options_.max_queue_bytes) {
+  if (queued_bytes_ + request->input.wire_bytes() > options_.max_queue_bytes) {
     all_metrics_.CountDropped(model_, "queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this request ",
-        request->input.bytes, ", limit ", options_.max_queue_bytes, ")"));
+        request->input.wire_bytes(), ", limit ", options_.max_queue_bytes, ")"));
   }
   MemoryBudget* memory = options_.memory;
   if (memory != nullptr && !memory->TryReserveQueued(request->queued_bytes, *request->memory)) {
@@ -64,7 +64,7 @@ absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
         WithCommas(request->queued_bytes), " to wait in the queue; retry later"));
   }
   request->enqueued = clock_.Now();
-  const int64_t tokens = request->input.tokens, bytes = request->input.bytes;
+  const int64_t tokens = request->input.tokens(), bytes = request->input.wire_bytes();
   queue_.push_back(std::move(request));  // if it throws, nothing has changed
   queued_tokens_ += tokens;
   queued_bytes_ += bytes;
@@ -95,10 +95,10 @@ bool Batcher::BatchReady() const {
 }
 
 int64_t Batcher::TokensJoiningOldest() const {
-  const BatchSignature signature = BatchSignature::Of(queue_.front()->input);
+  const BatchSignature& signature = queue_.front()->signature;
   int64_t tokens = 0;
   for (const auto& r : queue_) {
-    if (BatchSignature::Of(r->input) == signature) tokens += r->input.tokens;
+    if (r->signature == signature) tokens += r->input.tokens();
     if (tokens >= max_batch_tokens_) break;
   }
   return tokens;
@@ -142,8 +142,8 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
           " more to compute; retry later"));
     }
     std::vector<std::unique_ptr<PendingRequest>> alone;
-    queued_tokens_ -= oldest.input.tokens;
-    queued_bytes_ -= oldest.input.bytes;
+    queued_tokens_ -= oldest.input.tokens();
+    queued_bytes_ -= oldest.input.wire_bytes();
     alone.push_back(std::move(queue_.front()));
     queue_.pop_front();
     metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
@@ -153,20 +153,20 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
   // while the batch has room, in tokens and in memory. Requests of another
   // signature are passed over, however large.
   std::vector<std::unique_ptr<PendingRequest>> batch;
-  const BatchSignature signature = BatchSignature::Of(queue_.front()->input);
+  const BatchSignature signature = queue_.front()->signature;
   int64_t tokens = 0;
   for (auto it = queue_.begin(); it != queue_.end();) {
-    if (!(BatchSignature::Of((*it)->input) == signature)) {
+    if (!((*it)->signature == signature)) {
       ++it;
       continue;
     }
     const bool fits = batch.empty() || (options_.enabled &&
-                                        tokens + (*it)->input.tokens <= max_batch_tokens_);
+                                        tokens + (*it)->input.tokens() <= max_batch_tokens_);
     if (!fits) break;
     if (!batch.empty() && !ReserveActive(**it)) break;
-    tokens += (*it)->input.tokens;
-    queued_tokens_ -= (*it)->input.tokens;
-    queued_bytes_ -= (*it)->input.bytes;
+    tokens += (*it)->input.tokens();
+    queued_tokens_ -= (*it)->input.tokens();
+    queued_bytes_ -= (*it)->input.wire_bytes();
     batch.push_back(std::move(*it));
     it = queue_.erase(it);
     if (!options_.enabled) break;
@@ -236,20 +236,21 @@ void Batcher::ReportPrimitiveCacheMisses() {
 
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
                           Workspace& ws, size_t& answered) {
-  std::vector<const DecodedRequest*> inputs;
+  std::vector<const AttentionRequest*> inputs;
   int64_t tokens = 0;
   for (const auto& r : live) {
     inputs.push_back(&r->input);
-    tokens += r->input.tokens;
+    tokens += r->input.tokens();
   }
-  const MergedBatch merged(inputs, engine_.dims().num_heads);
-  const int64_t rows = merged.batch().q_offsets.back();
-  const int64_t e = engine_.dims().embed_dim;
-  std::vector<float> output(rows * e), weights(merged.total_weights());
-  AttentionOutputs out{absl::MakeSpan(output), absl::MakeSpan(weights),
-                       live.front()->input.per_head_weights};
+  const RaggedBatch merged(inputs);
+  // Every element is written by the engine: no zero-fill.
+  const std::unique_ptr<float[]> output(new float[merged.output_elements()]);
+  const std::unique_ptr<float[]> weights(new float[merged.weights_elements()]);
+  const absl::Span<float> all_output(output.get(), merged.output_elements());
+  const absl::Span<float> all_weights(weights.get(), merged.weights_elements());
   const absl::Time start = absl::Now();
-  const absl::Status status = engine_.Run(merged.batch(), out, ws);
+  const absl::Status status =
+      engine_.Run(merged.batch(), {all_output, all_weights, merged.per_head_weights()}, ws);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   ReportPrimitiveCacheMisses();
   metrics_.batch_requests->Observe(static_cast<double>(live.size()));
@@ -262,25 +263,13 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
       live[i]->done(status);
       continue;
     }
-    AttentionResult result;
-    if (live.size() == 1) {  // the whole output is this request's: no copy
-      result.output = std::move(output);
-    } else {
-      result.output.assign(output.begin() + merged.output_row(i) * e,
-                           output.begin() + merged.output_row(i + 1) * e);
-    }
+    const AttentionResult result{merged.OutputOf(i, all_output), merged.WeightsOf(i, all_weights)};
     if (FirstNonFinite(result.output) >= 0) {  // finite inputs that overflow f32
       live[i]->done(absl::InvalidArgumentError(
           "inputs too large: the attention overflows float32 (non-finite result)"));
       continue;
     }
-    if (live.size() == 1) {
-      result.weights = std::move(weights);
-    } else {
-      result.weights.assign(weights.begin() + merged.weights_offset(i),
-                            weights.begin() + merged.weights_offset(i + 1));
-    }
-    live[i]->done(std::move(result));
+    live[i]->done(result);
   }
 }
 

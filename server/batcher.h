@@ -15,11 +15,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/mha_engine.h"
+#include "absl/types/span.h"
+#include "engine/attention_request.h"
+#include "engine/ragged_batch.h"
 #include "server/clock.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
-#include "server/request_codec.h"
+
+namespace mha {
+class MhaEngine;
+class Workspace;
+}  // namespace mha
 
 namespace mha::server {
 
@@ -42,19 +48,22 @@ struct BatcherOptions {
   const Clock* clock = nullptr;
 };
 
-// What a computed request gets back: f32 output and optional weights, in
-// the shapes recorded in its DecodedRequest.
+// What a computed request gets back: its f32 output and optional weights,
+// in the shapes its AttentionRequest gives, as views of the engine call's
+// outputs: valid during the `done` call only (encode them there).
 struct AttentionResult {
-  std::vector<float> output;
-  std::vector<float> weights;
+  absl::Span<const float> output;
+  absl::Span<const float> weights;
 };
 
 // One request waiting for compute. `done` is called exactly once: on a
 // worker thread, or in Enqueue's caller when the batcher refuses it.
 struct PendingRequest {
-  explicit PendingRequest(DecodedRequest in) : input(std::move(in)) {}
+  explicit PendingRequest(AttentionRequest in)
+      : input(std::move(in)), signature(BatchSignature::Of(input)) {}
 
-  DecodedRequest input;
+  AttentionRequest input;
+  BatchSignature signature;  // which requests it may share an engine call with
   absl::Time deadline = absl::InfiniteFuture();
   std::function<bool()> cancelled;  // may be empty
   std::function<void(absl::StatusOr<AttentionResult>)> done;

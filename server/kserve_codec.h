@@ -1,6 +1,7 @@
-// Translation between the KServe v2 / Open Inference Protocol messages and
-// mha.v1, so ModelInfer goes through exactly the checks, batcher and engine
-// of Attend. No gRPC calls here: pure message conversion.
+// The KServe v2 / Open Inference Protocol messages to the engine's request
+// and back: ModelInfer goes through the checks, batcher and engine of
+// Attend, with errors in KServe's words. No gRPC calls here: pure message
+// conversion.
 #ifndef MHA_SERVER_KSERVE_CODEC_H_
 #define MHA_SERVER_KSERVE_CODEC_H_
 
@@ -8,10 +9,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/attention_request.h"
 #include "engine/model_config.h"
 #include "inference/grpc_service.pb.h"
-#include "mha/v1/attention.pb.h"
 #include "server/attend_dispatch.h"
+#include "server/request_codec.h"
 
 namespace mha::server {
 
@@ -21,19 +23,17 @@ inline constexpr char kWeightsName[] = "attn_weights";
 // The one model version every model has.
 inline constexpr char kModelVersion[] = "1";
 
-// A ModelInfer request as the Attend request it means, and the outputs to
-// return, in order. Movable value type.
-struct KserveCall {
-  v1::AttendRequest attend;
-  std::vector<std::string> outputs;
-};
-
 // Maps inputs by name (query, key, value, key_padding_mask, attn_mask;
-// datatypes FP32, BF16, FP16, BOOL; raw_input_contents or typed contents),
-// the bool parameters is_causal / need_weights / per_head_weights and the
-// requested outputs. Shapes and sizes are checked later by
-// DecodeAttendRequest, as for Attend. Errors are INVALID_ARGUMENT.
-absl::StatusOr<KserveCall> KserveToAttend(const inference::ModelInferRequest& request);
+// datatypes FP32, BF16, FP16, BOOL; raw_input_contents or typed contents,
+// viewed where they are, not copied), the bool parameters is_causal /
+// need_weights / per_head_weights, and checks them against `dims` as
+// Attend does. `request` must outlive the result. `outputs` receives the
+// outputs to return, in order. Errors are INVALID_ARGUMENT (or
+// RESOURCE_EXHAUSTED above `limits`) and name KServe datatypes.
+absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
+                                                    const AttentionDims& dims,
+                                                    const RequestLimits& limits,
+                                                    std::vector<std::string>& outputs);
 
 // The response: the requested outputs, raw little-endian bytes.
 void FillInferResponse(const inference::ModelInferRequest& request,

@@ -86,14 +86,11 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
   auto* reactor = new CallReactor();
   auto outputs = std::make_shared<std::vector<std::string>>();
   auto decode = [this, request, outputs](const ServedModel& model)
-      -> absl::StatusOr<DecodedRequest> {
+      -> absl::StatusOr<AttentionRequest> {
     absl::StatusOr<const ServedModel*> versioned =
         FindVersion(request->model_name(), request->model_version());
     if (!versioned.ok()) return versioned.status();
-    absl::StatusOr<KserveCall> call = KserveToAttend(*request);
-    if (!call.ok()) return call.status();
-    *outputs = std::move(call->outputs);
-    return DecodeAttendRequest(call->attend, model.model.dims, dispatcher_.limits());
+    return DecodeInferRequest(*request, model.model.dims, dispatcher_.limits(), *outputs);
   };
   auto respond = [request, response, outputs](const ServedModel&, const ResultLayout& layout,
                                               const AttentionResult& result) {

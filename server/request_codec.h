@@ -1,14 +1,15 @@
-// Conversion between the wire tensors of mha.v1 and the engine's tensors,
-// with every check a hostile or careless client needs.
+// mha.v1's wire tensors to the engine's request, and results back to wire
+// tensors, with every check a hostile or careless client needs.
 #ifndef MHA_SERVER_REQUEST_CODEC_H_
 #define MHA_SERVER_REQUEST_CODEC_H_
 
+#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/dense_batch.h"
+#include "absl/types/span.h"
+#include "engine/attention_request.h"
 #include "engine/model_config.h"
 #include "engine/tensor.h"
 #include "mha/v1/attention.pb.h"
@@ -21,33 +22,19 @@ struct RequestLimits {
   int64_t max_message_bytes = int64_t{64} << 20;  // a response larger is never sent
 };
 
-// A decoded Attend request: validated engine inputs plus what the response
-// needs. Movable value type.
-struct DecodedRequest {
-  explicit DecodedRequest(DenseBatch b) : batch(std::move(b)) {}
+// The request's tensors as views of its bytes (`request` must outlive the
+// result), checked against the model's dimensions. Errors name the field
+// and spell dtypes as mha.v1 does, e.g. "query: dtype DATA_TYPE_BOOL,
+// expected DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_FP16".
+absl::StatusOr<AttentionRequest> DecodeAttendRequest(const v1::AttendRequest& request,
+                                                     const AttentionDims& dims,
+                                                     const RequestLimits& limits);
 
-  DenseBatch batch;
-  v1::DataType output_dtype = v1::DATA_TYPE_FP32;
-  std::vector<int64_t> output_shape;
-  std::vector<int64_t> weights_shape;  // empty unless need_weights
-  bool need_weights = false;
-  bool per_head_weights = false;
-  int64_t tokens = 0;  // query rows + key rows
-  int64_t bytes = 0;   // tensor bytes as sent (what the queue limit counts)
-};
-
-// One wire tensor as an engine tensor. `field` names it in errors, e.g.
-// "query: data has 12 bytes, expected 2 x 3 x 4 bytes (FP32) = 24".
-absl::StatusOr<Tensor> DecodeTensor(const v1::Tensor& wire, const char* field);
-
-// Validates the whole request against the model's dimensions.
-absl::StatusOr<DecodedRequest> DecodeAttendRequest(const v1::AttendRequest& request,
-                                                   const AttentionDims& dims,
-                                                   const RequestLimits& limits);
-
-// f32 values as a wire tensor of `dtype` (FP32, BF16 or FP16).
-void EncodeTensor(const float* values, const std::vector<int64_t>& shape,
-                  v1::DataType dtype, v1::Tensor* wire);
+// f32 values as little-endian bytes of `dtype` (F32, BF16 or F16) in `out`.
+void EncodeBytes(absl::Span<const float> values, DType dtype, std::string& out);
+// f32 values as a wire tensor of `dtype` (F32, BF16 or F16).
+void EncodeTensor(absl::Span<const float> values, const std::vector<int64_t>& shape, DType dtype,
+                  v1::Tensor* wire);
 
 }  // namespace mha::server
 

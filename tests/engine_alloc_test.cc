@@ -21,6 +21,7 @@ struct Request {
       : query(RandomVector(len * d.embed_dim, seed)),
         key(kv_len == 0 ? std::vector<float>{} : RandomVector(kv_len * d.kdim, seed + 1)),
         output(len * d.embed_dim) {
+    batch.kind = kv_len == 0 ? AttentionKind::kSelf : AttentionKind::kCrossValueIsKey;
     batch.query = query;
     batch.key = key;
     batch.q_offsets = {0, len};
@@ -117,6 +118,7 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
                                                : std::vector<float>{};
           const std::vector<uint8_t> padding(n * kv_len, 0);
           AttentionBatch batch;
+          batch.kind = cross ? AttentionKind::kCrossValueIsKey : AttentionKind::kSelf;
           batch.query = query;
           batch.key = key;
           SetUniformOffsets(n, len, kv_len, d.num_heads, batch);

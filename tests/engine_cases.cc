@@ -72,6 +72,9 @@ Built Build(const Case& c, uint32_t seed) {
     b.batch.kv_offsets.push_back(b.batch.kv_offsets.back() + s.kv_len);
     b.sequences.push_back(std::move(s));
   }
+  b.batch.kind = b.key.empty()     ? AttentionKind::kSelf
+                 : b.value.empty() ? AttentionKind::kCrossValueIsKey
+                                   : AttentionKind::kCross;
   b.batch.query = b.query;
   b.batch.key = b.key;
   b.batch.value = b.value;

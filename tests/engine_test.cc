@@ -256,6 +256,7 @@ TEST(EngineValidationTest, InconsistentBatchesAreRejectedWithTheFieldNamed) {
   b.batch.q_offsets = {0, 3, 2};
   expect_invalid(b, absl::MakeSpan(output), "q_offsets");
   b = Build(c, 1);
+  b.batch.kind = AttentionKind::kSelf;
   b.batch.key = {};
   b.batch.value = {};
   expect_invalid(b, absl::MakeSpan(output), "self-attention needs kdim");

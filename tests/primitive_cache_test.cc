@@ -75,6 +75,7 @@ TEST(WarmUpTest, CrossAttentionModelsWarmOverAsManyKeys) {
   const std::vector<float> value = testing::RandomVector(12 * 20, 3);
   std::vector<float> output(12 * 24);
   AttentionBatch batch;
+  batch.kind = AttentionKind::kCross;
   batch.query = query;
   batch.key = key;
   batch.value = value;

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "server/admission.h"
 #include "server/batcher.h"
+#include "server/request_codec.h"
 #include "server/memory_budget.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
@@ -24,15 +25,18 @@ constexpr int64_t kEmbed = 24;
 AttentionDims Dims() { return testing::MakeDims(kEmbed, 3); }
 
 // A decoded self-attention request of one sequence of `len` tokens.
-DecodedRequest Decoded(int64_t len, uint32_t seed, bool need_weights = false) {
-  v1::AttendRequest r;
+AttentionRequest Decoded(int64_t len, uint32_t seed, bool need_weights = false) {
+  auto owned = std::make_shared<v1::AttendRequest>();  // the request's views point into it
+  v1::AttendRequest& r = *owned;
   v1::Tensor* q = r.mutable_query();
   q->set_dtype(v1::DATA_TYPE_FP32);
   for (int64_t d : {int64_t{1}, len, kEmbed}) q->add_shape(d);
   const std::vector<float> values = testing::RandomVector(len * kEmbed, seed);
   q->set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
   r.set_need_weights(need_weights);
-  return DecodeAttendRequest(r, Dims(), {}).value();
+  AttentionRequest decoded = DecodeAttendRequest(r, Dims(), {}).value();
+  decoded.KeepAlive(std::move(owned));
+  return decoded;
 }
 
 TEST(MemoryBudgetTest, ReservationsStayWithinCapacityAndComeBack) {
@@ -69,7 +73,7 @@ TEST(MemoryBudgetTest, LimitFromTheFlagOrSeventyFivePercentOfWhatTheMachineHas) 
 
 TEST(AdmissionTest, ResponseAboveTheMessageLimitNamesTheNumbers) {
   auto engine = MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value();
-  const DecodedRequest r = Decoded(1000, 1, /*need_weights=*/true);
+  const AttentionRequest r = Decoded(1000, 1, /*need_weights=*/true);
   const RequestCost cost = CostOf(r, *engine, 1);
   // Output [1, 1000, 24] and weights [1, 1000, 1000], FP32, and framing.
   EXPECT_GE(cost.response_bytes, (1000 * 24 + 1000 * 1000) * 4);
@@ -92,14 +96,14 @@ class BudgetedBatcherTest : public ::testing::Test {
 
   // Enqueues a request holding `queued` bytes while it waits and needing
   // `active` more to compute.
-  std::future<absl::StatusOr<AttentionResult>> Submit(Batcher& b, int64_t queued,
-                                                      int64_t active, uint32_t seed) {
-    auto promise = std::make_shared<std::promise<absl::StatusOr<AttentionResult>>>();
+  // The outcome only: the result's views live during `done`.
+  std::future<absl::Status> Submit(Batcher& b, int64_t queued, int64_t active, uint32_t seed) {
+    auto promise = std::make_shared<std::promise<absl::Status>>();
     auto p = std::make_unique<PendingRequest>(Decoded(8, seed));
     p->queued_bytes = queued;
     p->active_bytes = active;
     p->done = [promise](absl::StatusOr<AttentionResult> result) {
-      promise->set_value(std::move(result));
+      promise->set_value(result.status());
     };
     b.Enqueue(std::move(p));  // a refusal comes through done, at once
     return promise->get_future();
@@ -125,7 +129,7 @@ TEST_F(BudgetedBatcherTest, BatchesAreFormedWithinTheBudget) {
   options.max_queue_delay = absl::Milliseconds(100);
   options.clock = &clock_;
   Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
-  std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+  std::vector<std::future<absl::Status>> results;
   for (uint32_t i = 0; i < 4; ++i) results.push_back(Submit(batcher, 100, 1000, i));
   clock_.Advance(absl::Milliseconds(100));
   for (auto& r : results) EXPECT_TRUE(r.get().ok());
@@ -149,12 +153,12 @@ TEST_F(BudgetedBatcherTest, RequestThatNothingWillMakeRoomForIsRefused) {
   auto b = Submit(batcher, 500, 450, 2);  // 950 alone, but c's queued bytes stay
   auto c = Submit(batcher, 300, 50, 3);
   auto d = Submit(batcher, 200, 10, 4);   // 900 queued already: does not fit
-  const absl::Status at_enqueue = d.get().status();
+  const absl::Status at_enqueue = d.get();
   EXPECT_EQ(at_enqueue.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(at_enqueue.message(), HasSubstr("to wait in the queue"));
   clock_.Advance(absl::Milliseconds(100));
   EXPECT_TRUE(a.get().ok());
-  const absl::Status at_batch = b.get().status();
+  const absl::Status at_batch = b.get();
   EXPECT_EQ(at_batch.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(at_batch.message(), HasSubstr("more to compute"));
   EXPECT_TRUE(c.get().ok());

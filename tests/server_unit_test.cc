@@ -10,7 +10,7 @@
 #include "engine/mha_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/batch_merge.h"
+#include "engine/wire_dtype.h"
 #include "server/batcher.h"
 #include "server/request_codec.h"
 #include "tests/manual_clock.h"
@@ -56,12 +56,17 @@ absl::Status DecodeError(const v1::AttendRequest& r) {
   return DecodeAttendRequest(r, Dims(), RequestLimits{}).status();
 }
 
-TEST(RequestCodecTest, DecodesAValidRequest) {
-  absl::StatusOr<DecodedRequest> d = DecodeAttendRequest(Request(5, 1, true), Dims(), {});
+TEST(RequestCodecTest, DecodesAValidRequestAsViewsOfItsBytes) {
+  const v1::AttendRequest request = Request(5, 1, true);
+  absl::StatusOr<AttentionRequest> d = DecodeAttendRequest(request, Dims(), {});
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->tokens, 10);
-  EXPECT_EQ(d->output_shape, (std::vector<int64_t>{1, 5, 24}));
-  EXPECT_TRUE(d->batch.batch().key_padding_mask.present());
+  EXPECT_EQ(d->kind(), AttentionKind::kSelf);
+  EXPECT_EQ(d->tokens(), 10);
+  EXPECT_EQ(d->output_shape(), (std::vector<int64_t>{1, 5, 24}));
+  EXPECT_EQ(d->output_dtype(), DType::kF32);
+  EXPECT_TRUE(d->batch().key_padding_mask.present());
+  EXPECT_EQ(static_cast<const void*>(d->batch().query.data()), request.query().data().data());
+  EXPECT_EQ(d->batch().key_padding_mask.data, request.key_padding_mask().data().data());
 }
 
 TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
@@ -114,10 +119,9 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
       {"mask dtype",
        [](auto& r) {
          *r.mutable_attn_mask() = Wire({5, 5}, std::vector<float>(25));
-         r.mutable_attn_mask()->set_dtype(v1::DATA_TYPE_FP16);
-         r.mutable_attn_mask()->mutable_data()->resize(50);
+         r.mutable_attn_mask()->set_dtype(v1::DATA_TYPE_UNSPECIFIED);
        },
-       absl::StatusCode::kInvalidArgument, "attn_mask: dtype F16"},
+       absl::StatusCode::kInvalidArgument, "attn_mask: dtype DATA_TYPE_UNSPECIFIED is not one of"},
       {"attn mask shape", [](auto& r) { *r.mutable_attn_mask() = BoolWire({5, 4}, std::vector<uint8_t>(20)); },
        absl::StatusCode::kInvalidArgument, "attn_mask: expected shape [5, 5] or [3, 5, 5]"},
   };
@@ -131,23 +135,37 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
 }
 
 TEST(RequestCodecTest, TooManyTokensIsResourceExhausted) {
-  absl::StatusOr<DecodedRequest> d =
-      DecodeAttendRequest(Request(8, 1), Dims(), RequestLimits{.max_tokens = 10});
+  const v1::AttendRequest request = Request(8, 1);
+  absl::StatusOr<AttentionRequest> d =
+      DecodeAttendRequest(request, Dims(), RequestLimits{.max_tokens = 10});
   EXPECT_EQ(d.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(RequestCodecTest, EncodesHalfTypesThatDecodeBack) {
   const std::vector<float> values = {1.0f, -2.5f, 0.333f, 65504.0f, 1e-6f, 0.0f};
-  for (v1::DataType dtype : {v1::DATA_TYPE_BF16, v1::DATA_TYPE_FP16}) {
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
     v1::Tensor wire;
-    EncodeTensor(values.data(), {6}, dtype, &wire);
-    absl::StatusOr<Tensor> back = DecodeTensor(wire, "t");
-    ASSERT_TRUE(back.ok()) << back.status();
-    const std::vector<float> got = ToFloatVector(*back);
+    EncodeTensor(values, {6}, dtype, &wire);
+    EXPECT_EQ(wire.dtype(), ToWireDType(dtype));
+    ASSERT_EQ(wire.data().size(), 12u);
+    std::vector<float> got(6);
+    ConvertToFloat(dtype, reinterpret_cast<const uint8_t*>(wire.data().data()), 6, got.data());
     for (size_t i = 0; i < values.size(); ++i) {
-      EXPECT_NEAR(got[i], values[i], std::fabs(values[i]) * 1e-2 + 1e-7) << i << " " << dtype;
+      EXPECT_NEAR(got[i], values[i], std::fabs(values[i]) * 1e-2 + 1e-7) << i << " " << DTypeName(dtype);
     }
   }
+}
+
+// A result copied out of the engine call's buffers (which live only
+// during `done`).
+struct Answer {
+  std::vector<float> output, weights;
+};
+
+absl::StatusOr<Answer> Keep(const absl::StatusOr<AttentionResult>& result) {
+  if (!result.ok()) return result.status();
+  return Answer{{result->output.begin(), result->output.end()},
+                {result->weights.begin(), result->weights.end()}};
 }
 
 // An engine, metrics and decoded requests for batcher tests.
@@ -157,29 +175,33 @@ class BatcherTest : public ::testing::Test {
     engine_ = MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value();
   }
 
-  DecodedRequest Decode(const v1::AttendRequest& r) {
-    return DecodeAttendRequest(r, Dims(), {}).value();
+  // The decoded request, keeping a copy of the message its views point into.
+  AttentionRequest Decode(const v1::AttendRequest& r) {
+    auto owned = std::make_shared<v1::AttendRequest>(r);
+    AttentionRequest d = DecodeAttendRequest(*owned, Dims(), {}).value();
+    d.KeepAlive(std::move(owned));
+    return d;
   }
 
   // The answer of one request computed alone.
   std::vector<float> Alone(const v1::AttendRequest& r) {
-    DecodedRequest d = Decode(r);
-    std::vector<float> out(d.batch.batch().q_offsets.back() * 24);
+    AttentionRequest d = Decode(r);
+    std::vector<float> out(d.output_elements());
     auto ws = engine_->NewWorkspace();
-    EXPECT_TRUE(engine_->Run(d.batch.batch(), {absl::MakeSpan(out), {}, false}, *ws).ok());
+    EXPECT_TRUE(engine_->Run(d.batch(), {absl::MakeSpan(out), {}, false}, *ws).ok());
     return out;
   }
 
   // Enqueues and returns a future of the result.
-  std::future<absl::StatusOr<AttentionResult>> Submit(
+  std::future<absl::StatusOr<Answer>> Submit(
       Batcher& b, const v1::AttendRequest& r, absl::Time deadline = absl::InfiniteFuture(),
       std::function<bool()> cancelled = {}) {
-    auto promise = std::make_shared<std::promise<absl::StatusOr<AttentionResult>>>();
+    auto promise = std::make_shared<std::promise<absl::StatusOr<Answer>>>();
     auto p = std::make_unique<PendingRequest>(Decode(r));
     p->deadline = deadline;
     p->cancelled = std::move(cancelled);
     p->done = [promise](absl::StatusOr<AttentionResult> result) {
-      promise->set_value(std::move(result));
+      promise->set_value(Keep(result));
     };
     b.Enqueue(std::move(p));  // a refusal comes through done, at once
     return promise->get_future();
@@ -206,14 +228,14 @@ TEST_F(BatcherTest, ConcurrentRequestsShareEngineCallsAndGetTheirOwnAnswers) {
   Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(200)), metrics_.ForModel("m"),
                   metrics_);
   std::vector<v1::AttendRequest> requests;
-  std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+  std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 8; ++i) {
     requests.push_back(Request(1 + 3 * i, 10 + i, /*key_padding=*/i % 2 == 0));
     results.push_back(Submit(batcher, requests.back()));
   }
   clock_.Advance(absl::Milliseconds(200));
   for (int i = 0; i < 8; ++i) {
-    absl::StatusOr<AttentionResult> r = results[i].get();
+    absl::StatusOr<Answer> r = results[i].get();
     ASSERT_TRUE(r.ok()) << r.status();
     const std::vector<float> expected = Alone(requests[i]);
     ASSERT_EQ(r->output.size(), expected.size());
@@ -226,7 +248,7 @@ TEST_F(BatcherTest, BatchingOffRunsOneRequestPerCall) {
   BatcherOptions options;
   options.enabled = false;
   Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
-  std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+  std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 5; ++i) results.push_back(Submit(batcher, Request(4, i)));
   for (auto& r : results) EXPECT_TRUE(r.get().ok());
   EXPECT_EQ(BatchCount(), 5);
@@ -242,7 +264,7 @@ TEST_F(BatcherTest, DefaultTokenCapIs1024PerThreadOfACall) {
     options.compute_threads = threads;
     options.max_queue_delay = absl::Seconds(30);
     Batcher batcher("m", *engine_, options, metrics.ForModel("m"), metrics);
-    std::vector<std::future<absl::StatusOr<AttentionResult>>> results;
+    std::vector<std::future<absl::StatusOr<Answer>>> results;
     for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(200, i)));
     batcher.Stop();
     for (auto& r : results) EXPECT_TRUE(r.get().ok());
@@ -302,7 +324,7 @@ TEST_F(BatcherTest, ManyThreadsAndWorkersGetTheirOwnAnswers) {
     clients.emplace_back([&, t] {
       for (int i = 0; i < 12; ++i) {
         const v1::AttendRequest r = Request(1 + (t + i) % 7, 100 * t + i, i % 3 == 0);
-        absl::StatusOr<AttentionResult> got = Submit(batcher, r).get();
+        absl::StatusOr<Answer> got = Submit(batcher, r).get();
         if (!got.ok()) continue;
         const std::vector<float> expected = Alone(r);
         bool same = got->output.size() == expected.size();
@@ -357,7 +379,7 @@ TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
   auto r3 = Submit(batcher, plain);
   clock_.Advance(absl::Milliseconds(100));
   for (auto* f : {&r1, &r2, &r3}) ASSERT_TRUE(f->valid());
-  absl::StatusOr<AttentionResult> a = r1.get(), b = r2.get(), c = r3.get();
+  absl::StatusOr<Answer> a = r1.get(), b = r2.get(), c = r3.get();
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(b->weights.size(), 4u * 4u);
   EXPECT_TRUE(a->weights.empty());
@@ -387,39 +409,11 @@ TEST_F(BatcherTest, OversizedRequestOfAnotherSignatureDoesNotCloseTheBatch) {
   EXPECT_EQ(batches.sample_sum, 3);
 }
 
-TEST(BatchMergeTest, MergedBatchOffsetsFollowTheRequests) {
-  const AttentionDims d = Dims();
-  DecodedRequest a = DecodeAttendRequest(Request(3, 1, true), d, {}).value();
-  DecodedRequest b = DecodeAttendRequest(Request(5, 2, false), d, {}).value();
-  const MergedBatch merged({&a, &b}, d.num_heads);
-  EXPECT_EQ(merged.batch().q_offsets, (std::vector<int64_t>{0, 3, 8}));
-  EXPECT_EQ(merged.output_row(1), 3);
-  // b had no padding mask: zeros (not masked) where a had its mask.
-  ASSERT_TRUE(merged.batch().key_padding_mask.present());
-  const auto* kpm = static_cast<const float*>(merged.batch().key_padding_mask.data);
-  EXPECT_TRUE(std::isinf(kpm[0]));
-  for (int i = 3; i < 8; ++i) EXPECT_EQ(kpm[i], 0.0f);
-}
-
-// A batch of one request computes on that request's own inputs (no copy)
-// and gives the same numbers as the request alone, weights included.
-TEST(BatchMergeTest, OneRequestIsBorrowedNotCopied) {
-  const AttentionDims d = Dims();
-  v1::AttendRequest request = Request(4, 3, true);
-  request.set_need_weights(true);
-  DecodedRequest a = DecodeAttendRequest(request, d, {}).value();
-  const MergedBatch merged({&a}, d.num_heads);
-  EXPECT_EQ(merged.batch().query.data(), a.batch.batch().query.data());
-  EXPECT_EQ(merged.batch().key_padding_mask.data, a.batch.batch().key_padding_mask.data);
-  EXPECT_EQ(merged.output_row(1), 4);
-  EXPECT_EQ(merged.total_weights(), 4 * 4);
-}
-
 TEST_F(BatcherTest, LoneRequestWithWeightsMatchesTheEngineAlone) {
   Batcher batcher("m", *engine_, BatcherOptions{}, metrics_.ForModel("m"), metrics_);
   v1::AttendRequest request = Request(6, 4, true);
   request.set_need_weights(true);
-  const absl::StatusOr<AttentionResult> r = Submit(batcher, request).get();
+  const absl::StatusOr<Answer> r = Submit(batcher, request).get();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->weights.size(), 6u * 6u);
   const std::vector<float> expected = Alone(request);

@@ -1,6 +1,8 @@
 // mha_run: runs one model folder on tensors from a safetensors file and
 // writes the results to another. The offline door to the engine.
 #include <cstdio>
+#include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -9,7 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/dense_batch.h"
+#include "engine/attention_request.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/status_macros.h"
@@ -25,51 +27,52 @@ ABSL_FLAG(bool, per_head_weights, false, "attn_weights per head instead of avera
 namespace mha {
 namespace {
 
-absl::StatusOr<DenseInputs> TakeInputs(TensorMap tensors, bool is_causal) {
-  DenseInputs in;
-  auto take = [&](const char* name) -> std::optional<Tensor> {
+// The tensors of the inputs file by name, and views of them for the request.
+absl::StatusOr<RequestInputs> TakeInputs(const TensorMap& tensors) {
+  for (const auto& [name, tensor] : tensors) {
+    if (name != "query" && name != "key" && name != "value" && name != "key_padding_mask" &&
+        name != "attn_mask") {
+      return absl::InvalidArgumentError(absl::StrCat("inputs: unknown tensor '", name, "'"));
+    }
+  }
+  auto view = [&](const char* name) -> std::optional<TensorView> {
     auto it = tensors.find(name);
     if (it == tensors.end()) return std::nullopt;
-    Tensor t = std::move(it->second);
-    tensors.erase(it);
-    return t;
+    return ViewOf(it->second);
   };
-  std::optional<Tensor> query = take("query");
+  RequestInputs in;
+  std::optional<TensorView> query = view("query");
   if (!query.has_value()) return absl::InvalidArgumentError("inputs: missing tensor 'query'");
-  in.query = std::move(*query);
-  in.key = take("key");
-  in.value = take("value");
-  in.key_padding_mask = take("key_padding_mask");
-  in.attn_mask = take("attn_mask");
-  in.is_causal = is_causal;
-  if (!tensors.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inputs: unknown tensor '", tensors.begin()->first, "'"));
-  }
+  in.query = *std::move(query);
+  in.key = view("key");
+  in.value = view("value");
+  in.key_padding_mask = view("key_padding_mask");
+  in.attn_mask = view("attn_mask");
+  in.is_causal = absl::GetFlag(FLAGS_is_causal);
+  in.need_weights = absl::GetFlag(FLAGS_need_weights);
+  in.per_head_weights = absl::GetFlag(FLAGS_per_head_weights);
   return in;
 }
 
 absl::Status RunOnce() {
   ASSIGN_OR_RETURN(LoadedModel model, LoadModel(absl::GetFlag(FLAGS_model)));
   ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(absl::GetFlag(FLAGS_inputs)));
-  ASSIGN_OR_RETURN(DenseInputs inputs,
-                   TakeInputs(std::move(tensors), absl::GetFlag(FLAGS_is_causal)));
-  ASSIGN_OR_RETURN(DenseBatch dense, DenseBatch::Create(model.dims, std::move(inputs)));
-
-  const bool need_weights = absl::GetFlag(FLAGS_need_weights);
-  const bool per_head = absl::GetFlag(FLAGS_per_head_weights);
+  ASSIGN_OR_RETURN(RequestInputs inputs, TakeInputs(tensors));
+  ASSIGN_OR_RETURN(AttentionRequest request,
+                   AttentionRequest::Create(model.dims, inputs, std::numeric_limits<int64_t>::max(),
+                                            DTypeSpelling::kSafetensors));
+  // Results in f32, whatever the inputs' dtype.
   TensorMap results;
-  Tensor& output = results["output"] = Tensor(DType::kF32, dense.OutputShape());
+  Tensor& output = results["output"] = Tensor(DType::kF32, request.output_shape());
   AttentionOutputs out;
   out.output = absl::Span<float>(output.f32(), output.num_elements());
-  out.per_head_weights = per_head;
-  if (need_weights) {
-    Tensor& weights = results["attn_weights"] =
-        Tensor(DType::kF32, dense.WeightsShape(per_head));
+  out.per_head_weights = request.per_head_weights();
+  if (request.need_weights()) {
+    Tensor& weights = results["attn_weights"] = Tensor(DType::kF32, request.weights_shape());
     out.weights = absl::Span<float>(weights.f32(), weights.num_elements());
   }
   std::unique_ptr<Workspace> ws = model.engine->NewWorkspace();
-  RETURN_IF_ERROR(model.engine->Run(dense.batch(), out, *ws));
+  RETURN_IF_ERROR(model.engine->Run(request.batch(), out, *ws));
   if (FirstNonFinite(out.output) >= 0) {
     return absl::InvalidArgumentError(
         "inputs too large or not finite: the output has NaN or infinite values");

@@ -207,7 +207,10 @@ void BenchOverhead(bool bf16) {
         const int64_t kv = cross ? 145 - len : len;
         AttentionBatch batch;
         batch.query = absl::MakeConstSpan(data.data(), len * 256);
-        if (cross) batch.key = absl::MakeConstSpan(data.data(), kv * 256);
+        if (cross) {
+          batch.kind = AttentionKind::kCrossValueIsKey;
+          batch.key = absl::MakeConstSpan(data.data(), kv * 256);
+        }
         SetUniformOffsets(1, len, kv, 4, batch);
         const testing::AllocationCounts before = testing::CurrentAllocationCounts();
         const auto start = std::chrono::steady_clock::now();
@@ -257,6 +260,7 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
   const std::vector<float> memory =
       testing::RandomVector(s.kv_len == 0 ? 0 : s.batch * kv_len * s.embed_dim, 3);
   AttentionBatch batch;
+  batch.kind = memory.empty() ? AttentionKind::kSelf : AttentionKind::kCrossValueIsKey;
   batch.query = query;
   batch.key = memory;  // value = key: the usual encoder memory
   SetUniformOffsets(s.batch, s.q_len, kv_len, s.heads, batch);

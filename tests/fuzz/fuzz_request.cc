@@ -2,10 +2,11 @@
 // the server's checks and, when valid, through the engine of a small
 // cross-attention model and a small self-attention model. Built a second
 // time as fuzz_kserve (MHA_FUZZ_KSERVE): the bytes are a KServe v2
-// ModelInferRequest, translated as ModelInfer does first.
+// ModelInferRequest, decoded as ModelInfer decodes it.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/mha_engine.h"
@@ -34,16 +35,17 @@ Model MakeModel(int64_t kdim, bool extras) {
   return m;
 }
 
-void RunOn(Model& m, const mha::v1::AttendRequest& request) {
-  const mha::server::RequestLimits limits{.max_tokens = 4096};
-  absl::StatusOr<mha::server::DecodedRequest> d =
-      mha::server::DecodeAttendRequest(request, m.dims, limits);
+constexpr mha::server::RequestLimits kLimits{.max_tokens = 4096};
+
+void RunOn(Model& m, const absl::StatusOr<mha::AttentionRequest>& d) {
   if (!d.ok()) return;
-  const mha::AttentionBatch& batch = d->batch.batch();
-  std::vector<float> output(batch.q_offsets.back() * m.dims.embed_dim);
-  std::vector<float> weights(d->need_weights
-                                 ? m.engine->WeightsElements(batch, d->per_head_weights)
-                                 : 0);
+  const mha::AttentionBatch& batch = d->batch();
+  std::vector<float> output(d->output_elements());
+  std::vector<float> weights(d->weights_elements());
+  if (d->need_weights() &&
+      static_cast<int64_t>(weights.size()) != m.engine->WeightsElements(batch, d->per_head_weights())) {
+    __builtin_trap();
+  }
   // Admission's cost, from the shapes alone, must bound what the call
   // really takes: the response's bytes, and a fresh workspace's.
   const mha::server::RequestCost cost = mha::server::CostOf(*d, *m.engine, mha::AvailableCores());
@@ -52,7 +54,7 @@ void RunOn(Model& m, const mha::v1::AttendRequest& request) {
   }
   m.ws->ReleaseIfAbove(0);
   const absl::Status s = m.engine->Run(
-      batch, {absl::MakeSpan(output), absl::MakeSpan(weights), d->per_head_weights}, *m.ws);
+      batch, {absl::MakeSpan(output), absl::MakeSpan(weights), d->per_head_weights()}, *m.ws);
   // A request the codec accepted must compute.
   if (!s.ok()) __builtin_trap();
   if (static_cast<int64_t>(m.ws->bytes_held()) > cost.active_bytes) __builtin_trap();
@@ -73,14 +75,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #ifdef MHA_FUZZ_KSERVE
   inference::ModelInferRequest infer;
   if (!infer.ParseFromArray(data, static_cast<int>(size))) return 0;
-  absl::StatusOr<mha::server::KserveCall> call = mha::server::KserveToAttend(infer);
-  if (!call.ok()) return 0;
-  const mha::v1::AttendRequest& request = call->attend;
+  std::vector<std::string> outputs;
+  for (Model* m : {&self, &cross}) {
+    RunOn(*m, mha::server::DecodeInferRequest(infer, m->dims, kLimits, outputs));
+  }
 #else
   mha::v1::AttendRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  for (Model* m : {&self, &cross}) {
+    RunOn(*m, mha::server::DecodeAttendRequest(request, m->dims, kLimits));
+  }
 #endif
-  RunOn(self, request);
-  RunOn(cross, request);
   return 0;
 }

@@ -548,7 +548,7 @@ class SharedServerTest(ServerTestCase):
              INVALID, "value: expected shape [2, 5, 20], got [2, 4, 20]"),
             ("bool key", pb.AttendRequest(model="cross", query=tensor(pb, cfg, cq),
                                           key=tensor(pb, cfg, ck > 0), value=tensor(pb, cfg, cv)),
-             INVALID, "key: dtype BOOL"),
+             INVALID, "key: dtype DATA_TYPE_BOOL"),
         ]
         for name, request, code, part in cases:
             with self.subTest(name):

@@ -1,0 +1,37 @@
+// The dimensions of one attention layer, as the engine computes with them:
+// no protobuf, so that code that only needs the shapes does not see the
+// config format.
+#ifndef MHA_ENGINE_ATTENTION_DIMS_H_
+#define MHA_ENGINE_ATTENTION_DIMS_H_
+
+#include <cstdint>
+
+namespace mha {
+
+// The attention layer's shape after defaults are applied. Plain value type.
+struct AttentionDims {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 0;
+  int64_t kdim = 0;
+  int64_t vdim = 0;
+  int64_t qk_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool bias = true;
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  bool bf16 = false;
+  bool post_norm = false;
+  float norm_eps = 1e-5f;
+
+  int64_t qk_width() const { return num_heads * qk_head_dim; }
+  int64_t v_width() const { return num_heads * v_head_dim; }
+  // Extra key positions appended to every sequence (bias_kv, zero_attn).
+  int64_t extra_keys() const { return (add_bias_kv ? 1 : 0) + (add_zero_attn ? 1 : 0); }
+};
+
+// Largest width accepted for any dimension; bounds memory a config can ask for.
+inline constexpr int64_t kMaxModelDim = 65536;
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_ATTENTION_DIMS_H_
