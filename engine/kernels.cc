@@ -8,16 +8,8 @@
 #include <limits>
 
 #include "engine/avx512_kernels.h"
+#include "engine/multiversion.h"
 
-// Each hot loop is compiled for AVX-512, AVX2 and the baseline; the loader
-// picks the best the CPU has. Not under ThreadSanitizer: the loader runs the
-// (instrumented) resolvers before the TSan runtime exists and crashes.
-#if defined(__SANITIZE_THREAD__)
-#define MHA_MULTIVERSION
-#else
-#define MHA_MULTIVERSION \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 // Bodies shared by several multiversioned functions: inlined into each clone,
 // so each is compiled for that clone's instruction set.
 #define MHA_INLINE inline __attribute__((always_inline))
@@ -26,6 +18,14 @@ namespace mha {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Softmax over fewer scores than this runs on the calling thread: below it
+// waking the OpenMP team costs more than the rows.
+constexpr int64_t kParallelSoftmaxScores = int64_t{1} << 15;
+
+// SmallContextBf16 accumulates a context row this many columns at a time
+// (an f32 accumulator on the stack).
+constexpr int64_t kContextChunkCols = 1024;
 
 // exp(x), written so the compiler vectorises it: to ~2 ulp, or with kBf16
 // to ~4e-6 relative (a degree-4 polynomial, ~30 % cheaper: enough for
@@ -167,7 +167,7 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
                    const SoftmaxMasks& m, uint16_t* bf16_out, bool f32_probs) {
   const int64_t total_rows = heads * rows;
   const auto row_fn = bf16_out != nullptr && !f32_probs ? SoftmaxRowBf16Only : SoftmaxRow;
-  const bool parallel = total_rows * cols >= (1 << 15);
+  const bool parallel = total_rows * cols >= kParallelSoftmaxScores;
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t hr = 0; hr < total_rows; ++hr) {
     const int64_t h = hr / rows, r = hr % rows;
@@ -419,11 +419,11 @@ void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_
 MHA_MULTIVERSION
 void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
                       int64_t rows, int64_t cols, int64_t dv) {
-  float acc[1024];  // dv is at most kMaxModelDim / heads in practice; chunked below
+  float acc[kContextChunkCols];
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t c0 = 0; c0 < dv; c0 += 1024) {
-        const int64_t n = std::min<int64_t>(1024, dv - c0);
+      for (int64_t c0 = 0; c0 < dv; c0 += kContextChunkCols) {
+        const int64_t n = std::min<int64_t>(kContextChunkCols, dv - c0);
         for (int64_t c = 0; c < n; ++c) acc[c] = 0.0f;
         for (int64_t j = 0; j < cols; ++j) {
           const float p = probs[(b * rows + i) * cols + j];

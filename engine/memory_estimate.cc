@@ -1,9 +1,9 @@
-// MhaEngine::ScratchBytes: the workspace a Run needs, from the shape alone.
+// EngineImpl::ScratchBytes: the workspace a Run needs, from the shape alone.
 // It follows Compute slot by slot (see Workspace::Slot); the engine tests
 // check it against what a fresh workspace really holds after the run.
 #include <algorithm>
 
-#include "engine/mha_engine.h"
+#include "engine/engine_impl.h"
 
 namespace mha {
 namespace {
@@ -22,7 +22,7 @@ constexpr int64_t kOnednnScratchpadAllowance = int64_t{4} << 20;
 
 }  // namespace
 
-int64_t MhaEngine::ScratchBytes(const BatchShape& shape, int threads) const {
+int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t act = dims_.bf16 ? 2 : 4;
   const int64_t h = dims_.num_heads, dv = dims_.v_head_dim;
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), e = dims_.embed_dim;

@@ -9,13 +9,16 @@
 #include <omp.h>
 
 #include "absl/strings/str_cat.h"
+#include "engine/engine_impl.h"
 #include "engine/kernels.h"
+#include "engine/threads.h"
 #include "engine/status_macros.h"
 
 namespace mha {
 namespace {
 
 using dims = dnnl::memory::dims;
+using onednn::dt;
 
 size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
 
@@ -84,7 +87,7 @@ absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
 // keys with the bias_kv / zero_attn positions appended, S'_b = S_b + extra),
 // and context [h, L_b, dv] like q. Contiguous heads let oneDNN use its
 // fastest (brgemm / AMX) kernels for the attention products.
-struct MhaEngine::Projected {
+struct EngineImpl::Projected {
   uint8_t* q = nullptr;
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
@@ -95,7 +98,7 @@ struct MhaEngine::Projected {
 };
 
 // Token-major projections as the linear layers wrote them.
-struct MhaEngine::TokenMajor {
+struct EngineImpl::TokenMajor {
   const uint8_t* q = nullptr;
   const uint8_t* k = nullptr;
   const uint8_t* v = nullptr;
@@ -104,7 +107,7 @@ struct MhaEngine::TokenMajor {
 
 // `count` consecutive sequences of equal lengths, query rows [row0, row0+rows),
 // heads [head0, head0+heads).
-struct MhaEngine::Block {
+struct EngineImpl::Block {
   int64_t first_seq = 0, count = 1;
   int64_t head0 = 0, heads = 1;
   int64_t q_len = 0, kv_len = 0;  // kv_len counts the appended key positions
@@ -112,8 +115,8 @@ struct MhaEngine::Block {
   int64_t weights_offset = 0;  // first sequence's weights in the output
 };
 
-MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w,
-                     const EngineOptions& options)
+EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
+                       const EngineOptions& options)
     : dims_(dims),
       options_(options),
       engine_(dnnl::engine::kind::cpu, 0),
@@ -172,12 +175,20 @@ MhaEngine::MhaEngine(const AttentionDims& dims, const PackedWeights& w,
   }
 }
 
+MhaEngine::MhaEngine(std::unique_ptr<const EngineImpl> impl) : impl_(std::move(impl)) {}
+MhaEngine::~MhaEngine() = default;
+
 absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
     const AttentionDims& dims, const PackedWeights& weights,
     const EngineOptions& options) {
   RETURN_IF_ERROR(CheckWeightSizes(dims, weights));
+  // Where oneDNN has no bf16 kernels, a bf16 model computes in fp32: the
+  // same answers, more precise (the caller can tell from dims().bf16).
+  AttentionDims computed = dims;
+  if (computed.bf16 && !CpuCanComputeBf16()) computed.bf16 = false;
   try {
-    return std::unique_ptr<MhaEngine>(new MhaEngine(dims, weights, options));
+    return std::unique_ptr<MhaEngine>(
+        new MhaEngine(std::make_unique<const EngineImpl>(computed, weights, options)));
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
   } catch (const std::exception& e) {
@@ -185,11 +196,29 @@ absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
   }
 }
 
-int64_t MhaEngine::ScoreCap() const {
+std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const { return impl_->NewWorkspace(); }
+
+bool MhaEngine::ReleaseLargeWorkspace(Workspace& ws) {
+  return ws.ReleaseIfAbove(kWorkspaceKeepBytes);
+}
+
+int64_t MhaEngine::WeightsElements(const AttentionBatch& batch, bool per_head) const {
+  return impl_->WeightsElements(batch, per_head);
+}
+
+int64_t MhaEngine::ScratchBytes(const BatchShape& shape, int threads) const {
+  return impl_->ScratchBytes(shape, threads);
+}
+
+uint64_t MhaEngine::PrimitiveCacheMisses() const { return impl_->PrimitiveCacheMisses(); }
+
+const AttentionDims& MhaEngine::dims() const { return impl_->dims(); }
+
+int64_t EngineImpl::ScoreCap() const {
   return std::max<int64_t>(1, options_.max_score_bytes / static_cast<int64_t>(sizeof(float)));
 }
 
-int64_t MhaEngine::RowsPerBlock(int64_t q_len, int64_t kv_len) const {
+int64_t EngineImpl::RowsPerBlock(int64_t q_len, int64_t kv_len) const {
   if (kv_len == 0) return std::max<int64_t>(1, q_len);
   const int64_t all_heads = ScoreCap() / (dims_.num_heads * kv_len);
   if (all_heads >= std::min(q_len, kMinBlockRows)) {
@@ -200,28 +229,28 @@ int64_t MhaEngine::RowsPerBlock(int64_t q_len, int64_t kv_len) const {
   return std::max<int64_t>(1, std::min(q_len, ScoreCap() / kv_len));
 }
 
-int64_t MhaEngine::HeadsPerBlock(int64_t rows, int64_t kv_len) const {
+int64_t EngineImpl::HeadsPerBlock(int64_t rows, int64_t kv_len) const {
   if (kv_len == 0) return dims_.num_heads;
   return std::clamp<int64_t>(ScoreCap() / (rows * kv_len), 1, dims_.num_heads);
 }
 
-bool MhaEngine::Tiled(int64_t q_len, int64_t kv_len, bool weights) const {
+bool EngineImpl::Tiled(int64_t q_len, int64_t kv_len, bool weights) const {
   return !weights && options_.tiled_min_keys > 0 && kv_len >= options_.tiled_min_keys &&
          q_len >= options_.tiled_min_rows;
 }
 
-int64_t MhaEngine::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
+int64_t EngineImpl::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
   if (Tiled(q_len, kv_len, weights)) {
     return std::clamp<int64_t>(options_.tile_rows, 1, std::max<int64_t>(1, q_len));
   }
   return RowsPerBlock(q_len, kv_len);
 }
 
-std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const {
+std::unique_ptr<Workspace> EngineImpl::NewWorkspace() const {
   return std::make_unique<Workspace>(engine_);
 }
 
-int64_t MhaEngine::WeightsElements(const AttentionBatch& batch, bool per_head) const {
+int64_t EngineImpl::WeightsElements(const AttentionBatch& batch, bool per_head) const {
   const std::vector<int64_t>& kv =
       batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   int64_t total = 0;
@@ -234,16 +263,16 @@ int64_t MhaEngine::WeightsElements(const AttentionBatch& batch, bool per_head) c
 
 absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
                             Workspace& ws) const {
-  RETURN_IF_ERROR(ValidateBatch(dims_, batch, out));
+  RETURN_IF_ERROR(ValidateBatch(impl_->dims(), batch, out));
   if (!out.weights.empty()) {
-    const int64_t expected = WeightsElements(batch, out.per_head_weights);
+    const int64_t expected = impl_->WeightsElements(batch, out.per_head_weights);
     if (static_cast<int64_t>(out.weights.size()) != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "weights: expected ", expected, " elements, got ", out.weights.size()));
     }
   }
   try {
-    Compute(batch, out, ws);
+    impl_->Compute(batch, out, ws);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while computing attention");
   } catch (const dnnl::error& e) {
@@ -257,7 +286,7 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
   return absl::OkStatus();
 }
 
-MhaEngine::TokenMajor MhaEngine::ProjectTokens(const AttentionBatch& batch,
+EngineImpl::TokenMajor EngineImpl::ProjectTokens(const AttentionBatch& batch,
                                                Workspace& ws) const {
   const int64_t qk = dims_.qk_width(), v = dims_.v_width();
   const int64_t total_q = batch.q_offsets.back();
@@ -299,7 +328,7 @@ MhaEngine::TokenMajor MhaEngine::ProjectTokens(const AttentionBatch& batch,
   return t;
 }
 
-void MhaEngine::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
+void EngineImpl::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
                               bool weights, const Projected& p) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
@@ -334,7 +363,7 @@ void MhaEngine::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, 
   }
 }
 
-MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch, bool weights,
+EngineImpl::Projected EngineImpl::Project(const AttentionBatch& batch, bool weights,
                                         Workspace& ws) const {
   const TokenMajor t = ProjectTokens(batch, ws);
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
@@ -365,7 +394,7 @@ MhaEngine::Projected MhaEngine::Project(const AttentionBatch& batch, bool weight
   return p;
 }
 
-void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out,
+void EngineImpl::Compute(const AttentionBatch& batch, const AttentionOutputs& out,
                         Workspace& ws) const {
   const int64_t total_q = batch.q_offsets.back();
   if (total_q == 0) return;
@@ -433,7 +462,7 @@ void MhaEngine::Compute(const AttentionBatch& batch, const AttentionOutputs& out
   }
 }
 
-void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatch& batch,
+void EngineImpl::Attend(const Block& blk, const Projected& p, const AttentionBatch& batch,
                        const AttentionOutputs& out, Workspace& ws) const {
   const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
@@ -485,7 +514,7 @@ void MhaEngine::Attend(const Block& blk, const Projected& p, const AttentionBatc
   }
 }
 
-SoftmaxMasks MhaEngine::MasksFor(const Projected& p, const AttentionBatch& batch, int64_t seq,
+SoftmaxMasks EngineImpl::MasksFor(const Projected& p, const AttentionBatch& batch, int64_t seq,
                                  int64_t q_len, int64_t row0, int64_t head0) const {
   const int64_t extra = dims_.extra_keys();
   const int64_t keys = p.kv_offsets[seq + 1] - p.kv_offsets[seq] - extra;
@@ -505,7 +534,7 @@ SoftmaxMasks MhaEngine::MasksFor(const Projected& p, const AttentionBatch& batch
   return masks;
 }
 
-void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch,
+void EngineImpl::AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch,
                             Workspace& ws) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
@@ -551,7 +580,7 @@ void MhaEngine::AttendTiled(int64_t b, const Projected& p, const AttentionBatch&
   if (error != nullptr) std::rethrow_exception(error);
 }
 
-void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,
+void EngineImpl::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,
                         float* scores, uint16_t* probs_bf16, bool f32_probs) const {
   const int64_t h = blk.heads, b = blk.first_seq, rows = blk.rows, s = blk.kv_len;
   for (int64_t i = 0; i < blk.count; ++i) {
@@ -561,7 +590,7 @@ void MhaEngine::Softmax(const Block& blk, const Projected& p, const AttentionBat
   }
 }
 
-void MhaEngine::AttentionScores(const Block& blk, const uint8_t* q, const uint8_t* k,
+void EngineImpl::AttentionScores(const Block& blk, const uint8_t* q, const uint8_t* k,
                                 float* scores, Workspace& ws) const {
   const int64_t gh = blk.count * blk.heads, dqk = dims_.qk_head_dim;
   const int64_t rows = blk.rows, s = blk.kv_len;
@@ -577,7 +606,7 @@ void MhaEngine::AttentionScores(const Block& blk, const uint8_t* q, const uint8_
   RunAttentionMatmul(blk, spec, runtime_scores_.get(), q, k, scores, ws);
 }
 
-void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint8_t* v,
+void EngineImpl::AttentionContext(const Block& blk, const void* probs, const uint8_t* v,
                                  uint8_t* context, Workspace& ws) const {
   const int64_t gh = blk.count * blk.heads, dv = dims_.v_head_dim;
   const int64_t rows = blk.rows, s = blk.kv_len;
@@ -592,7 +621,7 @@ void MhaEngine::AttentionContext(const Block& blk, const void* probs, const uint
   RunAttentionMatmul(blk, spec, runtime_context_.get(), probs, v, context, ws);
 }
 
-void MhaEngine::RunAttentionMatmul(const Block& blk, const MatmulSpec& spec,
+void EngineImpl::RunAttentionMatmul(const Block& blk, const MatmulSpec& spec,
                                    const MatmulPrimitive* runtime, const void* src,
                                    const void* weights, void* dst, Workspace& ws) const {
   const int64_t scores = blk.count * blk.heads * blk.rows * blk.kv_len;
@@ -603,7 +632,7 @@ void MhaEngine::RunAttentionMatmul(const Block& blk, const MatmulSpec& spec,
   }
 }
 
-void MhaEngine::WriteWeights(const Block& blk, const float* probs,
+void EngineImpl::WriteWeights(const Block& blk, const float* probs,
                              const AttentionOutputs& out) const {
   const int64_t h = dims_.num_heads, rows = blk.rows, s = blk.kv_len;
   for (int64_t i = 0; i < blk.count; ++i) {

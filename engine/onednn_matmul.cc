@@ -4,6 +4,8 @@
 #include <cstring>
 
 namespace mha {
+
+using onednn::dt;
 namespace {
 
 using dims = dnnl::memory::dims;

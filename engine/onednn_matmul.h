@@ -20,7 +20,10 @@
 
 namespace mha {
 
+namespace onednn {
+// Short for oneDNN's data type, for the engine's internals only.
 using dt = dnnl::memory::data_type;
+}  // namespace onednn
 
 // A created primitive and what executing it needs. Immutable; `id` is
 // unique in the process (workspaces key their memory objects by it).
@@ -39,7 +42,7 @@ struct MatmulPrimitive {
 // nothing.
 struct MatmulSpec {
   using Dims = std::array<int64_t, 3>;
-  dt src_dt = dt::f32, wei_dt = dt::f32, dst_dt = dt::f32;
+  onednn::dt src_dt = onednn::dt::f32, wei_dt = onednn::dt::f32, dst_dt = onednn::dt::f32;
   int ndims = 3;
   Dims src_dims{}, src_strides{};
   Dims wei_dims{}, wei_strides{};
@@ -128,7 +131,8 @@ class LinearLayer {
   // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
   // `act_dt` (f32 or bf16); the output is `dst_dt`.
   LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
-              const std::vector<float>& bias, int64_t n, int64_t k, dt act_dt, dt dst_dt);
+              const std::vector<float>& bias, int64_t n, int64_t k, onednn::dt act_dt,
+              onednn::dt dst_dt);
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
   // Primitives created since construction (per number of rows).
@@ -141,7 +145,7 @@ class LinearLayer {
   static constexpr size_t kMaxEntries = 1024;
   dnnl::engine engine_;
   int64_t n_, k_;
-  dt act_dt_, dst_dt_;
+  onednn::dt act_dt_, dst_dt_;
   dnnl::memory weights_;
   dnnl::memory bias_;
   mutable std::mutex mu_;  // std::mutex for TSan, as in MatmulCache

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/multiversion.h"
 
 namespace mha {
 
@@ -176,20 +177,29 @@ std::vector<float> ToFloatVector(const Tensor& t) {
   return out;
 }
 
+namespace {
+
+// Whether values[0, n) hold a NaN or an infinity: the largest magnitude's
+// bits reach the exponent's all-ones, in one branch-free (vectorised) pass.
+MHA_MULTIVERSION bool AnyNonFinite(const float* values, size_t n) {
+  uint32_t largest = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], 4);
+    largest = std::max(largest, bits & 0x7fffffffu);
+  }
+  return largest >= 0x7f800000u;
+}
+
+}  // namespace
+
 int64_t FirstNonFinite(absl::Span<const float> values) {
-  // A branch-free pass per chunk (vectorized), the exact index only when a
-  // chunk holds a non-finite value: the check costs about a memory read.
-  constexpr size_t kChunk = 1024;
-  constexpr uint32_t kExponent = 0x7f800000u;
+  // Chunk by chunk; the exact index only when a chunk holds a non-finite
+  // value: the check costs about a memory read.
+  constexpr size_t kChunk = 4096;
   for (size_t begin = 0; begin < values.size(); begin += kChunk) {
     const size_t end = std::min(values.size(), begin + kChunk);
-    bool any = false;
-    for (size_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &values[i], 4);
-      any |= (bits & kExponent) == kExponent;
-    }
-    if (!any) continue;
+    if (!AnyNonFinite(values.data() + begin, end - begin)) continue;
     for (size_t i = begin; i < end; ++i) {
       if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
     }

@@ -6,6 +6,8 @@
 
 namespace mha {
 
+using onednn::dt;
+
 TiledAttention::TiledAttention(int64_t qk_head_dim, int64_t v_head_dim,
                                dt act_dt, float scale, int64_t tile_keys,
                                MatmulCache* matmuls)

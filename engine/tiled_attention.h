@@ -31,7 +31,7 @@ struct TiledBlock {
 // caller's parallel region (oneDNN then uses the calling thread only).
 class TiledAttention {
  public:
-  TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, dt act_dt,
+  TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, onednn::dt act_dt,
                  float scale, int64_t tile_keys, MatmulCache* matmuls);
 
   // Creates the primitives of a full tile of `rows` query rows (outside a
@@ -47,7 +47,7 @@ class TiledAttention {
                                  int64_t cols);
 
   int64_t dqk_, dv_;
-  dt act_dt_;
+  onednn::dt act_dt_;
   float scale_;
   int64_t tile_keys_;
   MatmulCache* matmuls_;

@@ -1,23 +1,26 @@
-// MhaEngine::WarmUp and PrimitiveCacheMisses: creating at load the oneDNN
+// MhaEngine::WarmUp and EngineImpl::PrimitiveCacheMisses: creating at load the oneDNN
 // primitives that requests of known lengths will need, and counting those
 // created later, on the request path.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/engine_impl.h"
 #include "engine/mha_engine.h"
+#include "engine/workspace.h"
 
 namespace mha {
 
 absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
-  const bool self = dims_.kdim == dims_.embed_dim && dims_.vdim == dims_.embed_dim;
-  const bool value_is_key = dims_.kdim == dims_.vdim;
+  const AttentionDims& d = dims();
+  const bool self = d.kdim == d.embed_dim && d.vdim == d.embed_dim;
+  const bool value_is_key = d.kdim == d.vdim;
   std::unique_ptr<Workspace> ws = NewWorkspace();
   for (const int64_t len : lengths) {
     // Zeros: the primitives depend on the shapes only.
-    const std::vector<float> query(len * dims_.embed_dim, 0.0f);
-    const std::vector<float> key(self ? 0 : len * dims_.kdim, 0.0f);
-    const std::vector<float> value(self || value_is_key ? 0 : len * dims_.vdim, 0.0f);
-    std::vector<float> output(len * dims_.embed_dim);
+    const std::vector<float> query(len * d.embed_dim, 0.0f);
+    const std::vector<float> key(self ? 0 : len * d.kdim, 0.0f);
+    const std::vector<float> value(self || value_is_key ? 0 : len * d.vdim, 0.0f);
+    std::vector<float> output(len * d.embed_dim);
     AttentionBatch batch;
     batch.kind = self           ? AttentionKind::kSelf
                  : value_is_key ? AttentionKind::kCrossValueIsKey
@@ -36,7 +39,7 @@ absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
   return absl::OkStatus();
 }
 
-uint64_t MhaEngine::PrimitiveCacheMisses() const {
+uint64_t EngineImpl::PrimitiveCacheMisses() const {
   uint64_t misses = attention_matmuls_.misses();
   for (const auto* layer : {&qkv_, &q_, &kv_, &k_, &v_, &out_}) {
     if (*layer != nullptr) misses += (*layer)->misses();

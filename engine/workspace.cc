@@ -3,11 +3,12 @@
 #include <algorithm>
 
 #include "engine/onednn_matmul.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 namespace mha {
 
 Workspace::Workspace(const dnnl::engine& engine)
-    : stream_(engine), bound_(std::make_unique<BoundMemories>()) {}
+    : stream_(std::make_unique<dnnl::stream>(engine)), bound_(std::make_unique<BoundMemories>()) {}
 
 Workspace::~Workspace() = default;
 
@@ -28,7 +29,7 @@ void* Workspace::Get(Slot slot, size_t bytes) {
 
 void Workspace::ReserveChildren(int n) {
   while (static_cast<int>(children_.size()) < n) {
-    children_.push_back(std::make_unique<Workspace>(stream_.get_engine()));
+    children_.push_back(std::make_unique<Workspace>(stream_->get_engine()));
   }
 }
 

@@ -8,7 +8,10 @@
 #include <memory>
 #include <vector>
 
-#include "oneapi/dnnl/dnnl.hpp"
+namespace dnnl {
+struct engine;  // oneapi/dnnl/dnnl.hpp
+struct stream;
+}  // namespace dnnl
 
 namespace mha {
 
@@ -63,7 +66,7 @@ class Workspace {
   Workspace& Child(int i) { return *children_[static_cast<size_t>(i)]; }
   int num_children() const { return static_cast<int>(children_.size()); }
 
-  dnnl::stream& stream() { return stream_; }
+  dnnl::stream& stream() { return *stream_; }
   // The oneDNN memory objects of the primitives run with this workspace.
   BoundMemories& bound_memories() { return *bound_; }
   // Total bytes currently held, children included (for tests and metrics).
@@ -79,7 +82,7 @@ class Workspace {
     uint8_t* aligned = nullptr;
   };
   std::array<Buffer, kNumSlots> buffers_;
-  dnnl::stream stream_;
+  std::unique_ptr<dnnl::stream> stream_;
   std::unique_ptr<BoundMemories> bound_;
   std::vector<std::unique_ptr<Workspace>> children_;
 };

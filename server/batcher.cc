@@ -19,7 +19,7 @@ Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions opti
       engine_(engine),
       options_(options),
       max_batch_tokens_(options.max_batch_tokens > 0 ? options.max_batch_tokens
-                                                     : int64_t{1024} * ThreadsPerCall()),
+                                                     : BatcherOptions::kTokensPerThread * ThreadsPerCall()),
       metrics_(metrics),
       all_metrics_(all_metrics),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
@@ -191,7 +191,7 @@ void Batcher::WorkerLoop() {
     Compute(std::move(batch), *ws);
     // After a large batch, give its memory back to the system: the
     // workspace's buffers, and what glibc keeps of freed blocks.
-    if (ws->ReleaseIfAbove(MhaEngine::kWorkspaceKeepBytes)) malloc_trim(0);
+    if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
   }
 }
 

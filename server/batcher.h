@@ -30,9 +30,12 @@ class Workspace;
 namespace mha::server {
 
 struct BatcherOptions {
+  // The default max_batch_tokens per thread of an engine call: each
+  // thread's share of a batch's activations stays near its L2 cache.
+  static constexpr int64_t kTokensPerThread = 1024;
+
   bool enabled = true;               // false: one request per engine call
-  // Query + key tokens per engine call; 0: 1024 per thread of the call,
-  // so that each thread's share of the activations stays near its L2.
+  // Query + key tokens per engine call; 0: kTokensPerThread per thread.
   int64_t max_batch_tokens = 0;
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting

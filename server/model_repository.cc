@@ -42,7 +42,12 @@ std::unique_ptr<ServedModel> LoadOne(const std::filesystem::path& dir,
     served->batcher = std::make_unique<Batcher>(
         served->name, *served->model.engine, BatcherOptionsFor(served->model.config, options),
         model_metrics, metrics);
-    if (served->model.dims.bf16 && !CpuHasNativeBf16()) {
+    if (served->model.dims.bf16 && !served->model.engine->dims().bf16) {
+      std::fprintf(stderr,
+                   "mha_server: warning: model '%s' asks for bf16 compute, but oneDNN has no "
+                   "bf16 kernels on this CPU (they need AVX-512): it computes in fp32\n",
+                   served->name.c_str());
+    } else if (served->model.dims.bf16 && !CpuHasNativeBf16()) {
       std::fprintf(stderr,
                    "mha_server: warning: model '%s' computes in bf16, but this CPU has no bf16 "
                    "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32\n",

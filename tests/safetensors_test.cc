@@ -222,6 +222,36 @@ TEST(ToFloatVectorTest, CopiesF32) {
 
 // --- Round trips -------------------------------------------------------------
 
+TEST(FirstNonFiniteTest, FindsTheFirstNanOrInfinityAtAnyPosition) {
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::quiet_NaN()};
+  // Positions in the first chunk, at a chunk's edges, and in a short tail.
+  for (const size_t size : {size_t{1}, size_t{37}, size_t{4096}, size_t{10000}}) {
+    for (const size_t at : {size_t{0}, size_t{7}, size_t{4095}, size_t{4096}, size_t{9999}}) {
+      if (at >= size) continue;
+      for (const float bad : special) {
+        std::vector<float> values(size, std::numeric_limits<float>::max());
+        values[at] = bad;
+        if (at + 1 < size) values[size - 1] = bad;  // a later one is not the first
+        EXPECT_EQ(FirstNonFinite(values), static_cast<int64_t>(at)) << size << " " << at;
+      }
+    }
+  }
+}
+
+TEST(FirstNonFiniteTest, FiniteExtremesAreFinite) {
+  std::vector<float> values(5000);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = i % 3 == 0 ? -std::numeric_limits<float>::max()
+                : i % 3 == 1 ? std::numeric_limits<float>::denorm_min()
+                             : -0.0f;
+  }
+  EXPECT_EQ(FirstNonFinite(values), -1);
+  EXPECT_EQ(FirstNonFinite({}), -1);
+}
+
 TEST(SafetensorsRoundTripTest, AllDtypesAndAnEmptyTensorSurvive) {
   const TensorMap tensors = MixedTensors();
   absl::StatusOr<TensorMap> parsed =

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/mha_engine.h"
 #include "engine/onednn_matmul.h"
+#include "engine/threads.h"
 #include "tests/alloc_counter.h"
 #include "tests/test_models.h"
 
@@ -43,11 +44,15 @@ ABSL_FLAG(int64_t, tile_rows, mha::EngineOptions{}.tile_rows, "EngineOptions::ti
 ABSL_FLAG(int64_t, tile_keys, mha::EngineOptions{}.tile_keys, "EngineOptions::tile_keys");
 ABSL_FLAG(bool, wide, false,
           "instead of the standard shapes: wider models (E = 1024-2048, h = 16-32)");
+ABSL_FLAG(int64_t, ragged_batch, 32,
+          "requests in the ragged shape (what the server's batcher merged)");
 ABSL_FLAG(bool, overhead, false,
           "instead of the shapes: per-call time of small requests (B=1, E=256, h=4, self "
           "and cross, L in 17..128), first call of each length (cold) and again (warm)");
 
 namespace mha {
+
+using onednn::dt;
 namespace {
 
 struct Shape {
@@ -305,6 +310,11 @@ int main(int argc, char** argv) {
   }
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
     const bool bf16 = dtype == "bf16";
+    if (bf16 && !mha::CpuCanComputeBf16()) {
+      std::fprintf(stderr, "mha_bench: no bf16 on this CPU (oneDNN's bf16 kernels need "
+                           "AVX-512): bf16 skipped\n");
+      continue;
+    }
     if (absl::GetFlag(FLAGS_overhead)) {
       mha::BenchOverhead(bf16);
       continue;
@@ -312,7 +322,9 @@ int main(int argc, char** argv) {
     mha::MatmulCeiling ceiling(bf16);
     for (const mha::Shape& s : shapes) {
       if (s.name.find(filter) == std::string::npos) continue;
-      mha::BenchShape(s, bf16, ceiling);
+      mha::Shape shape = s;
+      if (shape.ragged) shape.batch = absl::GetFlag(FLAGS_ragged_batch);
+      mha::BenchShape(shape, bf16, ceiling);
     }
   }
   return 0;

@@ -53,7 +53,8 @@ def machine():
         flags = next((line.split() for line in f if line.startswith("flags")), [])
     bf16 = ("bf16 instructions: AMX" if "amx_bf16" in flags else
             "bf16 instructions: AVX512-BF16" if "avx512_bf16" in flags else
-            "no bf16 instructions (bf16 runs emulated)")
+            "no bf16 instructions (bf16 runs emulated)" if "avx512f" in flags else
+            "no AVX-512 (oneDNN has no bf16 kernels: fp32 only)")
     return (f"{cpu}, {os.cpu_count()} cores visible, {bf16}, {platform.system()} "
             f"{platform.release()}; {versions}")
 
