@@ -33,6 +33,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import run_bench  # noqa: E402
+import server_cpu  # noqa: E402
 from mha_local_server import LocalServer  # noqa: E402
 from svg_chart import line_chart  # noqa: E402
 
@@ -223,6 +224,15 @@ def server_table(on, off):
     return "\n".join(lines)
 
 
+def cpu_table(runs):
+    lines = ["| run | server CPU per request | mean batch (requests) | engine CPU per request "
+             "on that batch | ratio | requests/s |", "|---|---|---|---|---|---|"]
+    for i, r in enumerate(runs, 1):
+        lines.append(f"| {i} | {r['server_cpu_us']:.0f} µs | {r['mean_batch']:.1f} | "
+                     f"{r['engine_cpu_us']:.0f} µs | {r['ratio']:.2f}x | {r['rps']:.0f} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- report
 
 def main():
@@ -253,6 +263,10 @@ def main():
     on, off = server_sweep(args, True), server_sweep(args, False)
     print("threads", file=sys.stderr, flush=True)
     threads = thread_sweep(args)
+    print("server CPU per request", file=sys.stderr, flush=True)
+    cpu = [server_cpu.measure(argparse.Namespace(
+        mha_server=args.mha_server, mha_client=args.mha_client, mha_bench=args.mha_bench,
+        concurrency=64, seconds=10, rounds=5)) for _ in range(3)]
 
     with open(os.path.join(args.out_dir, "perf_seq_len.svg"), "w") as f:
         f.write(line_chart("Self-attention, B=1, E=512, h=8", "sequence length L", "GFLOP/s",
@@ -270,7 +284,7 @@ def main():
         date=datetime.date.today().isoformat(), machine=machine(),
         standard=standard_table(std), wide=standard_table(wide), sequence=sequence_table(ours),
         server=server_table(on, off), threads=thread_table(threads),
-        overhead=overhead_table(overhead), worst=max(ratios), best=min(ratios),
+        overhead=overhead_table(overhead), cpu=cpu_table(cpu), worst=max(ratios), best=min(ratios),
         median=statistics.median(ratios))
     with open(os.path.join(args.out_dir, "performance_report.md"), "w") as f:
         f.write(text)
@@ -368,6 +382,17 @@ per engine call (`--intra_op_threads`), on small (L = 16) and large
 (L = 512) requests at 1 and 16 concurrent clients.
 
 {threads}
+
+## The server around the engine
+
+What the server costs beyond the engine (`tests/bench/server_cpu.py`, three runs): the server's
+CPU time (user + system from `/proc/PID/stat`) per request answered under `mha_client load
+--concurrency 64 --len_range 16:128` (batching on, demo model), against the engine's CPU time
+per request on ragged batches of the size the server formed (`mha_bench --shapes ragged
+--ragged_batch N`: wall time x 2 threads / N, a spinning OpenMP thread counted as in the
+server). The client shares the 2 cores.
+
+{cpu}
 """.replace("{rounds_note}", "3 rounds, alternating the programs")
 
 

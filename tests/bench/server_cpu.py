@@ -89,6 +89,17 @@ def measure_engine(args, batch, threads):
     return {"engine_ms": median, "engine_cpu_us": 1e3 * median * threads / batch}
 
 
+def measure(args, flags=(), threads=0):
+    """One run: the server's and the engine's CPU per request and their ratio.
+    `args` names the binaries and the load (see main); `threads` is the
+    threads per engine call the flags give (0: all cores)."""
+    server = measure_server(args, list(flags))
+    threads = threads or os.cpu_count()
+    engine = measure_engine(args, max(1, round(server["mean_batch"])), threads)
+    return {"flags": " ".join(flags), **server, **engine,
+            "ratio": server["server_cpu_us"] / engine["engine_cpu_us"]}
+
+
 def main():
     build = os.path.join(ROOT, "build")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -102,13 +113,7 @@ def main():
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    flags = args.flags.split()
-    server = measure_server(args, flags)
-    threads = args.threads or os.cpu_count()
-    engine = measure_engine(args, max(1, round(server["mean_batch"])), threads)
-    result = {"flags": args.flags, **server, **engine,
-              "ratio": server["server_cpu_us"] / engine["engine_cpu_us"]}
-    print(json.dumps(result))
+    print(json.dumps(measure(args, args.flags.split(), args.threads)))
 
 
 if __name__ == "__main__":
