@@ -27,12 +27,16 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& dir) {
     return absl::Status(config_status.code(), absl::StrCat(dir, "/", kConfigFileName, ": ",
                                                            config_status.message()));
   }
-  ASSIGN_OR_RETURN(TensorMap tensors,
-                   ReadSafetensors(absl::StrCat(dir, "/", kWeightsFileName)));
+  return LoadModelVersion(config, absl::StrCat(dir, "/", kWeightsFileName));
+}
+
+absl::StatusOr<LoadedModel> LoadModelVersion(const v1::ModelConfig& config,
+                                             const std::string& weights_path) {
+  ASSIGN_OR_RETURN(TensorMap tensors, ReadSafetensors(weights_path));
   absl::StatusOr<LoadedModel> model = BuildModel(config, tensors);
   if (!model.ok()) {
     return absl::Status(model.status().code(),
-                        absl::StrCat(dir, ": ", model.status().message()));
+                        absl::StrCat(weights_path, ": ", model.status().message()));
   }
   return model;
 }

@@ -31,6 +31,11 @@ inline constexpr char kWeightsFileName[] = "weights.safetensors";
 // for weights, the tensor.
 absl::StatusOr<LoadedModel> LoadModel(const std::string& dir);
 
+// One version of a versioned model folder: the model's config (already
+// read and checked) and the version's weights file. Errors name the file.
+absl::StatusOr<LoadedModel> LoadModelVersion(const v1::ModelConfig& config,
+                                             const std::string& weights_path);
+
 // The same from a config already parsed and tensors already read.
 absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config,
                                        const TensorMap& tensors);

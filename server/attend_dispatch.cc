@@ -24,21 +24,14 @@ absl::Status AttendDispatcher::Authorize(const grpc::CallbackServerContext& cont
   return auth_.Check(absl::string_view(it->second.data(), it->second.size()));
 }
 
-absl::StatusOr<const ServedModel*> AttendDispatcher::ServingModel(const std::string& name) const {
-  absl::StatusOr<const ServedModel*> model = models_.Find(name);
-  if (!model.ok()) return model;
-  if (!(*model)->load_status.ok()) return (*model)->load_status;
-  return model;
-}
-
 void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
-                                const std::string& model_name, const char* api,
-                                const Decoder& decode, Responder respond) {
+                                const std::string& model_name, int64_t version,
+                                const char* api, const Decoder& decode, Responder respond) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<const ServedModel*> found = ServingModel(model_name);
+  absl::StatusOr<VersionPtr> found = models_.Find(model_name, version);
   // Series exist for the repository's models only: a client naming random
   // models must not create label values.
-  const bool known = models_.Find(model_name).ok();
+  const bool known = models_.Has(model_name);
   const std::string label = known ? model_name : kUnknownModelLabel;
   ModelMetrics* model_metrics = known ? &metrics_.ForModel(label) : nullptr;
   if (model_metrics != nullptr) model_metrics->inflight->Increment();
@@ -59,7 +52,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
                                     : Authorize(*context);
   if (admitted.ok()) admitted = found.status();
   if (!admitted.ok()) return finish(admitted);
-  const ServedModel& model = **found;
+  const ModelVersion& model = **found;
   std::unique_ptr<PendingRequest> pending;
   try {
     absl::StatusOr<AttentionRequest> decoded = decode(model);
@@ -88,11 +81,11 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   ResultLayout layout{pending->input.output_dtype(), pending->input.output_shape(),
                       pending->input.weights_shape()};
   pending->done = [finish, respond = std::move(respond), layout = std::move(layout),
-                   &model](absl::StatusOr<AttentionResult> result) {
+                   held = *found](absl::StatusOr<AttentionResult> result) {
     absl::Status status = result.status();
     if (result.ok()) {
       try {
-        respond(model, layout, *result);
+        respond(*held, layout, *result);
       } catch (const std::bad_alloc&) {
         status = absl::ResourceExhaustedError("out of memory encoding the response; retry later");
       }

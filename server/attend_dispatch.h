@@ -53,10 +53,10 @@ struct ResultLayout {
 // by the front ends.
 class AttendDispatcher {
  public:
-  // Validates a call for the model found; runs on the handler thread.
-  using Decoder = std::function<absl::StatusOr<AttentionRequest>(const ServedModel&)>;
+  // Validates a call for the model version found; runs on the handler thread.
+  using Decoder = std::function<absl::StatusOr<AttentionRequest>(const ModelVersion&)>;
   // Fills the response from a successful result; runs on a batcher worker.
-  using Responder = std::function<void(const ServedModel&, const ResultLayout&,
+  using Responder = std::function<void(const ModelVersion&, const ResultLayout&,
                                        const AttentionResult&)>;
 
   // `memory` (borrowed, outlives the dispatcher) is the budget the
@@ -78,16 +78,15 @@ class AttendDispatcher {
 
   // The call's bearer token checked against --auth_token_file.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  // Finds a serving model or says why not (NOT_FOUND, FAILED_PRECONDITION).
-  absl::StatusOr<const ServedModel*> ServingModel(const std::string& name) const;
-
-  // Admits, decodes, checks what the request will cost (server/admission.h),
-  // enqueues and returns at once; `reactor` is finished exactly once, on
-  // this thread when the call is refused, else on the worker after
-  // `respond`. `api` labels mha_requests_total.
+  // Admits, finds the version (0: the newest ready one), decodes, checks
+  // what the request will cost (server/admission.h), enqueues and returns at
+  // once; `reactor` is finished exactly once, on this thread when the call
+  // is refused, else on the worker after `respond`. The request holds its
+  // version until then, so a version replaced or unloaded meanwhile still
+  // answers it. `api` labels mha_requests_total.
   void Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
-                const std::string& model_name, const char* api, const Decoder& decode,
-                Responder respond);
+                const std::string& model_name, int64_t version, const char* api,
+                const Decoder& decode, Responder respond);
 
  private:
   const ModelRepository& models_;

@@ -5,14 +5,17 @@
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.grpc.pb.h"
 #include "server/attend_dispatch.h"
+#include "server/model_control.h"
 
 namespace mha::server {
 
-// Borrows the dispatcher (which outlives the server). Handlers validate,
-// enqueue and return; they never wait for compute. Thread-safe.
+// Borrows the dispatcher and the model control (both outlive the server).
+// Handlers validate, enqueue and return; they never wait for compute or for
+// a load. Thread-safe.
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  explicit AttentionServiceImpl(AttendDispatcher& dispatcher) : dispatcher_(dispatcher) {}
+  AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control)
+      : dispatcher_(dispatcher), control_(control) {}
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -23,9 +26,19 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
                                      const v1::GetModelRequest* request,
                                      v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* context,
+                                      const v1::LoadModelRequest* request,
+                                      v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* context,
+                                        const v1::UnloadModelRequest* request,
+                                        v1::UnloadModelResponse* response) override;
 
  private:
+  // Why a model control call may not run (auth, mode none), or OK.
+  absl::Status ControlAllowed(const grpc::CallbackServerContext& context) const;
+
   AttendDispatcher& dispatcher_;
+  ModelControl& control_;
 };
 
 }  // namespace mha::server

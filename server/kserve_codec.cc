@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
@@ -167,11 +168,22 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
   return decoded;
 }
 
-void FillInferResponse(const inference::ModelInferRequest& request,
+absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version) {
+  if (version.empty()) return 0;
+  int64_t number = 0;
+  if (version.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(version, &number) || number < 1) {
+    return absl::NotFoundError(absl::StrCat("model '", model, "' has no version \"", version,
+                                            "\": versions are positive numbers"));
+  }
+  return number;
+}
+
+void FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                        const std::vector<std::string>& outputs, const ResultLayout& layout,
                        const AttentionResult& result, inference::ModelInferResponse* response) {
   response->set_model_name(request.model_name());
-  response->set_model_version(kModelVersion);
+  response->set_model_version(absl::StrCat(version));
   response->set_id(request.id());
   for (const std::string& name : outputs) {
     const bool is_output = name == kOutputName;
@@ -187,9 +199,10 @@ void FillInferResponse(const inference::ModelInferRequest& request,
 }
 
 void DescribeModel(const std::string& name, const AttentionDims& dims,
+                   const std::vector<int64_t>& versions,
                    inference::ModelMetadataResponse* response) {
   response->set_name(name);
-  response->mutable_versions()->Add(std::string(kModelVersion));
+  for (const int64_t v : versions) response->add_versions(absl::StrCat(v));
   response->set_platform("mha_onednn");
   const char* fp32 = DTypeName(DType::kF32, DTypeSpelling::kKserve);
   const char* boolean = DTypeName(DType::kBool, DTypeSpelling::kKserve);

@@ -20,8 +20,9 @@ namespace mha::server {
 // Output tensor names of ModelInfer.
 inline constexpr char kOutputName[] = "output";
 inline constexpr char kWeightsName[] = "attn_weights";
-// The one model version every model has.
-inline constexpr char kModelVersion[] = "1";
+// A KServe model_version: "" -> 0 (the newest ready one), else a positive
+// decimal number; NOT_FOUND for anything else.
+absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version);
 
 // Maps inputs by name (query, key, value, key_padding_mask, attn_mask;
 // datatypes FP32, BF16, FP16, BOOL; raw_input_contents or typed contents,
@@ -35,14 +36,16 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
                                                     const RequestLimits& limits,
                                                     std::vector<std::string>& outputs);
 
-// The response: the requested outputs, raw little-endian bytes.
-void FillInferResponse(const inference::ModelInferRequest& request,
+// The response: the requested outputs, raw little-endian bytes, and the
+// version that computed them.
+void FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                        const std::vector<std::string>& outputs, const ResultLayout& layout,
                        const AttentionResult& result, inference::ModelInferResponse* response);
 
-// Inputs and outputs of a model with these dimensions; -1 marks batch and
-// sequence lengths.
+// Inputs and outputs of a model with these dimensions, and its ready
+// versions; -1 marks batch and sequence lengths.
 void DescribeModel(const std::string& name, const AttentionDims& dims,
+                   const std::vector<int64_t>& versions,
                    inference::ModelMetadataResponse* response);
 
 }  // namespace mha::server

@@ -22,14 +22,11 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
 
 }  // namespace
 
-absl::StatusOr<const ServedModel*> KserveServiceImpl::FindVersion(
-    const std::string& name, const std::string& version) const {
-  absl::StatusOr<const ServedModel*> model = dispatcher_.models().Find(name);
-  if (model.ok() && !version.empty() && version != kModelVersion) {
-    return absl::NotFoundError(
-        absl::StrCat("model ", name, " has no version \"", version, "\" (only \"1\")"));
-  }
-  return model;
+absl::StatusOr<VersionPtr> KserveServiceImpl::FindVersion(const std::string& name,
+                                                           const std::string& version) const {
+  absl::StatusOr<int64_t> number = ParseModelVersion(name, version);
+  if (!number.ok()) return number.status();
+  return dispatcher_.models().Find(name, *number);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ServerLive(grpc::CallbackServerContext* context,
@@ -49,8 +46,12 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ServerReady(
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelReady(grpc::CallbackServerContext* context,
                                                         const inference::ModelReadyRequest* request,
                                                         inference::ModelReadyResponse* response) {
-  absl::StatusOr<const ServedModel*> model = FindVersion(request->name(), request->version());
-  if (model.ok()) response->set_ready((*model)->load_status.ok() && !dispatcher_.draining());
+  absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
+  if (absl::IsFailedPrecondition(model.status())) {  // failed to load: not ready
+    response->set_ready(false);
+    return Finish(context, absl::OkStatus());
+  }
+  if (model.ok()) response->set_ready(!dispatcher_.draining());
   return Finish(context, model.status());
 }
 
@@ -73,9 +74,12 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelMetadata(
     inference::ModelMetadataResponse* response) {
   absl::Status status = dispatcher_.Authorize(*context);
   if (status.ok()) {
-    absl::StatusOr<const ServedModel*> model = FindVersion(request->name(), request->version());
-    status = model.ok() ? (*model)->load_status : model.status();
-    if (status.ok()) DescribeModel((*model)->name, (*model)->model.dims, response);
+    absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
+    status = model.status();
+    if (status.ok()) {
+      DescribeModel((*model)->name, (*model)->model.dims,
+                    dispatcher_.models().ReadyVersions(request->name()), response);
+    }
   }
   return Finish(context, status);
 }
@@ -85,19 +89,22 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
                                                         inference::ModelInferResponse* response) {
   auto* reactor = new CallReactor();
   auto outputs = std::make_shared<std::vector<std::string>>();
-  auto decode = [this, request, outputs](const ServedModel& model)
-      -> absl::StatusOr<AttentionRequest> {
-    absl::StatusOr<const ServedModel*> versioned =
-        FindVersion(request->model_name(), request->model_version());
-    if (!versioned.ok()) return versioned.status();
+  // An unparsable version is refused by decode, so that it is counted and
+  // answered like every other refusal.
+  const absl::StatusOr<int64_t> version =
+      ParseModelVersion(request->model_name(), request->model_version());
+  auto decode = [this, request, outputs, version_error = version.status()](
+                    const ModelVersion& model) -> absl::StatusOr<AttentionRequest> {
+    if (!version_error.ok()) return version_error;
     return DecodeInferRequest(*request, model.model.dims, dispatcher_.limits(), *outputs);
   };
-  auto respond = [request, response, outputs](const ServedModel&, const ResultLayout& layout,
+  auto respond = [request, response, outputs](const ModelVersion& model,
+                                              const ResultLayout& layout,
                                               const AttentionResult& result) {
-    FillInferResponse(*request, *outputs, layout, result, response);
+    FillInferResponse(*request, model.version, *outputs, layout, result, response);
   };
-  dispatcher_.Dispatch(context, reactor, request->model_name(), kApiKserve, decode,
-                       std::move(respond));
+  dispatcher_.Dispatch(context, reactor, request->model_name(), version.value_or(0), kApiKserve,
+                       decode, std::move(respond));
   return reactor;
 }
 

@@ -37,9 +37,9 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
                                        inference::ModelInferResponse* response) override;
 
  private:
-  // The model named, when `version` is empty or "1" (NOT_FOUND otherwise).
-  absl::StatusOr<const ServedModel*> FindVersion(const std::string& name,
-                                                 const std::string& version) const;
+  // The version named ("": the newest ready one), or why not.
+  absl::StatusOr<VersionPtr> FindVersion(const std::string& name,
+                                         const std::string& version) const;
 
   AttendDispatcher& dispatcher_;
 };

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -24,9 +26,11 @@
 #include "engine/status_macros.h"
 #include "server/attention_service.h"
 #include "server/auth.h"
+#include "server/health_reporter.h"
 #include "server/kserve_service.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
+#include "server/model_control.h"
 #include "server/model_repository.h"
 #include "server/reflection_v1.h"
 
@@ -52,6 +56,13 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain: serve gRPC over TLS
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, model_control_mode, "none",
+          "none: the repository is read once, at start; poll: re-read every "
+          "--repository_poll_s (new, changed and removed models and versions); explicit: only "
+          "the LoadModel / UnloadModel RPCs, and --load_model at start");
+ABSL_FLAG(int, repository_poll_s, 15, "seconds between reads of the repository in poll mode");
+ABSL_FLAG(std::vector<std::string>, load_model, {},
+          "explicit mode: a model to load at start (repeatable, or comma-separated)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token the attention and model RPCs require (health stays open)");
 
@@ -63,20 +74,34 @@ std::string HostPort(const std::string& host, int port) {
                                               : absl::StrCat(host, ":", port);
 }
 
-void SetHealth(grpc::Server& server, const ModelRepository& models, bool serving) {
-  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
-  health->SetServingStatus("", serving);
-  for (const ServedModel* m : models.All()) {
-    health->SetServingStatus(m->name, serving && m->load_status.ok());
-  }
-}
-
 std::string ModelSummary(const ModelRepository& models) {
   std::vector<std::string> parts;
-  for (const ServedModel* m : models.All()) {
-    parts.push_back(absl::StrCat(m->name, m->load_status.ok() ? "" : "(failed)"));
+  for (const v1::ModelInfo& info : models.Infos()) {
+    parts.push_back(
+        absl::StrCat(info.name(), info.state() == v1::ModelInfo::STATE_READY ? "" : "(failed)"));
   }
   return absl::StrJoin(parts, ",");
+}
+
+// Every --load_model given: Abseil keeps only the last occurrence of a flag,
+// so they are collected from the command line first.
+std::vector<std::string> LoadModelFlags(int argc, char** argv) {
+  std::vector<std::string> names;
+  for (int i = 1; i < argc; ++i) {
+    std::string value;
+    const std::string arg = argv[i];
+    if (arg.rfind("--load_model=", 0) == 0) {
+      value = arg.substr(strlen("--load_model="));
+    } else if (arg == "--load_model" && i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    for (absl::string_view name : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      names.emplace_back(name);
+    }
+  }
+  return names;
 }
 
 // What the process holds before any request: its resident memory with the
@@ -85,9 +110,9 @@ std::string ModelSummary(const ModelRepository& models) {
 int64_t EngineReserve(const ModelRepository& models, const RepositoryOptions& options) {
   constexpr int64_t kPrimitiveCacheBytes = int64_t{32} << 20;
   int64_t reserve = ResidentBytes();
-  for (const ServedModel* m : models.All()) {
-    if (m->batcher == nullptr) continue;
-    reserve += std::max(1, options.workers) *
+  for (const std::string& name : models.Ready()) {
+    reserve += static_cast<int64_t>(models.ReadyVersions(name).size()) *
+               std::max(1, options.workers) *
                (static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes) + kPrimitiveCacheBytes);
   }
   return reserve;
@@ -122,7 +147,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() {
   return grpc::SslServerCredentials(options);
 }
 
-int Serve() {
+int Serve(const std::vector<std::string>& load_models) {
   // SIGTERM / SIGINT are taken by sigwait below, in plain view, not by a
   // handler: block them before any thread starts so every thread inherits.
   sigset_t signals;
@@ -139,13 +164,19 @@ int Serve() {
                                  .compute_threads = absl::GetFlag(FLAGS_intra_op_threads),
                                  .force_batching_off = absl::GetFlag(FLAGS_disable_batching),
                                  .memory = &memory};
-  absl::StatusOr<std::unique_ptr<ModelRepository>> models = ModelRepository::Load(
-      absl::GetFlag(FLAGS_model_repository), repo_options, metrics);
-  if (!models.ok()) {
-    std::fprintf(stderr, "mha_server: %s\n", models.status().ToString().c_str());
+  const absl::StatusOr<ModelControlMode> mode =
+      ParseModelControlMode(absl::GetFlag(FLAGS_model_control_mode));
+  if (!mode.ok()) {
+    std::fprintf(stderr, "mha_server: %s\n", std::string(mode.status().message()).c_str());
     return 1;
   }
-  memory.SetReserve(EngineReserve(**models, repo_options));
+  auto models = std::make_unique<ModelRepository>(absl::GetFlag(FLAGS_model_repository),
+                                                  repo_options, metrics);
+  if (absl::Status loaded = LoadAtStart(*models, *mode, load_models); !loaded.ok()) {
+    std::fprintf(stderr, "mha_server: %s\n", loaded.ToString().c_str());
+    return 1;
+  }
+  memory.SetReserve(EngineReserve(*models, repo_options));
   if (memory.capacity() <= 0) {
     std::fprintf(stderr, "mha_server: --memory_limit_bytes %s leaves nothing for requests "
                  "beyond the engines' reserve of %s bytes\n",
@@ -167,12 +198,16 @@ int Serve() {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  HealthReporter health(*models);
+  ModelControl control(*models, *mode,
+                       absl::Seconds(std::max(1, absl::GetFlag(FLAGS_repository_poll_s))),
+                       [&health] { health.Update(); });
   AttendDispatcher dispatcher(
-      **models, metrics,
+      *models, metrics,
       RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens),
                     .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
       memory, *std::move(auth));
-  AttentionServiceImpl service(dispatcher);
+  AttentionServiceImpl service(dispatcher, control);
   KserveServiceImpl kserve(dispatcher);
   ReflectionV1Service reflection_v1(ServedServiceNames());
   grpc::ServerBuilder builder;
@@ -194,10 +229,10 @@ int Serve() {
                  HostPort(host, absl::GetFlag(FLAGS_port)).c_str());
     return 1;
   }
-  SetHealth(*server, **models, /*serving=*/true);
+  health.Attach(server.get(), /*serving=*/true);
   std::printf("mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%lld "
               "(%s; engines' reserve %s)\n",
-              grpc_port, exposer.GetListeningPorts().front(), ModelSummary(**models).c_str(),
+              grpc_port, exposer.GetListeningPorts().front(), ModelSummary(*models).c_str(),
               static_cast<long long>(memory.limit()), memory_limit.source.c_str(),
               WithCommas(memory.reserve()).c_str());
   std::fflush(stdout);
@@ -205,12 +240,14 @@ int Serve() {
   int received = 0;
   sigwait(&signals, &received);
   std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
-  SetHealth(*server, **models, /*serving=*/false);
+  health.StopServing();
   dispatcher.StartDraining();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  (*models)->Stop();
+  control.Stop();
+  models->Stop();
   server->Wait();
+  health.Attach(nullptr, false);
   return 0;
 }
 
@@ -219,6 +256,7 @@ int Serve() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("mha_server [--model_repository DIR] [--port N] [--metrics_port N]");
+  const std::vector<std::string> load_models = mha::server::LoadModelFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  return mha::server::Serve();
+  return mha::server::Serve(load_models);
 }

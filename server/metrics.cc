@@ -65,8 +65,12 @@ Metrics::Metrics()
                          "memory (the memory budget), message_size (response above the limit)")
                    .Register(*registry_)),
       loaded_(BuildGauge().Name("mha_model_loaded")
-                  .Help("1 when the model loaded and serves, 0 when it failed")
+                  .Help("1 when a version of the model serves, 0 when none does")
                   .Register(*registry_)),
+      load_failures_(BuildCounter().Name("mha_model_load_failures_total")
+                         .Help("Loads and reloads of a model (or one of its versions) that "
+                               "failed; what served before goes on serving")
+                         .Register(*registry_)),
       primitive_cache_misses_(BuildCounter().Name("mha_engine_primitive_cache_misses_total")
                                   .Help("oneDNN primitives created while serving (a request "
                                         "of a new shape; warmup_lengths avoid them)")
@@ -97,6 +101,7 @@ ModelMetrics& Metrics::ForModel(const std::string& model) {
     m->inflight = &inflight_.Add(labels);
     m->tokens = &tokens_.Add(labels);
     m->loaded = &loaded_.Add(labels);
+    load_failures_.Add(labels);
     m->primitive_cache_misses = &primitive_cache_misses_.Add(labels);
     // Every reason's series from the start, so rate() alerts work before
     // the first drop.
@@ -111,6 +116,10 @@ void Metrics::CountRequest(const std::string& model, const char* api, absl::Stat
 
 void Metrics::CountDropped(const std::string& model, const std::string& reason) {
   dropped_.Add({{"model", model}, {"reason", reason}}).Increment();
+}
+
+void Metrics::CountLoadFailure(const std::string& model) {
+  load_failures_.Add({{"model", model}}).Increment();
 }
 
 std::string CodeLabel(absl::StatusCode code) {

@@ -43,6 +43,8 @@ class Metrics {
   // One answered attention call; `api` is kApiMha or kApiKserve.
   void CountRequest(const std::string& model, const char* api, absl::StatusCode code);
   void CountDropped(const std::string& model, const std::string& reason);
+  // A model version (or its folder) that failed to load or reload.
+  void CountLoadFailure(const std::string& model);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   prometheus::Gauge& memory_limit() { return memory_; }
@@ -61,6 +63,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& tokens_;
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Family<prometheus::Gauge>& loaded_;
+  prometheus::Family<prometheus::Counter>& load_failures_;
   prometheus::Family<prometheus::Counter>& primitive_cache_misses_;
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;

@@ -1,8 +1,11 @@
 #include "server/model_repository.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,70 +15,15 @@
 namespace mha::server {
 namespace {
 
-v1::ModelInfo InfoFor(const ServedModel& m) {
-  v1::ModelInfo info;
-  info.set_name(m.name);
-  if (!m.load_status.ok()) {
-    info.set_state(v1::ModelInfo::STATE_FAILED);
-    info.set_error(std::string(m.load_status.message()));
-    return info;
-  }
-  info.set_state(v1::ModelInfo::STATE_READY);
-  *info.mutable_config() = m.model.config;
-  info.set_weight_layout(WeightLayoutName(m.model.layout));
-  info.set_parameter_count(m.model.parameter_count);
-  info.set_embed_dim(m.model.dims.embed_dim);
-  info.set_num_heads(m.model.dims.num_heads);
-  info.set_kdim(m.model.dims.kdim);
-  info.set_vdim(m.model.dims.vdim);
-  return info;
-}
+void Log(const std::string& text) { std::fprintf(stderr, "mha_server: %s\n", text.c_str()); }
 
-std::unique_ptr<ServedModel> LoadOne(const std::filesystem::path& dir,
-                                     const RepositoryOptions& options, Metrics& metrics) {
-  auto served = std::make_unique<ServedModel>();
-  served->name = dir.filename().string();
-  ModelMetrics& model_metrics = metrics.ForModel(served->name);
-  absl::StatusOr<LoadedModel> loaded = LoadModel(dir.string());
-  if (loaded.ok()) {
-    served->model = std::move(*loaded);
-    served->batcher = std::make_unique<Batcher>(
-        served->name, *served->model.engine, BatcherOptionsFor(served->model.config, options),
-        model_metrics, metrics);
-    if (served->model.dims.bf16 && !served->model.engine->dims().bf16) {
-      std::fprintf(stderr,
-                   "mha_server: warning: model '%s' asks for bf16 compute, but oneDNN has no "
-                   "bf16 kernels on this CPU (they need AVX-512): it computes in fp32\n",
-                   served->name.c_str());
-    } else if (served->model.dims.bf16 && !CpuHasNativeBf16()) {
-      std::fprintf(stderr,
-                   "mha_server: warning: model '%s' computes in bf16, but this CPU has no bf16 "
-                   "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32\n",
-                   served->name.c_str());
-    }
-  } else {
-    served->load_status = absl::FailedPreconditionError(
-        absl::StrCat("model '", served->name, "' failed to load: ", loaded.status().message()));
-    std::fprintf(stderr, "mha_server: %s\n", std::string(served->load_status.message()).c_str());
-  }
-  model_metrics.loaded->Set(served->load_status.ok() ? 1 : 0);
-  served->info = InfoFor(*served);
-  return served;
+std::string VersionList(const std::map<int64_t, VersionPtr>& ready) {
+  std::vector<int64_t> versions;
+  for (const auto& [v, ptr] : ready) versions.push_back(v);
+  return absl::StrJoin(versions, ", ");
 }
 
 }  // namespace
-
-bool IsValidModelName(const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name.size() > kMaxModelNameBytes) {
-    return false;
-  }
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '_' || c == '.' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const RepositoryOptions& options) {
   BatcherOptions b;
@@ -91,54 +39,300 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   return b;
 }
 
-absl::StatusOr<std::unique_ptr<ModelRepository>> ModelRepository::Load(
-    const std::string& dir, const RepositoryOptions& options, Metrics& metrics) {
-  std::error_code error;
-  std::filesystem::directory_iterator it(dir, error);
-  if (error) {
-    return absl::NotFoundError(
-        absl::StrCat("model repository '", dir, "': ", error.message()));
+ModelRepository::ModelRepository(std::string dir, RepositoryOptions options, Metrics& metrics)
+    : dir_(std::move(dir)), options_(options), metrics_(metrics) {}
+
+ModelRepository::~ModelRepository() { Stop(); }
+
+absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
+                                                        const v1::ModelConfig& config,
+                                                        const VersionOnDisk& on_disk) {
+  absl::StatusOr<LoadedModel> loaded = LoadModelVersion(config, on_disk.weights_path);
+  if (!loaded.ok()) return loaded.status();
+  auto version = std::make_shared<ModelVersion>();
+  version->name = name;
+  version->version = on_disk.version;
+  version->fingerprint = on_disk.fingerprint;
+  version->model = *std::move(loaded);
+  version->batcher =
+      std::make_unique<Batcher>(name, *version->model.engine, BatcherOptionsFor(config, options_),
+                                metrics_.ForModel(name), metrics_);
+  if (version->model.dims.bf16 && !version->model.engine->dims().bf16) {
+    Log(absl::StrCat("warning: model '", name, "' asks for bf16 compute, but oneDNN has no bf16 "
+                     "kernels on this CPU (they need AVX-512): it computes in fp32"));
+  } else if (version->model.dims.bf16 && !CpuHasNativeBf16()) {
+    Log(absl::StrCat("warning: model '", name, "' computes in bf16, but this CPU has no bf16 "
+                     "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32"));
   }
-  auto repo = std::unique_ptr<ModelRepository>(new ModelRepository());
-  for (const std::filesystem::directory_entry& entry : it) {
-    if (!entry.is_directory()) continue;
-    const std::string name = entry.path().filename().string();
-    if (!IsValidModelName(name)) {
-      std::fprintf(stderr,
-                   "mha_server: skipping folder '%s': model names match [A-Za-z0-9_.-]+, "
-                   "at most %zu characters\n",
-                   name.c_str(), kMaxModelNameBytes);
+  return VersionPtr(std::move(version));
+}
+
+absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
+  absl::MutexLock control(&control_mu_);
+  if (!IsValidModelName(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model names match [A-Za-z0-9_.-]+, at most ", kMaxModelNameBytes, " characters"));
+  }
+  const std::string folder = absl::StrCat(dir_, "/", name);
+  std::error_code error;
+  if (!std::filesystem::is_directory(folder, error)) {
+    return absl::NotFoundError(absl::StrCat("model repository '", dir_, "' has no folder '", name,
+                                            "'"));
+  }
+  std::map<int64_t, VersionPtr> current;
+  std::map<int64_t, std::string> failed_before;
+  std::map<int64_t, uint64_t> failed_fingerprints;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (auto it = models_.find(name); it != models_.end()) {
+      current = it->second.ready;
+      failed_before = it->second.errors;
+      failed_fingerprints = it->second.failed_fingerprints;
+    }
+  }
+  ModelMetrics& model_metrics = metrics_.ForModel(name);
+  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(folder, fingerprints_);
+  if (!scan.ok()) {  // what served before goes on serving
+    const absl::Status failed = absl::FailedPreconditionError(
+        absl::StrCat("model '", name, "' failed to load: ", scan.status().message()));
+    absl::MutexLock lock(&mu_);
+    Entry& entry = models_[name];
+    if (entry.status != failed) {
+      Log(std::string(failed.message()));
+      metrics_.CountLoadFailure(name);
+    }
+    entry.status = failed;
+    model_metrics.loaded->Set(entry.ready.empty() ? 0 : 1);
+    return failed;
+  }
+  std::map<int64_t, VersionPtr> next;
+  std::map<int64_t, std::string> errors = scan->missing;
+  std::map<int64_t, uint64_t> failed;
+  absl::Status first_error;
+  for (const VersionOnDisk& v : scan->versions) {
+    auto old = current.find(v.version);
+    if (old != current.end() && old->second->fingerprint == v.fingerprint) {
+      next[v.version] = old->second;  // unchanged
       continue;
     }
-    repo->models_[name] = LoadOne(entry.path(), options, metrics);
+    if (auto f = failed_fingerprints.find(v.version); !retry_failed &&
+        f != failed_fingerprints.end() && f->second == v.fingerprint) {
+      errors[v.version] = failed_before[v.version];  // the same bytes: the same error
+      failed[v.version] = v.fingerprint;
+      if (old != current.end()) next[v.version] = old->second;
+      continue;
+    }
+    absl::StatusOr<VersionPtr> loaded = LoadVersion(name, scan->config, v);
+    if (loaded.ok()) {
+      next[v.version] = *std::move(loaded);
+      Log(absl::StrCat("model '", name, "' version ", v.version,
+                       old == current.end() ? " loaded" : " reloaded"));
+      continue;
+    }
+    const std::string message(loaded.status().message());
+    if (failed_before[v.version] != message) {
+      Log(absl::StrCat("model '", name, "' version ", v.version, " failed to load: ", message,
+                       old != current.end() ? " (the version loaded before goes on serving)"
+                                            : ""));
+      metrics_.CountLoadFailure(name);
+    }
+    errors[v.version] = message;
+    failed[v.version] = v.fingerprint;
+    if (first_error.ok()) {
+      first_error = absl::Status(loaded.status().code(),
+                                 absl::StrCat("model '", name, "' version ", v.version,
+                                              " failed to load: ", message));
+    }
+    if (old != current.end()) next[v.version] = old->second;
   }
-  if (repo->models_.empty()) {
-    return absl::NotFoundError(absl::StrCat("model repository '", dir, "' has no model folder"));
+  absl::MutexLock lock(&mu_);
+  Entry& entry = models_[name];
+  std::vector<VersionPtr> retire;
+  for (const auto& [v, ptr] : entry.ready) {
+    auto kept = next.find(v);
+    if (kept == next.end() || kept->second != ptr) retire.push_back(ptr);
   }
-  return repo;
+  for (const auto& [v, ptr] : entry.ready) {
+    if (next.count(v) == 0) Log(absl::StrCat("model '", name, "' version ", v, " unloaded"));
+  }
+  entry.ready = std::move(next);
+  entry.errors = std::move(errors);
+  entry.failed_fingerprints = std::move(failed);
+  entry.status = entry.ready.empty()
+                     ? absl::FailedPreconditionError(absl::StrCat(
+                           "model '", name, "' failed to load: ",
+                           entry.errors.empty() ? "no version" : entry.errors.rbegin()->second))
+                     : absl::OkStatus();
+  model_metrics.loaded->Set(entry.ready.empty() ? 0 : 1);
+  Retire(std::move(retire));
+  return first_error;
 }
 
-absl::StatusOr<const ServedModel*> ModelRepository::Find(const std::string& name) const {
+absl::Status ModelRepository::Unload(const std::string& name) {
+  absl::MutexLock control(&control_mu_);
+  absl::MutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
-    std::vector<std::string> names;
-    for (const auto& [n, m] : models_) names.push_back(n);
-    return absl::NotFoundError(absl::StrCat("model '", name, "' not found; this server has: ",
-                                            absl::StrJoin(names, ", ")));
+    return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded; this server has: ",
+                                            ServedNames()));
   }
-  return it->second.get();
+  std::vector<VersionPtr> retire;
+  for (const auto& [v, ptr] : it->second.ready) retire.push_back(ptr);
+  models_.erase(it);
+  metrics_.ForModel(name).loaded->Set(0);
+  Retire(std::move(retire));
+  Log(absl::StrCat("model '", name, "' unloaded"));
+  return absl::OkStatus();
 }
 
-std::vector<const ServedModel*> ModelRepository::All() const {
-  std::vector<const ServedModel*> all;
-  for (const auto& [name, m] : models_) all.push_back(m.get());
-  return all;
+void ModelRepository::SyncAll() {
+  absl::StatusOr<std::vector<std::string>> names = ModelFolderNames(dir_);
+  if (!names.ok()) {
+    Log(std::string(names.status().message()));
+    return;
+  }
+  for (const std::string& name : *names) {
+    Load(name, /*retry_failed=*/false).IgnoreError();  // logged, kept in the table
+  }
+  std::vector<std::string> gone;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    const std::set<std::string> on_disk(names->begin(), names->end());
+    for (const auto& [name, entry] : models_) {
+      if (on_disk.count(name) == 0) gone.push_back(name);
+    }
+  }
+  for (const std::string& name : gone) Unload(name).IgnoreError();
+}
+
+void ModelRepository::Retire(std::vector<VersionPtr> versions) {
+  for (VersionPtr& v : versions) retired_.push_back(std::move(v));
+}
+
+size_t ModelRepository::CollectRetired() {
+  std::vector<VersionPtr> drained;
+  size_t draining = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // use_count() is exact here: a retired version is copied only by the
+    // requests already holding it, so once they are gone it stays 1.
+    auto first_drained = std::partition(retired_.begin(), retired_.end(),
+                                        [](const VersionPtr& v) { return v.use_count() > 1; });
+    std::move(first_drained, retired_.end(), std::back_inserter(drained));
+    retired_.erase(first_drained, retired_.end());
+    draining = retired_.size();
+  }
+  if (!drained.empty()) {
+    drained.clear();  // stops their (idle) batchers and frees their engines, here
+    malloc_trim(0);
+  }
+  return draining;
 }
 
 void ModelRepository::Stop() {
-  for (auto& [name, m] : models_) {
-    if (m->batcher != nullptr) m->batcher->Stop();
+  std::vector<VersionPtr> all;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, entry] : models_) {
+      for (const auto& [v, ptr] : entry.ready) all.push_back(ptr);
+    }
+    all.insert(all.end(), retired_.begin(), retired_.end());
   }
+  for (const VersionPtr& v : all) v->batcher->Stop();
+}
+
+std::string ModelRepository::ServedNames() const {
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : models_) names.push_back(name);
+  return names.empty() ? "no model" : absl::StrJoin(names, ", ");
+}
+
+absl::StatusOr<VersionPtr> ModelRepository::Find(const std::string& name, int64_t version) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = models_.find(name);
+  if (it == models_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("model '", name, "' not found; this server has: ", ServedNames()));
+  }
+  const Entry& entry = it->second;
+  if (entry.ready.empty()) return entry.status;
+  if (version == 0) return entry.ready.rbegin()->second;
+  auto v = entry.ready.find(version);
+  if (v == entry.ready.end()) {
+    return absl::NotFoundError(absl::StrCat("model '", name, "' has no ready version ", version,
+                                            "; it serves version(s) ", VersionList(entry.ready)));
+  }
+  return v->second;
+}
+
+bool ModelRepository::Has(const std::string& name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return models_.count(name) > 0;
+}
+
+v1::ModelInfo ModelRepository::InfoOf(const std::string& name, const Entry& entry) const {
+  v1::ModelInfo info;
+  info.set_name(name);
+  if (!entry.status.ok()) info.set_error(std::string(entry.status.message()));
+  std::set<int64_t, std::greater<>> versions;
+  for (const auto& [v, ptr] : entry.ready) versions.insert(v);
+  for (const auto& [v, error] : entry.errors) versions.insert(v);
+  for (const int64_t v : versions) {
+    v1::ModelVersionStatus* status = info.add_versions();
+    status->set_version(v);
+    status->set_state(entry.ready.count(v) > 0 ? v1::ModelInfo::STATE_READY
+                                               : v1::ModelInfo::STATE_FAILED);
+    if (auto e = entry.errors.find(v); e != entry.errors.end()) status->set_error(e->second);
+  }
+  if (entry.ready.empty()) {
+    info.set_state(v1::ModelInfo::STATE_FAILED);
+    return info;
+  }
+  const ModelVersion& newest = *entry.ready.rbegin()->second;
+  info.set_state(v1::ModelInfo::STATE_READY);
+  *info.mutable_config() = newest.model.config;
+  info.set_weight_layout(WeightLayoutName(newest.model.layout));
+  info.set_parameter_count(newest.model.parameter_count);
+  info.set_embed_dim(newest.model.dims.embed_dim);
+  info.set_num_heads(newest.model.dims.num_heads);
+  info.set_kdim(newest.model.dims.kdim);
+  info.set_vdim(newest.model.dims.vdim);
+  return info;
+}
+
+absl::StatusOr<v1::ModelInfo> ModelRepository::Info(const std::string& name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = models_.find(name);
+  if (it == models_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("model '", name, "' not found; this server has: ", ServedNames()));
+  }
+  return InfoOf(name, it->second);
+}
+
+std::vector<v1::ModelInfo> ModelRepository::Infos() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<v1::ModelInfo> all;
+  for (const auto& [name, entry] : models_) all.push_back(InfoOf(name, entry));
+  return all;
+}
+
+std::vector<std::string> ModelRepository::Ready() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> names;
+  for (const auto& [name, entry] : models_) {
+    if (!entry.ready.empty()) names.push_back(name);
+  }
+  return names;
+}
+
+std::vector<int64_t> ModelRepository::ReadyVersions(const std::string& name) const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<int64_t> versions;
+  if (auto it = models_.find(name); it != models_.end()) {
+    for (const auto& [v, ptr] : it->second.ready) versions.push_back(v);
+  }
+  return versions;
 }
 
 }  // namespace mha::server

@@ -304,7 +304,7 @@ class KserveTest(unittest.TestCase):
             self.assertIn(message, err.details())
         err = self.infer_error(version)
         self.assertEqual(err.code(), grpc.StatusCode.NOT_FOUND)
-        self.assertIn('has no version "3"', err.details())
+        self.assertIn('has no ready version 3', err.details())
         # The server still answers good requests correctly.
         infer, attend = self.both(good)
         self.assert_same_answer(infer, attend)
