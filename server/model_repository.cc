@@ -145,6 +145,13 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
     }
     if (old != current.end()) next[v.version] = old->second;
   }
+  // Versions that failed do not take down what served: versions the policy
+  // no longer picks keep serving, newest first, while fewer than it asks for
+  // are ready.
+  for (auto it = current.rbegin(); it != current.rend(); ++it) {
+    if (next.size() >= scan->versions.size()) break;
+    if (next.count(it->first) == 0) next[it->first] = it->second;
+  }
   absl::MutexLock lock(&mu_);
   Entry& entry = models_[name];
   std::vector<VersionPtr> retire;
