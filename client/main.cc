@@ -47,6 +47,7 @@ ABSL_FLAG(std::string, token, "", "an alias of --token_file (a file, not the tok
 ABSL_FLAG(std::string, model, "",
           "model name (attend: default demo; load: a comma-separated list, requests "
           "alternate; health: that model)");
+ABSL_FLAG(int64_t, model_version, 0, "attend: the model version to compute with (0: newest)");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
 ABSL_FLAG(int64_t, batch, 1, "attend: batch size B");
 ABSL_FLAG(int64_t, len, 16, "attend: query length L");
@@ -120,11 +121,16 @@ int Models(v1::AttentionService::Stub& stub) {
   const grpc::Status status = stub.ListModels(Context().get(), {}, &response);
   if (!status.ok()) return ReportError(status);
   for (const v1::ModelInfo& m : response.models()) {
+    std::vector<int64_t> ready;
+    for (const v1::ModelVersionStatus& v : m.versions()) {
+      if (v.state() == v1::ModelInfo::STATE_READY) ready.push_back(v.version());
+    }
     std::printf("%-24s %-6s %s\n", m.name().c_str(),
                 m.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
                 m.state() == v1::ModelInfo::STATE_READY
                     ? absl::StrCat("E=", m.embed_dim(), " h=", m.num_heads(), " layout=",
-                                   m.weight_layout(), " params=", m.parameter_count())
+                                   m.weight_layout(), " params=", m.parameter_count(),
+                                   " versions=", absl::StrJoin(ready, ","))
                           .c_str()
                     : m.error().c_str());
   }
@@ -225,6 +231,7 @@ int Attend(v1::AttentionService::Stub& stub) {
   if (!status.ok()) return ReportError(status);
   v1::AttendRequest request;
   request.set_model(info.name());
+  request.set_model_version(absl::GetFlag(FLAGS_model_version));
   if (const absl::Status filled = FillInputs(info, request); !filled.ok()) {
     std::fprintf(stderr, "%s\n", filled.ToString().c_str());
     return 2;
@@ -241,7 +248,8 @@ int Attend(v1::AttentionService::Stub& stub) {
   const std::vector<float> out = TensorValues(response.output());
   double checksum = 0;
   for (float v : out) checksum += v;
-  std::printf("model %s: query %s -> output %s checksum %.6f first", response.model().c_str(),
+  std::printf("model %s version %lld: query %s -> output %s checksum %.6f first",
+              response.model().c_str(), static_cast<long long>(response.model_version()),
               ShapeText(request.query()).c_str(), ShapeText(response.output()).c_str(), checksum);
   for (size_t i = 0; i < std::min<size_t>(4, out.size()); ++i) std::printf(" %+.5f", out[i]);
   std::printf("\n");

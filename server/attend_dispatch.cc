@@ -35,11 +35,15 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   const std::string label = known ? model_name : kUnknownModelLabel;
   ModelMetrics* model_metrics = known ? &metrics_.ForModel(label) : nullptr;
   if (model_metrics != nullptr) model_metrics->inflight->Increment();
+  // The version's statistics, alive while `found` or a request holds it.
+  ModelStatistics* statistics = found.ok() ? (*found)->statistics.get() : nullptr;
+  auto sequences = std::make_shared<int64_t>(0);  // known once decoded
   // Records the outcome and answers; called exactly once per call.
-  auto finish = [this, context, reactor, start, label, api,
-                 model_metrics](const absl::Status& status) {
+  auto finish = [this, context, reactor, start, label, api, model_metrics, statistics,
+                 sequences](const absl::Status& status) {
     const absl::Duration took = absl::Now() - start;
     metrics_.CountRequest(label, api, status.code());
+    if (statistics != nullptr) statistics->RequestDone(status.ok(), took, *sequences);
     if (model_metrics != nullptr) {
       model_metrics->request_duration->Observe(absl::ToDoubleSeconds(took));
       model_metrics->inflight->Decrement();
@@ -57,6 +61,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   try {
     absl::StatusOr<AttentionRequest> decoded = decode(model);
     if (!decoded.ok()) return finish(decoded.status());
+    *sequences = decoded->sequences();
     pending = std::make_unique<PendingRequest>(std::move(*decoded));
   } catch (const std::bad_alloc&) {
     return finish(absl::ResourceExhaustedError("out of memory decoding the request; retry later"));

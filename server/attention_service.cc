@@ -5,6 +5,36 @@
 #include "engine/status_macros.h"
 
 namespace mha::server {
+namespace {
+
+void Fill(const ModelStatistics::Duration& d, v1::StageDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out) {
+  const ModelStatistics::Snapshot s = version.statistics->Read();
+  out->set_name(version.name);
+  out->set_version(version.version);
+  out->set_last_inference_ms(s.last_inference_ms);
+  out->set_inference_count(s.inference_count);
+  out->set_execution_count(s.execution_count);
+  Fill(s.success, out->mutable_success());
+  Fill(s.fail, out->mutable_fail());
+  Fill(s.queue, out->mutable_queue());
+  Fill(s.compute_input, out->mutable_compute_input());
+  Fill(s.compute_infer, out->mutable_compute_infer());
+  Fill(s.compute_output, out->mutable_compute_output());
+  for (const auto& [requests, stages] : s.batches) {
+    v1::BatchStatistics* batch = out->add_batches();
+    batch->set_requests(requests);
+    Fill(stages.compute_input, batch->mutable_compute_input());
+    Fill(stages.compute_infer, batch->mutable_compute_infer());
+    Fill(stages.compute_output, batch->mutable_compute_output());
+  }
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerContext* context,
                                                        const v1::AttendRequest* request,
@@ -60,12 +90,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
 absl::Status AttentionServiceImpl::ControlAllowed(
     const grpc::CallbackServerContext& context) const {
   RETURN_IF_ERROR(dispatcher_.Authorize(context));
-  if (control_.mode() == ModelControlMode::kNone) {
-    return absl::FailedPreconditionError(
-        "model control is off: start the server with --model_control_mode explicit (or poll) "
-        "to load and unload models over the API");
-  }
-  return absl::OkStatus();
+  return control_.Allowed();
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerContext* context,
@@ -97,6 +122,23 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::UnloadModel(
   }
   control_.Unload(request->name(),
                   [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetModelStatistics(
+    grpc::CallbackServerContext* context, const v1::GetModelStatisticsRequest* request,
+    v1::ModelStatisticsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    absl::StatusOr<std::vector<VersionPtr>> selected =
+        dispatcher_.models().Select(request->name(), request->version());
+    status = selected.status();
+    if (selected.ok()) {
+      for (const VersionPtr& v : *selected) FillStatistics(*v, response->add_models());
+    }
+  }
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

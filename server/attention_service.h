@@ -32,6 +32,9 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* context,
                                         const v1::UnloadModelRequest* request,
                                         v1::UnloadModelResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelStatistics(grpc::CallbackServerContext* context,
+                                               const v1::GetModelStatisticsRequest* request,
+                                               v1::ModelStatisticsResponse* response) override;
 
  private:
   // Why a model control call may not run (auth, mode none), or OK.

@@ -201,6 +201,7 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
   std::vector<std::unique_ptr<PendingRequest>> live;
   for (std::unique_ptr<PendingRequest>& r : batch) {
     metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
+    if (options_.statistics != nullptr) options_.statistics->Queued(now - r->enqueued);
     if (!r->refusal.ok()) {
       all_metrics_.CountDropped(model_, "memory");
       r->done(r->refusal);
@@ -236,6 +237,7 @@ void Batcher::ReportPrimitiveCacheMisses() {
 
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
                           Workspace& ws, size_t& answered) {
+  const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
   int64_t tokens = 0;
   for (const auto& r : live) {
@@ -257,6 +259,10 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
   metrics_.batch_tokens->Observe(static_cast<double>(tokens));
   metrics_.tokens->Increment(static_cast<double>(tokens));
 
+  const absl::Time answering = absl::Now();
+  if (options_.statistics != nullptr && status.ok()) {
+    options_.statistics->Executed(live.size(), start - merging, answering - start);
+  }
   for (; answered < live.size(); ++answered) {
     const size_t i = answered;
     if (!status.ok()) {
@@ -270,6 +276,9 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
       continue;
     }
     live[i]->done(result);
+  }
+  if (options_.statistics != nullptr && status.ok()) {
+    options_.statistics->Answered(live.size(), absl::Now() - answering);
   }
 }
 

@@ -21,6 +21,7 @@
 #include "server/clock.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
+#include "server/model_statistics.h"
 
 namespace mha {
 class MhaEngine;
@@ -49,6 +50,8 @@ struct BatcherOptions {
   // What queue delays and deadlines are measured with (borrowed; null: the
   // real clock). Tests pass a clock they move by hand.
   const Clock* clock = nullptr;
+  // Where queueing and engine calls are counted (borrowed; may be null).
+  ModelStatistics* statistics = nullptr;
 };
 
 // What a computed request gets back: its f32 output and optional weights,

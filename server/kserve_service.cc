@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
 #include "server/kserve_codec.h"
 
 #ifndef MHA_VERSION
@@ -18,6 +19,34 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+void Fill(const ModelStatistics::Duration& d, inference::StatisticDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+void FillStatistics(const ModelVersion& version, inference::ModelStatistics* out) {
+  const ModelStatistics::Snapshot s = version.statistics->Read();
+  out->set_name(version.name);
+  out->set_version(absl::StrCat(version.version));
+  out->set_last_inference(s.last_inference_ms);
+  out->set_inference_count(s.inference_count);
+  out->set_execution_count(s.execution_count);
+  inference::InferStatistics* stats = out->mutable_inference_stats();
+  Fill(s.success, stats->mutable_success());
+  Fill(s.fail, stats->mutable_fail());
+  Fill(s.queue, stats->mutable_queue());
+  Fill(s.compute_input, stats->mutable_compute_input());
+  Fill(s.compute_infer, stats->mutable_compute_infer());
+  Fill(s.compute_output, stats->mutable_compute_output());
+  for (const auto& [requests, stages] : s.batches) {
+    inference::InferBatchStatistics* batch = out->add_batch_stats();
+    batch->set_batch_size(requests);
+    Fill(stages.compute_input, batch->mutable_compute_input());
+    Fill(stages.compute_infer, batch->mutable_compute_infer());
+    Fill(stages.compute_output, batch->mutable_compute_output());
+  }
 }
 
 }  // namespace
@@ -63,8 +92,11 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ServerMetadata(
     response->set_name("mha-serve");
     response->set_version(MHA_VERSION);
     // Of the protocol's optional extensions: request parameters (is_causal,
-    // need_weights, per_head_weights). Repository and statistics are not.
+    // need_weights, per_head_weights), Triton's model repository (with
+    // --model_control_mode poll or explicit) and statistics.
     response->add_extensions("parameters");
+    response->add_extensions("model_repository");
+    response->add_extensions("statistics");
   }
   return Finish(context, allowed);
 }
@@ -105,6 +137,81 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
   };
   dispatcher_.Dispatch(context, reactor, request->model_name(), version.value_or(0), kApiKserve,
                        decode, std::move(respond));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  absl::StatusOr<int64_t> version = ParseModelVersion(request->name(), request->version());
+  if (status.ok()) status = version.status();
+  if (status.ok()) {
+    absl::StatusOr<std::vector<VersionPtr>> selected =
+        dispatcher_.models().Select(request->name(), *version);
+    status = selected.status();
+    if (selected.ok()) {
+      for (const VersionPtr& v : *selected) FillStatistics(*v, response->add_model_stats());
+    }
+  }
+  return Finish(context, status);
+}
+
+absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServerContext& context,
+                                                      const std::string& repository_name,
+                                                      size_t parameters) const {
+  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  RETURN_IF_ERROR(control_.Allowed());
+  if (!repository_name.empty() && repository_name != dispatcher_.models().dir()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "repository_name: this server has one repository, '", dispatcher_.models().dir(),
+        "' (or leave it empty)"));
+  }
+  if (parameters > 0) {
+    return absl::InvalidArgumentError(
+        "parameters: model load and unload take none here (the model folder is the source)");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
+    grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(), 0);
+  if (status.ok()) {
+    for (const ModelRepository::IndexEntry& e : dispatcher_.models().Index()) {
+      if (request->ready() && !e.ready) continue;
+      auto* model = response->add_models();
+      model->set_name(e.name);
+      if (e.version > 0) model->set_version(absl::StrCat(e.version));
+      model->set_state(e.ready ? "READY" : "UNAVAILABLE");
+      model->set_reason(e.reason);
+    }
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(),
+                                                    request->parameters_size());
+  if (!status.ok()) return Finish(context, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  control_.Load(request->model_name(),
+                [reactor](absl::Status loaded) { reactor->Finish(ToGrpcStatus(loaded)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(),
+                                                    request->parameters_size());
+  if (!status.ok()) return Finish(context, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  control_.Unload(request->model_name(),
+                  [reactor](absl::Status unloaded) { reactor->Finish(ToGrpcStatus(unloaded)); });
   return reactor;
 }
 

@@ -7,15 +7,17 @@
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/attend_dispatch.h"
+#include "server/model_control.h"
 
 namespace mha::server {
 
-// Borrows the dispatcher (which outlives the server). Liveness and readiness
+// Borrows the dispatcher and the model control (which outlive the server). Liveness and readiness
 // RPCs stay open like grpc.health.v1; metadata and inference need the bearer
 // token when one is configured. Thread-safe.
 class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
  public:
-  explicit KserveServiceImpl(AttendDispatcher& dispatcher) : dispatcher_(dispatcher) {}
+  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control)
+      : dispatcher_(dispatcher), control_(control) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -35,13 +37,32 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(
+      grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+      inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(
+      grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+      inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
 
  private:
+  // Auth, then model control on (not mode none), and no parameters (we
+  // take none), the repository name empty or ours.
+  absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,
+                                     const std::string& repository_name,
+                                     size_t parameters) const;
   // The version named ("": the newest ready one), or why not.
   absl::StatusOr<VersionPtr> FindVersion(const std::string& name,
                                          const std::string& version) const;
 
   AttendDispatcher& dispatcher_;
+  ModelControl& control_;
 };
 
 }  // namespace mha::server

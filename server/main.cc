@@ -208,7 +208,7 @@ int Serve(const std::vector<std::string>& load_models) {
                     .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
       memory, *std::move(auth));
   AttentionServiceImpl service(dispatcher, control);
-  KserveServiceImpl kserve(dispatcher);
+  KserveServiceImpl kserve(dispatcher, control);
   ReflectionV1Service reflection_v1(ServedServiceNames());
   grpc::ServerBuilder builder;
   int grpc_port = 0;

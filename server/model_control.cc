@@ -54,6 +54,13 @@ ModelControl::ModelControl(ModelRepository& repository, ModelControlMode mode,
 
 ModelControl::~ModelControl() { Stop(); }
 
+absl::Status ModelControl::Allowed() const {
+  if (mode_ != ModelControlMode::kNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "model control is off: start the server with --model_control_mode explicit (or poll) "
+      "to load and unload models over the API");
+}
+
 void ModelControl::Load(std::string name, std::function<void(absl::Status)> done) {
   Post([this, name = std::move(name), done = std::move(done)](bool run) {
     if (!run) return done(absl::UnavailableError("server is shutting down"));

@@ -46,6 +46,8 @@ class ModelControl {
   ~ModelControl();  // Stop()
 
   ModelControlMode mode() const { return mode_; }
+  // FAILED_PRECONDITION in mode none (saying how to turn control on), or OK.
+  absl::Status Allowed() const;
   // ModelRepository::Load / Unload on the control thread, then `done` with
   // the outcome, there. FAILED_PRECONDITION at once (in the caller) in mode
   // none; UNAVAILABLE when stopping.

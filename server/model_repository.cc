@@ -54,9 +54,11 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   version->version = on_disk.version;
   version->fingerprint = on_disk.fingerprint;
   version->model = *std::move(loaded);
-  version->batcher =
-      std::make_unique<Batcher>(name, *version->model.engine, BatcherOptionsFor(config, options_),
-                                metrics_.ForModel(name), metrics_);
+  version->statistics = std::make_unique<ModelStatistics>();
+  BatcherOptions batcher_options = BatcherOptionsFor(config, options_);
+  batcher_options.statistics = version->statistics.get();
+  version->batcher = std::make_unique<Batcher>(name, *version->model.engine, batcher_options,
+                                               metrics_.ForModel(name), metrics_);
   if (version->model.dims.bf16 && !version->model.engine->dims().bf16) {
     Log(absl::StrCat("warning: model '", name, "' asks for bf16 compute, but oneDNN has no bf16 "
                      "kernels on this CPU (they need AVX-512): it computes in fp32"));
@@ -340,6 +342,49 @@ std::vector<int64_t> ModelRepository::ReadyVersions(const std::string& name) con
     for (const auto& [v, ptr] : it->second.ready) versions.push_back(v);
   }
   return versions;
+}
+
+absl::StatusOr<std::vector<VersionPtr>> ModelRepository::Select(const std::string& name,
+                                                                int64_t version) const {
+  std::vector<VersionPtr> selected;
+  if (!name.empty()) {
+    absl::StatusOr<VersionPtr> one = Find(name, version);
+    if (!one.ok()) return one.status();
+    if (version != 0) return std::vector<VersionPtr>{*one};
+  }
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [model, entry] : models_) {
+    if (!name.empty() && model != name) continue;
+    for (const auto& [v, ptr] : entry.ready) selected.push_back(ptr);
+  }
+  return selected;
+}
+
+std::vector<ModelRepository::IndexEntry> ModelRepository::Index() const {
+  std::vector<IndexEntry> index;
+  absl::StatusOr<std::vector<std::string>> on_disk = ModelFolderNames(dir_, /*log_skipped=*/false);
+  absl::ReaderMutexLock lock(&mu_);
+  std::set<std::string> names;
+  for (const auto& [name, entry] : models_) names.insert(name);
+  if (on_disk.ok()) names.insert(on_disk->begin(), on_disk->end());
+  for (const std::string& name : names) {
+    auto it = models_.find(name);
+    if (it == models_.end()) {
+      index.push_back({name, 0, false, "not loaded"});
+      continue;
+    }
+    const Entry& entry = it->second;
+    std::set<int64_t> versions;
+    for (const auto& [v, ptr] : entry.ready) versions.insert(v);
+    for (const auto& [v, error] : entry.errors) versions.insert(v);
+    if (versions.empty()) index.push_back({name, 0, false, std::string(entry.status.message())});
+    for (const int64_t v : versions) {
+      auto error = entry.errors.find(v);
+      index.push_back({name, v, entry.ready.count(v) > 0,
+                       error == entry.errors.end() ? "" : error->second});
+    }
+  }
+  return index;
 }
 
 }  // namespace mha::server

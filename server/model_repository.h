@@ -21,6 +21,7 @@
 #include "mha/v1/attention.pb.h"
 #include "server/batcher.h"
 #include "server/metrics.h"
+#include "server/model_statistics.h"
 #include "server/repository_scan.h"
 
 namespace mha::server {
@@ -34,6 +35,7 @@ struct ModelVersion {
   int64_t version = 0;
   uint64_t fingerprint = 0;  // what was loaded (see VersionOnDisk)
   LoadedModel model;
+  std::unique_ptr<ModelStatistics> statistics;  // outlives the batcher, which feeds it
   std::unique_ptr<Batcher> batcher;
 };
 using VersionPtr = std::shared_ptr<const ModelVersion>;
@@ -83,6 +85,19 @@ class ModelRepository {
   std::vector<std::string> Ready() const;
   // The ready versions of `name`, ascending (none when it is not loaded).
   std::vector<int64_t> ReadyVersions(const std::string& name) const;
+  // Ready versions of `name` ("": every model), all of them or `version`;
+  // NOT_FOUND when a named model or version is not served.
+  absl::StatusOr<std::vector<VersionPtr>> Select(const std::string& name, int64_t version) const;
+
+  // One line of the repository's index: a version of a model in the table,
+  // or (version 0) a model folder that is not loaded.
+  struct IndexEntry {
+    std::string name;
+    int64_t version = 0;
+    bool ready = false;
+    std::string reason;  // why it is not ready
+  };
+  std::vector<IndexEntry> Index() const;
   const std::string& dir() const { return dir_; }
 
  private:

@@ -90,7 +90,8 @@ bool IsValidModelName(const std::string& name) {
   return true;
 }
 
-absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& repository) {
+absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& repository,
+                                                          bool log_skipped) {
   std::error_code error;
   fs::directory_iterator it(repository, error);
   if (error) {
@@ -102,6 +103,7 @@ absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& rep
     if (!entry.is_directory(error)) continue;
     const std::string name = entry.path().filename().string();
     if (!IsValidModelName(name)) {
+      if (!log_skipped) continue;
       std::fprintf(stderr,
                    "mha_server: skipping folder '%s': model names match [A-Za-z0-9_.-]+, "
                    "at most %zu characters\n",

@@ -22,8 +22,10 @@ inline constexpr size_t kMaxModelNameBytes = 128;
 bool IsValidModelName(const std::string& name);
 
 // The model folders of `repository` with valid names, sorted (others are
-// skipped with a message on stderr). NOT_FOUND when it cannot be read.
-absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& repository);
+// skipped, with a message on stderr if `log_skipped`). NOT_FOUND when it
+// cannot be read.
+absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& repository,
+                                                          bool log_skipped = true);
 
 // Content hashes of files, recomputed only when a file's inode, size,
 // mtime or ctime changed (any write changes its ctime). Not thread-safe.

@@ -143,7 +143,7 @@ class KserveTest(unittest.TestCase):
         meta = self.kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=TIMEOUT)
         self.assertEqual(meta.name, "mha-serve")
         self.assertRegex(meta.version, r"^\d+\.\d+\.\d+$")
-        self.assertEqual(list(meta.extensions), ["parameters"])
+        self.assertEqual(list(meta.extensions), ["parameters", "model_repository", "statistics"])
 
     def test_model_ready(self):
         ready = lambda name, version="": self.kserve.ModelReady(  # noqa: E731

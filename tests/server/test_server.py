@@ -645,7 +645,8 @@ class SharedServerTest(ServerTestCase):
             files[f.name] = f
         self.assertIn("mha/v1/attention.proto", files)
         methods = {m.name for s in files["mha/v1/attention.proto"].service for m in s.method}
-        self.assertEqual(methods, {"Attend", "ListModels", "GetModel", "LoadModel", "UnloadModel"})
+        self.assertEqual(methods, {"Attend", "ListModels", "GetModel", "LoadModel", "UnloadModel",
+                                   "GetModelStatistics"})
 
     def test_reflection_v1_describes_every_service_health_included(self):
         # What a reflection-only tool does: list, fetch descriptors, build

@@ -1,0 +1,192 @@
+#!/usr/bin/python3
+"""Model control and statistics over the API, against a real mha_server:
+
+* Triton's model_repository and statistics extensions through a client
+  generated from Triton's own message definitions (TRITON_PROTO below: the
+  messages of triton-inference-server/common protobuf/grpc_service.proto as
+  published, field names and numbers unchanged, memory_usage and cache
+  fields included), not from our copy in proto/inference/, so that a Triton
+  client reads what we send: RepositoryIndex, RepositoryModelLoad,
+  RepositoryModelUnload, ModelStatistics;
+* mha.v1 GetModelStatistics: counts and times that follow the requests made.
+
+  MHA_SERVER=build/mha_server /usr/bin/python3 tests/server/test_model_control_api.py
+"""
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import grpc
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from mha_test_server import REPO_ROOT, TestServer, load_stubs, tensor  # noqa: E402
+from test_lifecycle import layer, write_version  # noqa: E402
+
+MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
+pb, rpc, cfg = load_stubs()
+
+# Triton's definitions (grpc_service.proto, 2020-2023), the parts these RPCs use.
+TRITON_PROTO = """
+syntax = "proto3";
+package inference;
+service GRPCInferenceService {
+  rpc ModelStatistics(ModelStatisticsRequest) returns (ModelStatisticsResponse) {}
+  rpc RepositoryIndex(RepositoryIndexRequest) returns (RepositoryIndexResponse) {}
+  rpc RepositoryModelLoad(RepositoryModelLoadRequest) returns (RepositoryModelLoadResponse) {}
+  rpc RepositoryModelUnload(RepositoryModelUnloadRequest)
+      returns (RepositoryModelUnloadResponse) {}
+}
+message ModelStatisticsRequest { string name = 1; string version = 2; }
+message StatisticDuration { uint64 count = 1; uint64 ns = 2; }
+message InferStatistics {
+  StatisticDuration success = 1; StatisticDuration fail = 2; StatisticDuration queue = 3;
+  StatisticDuration compute_input = 4; StatisticDuration compute_infer = 5;
+  StatisticDuration compute_output = 6; StatisticDuration cache_hit = 7;
+  StatisticDuration cache_miss = 8;
+}
+message InferBatchStatistics {
+  uint64 batch_size = 1; StatisticDuration compute_input = 2;
+  StatisticDuration compute_infer = 3; StatisticDuration compute_output = 4;
+}
+message MemoryUsage { string type = 1; int64 id = 2; uint64 byte_size = 3; }
+message ModelStatistics {
+  string name = 1; string version = 2; uint64 last_inference = 3; uint64 inference_count = 4;
+  uint64 execution_count = 5; InferStatistics inference_stats = 6;
+  repeated InferBatchStatistics batch_stats = 7; repeated MemoryUsage memory_usage = 8;
+}
+message ModelStatisticsResponse { repeated ModelStatistics model_stats = 1; }
+message RepositoryIndexRequest { string repository_name = 1; bool ready = 2; }
+message RepositoryIndexResponse {
+  message ModelIndex { string name = 1; string version = 2; string state = 3; string reason = 4; }
+  repeated ModelIndex models = 1;
+}
+message ModelRepositoryParameter {
+  oneof parameter_choice {
+    bool bool_param = 1; int64 int64_param = 2; string string_param = 3; bytes bytes_param = 4;
+  }
+}
+message RepositoryModelLoadRequest {
+  string repository_name = 1; string model_name = 2;
+  map<string, ModelRepositoryParameter> parameters = 3;
+}
+message RepositoryModelLoadResponse {}
+message RepositoryModelUnloadRequest {
+  string repository_name = 1; string model_name = 2;
+  map<string, ModelRepositoryParameter> parameters = 3;
+}
+message RepositoryModelUnloadResponse {}
+"""
+
+
+def triton_stubs():
+    folder = tempfile.mkdtemp(prefix="mha_triton_stubs_")
+    package = os.path.join(folder, "triton_client")
+    os.makedirs(package)
+    with open(os.path.join(package, "grpc_service.proto"), "w") as f:
+        f.write(TRITON_PROTO)
+    subprocess.run(["protoc", f"-I{folder}", f"--python_out={folder}", f"--grpc_out={folder}",
+                    "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin",
+                    os.path.join(package, "grpc_service.proto")], check=True)
+    sys.path.insert(0, folder)
+    return (importlib.import_module("triton_client.grpc_service_pb2"),
+            importlib.import_module("triton_client.grpc_service_pb2_grpc"))
+
+
+tpb, trpc = triton_stubs()
+Q = np.random.default_rng(0).standard_normal((2, 5, 32)).astype(np.float32)  # B = 2
+
+
+class ModelControlApiTest(unittest.TestCase):
+    def setUp(self):
+        self.repo = tempfile.mkdtemp(prefix="mha_control_api_")
+        write_version(os.path.join(self.repo, "a"), 1, layer(1))
+        write_version(os.path.join(self.repo, "a"), 2, layer(2))
+        write_version(os.path.join(self.repo, "b"), 1, layer(3))
+
+    def tearDown(self):
+        shutil.rmtree(self.repo, ignore_errors=True)
+
+    def index(self, triton, ready=False):
+        response = triton.RepositoryIndex(tpb.RepositoryIndexRequest(ready=ready), timeout=30)
+        return sorted((m.name, m.version, m.state) for m in response.models)
+
+    def test_triton_repository_rpcs(self):
+        with TestServer(MHA_SERVER, self.repo, ["--model_control_mode=explicit",
+                                                "--load_model=a"]) as s:
+            triton = trpc.GRPCInferenceServiceStub(s.channel())
+            self.assertEqual(self.index(triton), [("a", "2", "READY"), ("b", "", "UNAVAILABLE")])
+            self.assertEqual(self.index(triton, ready=True), [("a", "2", "READY")])
+            triton.RepositoryModelLoad(tpb.RepositoryModelLoadRequest(model_name="b"), timeout=60)
+            self.assertEqual(self.index(triton, ready=True), [("a", "2", "READY"),
+                                                              ("b", "1", "READY")])
+            s.stub().Attend(pb.AttendRequest(model="b", query=tensor(pb, cfg, Q)), timeout=30)
+            triton.RepositoryModelUnload(tpb.RepositoryModelUnloadRequest(model_name="a"),
+                                         timeout=60)
+            self.assertEqual(self.index(triton), [("a", "", "UNAVAILABLE"), ("b", "1", "READY")])
+            with self.assertRaises(grpc.RpcError) as e:
+                s.stub().Attend(pb.AttendRequest(model="a", query=tensor(pb, cfg, Q)), timeout=30)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+            with self.assertRaises(grpc.RpcError) as e:
+                triton.RepositoryModelLoad(tpb.RepositoryModelLoadRequest(model_name="nosuch"),
+                                           timeout=60)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+            request = tpb.RepositoryModelLoadRequest(model_name="a")
+            request.parameters["config"].string_param = "{}"
+            with self.assertRaises(grpc.RpcError) as e:
+                triton.RepositoryModelLoad(request, timeout=60)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_repository_rpcs_refused_in_mode_none(self):
+        with TestServer(MHA_SERVER, self.repo, []) as s:
+            triton = trpc.GRPCInferenceServiceStub(s.channel())
+            with self.assertRaises(grpc.RpcError) as e:
+                triton.RepositoryIndex(tpb.RepositoryIndexRequest(), timeout=30)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+
+    def test_statistics_follow_the_requests(self):
+        with TestServer(MHA_SERVER, self.repo, ["--model_control_mode=explicit",
+                                                "--load_model=a,b"]) as s:
+            stub = s.stub()
+            for version in (1, 2, 2):  # a's policy serves only 2: version 1 is refused
+                try:
+                    stub.Attend(pb.AttendRequest(model="a", query=tensor(pb, cfg, Q),
+                                                 model_version=version), timeout=30)
+                except grpc.RpcError as e:
+                    self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
+            triton = trpc.GRPCInferenceServiceStub(s.channel())
+            stats = triton.ModelStatistics(tpb.ModelStatisticsRequest(name="a"), timeout=30)
+            self.assertEqual([(m.name, m.version) for m in stats.model_stats], [("a", "2")])
+            a = stats.model_stats[0]
+            self.assertEqual(a.inference_count, 4)  # two requests of B = 2
+            self.assertEqual(a.execution_count, 2)  # sequential: one per engine call
+            self.assertEqual(a.inference_stats.success.count, 2)
+            self.assertGreater(a.inference_stats.success.ns, 0)
+            self.assertEqual(a.inference_stats.queue.count, 2)
+            self.assertEqual(a.inference_stats.compute_infer.count, 2)
+            self.assertGreater(a.inference_stats.compute_infer.ns, 0)
+            self.assertLessEqual(a.inference_stats.compute_infer.ns, a.inference_stats.success.ns)
+            self.assertEqual([(b.batch_size, b.compute_infer.count) for b in a.batch_stats],
+                             [(1, 2)])
+            self.assertGreater(a.last_inference, 1_700_000_000_000)  # Unix ms
+            every = triton.ModelStatistics(tpb.ModelStatisticsRequest(), timeout=30)
+            self.assertEqual(sorted((m.name, m.version) for m in every.model_stats),
+                             [("a", "2"), ("b", "1")])
+            ours = stub.GetModelStatistics(pb.GetModelStatisticsRequest(name="a", version=2))
+            self.assertEqual(len(ours.models), 1)
+            self.assertEqual(ours.models[0].inference_count, 4)
+            self.assertEqual(ours.models[0].execution_count, 2)
+            self.assertEqual(ours.models[0].compute_infer.ns, a.inference_stats.compute_infer.ns)
+            with self.assertRaises(grpc.RpcError) as e:
+                stub.GetModelStatistics(pb.GetModelStatisticsRequest(name="a", version=1))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
