@@ -147,6 +147,33 @@ int Info(v1::AttentionService::Stub& stub, const std::string& name) {
   return 0;
 }
 
+// `load_model NAME` / `unload_model NAME` (--model_control_mode poll or
+// explicit on the server): waits for the load, then prints the versions.
+int ControlModel(v1::AttentionService::Stub& stub, bool load, const std::string& name) {
+  std::unique_ptr<grpc::ClientContext> context = Context();
+  context->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  if (!load) {
+    v1::UnloadModelRequest request;
+    request.set_name(name);
+    v1::UnloadModelResponse response;
+    const grpc::Status status = stub.UnloadModel(context.get(), request, &response);
+    if (!status.ok()) return ReportError(status);
+    std::printf("%s: unloaded\n", name.c_str());
+    return 0;
+  }
+  v1::LoadModelRequest request;
+  request.set_name(name);
+  v1::ModelInfo info;
+  const grpc::Status status = stub.LoadModel(context.get(), request, &info);
+  if (!status.ok()) return ReportError(status);
+  for (const v1::ModelVersionStatus& v : info.versions()) {
+    std::printf("%s version %lld: %s%s%s\n", name.c_str(), static_cast<long long>(v.version()),
+                v.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
+                v.error().empty() ? "" : " ", v.error().c_str());
+  }
+  return 0;
+}
+
 // The names of the flags on the command line (Abseil of this version keeps
 // that private).
 std::set<std::string>& GivenFlags() {
@@ -353,7 +380,8 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "mha_client {health [--model NAME] | models | info NAME | attend | load} [--target "
+      "mha_client {health [--model NAME] | models | info NAME | attend | load | load_model NAME "
+      "| unload_model NAME} [--target "
       "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token_file FILE]");
   mha::client::RecordGivenFlags(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -384,9 +412,11 @@ int main(int argc, char** argv) {
   }
   const std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = mha::v1::AttentionService::NewStub(channel);
-  const size_t expected_args = command == "info" ? 3 : 2;
-  if (command == "info" && args.size() < 3) {
-    std::fprintf(stderr, "info: expected a model name, e.g. mha_client info demo\n");
+  const bool named = command == "info" || command == "load_model" || command == "unload_model";
+  const size_t expected_args = named ? 3 : 2;
+  if (named && args.size() < 3) {
+    std::fprintf(stderr, "%s: expected a model name, e.g. mha_client %s demo\n",
+                 command.c_str(), command.c_str());
     return 2;
   }
   if (args.size() > expected_args) {
@@ -400,6 +430,8 @@ int main(int argc, char** argv) {
   if (command == "info") return mha::client::Info(*stub, args[2]);
   if (command == "attend") return mha::client::Attend(*stub);
   if (command == "load") return mha::client::Load(channel);
+  if (command == "load_model") return mha::client::ControlModel(*stub, true, args[2]);
+  if (command == "unload_model") return mha::client::ControlModel(*stub, false, args[2]);
   std::fprintf(stderr, "unknown command '%s'\nusage: %s\n", command.c_str(),
                absl::ProgramUsageMessage().data());
   return 2;

@@ -79,7 +79,7 @@ absl::StatusOr<std::vector<int64_t>> Chosen(const v1::VersionPolicy& policy,
 }  // namespace
 
 bool IsValidModelName(const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name.size() > kMaxModelNameBytes) {
+  if (name.empty() || name[0] == '.' || name.size() > kMaxModelNameBytes) {
     return false;
   }
   for (char c : name) {
@@ -102,6 +102,7 @@ absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& rep
   for (const fs::directory_entry& entry : it) {
     if (!entry.is_directory(error)) continue;
     const std::string name = entry.path().filename().string();
+    if (name[0] == '.') continue;  // hidden: e.g. a version being staged
     if (!IsValidModelName(name)) {
       if (!log_skipped) continue;
       std::fprintf(stderr,

@@ -15,14 +15,15 @@
 
 namespace mha::server {
 
-// Model names are folder names matching [A-Za-z0-9_.-]+ (and not "." or
-// ".."), at most kMaxModelNameBytes long (they are label values, health
+// Model names are folder names matching [A-Za-z0-9_.-]+ not starting with
+// '.' (hidden folders are ignored), at most kMaxModelNameBytes long (they are label values, health
 // service names and parts of every error message).
 inline constexpr size_t kMaxModelNameBytes = 128;
 bool IsValidModelName(const std::string& name);
 
-// The model folders of `repository` with valid names, sorted (others are
-// skipped, with a message on stderr if `log_skipped`). NOT_FOUND when it
+// The model folders of `repository` with valid names, sorted (hidden ones,
+// starting with '.', are ignored; other invalid names are skipped, with a
+// message on stderr if `log_skipped`). NOT_FOUND when it
 // cannot be read.
 absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& repository,
                                                           bool log_skipped = true);

@@ -132,8 +132,12 @@ docker run --rm -v "$root/deploy/compose/prometheus:/rules:ro" --entrypoint sh m
   'promtool check config /etc/prometheus/prometheus.yml && promtool check rules /rules/alerts.yml &&
    cd /rules && promtool test rules alerts_test.yml'
 
-step "compose: server + Prometheus"
+step "compose: server + Prometheus (a copy of models/ mounted, poll mode)"
 cd "$root/deploy/compose"
+models="$(mktemp -d /var/tmp/mha-models.XXXXXX)"
+cp -r "$root/models/demo" "$models/"
+chmod -R a+rX "$models"
+export MHA_MODELS="$models" MHA_REPOSITORY_POLL_S=1
 quiet docker-compose -p "$project" up -d --build
 for _ in $(seq 60); do [ "$(prom_value 'up{job="mha-serve"}')" = 1 ] && break; sleep 1; done
 [ "$(prom_value 'up{job="mha-serve"}')" = 1 ] || fail "Prometheus does not see the server up"
@@ -148,7 +152,27 @@ done
 echo "mha_requests_total through Prometheus: $before -> $after"
 python3 -c "import sys; sys.exit(0 if float('$after') >= float('$before') + 25 else 1)" ||
   fail "mha_requests_total did not rise by 25 in Prometheus"
+
+step "compose: a new model version copied in, served without a restart"
+"$client" attend --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --len 8 | grep -q "version 1:" ||
+  fail "the demo model does not answer as version 1"
+started_at="$(docker inspect -f '{{.State.StartedAt}}' "$(docker-compose -p "$project" ps -q mha)")"
+mkdir -p "$models/.staging/2"
+cp "$root/models/demo/weights.safetensors" "$models/.staging/2/"
+chmod -R a+rX "$models"
+mv "$models/.staging/2" "$models/demo/2"
+for _ in $(seq 60); do
+  "$client" attend --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --len 8 2>/dev/null |
+    grep -q "version 2:" && break
+  sleep 0.5
+done
+"$client" attend --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --len 8 | grep "version 2:" ||
+  fail "version 2 was not served after it was copied into the mounted repository"
+[ "$(docker inspect -f '{{.State.StartedAt}}' "$(docker-compose -p "$project" ps -q mha)")" = "$started_at" ] ||
+  fail "the server restarted"
 quiet docker-compose -p "$project" down -v
+rm -rf "$models"
+unset MHA_MODELS MHA_REPOSITORY_POLL_S
 
 step "compose: 3 replicas behind nginx (gRPC, L7)"
 quiet docker-compose -p "$project" -f docker-compose.replicas.yml up -d --build --scale mha=3

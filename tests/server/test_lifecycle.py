@@ -314,6 +314,30 @@ class LifecycleTest(unittest.TestCase):
                 stub.UnloadModel(pb.UnloadModelRequest(name="big"), timeout=60)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
 
+    def test_client_cli_loads_and_unloads(self):
+        client = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
+        model_dir = os.path.join(self.repo, "m")
+        write_version(model_dir, 1, layer(71))
+        os.makedirs(os.path.join(self.repo, ".staging"))  # hidden: never a model
+        with self.server("--model_control_mode=explicit") as s:
+            run = lambda *args: subprocess.run(  # noqa: E731
+                [client, *args, f"--target={s.target()}"], capture_output=True, text=True)
+            r = run("load_model", "m")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), "m version 1: READY")
+            r = run("models")
+            self.assertRegex(r.stdout, r"m\s+READY\s+E=32 h=4 .* versions=1")
+            r = run("attend", "--model=m", "--len=4", "--model_version=1")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("model m version 1:", r.stdout)
+            r = run("load_model", ".staging")
+            self.assertNotEqual(r.returncode, 0)
+            r = run("unload_model", "m")
+            self.assertEqual((r.returncode, r.stdout.strip()), (0, "m: unloaded"))
+            r = run("attend", "--model=m", "--len=4")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("NOT_FOUND", r.stderr)
+
     def test_mode_none_refuses_model_control(self):
         write_version(os.path.join(self.repo, "m"), 1, layer(51))
         with self.server() as s:
