@@ -30,19 +30,24 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   const absl::Time start = absl::Now();
   absl::StatusOr<VersionPtr> found = models_.Find(model_name, version);
   // Series exist for the repository's models only: a client naming random
-  // models must not create label values.
-  const bool known = models_.Has(model_name);
-  const std::string label = known ? model_name : kUnknownModelLabel;
-  ModelMetrics* model_metrics = known ? &metrics_.ForModel(label) : nullptr;
+  // models must not create label values. A request that reached no version
+  // of a known model counts under version "".
+  ModelMetrics* model_metrics = found.ok()                ? (*found)->metrics.get()
+                                : models_.Has(model_name) ? &metrics_.ForModel(model_name)
+                                                          : nullptr;
   if (model_metrics != nullptr) model_metrics->inflight->Increment();
   // The version's statistics, alive while `found` or a request holds it.
   ModelStatistics* statistics = found.ok() ? (*found)->statistics.get() : nullptr;
   auto sequences = std::make_shared<int64_t>(0);  // known once decoded
   // Records the outcome and answers; called exactly once per call.
-  auto finish = [this, context, reactor, start, label, api, model_metrics, statistics,
+  auto finish = [this, context, reactor, start, api, model_metrics, statistics,
                  sequences](const absl::Status& status) {
     const absl::Duration took = absl::Now() - start;
-    metrics_.CountRequest(label, api, status.code());
+    if (model_metrics != nullptr) {
+      model_metrics->CountRequest(api, status.code());
+    } else {
+      metrics_.CountUnknownModelRequest(api, status.code());
+    }
     if (statistics != nullptr) statistics->RequestDone(status.ok(), took, *sequences);
     if (model_metrics != nullptr) {
       model_metrics->request_duration->Observe(absl::ToDoubleSeconds(took));
@@ -71,11 +76,11 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
                                   model.batcher->ThreadsPerCall());
   if (absl::Status s = CheckResponseSize(pending->input, cost, limits_.max_message_bytes);
       !s.ok()) {
-    metrics_.CountDropped(label, "message_size");
+    model_metrics->CountDropped("message_size");
     return finish(s);
   }
   if (absl::Status s = CheckWorkingMemory(pending->input, cost, memory_.capacity()); !s.ok()) {
-    metrics_.CountDropped(label, "memory");
+    model_metrics->CountDropped("memory");
     return finish(s);
   }
   pending->queued_bytes = cost.queued_bytes;

@@ -45,19 +45,19 @@ absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("server is shutting down");
   if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
-    all_metrics_.CountDropped(model_, "queue_full");
+    metrics_.CountDropped("queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", options_.max_queue_size, " requests waiting)"));
   }
   if (queued_bytes_ + request->input.wire_bytes() > options_.max_queue_bytes) {
-    all_metrics_.CountDropped(model_, "queue_full");
+    metrics_.CountDropped("queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this request ",
         request->input.wire_bytes(), ", limit ", options_.max_queue_bytes, ")"));
   }
   MemoryBudget* memory = options_.memory;
   if (memory != nullptr && !memory->TryReserveQueued(request->queued_bytes, *request->memory)) {
-    all_metrics_.CountDropped(model_, "memory");
+    metrics_.CountDropped("memory");
     return absl::ResourceExhaustedError(absl::StrCat(
         "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
         " of ", WithCommas(memory->capacity()), " bytes and this one needs ",
@@ -203,13 +203,13 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
     metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
     if (options_.statistics != nullptr) options_.statistics->Queued(now - r->enqueued);
     if (!r->refusal.ok()) {
-      all_metrics_.CountDropped(model_, "memory");
+      metrics_.CountDropped("memory");
       r->done(r->refusal);
     } else if (r->cancelled && r->cancelled()) {
-      all_metrics_.CountDropped(model_, "cancelled");
+      metrics_.CountDropped("cancelled");
       r->done(absl::CancelledError("client cancelled the request"));
     } else if (now > r->deadline) {
-      all_metrics_.CountDropped(model_, "deadline");
+      metrics_.CountDropped("deadline");
       r->done(absl::DeadlineExceededError("deadline passed while the request was queued"));
     } else {
       live.push_back(std::move(r));

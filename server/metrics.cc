@@ -34,7 +34,8 @@ prometheus::Histogram::BucketBoundaries PowersOfTwo(int max_exponent) {
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       requests_(BuildCounter().Name("mha_requests_total")
-                    .Help("Attention requests answered (Attend, ModelInfer), by model, api and gRPC status code")
+                    .Help("Attention requests answered (Attend, ModelInfer), by model, version, "
+                          "api and gRPC status code")
                     .Register(*registry_)),
       request_duration_(BuildHistogram().Name("mha_request_duration_seconds")
                             .Help("Attend handler in to response out")
@@ -86,40 +87,101 @@ Metrics::Metrics()
                            .Register(*registry_)
                            .Add({})) {}
 
+ModelMetrics* Metrics::Create(const std::string& model, const std::string& version) {
+  const prometheus::Labels labels = {{"model", model}, {"version", version}};
+  auto* m = new ModelMetrics();
+  m->model = model;
+  m->version = version;
+  m->request_duration = &request_duration_.Add(labels, SecondsBuckets());
+  m->queue_duration = &queue_duration_.Add(labels, SecondsBuckets());
+  m->compute_duration = &compute_duration_.Add(labels, SecondsBuckets());
+  m->batch_requests = &batch_requests_.Add(labels, PowersOfTwo(10));
+  m->batch_tokens = &batch_tokens_.Add(labels, PowersOfTwo(20));
+  m->queue_depth = &queue_depth_.Add(labels);
+  m->inflight = &inflight_.Add(labels);
+  m->tokens = &tokens_.Add(labels);
+  m->primitive_cache_misses = &primitive_cache_misses_.Add(labels);
+  // Every reason's series from the start, so rate() alerts work before the
+  // first drop.
+  for (const char* reason : kDropReasons) {
+    m->dropped[reason] =
+        &dropped_.Add({{"model", model}, {"version", version}, {"reason", reason}});
+  }
+  m->requests_family = &requests_;
+  return m;
+}
+
+void Metrics::Remove(ModelMetrics* m) {
+  request_duration_.Remove(m->request_duration);
+  queue_duration_.Remove(m->queue_duration);
+  compute_duration_.Remove(m->compute_duration);
+  batch_requests_.Remove(m->batch_requests);
+  batch_tokens_.Remove(m->batch_tokens);
+  queue_depth_.Remove(m->queue_depth);
+  inflight_.Remove(m->inflight);
+  tokens_.Remove(m->tokens);
+  primitive_cache_misses_.Remove(m->primitive_cache_misses);
+  for (const auto& [reason, counter] : m->dropped) dropped_.Remove(counter);
+  std::lock_guard<std::mutex> lock(m->requests_mu);
+  for (const auto& [key, counter] : m->requests) requests_.Remove(counter);
+}
+
+std::shared_ptr<ModelMetrics> Metrics::ForVersion(const std::string& model,
+                                                  const std::string& version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::weak_ptr<ModelMetrics>& slot = versions_[{model, version}];
+  if (std::shared_ptr<ModelMetrics> held = slot.lock()) return held;
+  std::shared_ptr<ModelMetrics> created(Create(model, version), [this](ModelMetrics* m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = versions_.find({m->model, m->version});
+    // A holder that came after the last one let go got the same series from
+    // the families (they were not removed yet): they stay for it.
+    if (it == versions_.end() || it->second.expired()) {
+      if (it != versions_.end()) versions_.erase(it);
+      Remove(m);
+    }
+    delete m;
+  });
+  slot = created;
+  return created;
+}
+
 ModelMetrics& Metrics::ForModel(const std::string& model) {
   std::lock_guard<std::mutex> lock(mu_);
   std::unique_ptr<ModelMetrics>& m = models_[model];
-  if (m == nullptr) {
-    const prometheus::Labels labels = {{"model", model}};
-    m = std::make_unique<ModelMetrics>();
-    m->request_duration = &request_duration_.Add(labels, SecondsBuckets());
-    m->queue_duration = &queue_duration_.Add(labels, SecondsBuckets());
-    m->compute_duration = &compute_duration_.Add(labels, SecondsBuckets());
-    m->batch_requests = &batch_requests_.Add(labels, PowersOfTwo(10));
-    m->batch_tokens = &batch_tokens_.Add(labels, PowersOfTwo(20));
-    m->queue_depth = &queue_depth_.Add(labels);
-    m->inflight = &inflight_.Add(labels);
-    m->tokens = &tokens_.Add(labels);
-    m->loaded = &loaded_.Add(labels);
-    load_failures_.Add(labels);
-    m->primitive_cache_misses = &primitive_cache_misses_.Add(labels);
-    // Every reason's series from the start, so rate() alerts work before
-    // the first drop.
-    for (const char* reason : kDropReasons) dropped_.Add({{"model", model}, {"reason", reason}});
-  }
+  if (m == nullptr) m.reset(Create(model, ""));
   return *m;
 }
 
-void Metrics::CountRequest(const std::string& model, const char* api, absl::StatusCode code) {
-  requests_.Add({{"model", model}, {"api", api}, {"code", CodeLabel(code)}}).Increment();
+void ModelMetrics::CountRequest(const char* api, absl::StatusCode code) {
+  prometheus::Counter* counter;
+  {
+    std::lock_guard<std::mutex> lock(requests_mu);
+    prometheus::Counter*& slot = requests[{api, static_cast<int>(code)}];
+    if (slot == nullptr) {
+      slot = &requests_family->Add(
+          {{"model", model}, {"version", version}, {"api", api}, {"code", CodeLabel(code)}});
+    }
+    counter = slot;
+  }
+  counter->Increment();
 }
 
-void Metrics::CountDropped(const std::string& model, const std::string& reason) {
-  dropped_.Add({{"model", model}, {"reason", reason}}).Increment();
+void Metrics::SetLoaded(const std::string& model, bool loaded) {
+  ForModel(model);
+  load_failures_.Add({{"model", model}});  // exported from the first load on
+  loaded_.Add({{"model", model}}).Set(loaded ? 1 : 0);
 }
 
 void Metrics::CountLoadFailure(const std::string& model) {
+  ForModel(model);
   load_failures_.Add({{"model", model}}).Increment();
+}
+
+void Metrics::CountUnknownModelRequest(const char* api, absl::StatusCode code) {
+  requests_.Add({{"model", kUnknownModelLabel}, {"version", ""}, {"api", api},
+                 {"code", CodeLabel(code)}})
+      .Increment();
 }
 
 std::string CodeLabel(absl::StatusCode code) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "prometheus/counter.h"
@@ -16,10 +17,13 @@
 
 namespace mha::server {
 
-// The per-model series, created once when the model is registered so the
-// hot path never looks up label sets. Pointers into the registry's families;
-// prometheus-cpp metrics are thread-safe.
+// The series of one model version (labels `model`, `version`; version ""
+// for what a model counts outside any version, e.g. requests naming a
+// version it does not serve), created once so the hot path never looks up
+// label sets. Pointers into the registry's families; prometheus-cpp metrics
+// are thread-safe, and so is CountRequest.
 struct ModelMetrics {
+  std::string model, version;
   prometheus::Histogram* request_duration = nullptr;
   prometheus::Histogram* queue_duration = nullptr;
   prometheus::Histogram* compute_duration = nullptr;
@@ -28,8 +32,17 @@ struct ModelMetrics {
   prometheus::Gauge* queue_depth = nullptr;
   prometheus::Gauge* inflight = nullptr;
   prometheus::Counter* tokens = nullptr;
-  prometheus::Gauge* loaded = nullptr;
   prometheus::Counter* primitive_cache_misses = nullptr;
+  std::map<std::string, prometheus::Counter*> dropped;  // every kDropReasons entry
+
+  // One answered attention call; `api` is kApiMha or kApiKserve.
+  void CountRequest(const char* api, absl::StatusCode code);
+  void CountDropped(const std::string& reason) const { dropped.at(reason)->Increment(); }
+
+  // Set by Metrics: the requests_total family and the series made in it.
+  prometheus::Family<prometheus::Counter>* requests_family = nullptr;
+  std::mutex requests_mu;
+  std::map<std::pair<std::string, int>, prometheus::Counter*> requests;  // guarded
 };
 
 // Owns the registry and every metric family. Thread-safe.
@@ -37,20 +50,29 @@ class Metrics {
  public:
   Metrics();
 
-  // Series for `model` (label value as given; unknown names are not passed
-  // here, so clients cannot blow up the label cardinality).
+  // The series of `model` version `version` (a number, or ""), shared by
+  // whoever holds them; when the last holder lets go (a version unloaded),
+  // they leave /metrics, so unloaded versions leave no series behind.
+  // Unknown model names are not passed here, so clients cannot blow up the
+  // label cardinality.
+  std::shared_ptr<ModelMetrics> ForVersion(const std::string& model, const std::string& version);
+  // The series of `model` outside any version (version ""), kept as long as
+  // the Metrics.
   ModelMetrics& ForModel(const std::string& model);
-  // One answered attention call; `api` is kApiMha or kApiKserve.
-  void CountRequest(const std::string& model, const char* api, absl::StatusCode code);
-  void CountDropped(const std::string& model, const std::string& reason);
-  // A model version (or its folder) that failed to load or reload.
+  // Model-level: whether a version serves, and loads that failed.
+  void SetLoaded(const std::string& model, bool loaded);
   void CountLoadFailure(const std::string& model);
+  // A request naming no model of the repository (label kUnknownModelLabel).
+  void CountUnknownModelRequest(const char* api, absl::StatusCode code);
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   prometheus::Gauge& memory_limit() { return memory_; }
   prometheus::Gauge& memory_reserved() { return memory_reserved_; }
 
  private:
+  ModelMetrics* Create(const std::string& model, const std::string& version);
+  void Remove(ModelMetrics* m);
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
@@ -68,7 +90,8 @@ class Metrics {
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;
   std::mutex mu_;
-  std::map<std::string, std::unique_ptr<ModelMetrics>> models_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>> models_;  // version "", guarded
+  std::map<std::pair<std::string, std::string>, std::weak_ptr<ModelMetrics>> versions_;
 };
 
 // Values of the `api` label of mha_requests_total: which front end answered.

@@ -54,11 +54,12 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   version->version = on_disk.version;
   version->fingerprint = on_disk.fingerprint;
   version->model = *std::move(loaded);
+  version->metrics = metrics_.ForVersion(name, absl::StrCat(on_disk.version));
   version->statistics = std::make_unique<ModelStatistics>();
   BatcherOptions batcher_options = BatcherOptionsFor(config, options_);
   batcher_options.statistics = version->statistics.get();
   version->batcher = std::make_unique<Batcher>(name, *version->model.engine, batcher_options,
-                                               metrics_.ForModel(name), metrics_);
+                                               *version->metrics, metrics_);
   if (version->model.dims.bf16 && !version->model.engine->dims().bf16) {
     Log(absl::StrCat("warning: model '", name, "' asks for bf16 compute, but oneDNN has no bf16 "
                      "kernels on this CPU (they need AVX-512): it computes in fp32"));
@@ -92,7 +93,6 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
       failed_fingerprints = it->second.failed_fingerprints;
     }
   }
-  ModelMetrics& model_metrics = metrics_.ForModel(name);
   absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(folder, fingerprints_);
   if (!scan.ok()) {  // what served before goes on serving
     const absl::Status failed = absl::FailedPreconditionError(
@@ -104,7 +104,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
       metrics_.CountLoadFailure(name);
     }
     entry.status = failed;
-    model_metrics.loaded->Set(entry.ready.empty() ? 0 : 1);
+    metrics_.SetLoaded(name, !entry.ready.empty());
     return failed;
   }
   std::map<int64_t, VersionPtr> next;
@@ -172,7 +172,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
                            "model '", name, "' failed to load: ",
                            entry.errors.empty() ? "no version" : entry.errors.rbegin()->second))
                      : absl::OkStatus();
-  model_metrics.loaded->Set(entry.ready.empty() ? 0 : 1);
+  metrics_.SetLoaded(name, !entry.ready.empty());
   Retire(std::move(retire));
   return first_error;
 }
@@ -188,7 +188,7 @@ absl::Status ModelRepository::Unload(const std::string& name) {
   std::vector<VersionPtr> retire;
   for (const auto& [v, ptr] : it->second.ready) retire.push_back(ptr);
   models_.erase(it);
-  metrics_.ForModel(name).loaded->Set(0);
+  metrics_.SetLoaded(name, false);
   Retire(std::move(retire));
   Log(absl::StrCat("model '", name, "' unloaded"));
   return absl::OkStatus();

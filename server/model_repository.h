@@ -35,7 +35,10 @@ struct ModelVersion {
   int64_t version = 0;
   uint64_t fingerprint = 0;  // what was loaded (see VersionOnDisk)
   LoadedModel model;
-  std::unique_ptr<ModelStatistics> statistics;  // outlives the batcher, which feeds it
+  // Both outlive the batcher, which feeds them; the series leave /metrics
+  // when the version is freed.
+  std::shared_ptr<ModelMetrics> metrics;
+  std::unique_ptr<ModelStatistics> statistics;
   std::unique_ptr<Batcher> batcher;
 };
 using VersionPtr = std::shared_ptr<const ModelVersion>;

@@ -51,13 +51,10 @@ class TestServer(LocalServer):
 
 
 def metric_value(text, name, **labels):
-    """The value of one sample of the Prometheus text `text`, or 0.0."""
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """The sum of the samples of the Prometheus text `text` named `name` with
+    these labels (over the labels not given, e.g. every version of a
+    model, as PromQL's sum would), or 0.0."""
+    return metric_sample(text, name, **labels) or 0.0
 
 
 def tensor(pb, config_pb, array, dtype=None):
@@ -81,12 +78,13 @@ def to_numpy(t):
 def metric_sample(text, name, **labels):
     """Like metric_value, but None when no sample matches (so a test can
     tell a 0 from a missing series)."""
+    total = None
     for line in text.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
             continue
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
+            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def half_tensor(pb, config_pb, array, dtype):

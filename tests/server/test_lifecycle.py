@@ -215,9 +215,14 @@ class LifecycleTest(unittest.TestCase):
                 load.stop()
             self.assertEqual(load.errors, [])
             self.assertEqual(load.mismatches, [])
-            # latest { num_versions: 1 }: version 1 is gone once 2 serves.
+            # latest { num_versions: 1 }: version 1 is gone once 2 serves,
+            # and so are its series once its requests are done.
             info = s.stub().GetModel(pb.GetModelRequest(name="m"))
             self.assertEqual([v.version for v in info.versions], [2])
+            self.assertGreater(metric_value(s.metrics(), "mha_requests_total", model="m",
+                                            version="2", code="OK"), 50)
+            wait_for(lambda: not series(s.metrics(), "m", "1"),
+                     what="version 1's series to be removed")
             # A removed folder is unloaded at the next poll.
             shutil.rmtree(model_dir)
             wait_for(lambda: not any(m.name == "m" for m in
@@ -310,6 +315,9 @@ class LifecycleTest(unittest.TestCase):
             stub.UnloadModel(pb.UnloadModelRequest(name="big"), timeout=60)
             wait_for(lambda: rss(s.process.pid) < rss_without + (rss_with - rss_without) / 2,
                      what="the unloaded model's memory to come back")
+            text = s.metrics()
+            self.assertEqual(metric_value(text, "mha_model_loaded", model="big"), 0)
+            self.assertEqual(series(text, "big", "1"), [])
             with self.assertRaises(grpc.RpcError) as e:
                 stub.UnloadModel(pb.UnloadModelRequest(name="big"), timeout=60)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
@@ -359,6 +367,12 @@ class LifecycleTest(unittest.TestCase):
             info = stub.LoadModel(pb.LoadModelRequest(name="m"), timeout=60,
                                   metadata=[("authorization", "Bearer s3cret")])
             self.assertEqual(info.state, pb.ModelInfo.STATE_READY)
+
+
+def series(metrics_text, model, version):
+    """The lines of /metrics of that model version."""
+    return [line for line in metrics_text.splitlines()
+            if f'model="{model}"' in line and f'version="{version}"' in line]
 
 
 def rss(pid):
