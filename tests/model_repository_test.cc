@@ -1,0 +1,160 @@
+// What the repository reads from disk (version folders, policies, content
+// fingerprints) and the per-version metric series.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "server/metrics.h"
+#include "server/repository_scan.h"
+
+namespace mha::server {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+class RepositoryScanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("mha_scan_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void Write(const fs::path& path, const std::string& text) {
+    fs::create_directories(path.parent_path());
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  }
+  void Config(const std::string& extra = "") {
+    Write(dir_ / "config.pbtxt", "embed_dim: 8\nnum_heads: 2\n" + extra);
+  }
+  std::vector<int64_t> Versions(const ModelOnDisk& m) {
+    std::vector<int64_t> v;
+    for (const VersionOnDisk& x : m.versions) v.push_back(x.version);
+    return v;
+  }
+
+  fs::path dir_;
+  FingerprintCache cache_;
+};
+
+TEST_F(RepositoryScanTest, LatestPolicyServesTheNewestVersions) {
+  for (const char* v : {"1", "2", "10"}) Write(dir_ / v / "weights.safetensors", v);
+  Write(dir_ / "notes" / "weights.safetensors", "not a version");
+  Config();
+  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(dir_.string(), cache_);
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  EXPECT_THAT(Versions(*scan), ElementsAre(10));
+  Config("version_policy { latest { num_versions: 2 } }\n");
+  scan = ScanModelFolder(dir_.string(), cache_);
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  EXPECT_THAT(Versions(*scan), ElementsAre(2, 10));
+  Config("version_policy { all {} }\n");
+  scan = ScanModelFolder(dir_.string(), cache_);
+  EXPECT_THAT(Versions(*scan), ElementsAre(1, 2, 10));
+}
+
+TEST_F(RepositoryScanTest, SpecificPolicyReportsMissingVersions) {
+  Write(dir_ / "1" / "weights.safetensors", "a");
+  Config("version_policy { specific { versions: [4, 1] } }\n");
+  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(dir_.string(), cache_);
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  EXPECT_THAT(Versions(*scan), ElementsAre(1));
+  ASSERT_EQ(scan->missing.count(4), 1u);
+  EXPECT_THAT(scan->missing[4], HasSubstr("does not exist"));
+  Config("version_policy { specific { versions: [0] } }\n");
+  EXPECT_EQ(ScanModelFolder(dir_.string(), cache_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RepositoryScanTest, FlatWeightsAreVersionOneUnlessVersionFoldersExist) {
+  Write(dir_ / "weights.safetensors", "flat");
+  Config();
+  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(dir_.string(), cache_);
+  ASSERT_TRUE(scan.ok()) << scan.status();
+  EXPECT_THAT(Versions(*scan), ElementsAre(1));
+  EXPECT_EQ(scan->versions[0].weights_path, (dir_ / "weights.safetensors").string());
+  Write(dir_ / "3" / "weights.safetensors", "three");
+  scan = ScanModelFolder(dir_.string(), cache_);
+  EXPECT_THAT(Versions(*scan), ElementsAre(3));
+}
+
+TEST_F(RepositoryScanTest, NoWeightsOrABadConfigIsAnError) {
+  Config();
+  EXPECT_EQ(ScanModelFolder(dir_.string(), cache_).status().code(), absl::StatusCode::kNotFound);
+  Write(dir_ / "1" / "weights.safetensors", "a");
+  Write(dir_ / "config.pbtxt", "embed_dim: 9\nnum_heads: 2\n");
+  const absl::Status bad = ScanModelFolder(dir_.string(), cache_).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("config.pbtxt"));
+}
+
+// A reload follows the bytes: a rewrite that keeps the size and the mtime
+// changes the fingerprint; touching the file does not.
+TEST_F(RepositoryScanTest, FingerprintsFollowContentNotTimestamps) {
+  const fs::path file = dir_ / "w";
+  Write(file, "aaaa");
+  struct stat before;
+  ASSERT_EQ(stat(file.c_str(), &before), 0);
+  absl::StatusOr<uint64_t> first = cache_.Of(file.string());
+  ASSERT_TRUE(first.ok());
+  Write(file, "bbbb");
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, file.c_str(), times, 0), 0);  // the old mtime back
+  absl::StatusOr<uint64_t> rewritten = cache_.Of(file.string());
+  ASSERT_TRUE(rewritten.ok());
+  EXPECT_NE(*rewritten, *first);
+  fs::last_write_time(file, fs::file_time_type::clock::now());  // touch
+  EXPECT_EQ(*cache_.Of(file.string()), *rewritten);
+  EXPECT_EQ(cache_.Of((dir_ / "missing").string()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ModelNameTest, HiddenAndOddNamesAreNotModels) {
+  EXPECT_TRUE(IsValidModelName("demo-1.v2_x"));
+  for (const char* bad : {"", ".", "..", ".staging", "a b", "a/b", "ü"}) {
+    EXPECT_FALSE(IsValidModelName(bad)) << bad;
+  }
+  EXPECT_FALSE(IsValidModelName(std::string(kMaxModelNameBytes + 1, 'a')));
+}
+
+std::string Exposed(Metrics& metrics) {
+  return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+}
+
+TEST(VersionMetricsTest, SeriesLeaveWhenTheLastHolderLetsGo) {
+  Metrics metrics;
+  std::shared_ptr<ModelMetrics> v1 = metrics.ForVersion("m", "1");
+  std::shared_ptr<ModelMetrics> again = metrics.ForVersion("m", "1");
+  EXPECT_EQ(v1.get(), again.get());
+  v1->CountRequest("mha.v1", absl::StatusCode::kOk);
+  v1->CountDropped("deadline");
+  std::shared_ptr<ModelMetrics> v2 = metrics.ForVersion("m", "2");
+  std::string text = Exposed(metrics);
+  EXPECT_THAT(text, HasSubstr("mha_requests_total{api=\"mha.v1\",code=\"OK\",model=\"m\","
+                              "version=\"1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("version=\"2\""));
+  v1.reset();
+  EXPECT_THAT(Exposed(metrics), HasSubstr("version=\"1\""));  // `again` still holds them
+  again.reset();
+  text = Exposed(metrics);
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("version=\"1\"")));
+  EXPECT_THAT(text, HasSubstr("version=\"2\""));
+  // A new holder of the same version starts from zero.
+  std::shared_ptr<ModelMetrics> reloaded = metrics.ForVersion("m", "1");
+  EXPECT_THAT(Exposed(metrics), ::testing::Not(HasSubstr("version=\"1\"} 1")));
+}
+
+}  // namespace
+}  // namespace mha::server
