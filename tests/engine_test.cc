@@ -281,36 +281,34 @@ TEST(EngineCreateTest, WeightsOfTheWrongSizeAreRejected) {
   EXPECT_EQ(MhaEngine::Create(d, w).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The CPU flags the kernel reports (/proc/cpuinfo), each with a space on
+// both sides so that " avx512f " matches that flag only.
+std::string CpuFlags() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) return line.substr(line.find(':') + 1) + " ";
+  }
+  return "";
+}
+
 // oneDNN's view of bf16 support agrees with the flags the kernel reports
 // (the server warns when a bf16 model would run emulated).
 TEST(EngineCpuTest, NativeBf16MatchesCpuFlags) {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  ASSERT_TRUE(cpuinfo.good());
-  std::string line;
-  bool flags_bf16 = false;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    flags_bf16 = line.find(" avx512_bf16") != std::string::npos ||
-                 line.find(" amx_bf16") != std::string::npos;
-    break;
-  }
-  EXPECT_EQ(CpuHasNativeBf16(), flags_bf16);
+  const std::string flags = CpuFlags();
+  ASSERT_FALSE(flags.empty());
+  EXPECT_EQ(CpuHasNativeBf16(), flags.find(" avx512_bf16 ") != std::string::npos ||
+                                    flags.find(" amx_bf16 ") != std::string::npos);
 }
 
 // oneDNN 2.6 computes bf16 (natively or emulated) only from AVX-512 on:
 // exactly then may a bf16 model compute in bf16.
 TEST(EngineCpuTest, Bf16ComputeNeedsAvx512) {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  ASSERT_TRUE(cpuinfo.good());
-  std::string line;
-  bool avx512 = false;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) != 0) continue;
-    avx512 = line.find(" avx512f ") != std::string::npos &&
-             line.find(" avx512bw") != std::string::npos &&
-             line.find(" avx512vl") != std::string::npos;
-    break;
-  }
+  const std::string flags = CpuFlags();
+  ASSERT_FALSE(flags.empty());
+  const bool avx512 = flags.find(" avx512f ") != std::string::npos &&
+                      flags.find(" avx512bw ") != std::string::npos &&
+                      flags.find(" avx512vl ") != std::string::npos;
   EXPECT_EQ(CpuCanComputeBf16(), avx512);
   AttentionDims d = Dims(24, 3);
   d.bf16 = true;
