@@ -242,9 +242,9 @@ int Serve(const std::vector<std::string>& load_models) {
   std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
   health.StopServing();
   dispatcher.StartDraining();
+  control.Stop();  // queued loads answered UNAVAILABLE, so Shutdown does not wait for them
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  control.Stop();
   models->Stop();
   server->Wait();
   health.Attach(nullptr, false);

@@ -129,13 +129,20 @@ void ModelControl::Loop() {
         tasks_.pop_front();
       }
     }
-    if (task) task(true);
-    if (mode_ == ModelControlMode::kPoll && absl::Now() >= next_poll) {
-      repository_.SyncAll();
-      changed_();
+    // What reaches here unexpected (the repository turns load errors into
+    // statuses) is logged; the thread and the server go on.
+    try {
+      if (task) task(true);
+      if (mode_ == ModelControlMode::kPoll && absl::Now() >= next_poll) {
+        repository_.SyncAll();
+        changed_();
+        next_poll = absl::Now() + poll_interval_;
+      }
+      draining = repository_.CollectRetired();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mha_server: model control: %s\n", e.what());
       next_poll = absl::Now() + poll_interval_;
     }
-    draining = repository_.CollectRetired();
   }
 }
 

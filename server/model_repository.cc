@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <new>
 #include <set>
 #include <utility>
 
@@ -47,7 +48,15 @@ ModelRepository::~ModelRepository() { Stop(); }
 absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
                                                         const v1::ModelConfig& config,
                                                         const VersionOnDisk& on_disk) {
-  absl::StatusOr<LoadedModel> loaded = LoadModelVersion(config, on_disk.weights_path);
+  absl::StatusOr<LoadedModel> loaded = absl::InternalError("not loaded");
+  try {  // a version too large for memory must not take the server down
+    loaded = LoadModelVersion(config, on_disk.weights_path);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(on_disk.weights_path, ": out of memory loading this version"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(on_disk.weights_path, ": ", e.what()));
+  }
   if (!loaded.ok()) return loaded.status();
   auto version = std::make_shared<ModelVersion>();
   version->name = name;
@@ -131,13 +140,12 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
                        old == current.end() ? " loaded" : " reloaded"));
       continue;
     }
+    // Every attempt that failed counts (a poll tries again only bytes that
+    // changed).
     const std::string message(loaded.status().message());
-    if (failed_before[v.version] != message) {
-      Log(absl::StrCat("model '", name, "' version ", v.version, " failed to load: ", message,
-                       old != current.end() ? " (the version loaded before goes on serving)"
-                                            : ""));
-      metrics_.CountLoadFailure(name);
-    }
+    Log(absl::StrCat("model '", name, "' version ", v.version, " failed to load: ", message,
+                     old != current.end() ? " (the version loaded before goes on serving)" : ""));
+    metrics_.CountLoadFailure(name);
     errors[v.version] = message;
     failed[v.version] = v.fingerprint;
     if (first_error.ok()) {
@@ -347,6 +355,9 @@ std::vector<int64_t> ModelRepository::ReadyVersions(const std::string& name) con
 absl::StatusOr<std::vector<VersionPtr>> ModelRepository::Select(const std::string& name,
                                                                 int64_t version) const {
   std::vector<VersionPtr> selected;
+  if (name.empty() && version != 0) {
+    return absl::InvalidArgumentError("a version needs the model's name");
+  }
   if (!name.empty()) {
     absl::StatusOr<VersionPtr> one = Find(name, version);
     if (!one.ok()) return one.status();

@@ -23,14 +23,16 @@ namespace {
 std::map<int64_t, std::string> NumberedVersions(const std::string& dir) {
   std::map<int64_t, std::string> found;
   std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
+  // Error-code overloads throughout: a folder changing while it is read
+  // ends the listing early, never in an exception.
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
     int64_t version = 0;
-    if (!entry.is_directory() || name.find_first_not_of("0123456789") != std::string::npos ||
+    if (!it->is_directory(error) || name.find_first_not_of("0123456789") != std::string::npos ||
         !absl::SimpleAtoi(name, &version) || version < 1) {
       continue;
     }
-    const std::string weights = (entry.path() / kWeightsFileName).string();
+    const std::string weights = (it->path() / kWeightsFileName).string();
     if (fs::is_regular_file(weights, error)) found[version] = weights;
   }
   return found;
@@ -99,9 +101,10 @@ absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& rep
         absl::StrCat("model repository '", repository, "': ", error.message()));
   }
   std::vector<std::string> names;
-  for (const fs::directory_entry& entry : it) {
-    if (!entry.is_directory(error)) continue;
-    const std::string name = entry.path().filename().string();
+  for (const fs::directory_iterator end; !error && it != end; it.increment(error)) {
+    std::error_code not_a_folder;
+    if (!it->is_directory(not_a_folder)) continue;
+    const std::string name = it->path().filename().string();
     if (name[0] == '.') continue;  // hidden: e.g. a version being staged
     if (!IsValidModelName(name)) {
       if (!log_skipped) continue;
