@@ -108,7 +108,7 @@ for _ in $(seq 40); do "$client" health --target "$grpc" >/dev/null 2>&1 && brea
 "$client" models --target "$grpc" | grep "^demo .*READY" >/dev/null || fail "demo model not READY"
 "$client" attend --target "$grpc" --model demo | grep "output \[1, 16, 256\]" >/dev/null ||
   fail "attend on the container"
-curl -sf "http://$metrics/metrics" | grep '^mha_requests_total{api="mha.v1",code="OK",model="demo"} 1$' >/dev/null ||
+curl -sf "http://$metrics/metrics" | grep '^mha_requests_total{api="mha.v1",code="OK",model="demo",version="1"} 1$' >/dev/null ||
   fail "/metrics does not count the request"
 for _ in $(seq 40); do
   [ "$(docker inspect -f '{{.State.Health.Status}}' "$project-single")" = healthy ] && break
