@@ -14,14 +14,13 @@
 namespace mha::server {
 
 Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
-                 ModelMetrics& metrics, Metrics& all_metrics)
+                 ModelMetrics& metrics)
     : model_(std::move(model)),
       engine_(engine),
       options_(options),
       max_batch_tokens_(options.max_batch_tokens > 0 ? options.max_batch_tokens
                                                      : BatcherOptions::kTokensPerThread * ThreadsPerCall()),
       metrics_(metrics),
-      all_metrics_(all_metrics),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
       reported_misses_(engine.PrimitiveCacheMisses()) {  // warm-up misses are not counted
   for (int i = 0; i < std::max(1, options_.workers); ++i) {

@@ -88,7 +88,7 @@ struct PendingRequest {
 class Batcher {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
-          ModelMetrics& metrics, Metrics& all_metrics);
+          ModelMetrics& metrics);
   ~Batcher();  // Stop()
 
   // Takes the request. Every outcome arrives through its `done`: the result
@@ -127,7 +127,6 @@ class Batcher {
   const BatcherOptions options_;
   const int64_t max_batch_tokens_;  // options_' value, 0 resolved
   ModelMetrics& metrics_;
-  Metrics& all_metrics_;
   const Clock& clock_;
 
   std::mutex mu_;

@@ -68,7 +68,7 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   BatcherOptions batcher_options = BatcherOptionsFor(config, options_);
   batcher_options.statistics = version->statistics.get();
   version->batcher = std::make_unique<Batcher>(name, *version->model.engine, batcher_options,
-                                               *version->metrics, metrics_);
+                                               *version->metrics);
   if (version->model.dims.bf16 && !version->model.engine->dims().bf16) {
     Log(absl::StrCat("warning: model '", name, "' asks for bf16 compute, but oneDNN has no bf16 "
                      "kernels on this CPU (they need AVX-512): it computes in fp32"));

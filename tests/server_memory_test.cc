@@ -128,7 +128,7 @@ TEST_F(BudgetedBatcherTest, BatchesAreFormedWithinTheBudget) {
   options.compute_threads = 1;
   options.max_queue_delay = absl::Milliseconds(100);
   options.clock = &clock_;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   std::vector<std::future<absl::Status>> results;
   for (uint32_t i = 0; i < 4; ++i) results.push_back(Submit(batcher, 100, 1000, i));
   clock_.Advance(absl::Milliseconds(100));
@@ -148,7 +148,7 @@ TEST_F(BudgetedBatcherTest, RequestThatNothingWillMakeRoomForIsRefused) {
   options.memory = &budget;
   options.max_queue_delay = absl::Milliseconds(100);
   options.clock = &clock_;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   auto a = Submit(batcher, 100, 100, 1);
   auto b = Submit(batcher, 500, 450, 2);  // 950 alone, but c's queued bytes stay
   auto c = Submit(batcher, 300, 50, 3);

@@ -225,8 +225,7 @@ class BatcherTest : public ::testing::Test {
 };
 
 TEST_F(BatcherTest, ConcurrentRequestsShareEngineCallsAndGetTheirOwnAnswers) {
-  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(200)), metrics_.ForModel("m"),
-                  metrics_);
+  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(200)), metrics_.ForModel("m"));
   std::vector<v1::AttendRequest> requests;
   std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 8; ++i) {
@@ -247,7 +246,7 @@ TEST_F(BatcherTest, ConcurrentRequestsShareEngineCallsAndGetTheirOwnAnswers) {
 TEST_F(BatcherTest, BatchingOffRunsOneRequestPerCall) {
   BatcherOptions options;
   options.enabled = false;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 5; ++i) results.push_back(Submit(batcher, Request(4, i)));
   for (auto& r : results) EXPECT_TRUE(r.get().ok());
@@ -263,7 +262,7 @@ TEST_F(BatcherTest, DefaultTokenCapIs1024PerThreadOfACall) {
     BatcherOptions options;
     options.compute_threads = threads;
     options.max_queue_delay = absl::Seconds(30);
-    Batcher batcher("m", *engine_, options, metrics.ForModel("m"), metrics);
+    Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
     std::vector<std::future<absl::StatusOr<Answer>>> results;
     for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(200, i)));
     batcher.Stop();
@@ -278,7 +277,7 @@ TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
   BatcherOptions options = Delayed(absl::Seconds(1));
   options.max_queue_size = 2;
   options.max_batch_tokens = 1 << 20;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   auto a = Submit(batcher, Request(3, 1));
   auto b = Submit(batcher, Request(3, 2));
   auto c = Submit(batcher, Request(3, 3));
@@ -291,7 +290,7 @@ TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
 TEST_F(BatcherTest, QueuedBytesLimitRefusesWhatWouldPassIt) {
   BatcherOptions options = Delayed(absl::Milliseconds(300));  // the first two wait together
   options.max_queue_bytes = 2 * 3 * 24 * 4 + 10;                 // two [1, 3, 24] f32 queries
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   auto a = Submit(batcher, Request(3, 1));
   auto b = Submit(batcher, Request(3, 2));
   auto c = Submit(batcher, Request(3, 3));
@@ -313,7 +312,7 @@ TEST_F(BatcherTest, ManyThreadsAndWorkersGetTheirOwnAnswers) {
   BatcherOptions options;
   options.workers = 2;
   options.compute_threads = 1;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   std::atomic<bool> done{false};
   std::thread reader([&] {
     while (!done) BatchCount();
@@ -342,8 +341,7 @@ TEST_F(BatcherTest, ManyThreadsAndWorkersGetTheirOwnAnswers) {
 }
 
 TEST_F(BatcherTest, ExpiredAndCancelledRequestsAreDroppedBeforeCompute) {
-  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(50)), metrics_.ForModel("m"),
-                  metrics_);
+  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(50)), metrics_.ForModel("m"));
   auto expired = Submit(batcher, Request(3, 1), clock_.Now() + absl::Milliseconds(1));
   auto cancelled = Submit(batcher, Request(3, 2), absl::InfiniteFuture(), [] { return true; });
   auto live = Submit(batcher, Request(3, 3), clock_.Now() + absl::Milliseconds(60));
@@ -357,7 +355,7 @@ TEST_F(BatcherTest, StopComputesWhatIsQueuedThenRefuses) {
   BatcherOptions options;
   options.max_queue_delay = absl::Seconds(30);  // only Stop can close the batch
   options.max_batch_tokens = 1 << 20;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   auto a = Submit(batcher, Request(5, 1));
   auto b = Submit(batcher, Request(2, 2));
   batcher.Stop();
@@ -367,8 +365,7 @@ TEST_F(BatcherTest, StopComputesWhatIsQueuedThenRefuses) {
 }
 
 TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
-  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(100)), metrics_.ForModel("m"),
-                  metrics_);
+  Batcher batcher("m", *engine_, Delayed(absl::Milliseconds(100)), metrics_.ForModel("m"));
   v1::AttendRequest causal = Request(6, 1);
   causal.set_is_causal(true);
   v1::AttendRequest weights = Request(4, 2);
@@ -393,7 +390,7 @@ TEST_F(BatcherTest, RequestsWithDifferentFlagsAreComputedSeparately) {
 TEST_F(BatcherTest, OversizedRequestOfAnotherSignatureDoesNotCloseTheBatch) {
   BatcherOptions options = Delayed(absl::Milliseconds(100));
   options.max_batch_tokens = 100;
-  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   v1::AttendRequest large = Request(60, 2);  // 120 tokens: alone above the cap
   large.set_is_causal(true);
   auto a = Submit(batcher, Request(5, 1));
@@ -410,7 +407,7 @@ TEST_F(BatcherTest, OversizedRequestOfAnotherSignatureDoesNotCloseTheBatch) {
 }
 
 TEST_F(BatcherTest, LoneRequestWithWeightsMatchesTheEngineAlone) {
-  Batcher batcher("m", *engine_, BatcherOptions{}, metrics_.ForModel("m"), metrics_);
+  Batcher batcher("m", *engine_, BatcherOptions{}, metrics_.ForModel("m"));
   v1::AttendRequest request = Request(6, 4, true);
   request.set_need_weights(true);
   const absl::StatusOr<Answer> r = Submit(batcher, request).get();
