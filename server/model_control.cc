@@ -26,10 +26,12 @@ absl::Status LoadAtStart(ModelRepository& repository, ModelControlMode mode,
                          const std::vector<std::string>& load_models) {
   if (mode == ModelControlMode::kExplicit) {
     for (const std::string& name : load_models) {
-      if (absl::Status s = repository.Load(name); absl::IsNotFound(s) || absl::IsInvalidArgument(s)) {
+      // Failures of a model folder it read are logged by the repository;
+      // a name it never took in (no such folder, a bad name) is said here.
+      if (absl::Status s = repository.Load(name); !s.ok() && !repository.Has(name)) {
         std::fprintf(stderr, "mha_server: --load_model %s: %s\n", name.c_str(),
                      std::string(s.message()).c_str());
-      }  // load failures are logged by the repository
+      }
     }
     return absl::OkStatus();
   }
@@ -62,18 +64,18 @@ absl::Status ModelControl::Allowed() const {
 }
 
 void ModelControl::Load(std::string name, std::function<void(absl::Status)> done) {
-  Post([this, name = std::move(name), done = std::move(done)](bool run) {
-    if (!run) return done(absl::UnavailableError("server is shutting down"));
-    const absl::Status status = repository_.Load(name);
-    changed_();
-    done(status);
-  });
+  Change([this, name] { return repository_.Load(name); }, std::move(done));
 }
 
 void ModelControl::Unload(std::string name, std::function<void(absl::Status)> done) {
-  Post([this, name = std::move(name), done = std::move(done)](bool run) {
+  Change([this, name] { return repository_.Unload(name); }, std::move(done));
+}
+
+void ModelControl::Change(std::function<absl::Status()> change,
+                          std::function<void(absl::Status)> done) {
+  Post([this, change = std::move(change), done = std::move(done)](bool run) {
     if (!run) return done(absl::UnavailableError("server is shutting down"));
-    const absl::Status status = repository_.Unload(name);
+    const absl::Status status = change();
     changed_();
     done(status);
   });

@@ -58,6 +58,8 @@ class ModelControl {
 
  private:
   using Task = std::function<void(bool run)>;  // run false: stopping
+  // Runs `change` on the thread, then `changed_` and `done` with its status.
+  void Change(std::function<absl::Status()> change, std::function<void(absl::Status)> done);
   void Post(Task task);
   void Loop();
 
