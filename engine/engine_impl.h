@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "engine/attention_batch.h"
 #include "engine/kernels.h"
@@ -20,6 +22,10 @@
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace mha {
+
+// Runs `call` at the engine's edge: oneDNN errors and exceptions become
+// absl::Status (allocation failures RESOURCE_EXHAUSTED, the rest INTERNAL).
+absl::Status GuardEngineCall(const std::function<void()>& call);
 
 // MhaEngine's implementation (see mha_engine.h for what each public method
 // does): owns the packed, reordered weights of one attention layer and the
@@ -36,12 +42,21 @@ class EngineImpl {
   void Compute(const AttentionBatch& batch, const AttentionOutputs& out,
                Workspace& ws) const;
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
+  // Sessions (engine/incremental_attention.cc).
+  KvLayout kv_layout() const;
+  bool CanAppendSelf() const { return qkv_ != nullptr; }
+  void ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value, int64_t len,
+                     const MaskView& key_padding, KvCache& cache, Workspace& ws) const;
+  void ComputeAppend(const AppendBatch& batch, const AppendOutputs& out, Workspace& ws) const;
+  // Keys a step attends to after it (appended positions included).
+  int64_t AppendKeys(const AppendStep& step) const;
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
   uint64_t PrimitiveCacheMisses() const;
   const AttentionDims& dims() const { return dims_; }
 
  private:
   struct TokenMajor;
+  struct SessionHead;
   struct Projected;
   struct Block;
   // Floats of scores one block may hold, and the query rows per block of a
@@ -87,6 +102,13 @@ class EngineImpl {
   void RunAttentionMatmul(const Block& block, const MatmulSpec& spec,
                           const MatmulPrimitive* runtime, const void* src,
                           const void* weights, void* dst, Workspace& ws) const;
+  // One (session step, head) of ComputeAppend: scores over the cache
+  // blocks, softmax, context into the step's token-major context rows.
+  void AttendSessionHead(const SessionHead& item, Workspace& ws) const;
+  // Copies `tokens` token-major keys and values (row strides in elements)
+  // into `cache` from position `first` on.
+  void WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                  int64_t tokens, int64_t first, KvCache& cache) const;
   void WriteWeights(const Block& block, const float* probs,
                     const AttentionOutputs& out) const;
 

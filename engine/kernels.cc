@@ -167,7 +167,9 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
                    const SoftmaxMasks& m, uint16_t* bf16_out, bool f32_probs) {
   const int64_t total_rows = heads * rows;
   const auto row_fn = bf16_out != nullptr && !f32_probs ? SoftmaxRowBf16Only : SoftmaxRow;
-  const bool parallel = total_rows * cols >= kParallelSoftmaxScores;
+  // Not inside another parallel region (a session step's heads): nested
+  // regions would start threads of their own.
+  const bool parallel = total_rows * cols >= kParallelSoftmaxScores && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t hr = 0; hr < total_rows; ++hr) {
     const int64_t h = hr / rows, r = hr % rows;
@@ -435,6 +437,30 @@ void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, 
         for (int64_t c = 0; c < n; ++c) out[c] = ToBf16(acc[c]);
       }
     }
+  }
+}
+
+MHA_MULTIVERSION
+void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
+                       int64_t dv) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float p = probs[j];
+    if (p == 0.0f) continue;  // masked keys (causal future, padding)
+    const float* vj = v + j * dv;
+#pragma omp simd
+    for (int64_t c = 0; c < dv; ++c) acc[c] += p * vj[c];
+  }
+}
+
+MHA_MULTIVERSION
+void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
+                           int64_t dv) {
+  for (int64_t j = 0; j < cols; ++j) {
+    const float p = probs[j];
+    if (p == 0.0f) continue;
+    const uint16_t* vj = v + j * dv;
+#pragma omp simd
+    for (int64_t c = 0; c < dv; ++c) acc[c] += p * Bf16Bits(vj[c]);
   }
 }
 

@@ -110,6 +110,13 @@ void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_
 void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
                       int64_t rows, int64_t cols, int64_t dv);
 
+// acc[c] += sum over j < cols of probs[j] * v[j, c]: one query row's
+// context over one block of keys (v [cols, dv], f32 or bf16).
+void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
+                       int64_t dv);
+void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
+                           int64_t dv);
+
 // weights[r, c] (+)= sum over `heads` of probs[h, r, c] / total_heads:
 // the mean over all heads when they come in several chunks (`first`
 // overwrites, later chunks add).

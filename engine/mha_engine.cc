@@ -271,8 +271,12 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
           "weights: expected ", expected, " elements, got ", out.weights.size()));
     }
   }
+  return GuardEngineCall([&] { impl_->Compute(batch, out, ws); });
+}
+
+absl::Status GuardEngineCall(const std::function<void()>& call) {
   try {
-    impl_->Compute(batch, out, ws);
+    call();
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while computing attention");
   } catch (const dnnl::error& e) {

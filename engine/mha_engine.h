@@ -10,8 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/append_batch.h"
 #include "engine/attention_batch.h"
 #include "engine/attention_dims.h"
+#include "engine/kv_cache.h"
 #include "engine/weights.h"
 #include "engine/workspace.h"
 
@@ -70,6 +72,27 @@ class MhaEngine {
   // failures as RESOURCE_EXHAUSTED.
   absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out,
                    Workspace& ws) const;
+
+  // Sessions (incremental attention over a key/value cache).
+  // How this engine lays out a cache block (KvCache needs it).
+  KvLayout kv_layout() const;
+  // Whether self-attention sessions are possible: kdim == vdim == embed_dim.
+  bool CanAppendSelf() const;
+  // Projects a cross-attention memory ([len, kdim]; `value` [len, vdim], or
+  // empty when the memory is the value too, which needs kdim == vdim) into
+  // `cache`'s keys and values: once, at the session's start. `cache` must be
+  // empty with room for `len` tokens; `key_padding` (empty or [len], BOOL or
+  // F32 as in Run) becomes its additive mask.
+  absl::Status ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value,
+                             int64_t len, const MaskView& key_padding, KvCache& cache,
+                             Workspace& ws) const;
+  // One step of every session in `batch`: one projection product over all
+  // their new tokens, attention per session over its cache blocks, one
+  // output product. Self steps' caches grow by their tokens.
+  absl::Status Append(const AppendBatch& batch, const AppendOutputs& out,
+                      Workspace& ws) const;
+  // Elements Append writes into AppendOutputs::weights for `batch`.
+  int64_t AppendWeightsElements(const AppendBatch& batch) const;
 
   // Elements Run writes into AttentionOutputs::weights for `batch`.
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;

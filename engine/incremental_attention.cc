@@ -1,0 +1,372 @@
+// Sessions: incremental attention over a key/value cache (MhaEngine's
+// ProjectMemory and Append, and EngineImpl's side of them).
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <limits>
+
+#include <omp.h>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "engine/engine_impl.h"
+#include "engine/kernels.h"
+#include "engine/status_macros.h"
+
+namespace mha {
+namespace {
+
+using onednn::dt;
+
+// Scores one query-row chunk of a (step, head) may hold.
+constexpr int64_t kSessionScoreCap = int64_t{1} << 16;
+
+}  // namespace
+
+// One (session step, head) of ComputeAppend: where the step's query rows,
+// context rows and per-head weights are.
+struct EngineImpl::SessionHead {
+  const KvCache* cache = nullptr;
+  bool cross = false;
+  int64_t head = 0;
+  int64_t tokens = 0;
+  int64_t first = 0;  // cached tokens before the step (self); 0 for cross
+  const uint8_t* q = nullptr;  // the step's first query row, this head
+  int64_t ldq = 0;             // elements
+  uint8_t* context = nullptr;  // the step's first context row, this head
+  int64_t ldc = 0;             // elements
+  float* weights = nullptr;    // [tokens, keys'] of this head, or null
+};
+
+KvLayout MhaEngine::kv_layout() const { return impl_->kv_layout(); }
+bool MhaEngine::CanAppendSelf() const { return impl_->CanAppendSelf(); }
+
+KvLayout EngineImpl::kv_layout() const {
+  KvLayout layout;
+  layout.heads = dims_.num_heads;
+  layout.qk_head_dim = dims_.qk_head_dim;
+  layout.v_head_dim = dims_.v_head_dim;
+  layout.elem_bytes = act_dt_ == dt::bf16 ? 2 : 4;
+  return layout;
+}
+
+int64_t EngineImpl::AppendKeys(const AppendStep& step) const {
+  const int64_t cached = step.cache->length() + (step.cross ? 0 : step.tokens);
+  return cached + dims_.extra_keys();
+}
+
+int64_t MhaEngine::AppendWeightsElements(const AppendBatch& batch) const {
+  int64_t total = 0;
+  for (const AppendStep& step : batch.steps) total += step.tokens * impl_->AppendKeys(step);
+  return total;
+}
+
+absl::Status MhaEngine::ProjectMemory(absl::Span<const float> memory,
+                                      absl::Span<const float> value, int64_t len,
+                                      const MaskView& key_padding, KvCache& cache,
+                                      Workspace& ws) const {
+  const AttentionDims& d = impl_->dims();
+  if (len < 1) return absl::InvalidArgumentError("memory: needs at least one token");
+  if (static_cast<int64_t>(memory.size()) != len * d.kdim) {
+    return absl::InvalidArgumentError(absl::StrCat("memory: expected ", len, " x ", d.kdim,
+                                                   " elements, got ", memory.size()));
+  }
+  if (value.empty() && d.kdim != d.vdim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_value: required when kdim (", d.kdim, ") != vdim (", d.vdim, ")"));
+  }
+  if (!value.empty() && static_cast<int64_t>(value.size()) != len * d.vdim) {
+    return absl::InvalidArgumentError(absl::StrCat("memory_value: expected ", len, " x ",
+                                                   d.vdim, " elements, got ", value.size()));
+  }
+  if (key_padding.present() && key_padding.num_elements != len) {
+    return absl::InvalidArgumentError(absl::StrCat("memory_key_padding_mask: expected ", len,
+                                                   " elements, got ", key_padding.num_elements));
+  }
+  if (cache.length() != 0 || cache.capacity() < len) {
+    return absl::InvalidArgumentError("ProjectMemory: the cache must be empty with room");
+  }
+  return GuardEngineCall(
+      [&] { impl_->ProjectMemory(memory, value, len, key_padding, cache, ws); });
+}
+
+absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& out,
+                               Workspace& ws) const {
+  const AttentionDims& d = impl_->dims();
+  const KvLayout layout = impl_->kv_layout();
+  int64_t total = 0;
+  absl::flat_hash_set<const KvCache*> caches;
+  for (size_t i = 0; i < batch.steps.size(); ++i) {
+    const AppendStep& step = batch.steps[i];
+    if (step.cache == nullptr || step.tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", i, ": needs a cache and at least one token"));
+    }
+    if (!caches.insert(step.cache).second) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", i, ": a cache appears twice"));
+    }
+    const KvLayout& c = step.cache->layout();
+    if (c.heads != layout.heads || c.qk_head_dim != layout.qk_head_dim ||
+        c.v_head_dim != layout.v_head_dim || c.elem_bytes != layout.elem_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", i, ": the cache was made for another model"));
+    }
+    if (!step.cross && !impl_->CanAppendSelf()) {
+      return absl::InvalidArgumentError(
+          "self-attention sessions need kdim == vdim == embed_dim; this model has "
+          "only cross-attention sessions");
+    }
+    if (!step.cross && step.cache->capacity() < step.cache->length() + step.tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", i, ": the cache has no room for ", step.tokens, " tokens"));
+    }
+    total += step.tokens;
+  }
+  if (static_cast<int64_t>(batch.query.size()) != total * d.embed_dim ||
+      static_cast<int64_t>(out.output.size()) != total * d.embed_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "append: query and output need ", total, " x ", d.embed_dim, " elements, got ",
+        batch.query.size(), " and ", out.output.size()));
+  }
+  if (!out.weights.empty() &&
+      static_cast<int64_t>(out.weights.size()) != AppendWeightsElements(batch)) {
+    return absl::InvalidArgumentError(absl::StrCat("append weights: expected ",
+                                                   AppendWeightsElements(batch),
+                                                   " elements, got ", out.weights.size()));
+  }
+  if (total == 0) return absl::OkStatus();
+  return GuardEngineCall([&] { impl_->ComputeAppend(batch, out, ws); });
+}
+
+void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                            int64_t tokens, int64_t first, KvCache& cache) const {
+  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t eb = cache.layout().elem_bytes, bt = KvLayout::kBlockTokens;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
+    for (int64_t head = 0; head < h; ++head) {
+      std::memcpy(cache.keys(block, head) + slot * dqk * eb, k + (t * ldk + head * dqk) * eb,
+                  dqk * eb);
+      std::memcpy(cache.values(block, head) + slot * dv * eb, v + (t * ldv + head * dv) * eb,
+                  dv * eb);
+    }
+  }
+}
+
+void EngineImpl::ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value,
+                               int64_t len, const MaskView& key_padding, KvCache& cache,
+                               Workspace& ws) const {
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
+  const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
+  auto as_act = [&](absl::Span<const float> x, Workspace::Slot slot) -> const void* {
+    if (act_dt_ == dt::f32) return x.data();
+    auto* converted = ws.Get<uint16_t>(slot, x.size());
+    ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
+    return converted;
+  };
+  const void* key = as_act(memory, Workspace::kKeyBf16);
+  if (value.empty() && kv_ != nullptr) {  // one product for k and v
+    auto* kv = ws.Get<uint8_t>(Workspace::kProjK, len * (qk + vw) * eb);
+    kv_->Run(ws, key, len, kv);
+    WriteCache(kv, qk + vw, kv + qk * eb, qk + vw, len, 0, cache);
+  } else {
+    const void* val = value.empty() ? key : as_act(value, Workspace::kValueBf16);
+    auto* k = ws.Get<uint8_t>(Workspace::kProjK, len * qk * eb);
+    auto* v = ws.Get<uint8_t>(Workspace::kProjV, len * vw * eb);
+    k_->Run(ws, key, len, k);
+    v_->Run(ws, val, len, v);
+    WriteCache(k, qk, v, vw, len, 0, cache);
+  }
+  cache.set_length(len);
+  if (key_padding.present()) {
+    std::vector<float> additive(static_cast<size_t>(len));
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < len; ++i) {
+      additive[i] = key_padding.dtype == DType::kF32
+                        ? static_cast<const float*>(key_padding.data)[i]
+                        : (static_cast<const uint8_t*>(key_padding.data)[i] != 0 ? neg_inf : 0.0f);
+    }
+    cache.set_key_padding(std::move(additive));
+  }
+}
+
+void EngineImpl::ComputeAppend(const AppendBatch& batch, const AppendOutputs& out,
+                               Workspace& ws) const {
+  const int64_t h = dims_.num_heads, qk = dims_.qk_width(), vw = dims_.v_width();
+  const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
+  const int64_t total = static_cast<int64_t>(batch.query.size()) / dims_.embed_dim;
+  const void* query = batch.query.data();
+  if (act_dt_ == dt::bf16) {
+    auto* converted = ws.Get<uint16_t>(Workspace::kQueryBf16, batch.query.size());
+    ConvertToBf16(batch.query.data(), converted, static_cast<int64_t>(batch.query.size()));
+    query = converted;
+  }
+  // One projection product over every step's tokens: q|k|v when any step
+  // appends (a cross step's k and v are then computed and ignored), q only
+  // when all steps are cross.
+  const bool any_self = std::any_of(batch.steps.begin(), batch.steps.end(),
+                                    [](const AppendStep& s) { return !s.cross; });
+  const int64_t ldq = any_self ? 2 * qk + vw : qk;
+  auto* proj = ws.Get<uint8_t>(Workspace::kProjQ, total * ldq * eb);
+  (any_self ? qkv_ : q_)->Run(ws, query, total, proj);
+  auto* context = ws.Get<uint8_t>(Workspace::kHeadContext, total * vw * eb);
+  const bool weights = !out.weights.empty();
+  std::vector<SessionHead> items;
+  items.reserve(batch.steps.size() * static_cast<size_t>(h));
+  std::vector<int64_t> step_keys;  // AppendKeys before the caches grow
+  int64_t weights_heads_total = 0;
+  for (const AppendStep& step : batch.steps) {
+    step_keys.push_back(AppendKeys(step));
+    weights_heads_total += h * step.tokens * step_keys.back();
+  }
+  float* weights_heads =
+      weights ? ws.Get<float>(Workspace::kProbsBf16, weights_heads_total) : nullptr;
+  int64_t row = 0, w_off = 0;
+  for (size_t i = 0; i < batch.steps.size(); ++i) {
+    const AppendStep& step = batch.steps[i];
+    const uint8_t* rows = proj + row * ldq * eb;
+    const int64_t first = step.cross ? 0 : step.cache->length();
+    if (!step.cross) {
+      WriteCache(rows + qk * eb, ldq, rows + 2 * qk * eb, ldq, step.tokens, first, *step.cache);
+    }
+    const int64_t keys = step_keys[i];
+    for (int64_t head = 0; head < h; ++head) {
+      SessionHead item;
+      item.cache = step.cache;
+      item.cross = step.cross;
+      item.head = head;
+      item.tokens = step.tokens;
+      item.first = first;
+      item.q = rows + head * dims_.qk_head_dim * eb;
+      item.ldq = ldq;
+      item.context = context + (row * vw + head * dims_.v_head_dim) * eb;
+      item.ldc = vw;
+      if (weights) item.weights = weights_heads + w_off + head * step.tokens * keys;
+      items.push_back(item);
+    }
+    row += step.tokens;
+    w_off += h * step.tokens * keys;
+  }
+  // Self steps' caches hold the new tokens from here on.
+  for (const AppendStep& step : batch.steps) {
+    if (!step.cross) step.cache->set_length(step.cache->length() + step.tokens);
+  }
+  ws.ReserveChildren(omp_get_max_threads());
+  std::exception_ptr error;
+  const int64_t n = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      AttendSessionHead(items[static_cast<size_t>(i)], ws.Child(omp_get_thread_num()));
+    } catch (...) {
+#pragma omp critical(mha_session_error)
+      if (error == nullptr) error = std::current_exception();
+    }
+  }
+  if (error != nullptr) std::rethrow_exception(error);
+  if (weights) {
+    int64_t in = 0, at = 0;
+    for (size_t i = 0; i < batch.steps.size(); ++i) {
+      const AppendStep& step = batch.steps[i];
+      const int64_t keys = step_keys[i];
+      AccumulateHeadMean(weights_heads + in, h, h, step.tokens, keys, /*first=*/true,
+                         out.weights.data() + at);
+      in += h * step.tokens * keys;
+      at += step.tokens * keys;
+    }
+  }
+  out_->Run(ws, context, total, out.output.data());
+  if (dims_.post_norm) {
+    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(), norm_bias_.data(),
+                 total, dims_.embed_dim, dims_.norm_eps);
+  }
+}
+
+void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const {
+  const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim, bt = KvLayout::kBlockTokens;
+  const bool bf16 = act_dt_ == dt::bf16;
+  const int64_t eb = bf16 ? 2 : 4;
+  const KvCache& cache = *item.cache;
+  const int64_t keys = item.cross ? cache.length() : item.first + item.tokens;
+  const int64_t cols = keys + dims_.extra_keys();
+  const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / cols, 1, item.tokens);
+  float* scores = ws.Get<float>(Workspace::kScores, chunk * cols);
+  float* acc = ws.Get<float>(Workspace::kTileAcc, dv);
+  // The row's keys: all of a cross memory; a self step's up to itself.
+  auto limit_of = [&](int64_t r) { return item.cross ? keys : item.first + r + 1; };
+  auto q_row = [&](int64_t r) { return item.q + r * item.ldq * eb; };
+  for (int64_t r0 = 0; r0 < item.tokens; r0 += chunk) {
+    const int64_t rows = std::min(chunk, item.tokens - r0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = scores + r * cols;
+      const uint8_t* q = q_row(r0 + r);
+      const int64_t limit = limit_of(r0 + r);
+      for (int64_t b = 0; b * bt < limit; ++b) {
+        const int64_t n = std::min(bt, limit - b * bt);
+        const uint8_t* k = cache.keys(b, item.head);
+        if (bf16) {
+          SmallScoresBf16(reinterpret_cast<const uint16_t*>(q),
+                          reinterpret_cast<const uint16_t*>(k), row + b * bt, 1, 1, n, dqk,
+                          Scale());
+        } else {
+          SmallScores(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(k),
+                      row + b * bt, 1, 1, n, dqk, Scale());
+        }
+      }
+      int64_t col = keys;
+      if (dims_.add_bias_kv) {
+        const uint8_t* bias_k = bias_k_.data() + item.head * dqk * eb;
+        if (bf16) {
+          SmallScoresBf16(reinterpret_cast<const uint16_t*>(q),
+                          reinterpret_cast<const uint16_t*>(bias_k), row + col, 1, 1, 1, dqk,
+                          Scale());
+        } else {
+          SmallScores(reinterpret_cast<const float*>(q),
+                      reinterpret_cast<const float*>(bias_k), row + col, 1, 1, 1, dqk, Scale());
+        }
+        ++col;
+      }
+      if (dims_.add_zero_attn) row[col] = 0.0f;
+    }
+    SoftmaxMasks masks;
+    masks.masked_cols = keys;
+    masks.causal = !item.cross;
+    masks.first_row = item.first + r0;
+    if (item.cross && !cache.key_padding().empty()) masks.key_padding = cache.key_padding().data();
+    MaskedSoftmax(scores, 1, rows, cols, masks);
+    if (item.weights != nullptr) {
+      std::memcpy(item.weights + r0 * cols, scores, sizeof(float) * rows * cols);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* probs = scores + r * cols;
+      const int64_t limit = limit_of(r0 + r);
+      std::fill(acc, acc + dv, 0.0f);
+      for (int64_t b = 0; b * bt < limit; ++b) {
+        const int64_t n = std::min(bt, limit - b * bt);
+        const uint8_t* v = cache.values(b, item.head);
+        if (bf16) {
+          AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv);
+        } else {
+          AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv);
+        }
+      }
+      if (dims_.add_bias_kv) {  // the zero_attn position adds nothing
+        const uint8_t* bias_v = bias_v_.data() + item.head * dv * eb;
+        if (bf16) {
+          AccumulateContextBf16(probs + keys, reinterpret_cast<const uint16_t*>(bias_v), acc, 1,
+                                dv);
+        } else {
+          AccumulateContext(probs + keys, reinterpret_cast<const float*>(bias_v), acc, 1, dv);
+        }
+      }
+      uint8_t* out = item.context + (r0 + r) * item.ldc * eb;
+      if (bf16) {
+        ConvertToBf16(acc, reinterpret_cast<uint16_t*>(out), dv);
+      } else {
+        std::memcpy(out, acc, sizeof(float) * dv);
+      }
+    }
+  }
+}
+
+}  // namespace mha

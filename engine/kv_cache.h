@@ -1,0 +1,121 @@
+// Server-side key/value caches of attention sessions: projected keys and
+// values per head, in fixed-size blocks from one byte-budgeted pool, so a
+// session grows without copying what it holds.
+#ifndef MHA_ENGINE_KV_CACHE_H_
+#define MHA_ENGINE_KV_CACHE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+
+namespace mha {
+
+// Where one model's keys and values sit in a block: for kBlockTokens tokens,
+// keys [heads, kBlockTokens, qk_head_dim] then values [heads, kBlockTokens,
+// v_head_dim], elements of `elem_bytes` (the model's compute type). Plain
+// value type.
+struct KvLayout {
+  static constexpr int64_t kBlockTokens = 32;
+
+  int64_t heads = 0, qk_head_dim = 0, v_head_dim = 0, elem_bytes = 4;
+
+  int64_t key_bytes() const { return heads * kBlockTokens * qk_head_dim * elem_bytes; }
+  int64_t block_bytes() const {
+    return heads * kBlockTokens * (qk_head_dim + v_head_dim) * elem_bytes;
+  }
+  int64_t BlocksFor(int64_t tokens) const {
+    return (tokens + kBlockTokens - 1) / kBlockTokens;
+  }
+};
+
+// Owns the memory of every cache block, under a byte budget: blocks in use
+// and free blocks kept for reuse both count. Freed blocks are kept per size
+// and handed out again, so steady-state sessions allocate nothing; a block of
+// a new size first frees kept blocks of other sizes. Thread-safe.
+class KvBlockPool {
+ public:
+  explicit KvBlockPool(int64_t budget_bytes) : budget_(budget_bytes) {}
+  KvBlockPool(const KvBlockPool&) = delete;
+  KvBlockPool& operator=(const KvBlockPool&) = delete;
+
+  // A block of `bytes` (64-byte aligned), or nullptr when the budget has no
+  // room for it. Give it back with Release(block, bytes).
+  uint8_t* Acquire(int64_t bytes);
+  void Release(uint8_t* block, int64_t bytes);
+
+  int64_t budget() const { return budget_; }
+  // Bytes of blocks handed out and not yet released.
+  int64_t bytes_in_use() const;
+  // Bytes allocated: in use plus kept for reuse.
+  int64_t bytes_held() const;
+
+ private:
+  struct FreeAligned {
+    void operator()(uint8_t* p) const;
+  };
+  using Block = std::unique_ptr<uint8_t, FreeAligned>;
+
+  const int64_t budget_;
+  mutable std::mutex mu_;
+  absl::flat_hash_map<int64_t, std::vector<Block>> free_;  // by size; guarded by mu_
+  int64_t in_use_ = 0;                                      // guarded by mu_
+  int64_t held_ = 0;                                        // guarded by mu_
+};
+
+// One session's projected keys and values: `length()` tokens in blocks from
+// a pool (borrowed; must outlive the cache), plus, for a cross-attention
+// memory, its key padding as an additive f32 mask. Not thread-safe: one
+// caller at a time (the session's owner serialises its steps).
+class KvCache {
+ public:
+  KvCache(const KvLayout& layout, KvBlockPool& pool) : layout_(layout), pool_(pool) {}
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return num_blocks() * KvLayout::kBlockTokens; }
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  // Bytes of the blocks held.
+  int64_t bytes() const { return num_blocks() * layout_.block_bytes(); }
+
+  // Makes room for `tokens` tokens in all. RESOURCE_EXHAUSTED when the pool
+  // cannot give the blocks; the cache then keeps only what it had.
+  absl::Status Reserve(int64_t tokens);
+  // Gives back the blocks beyond length().
+  void ReleaseUnused();
+  // Set by the engine once it has written the keys and values up to `n`.
+  void set_length(int64_t n) { length_ = n; }
+
+  // Keys [tokens in block, qk_head_dim] and values [tokens in block,
+  // v_head_dim] of `head` in block `block`.
+  uint8_t* keys(int64_t block, int64_t head) const {
+    return blocks_[static_cast<size_t>(block)] +
+           head * KvLayout::kBlockTokens * layout_.qk_head_dim * layout_.elem_bytes;
+  }
+  uint8_t* values(int64_t block, int64_t head) const {
+    return blocks_[static_cast<size_t>(block)] + layout_.key_bytes() +
+           head * KvLayout::kBlockTokens * layout_.v_head_dim * layout_.elem_bytes;
+  }
+
+  // A cross-attention memory's key padding, additive ([length()] f32, 0 or
+  // -inf); empty when it has none.
+  const std::vector<float>& key_padding() const { return key_padding_; }
+  void set_key_padding(std::vector<float> mask) { key_padding_ = std::move(mask); }
+
+ private:
+  const KvLayout layout_;
+  KvBlockPool& pool_;
+  std::vector<uint8_t*> blocks_;
+  int64_t length_ = 0;
+  std::vector<float> key_padding_;
+};
+
+}  // namespace mha
+
+#endif  // MHA_ENGINE_KV_CACHE_H_

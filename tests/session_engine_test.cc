@@ -1,0 +1,259 @@
+// Sessions in the engine: a self session fed in chunks equals one causal
+// Run over the whole sequence; a cross session equals Run over its memory;
+// the block pool keeps its budget.
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/mha_engine.h"
+#include "gtest/gtest.h"
+#include "tests/engine_cases.h"
+#include "tests/test_models.h"
+
+namespace mha::testing {
+namespace {
+
+constexpr int64_t kPoolBytes = int64_t{64} << 20;
+
+// Run over one whole sequence (causal for self-attention), with weights.
+RunResult FullRun(const MhaEngine& engine, const Case& c, const Built& b) {
+  return RunEngine(engine, c, b, /*with_weights=*/true);
+}
+
+// Feeds `query` ([len, E]) through a fresh self session in chunks of the
+// given sizes (cycled), checking each chunk against `full`.
+void ExpectChunkedMatchesFull(const MhaEngine& engine, const AttentionDims& d,
+                              const std::vector<float>& query, const RunResult& full,
+                              const std::vector<int64_t>& chunks) {
+  const int64_t e = d.embed_dim, len = static_cast<int64_t>(query.size()) / e;
+  const int64_t keys_full = len + d.extra_keys();
+  KvBlockPool pool(kPoolBytes);
+  KvCache cache(engine.kv_layout(), pool);
+  auto ws = engine.NewWorkspace();
+  size_t next = 0;
+  for (int64_t pos = 0; pos < len;) {
+    const int64_t t = std::min(chunks[next++ % chunks.size()], len - pos);
+    ASSERT_TRUE(cache.Reserve(pos + t).ok());
+    AppendBatch batch;
+    batch.query = absl::MakeConstSpan(query).subspan(pos * e, t * e);
+    batch.steps.push_back({&cache, t, /*cross=*/false});
+    std::vector<float> out(t * e), weights(engine.AppendWeightsElements(batch));
+    ASSERT_TRUE(engine.Append(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
+    EXPECT_EQ(cache.length(), pos + t);
+    EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), 1e-5f)
+        << "chunk at " << pos << " of " << t << " tokens";
+    // Weights: the chunk's keys are the full row's first pos + t columns,
+    // then the appended positions (last in both).
+    const int64_t keys = pos + t + d.extra_keys();
+    for (int64_t r = 0; r < t; ++r) {
+      const float* want = full.weights.data() + (pos + r) * keys_full;
+      const float* got = weights.data() + r * keys;
+      EXPECT_LE(MaxAbsDiff(got, want, pos + t), 1e-5f) << "row " << pos + r;
+      EXPECT_LE(MaxAbsDiff(got + pos + t, want + len, d.extra_keys()), 1e-5f);
+    }
+    pos += t;
+  }
+}
+
+struct SelfCase {
+  const char* name;
+  AttentionDims dims;
+};
+void PrintTo(const SelfCase& c, std::ostream* os) { *os << c.name; }
+
+class SessionSelfTest : public ::testing::TestWithParam<SelfCase> {};
+
+TEST_P(SessionSelfTest, ChunksOfAnySizeEqualOneCausalRun) {
+  const AttentionDims d = GetParam().dims;
+  const PackedWeights w = RandomWeights(d, 11);
+  const auto engine = MakeEngine(d, w);
+  // 70 tokens: crosses two block boundaries (32 tokens per block).
+  const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
+  const Built b = Build(c, 21);
+  const RunResult full = FullRun(*engine, c, b);
+  for (const std::vector<int64_t>& chunks :
+       std::vector<std::vector<int64_t>>{{1}, {3}, {32}, {70}, {5, 1, 31, 2, 17}}) {
+    SCOPED_TRACE(::testing::Message() << "first chunk " << chunks[0]);
+    ExpectChunkedMatchesFull(*engine, d, b.query, full, chunks);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, SessionSelfTest,
+    ::testing::Values(
+        SelfCase{"plain", Dims(24, 3)},
+        SelfCase{"no_bias", With(Dims(24, 3), [](AttentionDims& d) { d.bias = false; })},
+        SelfCase{"bias_kv", With(Dims(24, 3), [](AttentionDims& d) { d.add_bias_kv = true; })},
+        SelfCase{"zero_attn",
+                 With(Dims(24, 3), [](AttentionDims& d) { d.add_zero_attn = true; })},
+        SelfCase{"both_extra", With(Dims(24, 3),
+                                    [](AttentionDims& d) {
+                                      d.add_bias_kv = true;
+                                      d.add_zero_attn = true;
+                                    })},
+        SelfCase{"post_norm", With(Dims(24, 3), [](AttentionDims& d) { d.post_norm = true; })},
+        SelfCase{"head_dims", With(Dims(32, 4),
+                                   [](AttentionDims& d) {
+                                     d.qk_head_dim = 6;
+                                     d.v_head_dim = 10;
+                                   })}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// A cross session's step equals Run with key = memory (and its value and
+// padding mask), for every chunking of the queries.
+TEST(SessionCrossTest, StepsEqualRunOverTheMemory) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) {
+    x.kdim = 16, x.vdim = 20, x.add_bias_kv = true, x.add_zero_attn = true;
+  });
+  const PackedWeights w = RandomWeights(d, 5);
+  const auto engine = MakeEngine(d, w);
+  const int64_t len = 9, mem = 45;
+  Case c{"cross", d, {len}, {mem}, false, MaskKind::kBool};
+  const Built b = Build(c, 8);
+  const RunResult full = RunEngine(*engine, c, b);
+  KvBlockPool pool(kPoolBytes);
+  KvCache cache(engine->kv_layout(), pool);
+  auto ws = engine->NewWorkspace();
+  ASSERT_TRUE(cache.Reserve(mem).ok());
+  MaskView padding = b.batch.key_padding_mask;
+  ASSERT_TRUE(engine->ProjectMemory(b.key, b.value, mem, padding, cache, *ws).ok());
+  EXPECT_EQ(cache.length(), mem);
+  const int64_t e = d.embed_dim, keys = mem + d.extra_keys();
+  for (int64_t pos = 0; pos < len;) {
+    const int64_t t = std::min<int64_t>(pos == 0 ? 1 : 4, len - pos);
+    AppendBatch batch;
+    batch.query = absl::MakeConstSpan(b.query).subspan(pos * e, t * e);
+    batch.steps.push_back({&cache, t, /*cross=*/true});
+    std::vector<float> out(t * e), weights(engine->AppendWeightsElements(batch));
+    ASSERT_EQ(static_cast<int64_t>(weights.size()), t * keys);
+    ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
+    EXPECT_EQ(cache.length(), mem) << "a cross step appends nothing";
+    EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), 1e-5f);
+    EXPECT_LE(MaxAbsDiff(weights.data(), full.weights.data() + pos * keys, weights.size()),
+              1e-5f);
+    pos += t;
+  }
+}
+
+TEST(SessionCrossTest, FullyPaddedMemoryGivesTheOutputBias) {
+  const AttentionDims d = Dims(24, 3);
+  const PackedWeights w = RandomWeights(d, 5);
+  const auto engine = MakeEngine(d, w);
+  KvBlockPool pool(kPoolBytes);
+  KvCache cache(engine->kv_layout(), pool);
+  auto ws = engine->NewWorkspace();
+  const std::vector<float> memory = RandomVector(5 * 24, 3);
+  const std::vector<uint8_t> all_masked(5, 1);
+  ASSERT_TRUE(cache.Reserve(5).ok());
+  ASSERT_TRUE(engine->ProjectMemory(memory, {}, 5, {DType::kBool, all_masked.data(), 5},
+                                    cache, *ws).ok());
+  const std::vector<float> query = RandomVector(24, 4);
+  AppendBatch batch{query, {{&cache, 1, true}}};
+  std::vector<float> out(24);
+  ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
+  EXPECT_LE(MaxAbsDiff(out.data(), w.b_o.data(), 24), 1e-6f);
+}
+
+// Steps of several sessions in one call give what each gives alone.
+TEST(SessionBatchTest, OneCallForManySessionsEqualsOneCallEach) {
+  const AttentionDims d = Dims(32, 4);
+  const PackedWeights w = RandomWeights(d, 2);
+  const auto engine = MakeEngine(d, w);
+  auto ws = engine->NewWorkspace();
+  KvBlockPool pool(kPoolBytes);
+  const std::vector<int64_t> prefix = {1, 40, 7, 64}, step = {1, 3, 1, 2};
+  std::vector<std::unique_ptr<KvCache>> batched, alone;
+  for (size_t s = 0; s < prefix.size(); ++s) {
+    for (auto* set : {&batched, &alone}) {
+      set->push_back(std::make_unique<KvCache>(engine->kv_layout(), pool));
+      KvCache& cache = *set->back();
+      ASSERT_TRUE(cache.Reserve(prefix[s] + step[s]).ok());
+      const std::vector<float> q = RandomVector(prefix[s] * 32, 30 + s);
+      std::vector<float> out(q.size());
+      ASSERT_TRUE(engine->Append({q, {{&cache, prefix[s], false}}}, {absl::MakeSpan(out), {}},
+                                 *ws).ok());
+    }
+  }
+  const int64_t total = std::accumulate(step.begin(), step.end(), int64_t{0});
+  const std::vector<float> q = RandomVector(total * 32, 99);
+  AppendBatch batch{q, {}};
+  for (size_t s = 0; s < prefix.size(); ++s) batch.steps.push_back({batched[s].get(), step[s]});
+  std::vector<float> together(q.size());
+  ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(together), {}}, *ws).ok());
+  int64_t row = 0;
+  for (size_t s = 0; s < prefix.size(); ++s) {
+    std::vector<float> out(step[s] * 32);
+    const auto part = absl::MakeConstSpan(q).subspan(row * 32, step[s] * 32);
+    ASSERT_TRUE(engine->Append({part, {{alone[s].get(), step[s]}}}, {absl::MakeSpan(out), {}},
+                               *ws).ok());
+    EXPECT_LE(MaxAbsDiff(out.data(), together.data() + row * 32, out.size()), 1e-6f)
+        << "session " << s;
+    row += step[s];
+  }
+}
+
+TEST(SessionValidationTest, RefusesWhatItCannotCompute) {
+  const AttentionDims cross = With(Dims(24, 3), [](AttentionDims& x) { x.kdim = 16; });
+  const auto cross_engine = MakeEngine(cross, RandomWeights(cross, 1));
+  const auto engine = MakeEngine(Dims(24, 3), RandomWeights(Dims(24, 3), 1));
+  auto ws = engine->NewWorkspace();
+  KvBlockPool pool(kPoolBytes);
+  KvCache cache(engine->kv_layout(), pool);
+  const std::vector<float> q = RandomVector(2 * 24, 1);
+  std::vector<float> out(q.size());
+  // No room reserved.
+  EXPECT_EQ(engine->Append({q, {{&cache, 2}}}, {absl::MakeSpan(out), {}}, *ws).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(cache.Reserve(2).ok());
+  // The same cache twice.
+  EXPECT_EQ(engine->Append({q, {{&cache, 1}, {&cache, 1}}}, {absl::MakeSpan(out), {}}, *ws)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // A self step on a model whose keys are not its queries.
+  EXPECT_FALSE(cross_engine->CanAppendSelf());
+  KvCache cross_cache(cross_engine->kv_layout(), pool);
+  ASSERT_TRUE(cross_cache.Reserve(2).ok());
+  const absl::Status self_on_cross =
+      cross_engine->Append({q, {{&cross_cache, 2}}}, {absl::MakeSpan(out), {}}, *ws);
+  EXPECT_EQ(self_on_cross.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(self_on_cross.message().find("kdim == vdim == embed_dim"), std::string::npos);
+  // The memory must match kdim.
+  KvCache mem(cross_engine->kv_layout(), pool);
+  ASSERT_TRUE(mem.Reserve(3).ok());
+  EXPECT_EQ(cross_engine->ProjectMemory(RandomVector(3 * 24, 2), {}, 3, {}, mem, *ws).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache.length(), 0) << "a refused step changes nothing";
+}
+
+TEST(KvBlockPoolTest, KeepsItsBudgetAndReusesBlocks) {
+  KvLayout layout{4, 8, 8, 4};  // 32 tokens x 4 heads x 16 x 4 B = 8 KiB blocks
+  ASSERT_EQ(layout.block_bytes(), 8192);
+  KvBlockPool pool(3 * 8192);
+  {
+    KvCache a(layout, pool), b(layout, pool);
+    ASSERT_TRUE(a.Reserve(64).ok());  // two blocks
+    EXPECT_EQ(pool.bytes_in_use(), 2 * 8192);
+    const absl::Status full = b.Reserve(64);
+    EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(b.num_blocks(), 0) << "a failed reserve keeps only what it had";
+    EXPECT_EQ(pool.bytes_in_use(), 2 * 8192);
+    ASSERT_TRUE(b.Reserve(1).ok());
+    EXPECT_EQ(pool.bytes_in_use(), 3 * 8192);
+    a.set_length(10);
+    a.ReleaseUnused();
+    EXPECT_EQ(a.num_blocks(), 1);
+    EXPECT_EQ(pool.bytes_in_use(), 2 * 8192);
+  }
+  EXPECT_EQ(pool.bytes_in_use(), 0);
+  EXPECT_EQ(pool.bytes_held(), 3 * 8192) << "freed blocks are kept for reuse";
+  // A block of another size makes room by freeing kept ones.
+  KvLayout wide{4, 16, 16, 4};
+  KvCache c(wide, pool);
+  ASSERT_TRUE(c.Reserve(1).ok());
+  EXPECT_LE(pool.bytes_held(), pool.budget());
+  EXPECT_EQ(pool.bytes_in_use(), 16384);
+}
+
+}  // namespace
+}  // namespace mha::testing
