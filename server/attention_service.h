@@ -6,16 +6,19 @@
 #include "mha/v1/attention.grpc.pb.h"
 #include "server/attend_dispatch.h"
 #include "server/model_control.h"
+#include "server/session_manager.h"
 
 namespace mha::server {
 
-// Borrows the dispatcher and the model control (both outlive the server).
+// Borrows the dispatcher, the model control and the sessions (all outlive
+// the server).
 // Handlers validate, enqueue and return; they never wait for compute or for
 // a load. Thread-safe.
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control)
-      : dispatcher_(dispatcher), control_(control) {}
+  AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
+                       SessionManager& sessions)
+      : dispatcher_(dispatcher), control_(control), sessions_(sessions) {}
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -35,6 +38,19 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* GetModelStatistics(grpc::CallbackServerContext* context,
                                                const v1::GetModelStatisticsRequest* request,
                                                v1::ModelStatisticsResponse* response) override;
+  // Sessions (server/session_service.cc).
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
+                                        const v1::OpenSessionRequest* request,
+                                        v1::Session* response) override;
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
+                                   const v1::AppendRequest* request,
+                                   v1::AppendResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
 
  private:
   // Why a model control call may not run (auth, mode none), or OK.
@@ -42,6 +58,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
   AttendDispatcher& dispatcher_;
   ModelControl& control_;
+  SessionManager& sessions_;
 };
 
 }  // namespace mha::server

@@ -33,6 +33,7 @@
 #include "server/model_control.h"
 #include "server/model_repository.h"
 #include "server/reflection_v1.h"
+#include "server/session_manager.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
 #define MHA_DEFAULT_MODEL_REPOSITORY "models"
@@ -63,6 +64,15 @@ ABSL_FLAG(std::string, model_control_mode, "none",
 ABSL_FLAG(int, repository_poll_s, 15, "seconds between reads of the repository in poll mode");
 ABSL_FLAG(std::vector<std::string>, load_model, {},
           "explicit mode: a model to load at start (repeatable, or comma-separated)");
+ABSL_FLAG(int64_t, session_cache_bytes, int64_t{512} << 20,
+          "bytes of key/value cache blocks all sessions share (part of the memory limit); "
+          "when full, idle sessions are evicted least recently used first");
+ABSL_FLAG(int64_t, max_sessions, 1024, "sessions open at once");
+ABSL_FLAG(int, session_idle_timeout_s, 60,
+          "seconds after its last use a session expires (OpenSession may ask for another)");
+ABSL_FLAG(int64_t, session_max_tokens, 8192,
+          "tokens a self-attention session may hold (the default and the cap of OpenSession's "
+          "max_tokens)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token the attention and model RPCs require (health stays open)");
 
@@ -176,10 +186,11 @@ int Serve(const std::vector<std::string>& load_models) {
     std::fprintf(stderr, "mha_server: %s\n", loaded.ToString().c_str());
     return 1;
   }
-  memory.SetReserve(EngineReserve(*models, repo_options));
+  const int64_t session_cache_bytes = std::max<int64_t>(0, absl::GetFlag(FLAGS_session_cache_bytes));
+  memory.SetReserve(EngineReserve(*models, repo_options) + session_cache_bytes);
   if (memory.capacity() <= 0) {
     std::fprintf(stderr, "mha_server: --memory_limit_bytes %s leaves nothing for requests "
-                 "beyond the engines' reserve of %s bytes\n",
+                 "beyond the engines' reserve and the session cache, %s bytes\n",
                  WithCommas(memory.limit()).c_str(), WithCommas(memory.reserve()).c_str());
     return 1;
   }
@@ -207,7 +218,13 @@ int Serve(const std::vector<std::string>& load_models) {
       RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens),
                     .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
       memory, *std::move(auth));
-  AttentionServiceImpl service(dispatcher, control);
+  SessionManager sessions(
+      SessionOptions{.cache_bytes = session_cache_bytes,
+                     .max_sessions = absl::GetFlag(FLAGS_max_sessions),
+                     .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s)),
+                     .max_tokens = absl::GetFlag(FLAGS_session_max_tokens)},
+      metrics.Sessions());
+  AttentionServiceImpl service(dispatcher, control, sessions);
   KserveServiceImpl kserve(dispatcher, control);
   ReflectionV1Service reflection_v1(ServedServiceNames());
   grpc::ServerBuilder builder;
@@ -242,9 +259,11 @@ int Serve(const std::vector<std::string>& load_models) {
   std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
   health.StopServing();
   dispatcher.StartDraining();
+  sessions.StartDraining();  // no new sessions; steps go on until the grace period ends
   control.Stop();  // queued loads answered UNAVAILABLE, so Shutdown does not wait for them
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  sessions.Stop();
   models->Stop();
   server->Wait();
   health.Attach(nullptr, false);

@@ -189,4 +189,26 @@ std::string CodeLabel(absl::StatusCode code) {
   return name.empty() ? "UNKNOWN" : name;
 }
 
+SessionMetrics Metrics::Sessions() {
+  SessionMetrics m;
+  m.active = &BuildGauge().Name("mha_sessions_active")
+                  .Help("Sessions open (their key/value caches held), by model")
+                  .Register(*registry_);
+  m.evictions = &BuildCounter().Name("mha_session_evictions_total")
+                     .Help("Sessions ended by the server, by model and reason: cache_full "
+                           "(evicted, least recently used first), expired (idle timeout), "
+                           "failed (a step the engine could not compute)")
+                     .Register(*registry_);
+  m.cache_bytes = &BuildGauge().Name("mha_session_cache_bytes")
+                       .Help("Bytes of key/value cache blocks the sessions hold")
+                       .Register(*registry_).Add({});
+  m.append_tokens = &BuildCounter().Name("mha_append_tokens_total")
+                         .Help("Tokens computed by session steps (Append)")
+                         .Register(*registry_).Add({});
+  m.append_duration = &BuildHistogram().Name("mha_append_duration_seconds")
+                           .Help("A session step from queued to computed")
+                           .Register(*registry_).Add({}, SecondsBuckets());
+  return m;
+}
+
 }  // namespace mha::server

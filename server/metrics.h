@@ -45,6 +45,16 @@ struct ModelMetrics {
   std::map<std::pair<std::string, int>, prometheus::Counter*> requests;  // guarded
 };
 
+// The sessions' families and series (pointers into the registry; labels
+// added as models appear). prometheus-cpp metrics are thread-safe.
+struct SessionMetrics {
+  prometheus::Family<prometheus::Gauge>* active = nullptr;       // {model}
+  prometheus::Family<prometheus::Counter>* evictions = nullptr;  // {model, reason}
+  prometheus::Gauge* cache_bytes = nullptr;
+  prometheus::Counter* append_tokens = nullptr;
+  prometheus::Histogram* append_duration = nullptr;
+};
+
 // Owns the registry and every metric family. Thread-safe.
 class Metrics {
  public:
@@ -64,6 +74,9 @@ class Metrics {
   void CountLoadFailure(const std::string& model);
   // A request naming no model of the repository (label kUnknownModelLabel).
   void CountUnknownModelRequest(const char* api, absl::StatusCode code);
+
+  // The families and series of the sessions (server/session_manager.h).
+  SessionMetrics Sessions();
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   prometheus::Gauge& memory_limit() { return memory_; }

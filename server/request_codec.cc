@@ -8,9 +8,7 @@
 #include "engine/wire_dtype.h"
 
 namespace mha::server {
-namespace {
-
-absl::StatusOr<TensorView> View(const v1::Tensor& wire, const char* field) {
+absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field) {
   const std::optional<DType> dtype = FromWireDType(wire.dtype());
   if (!dtype.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -24,10 +22,12 @@ absl::StatusOr<TensorView> View(const v1::Tensor& wire, const char* field) {
                     absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size())};
 }
 
+namespace {
+
 absl::Status ViewIfPresent(bool present, const v1::Tensor& wire, const char* field,
                            std::optional<TensorView>& view) {
   if (!present) return absl::OkStatus();
-  ASSIGN_OR_RETURN(view, View(wire, field));
+  ASSIGN_OR_RETURN(view, ViewTensor(wire, field));
   return absl::OkStatus();
 }
 
@@ -38,7 +38,7 @@ absl::StatusOr<AttentionRequest> DecodeAttendRequest(const v1::AttendRequest& re
                                                      const RequestLimits& limits) {
   if (!request.has_query()) return absl::InvalidArgumentError("query: required");
   RequestInputs in;
-  ASSIGN_OR_RETURN(in.query, View(request.query(), "query"));
+  ASSIGN_OR_RETURN(in.query, ViewTensor(request.query(), "query"));
   RETURN_IF_ERROR(ViewIfPresent(request.has_key(), request.key(), "key", in.key));
   RETURN_IF_ERROR(ViewIfPresent(request.has_value(), request.value(), "value", in.value));
   RETURN_IF_ERROR(ViewIfPresent(request.has_key_padding_mask(), request.key_padding_mask(),

@@ -22,6 +22,10 @@ struct RequestLimits {
   int64_t max_message_bytes = int64_t{64} << 20;  // a response larger is never sent
 };
 
+// A wire tensor as a view of its bytes (`wire` must outlive it); an unknown
+// dtype is INVALID_ARGUMENT naming `field`.
+absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field);
+
 // The request's tensors as views of its bytes (`request` must outlive the
 // result), checked against the model's dimensions. Errors name the field
 // and spell dtypes as mha.v1 does, e.g. "query: dtype DATA_TYPE_BOOL,

@@ -267,7 +267,8 @@ class MhaClient:
           draining) is sent again up to this many times, after random
           waits of at most retry_backoff[0] seconds, doubling up to
           retry_backoff[1] (gRPC's retry policy; every call of this client
-          computes without side effects, so a retry is always safe).
+          computes without side effects, and a Session's append sends the
+          position it expects, so a retry is always safe).
         reconnect_backoff: (first, longest) seconds between the channel's
           attempts to reconnect to a server that went away; gRPC's own
           (1, 120) leave calls failing for seconds after a server is back."""
@@ -346,3 +347,94 @@ class MhaClient:
         parameter_count and the effective embed_dim, num_heads, kdim, vdim.
         NOT_FOUND (grpc.RpcError) for an unknown name."""
         return self._call(self._stub.GetModel, self._pb.GetModelRequest(name=name))
+
+    # ------------------------------------------------------------- sessions
+
+    def open_session(self, model, memory=None, memory_value=None, memory_key_padding_mask=None,
+                     session_id="", idle_timeout_s=0, max_tokens=0, model_version=0):
+        """Opens a session on the server: its key/value cache stays there
+        between calls, so each step sends only its new tokens. Without a
+        memory, a self-attention (decoder) session: each appended token
+        attends to every token before it and to itself. With a memory
+        [1, S, kdim] (an encoder's output; memory_value [1, S, vdim],
+        memory_key_padding_mask [1, S]), a cross-attention session: each
+        token attends to the memory, projected once, here.
+
+        Returns a Session; use it in a `with` block (or close() it)."""
+        request = self._pb.OpenSessionRequest(
+            model=model, session_id=session_id, idle_timeout_ms=int(idle_timeout_s * 1000),
+            max_tokens=max_tokens, model_version=model_version)
+        if memory is not None:
+            request.memory.CopyFrom(to_tensor(memory))
+        if memory_value is not None:
+            request.memory_value.CopyFrom(to_tensor(memory_value))
+        if memory_key_padding_mask is not None:
+            request.memory_key_padding_mask.CopyFrom(
+                _mask_tensor(memory_key_padding_mask, "memory_key_padding_mask"))
+        return Session(self, self._call(self._stub.OpenSession, request))
+
+    def list_sessions(self, model=""):
+        """[mha.v1.SessionStatus] of the sessions open on the server."""
+        request = self._pb.ListSessionsRequest(model=model)
+        return list(self._call(self._stub.ListSessions, request).sessions)
+
+    def _session_call(self, method, request, session_id):
+        """A session's call, with its id as `x-session-id` metadata (what a
+        load balancer hashes on to reach the replica holding it)."""
+        metadata = list(self._metadata or []) + [("x-session-id", session_id)]
+        return method(request, timeout=self.timeout, metadata=metadata,
+                      wait_for_ready=self.wait_for_ready)
+
+
+class Session:
+    """A session open on an mha_server (MhaClient.open_session): `id`,
+    `position` (tokens cached), `cross`, `model`. Each append sends the
+    position it expects, so a step is never applied twice or out of order
+    (FAILED_PRECONDITION instead). Not thread-safe: one caller at a time.
+    A context manager that closes the session."""
+
+    def __init__(self, client, info):
+        self._client, self.info = client, info
+        self.id, self.position = info.session_id, info.position
+        self.cross, self.model = info.cross, info.model
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def append(self, query, need_weights=False):
+        """The outputs of `query` [1, T, E] or [T, E] (T new tokens), as
+        Attend over the whole sequence with is_causal would give them (self
+        session) or as Attend with key = the memory (cross session).
+        Returns output, or (output, weights [.., T, K']) with need_weights."""
+        query = np.asarray(query)
+        pb = self._client._pb
+        request = pb.AppendRequest(session_id=self.id, query=to_tensor(query),
+                                   expected_position=self.position, need_weights=need_weights)
+        response = self._client._session_call(self._client._stub.Append, request, self.id)
+        self.position = response.position
+        output = from_tensor(response.output)
+        if query.dtype == np.float64:
+            output = output.astype(np.float64)
+        if need_weights:
+            return output, from_tensor(response.attn_weights)
+        return output
+
+    def close(self):
+        """Frees the session on the server; returns the bytes it held (0
+        when it was already gone)."""
+        if self.id is None:
+            return 0
+        pb = self._client._pb
+        session_id, self.id = self.id, None
+        try:
+            response = self._client._session_call(
+                self._client._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id),
+                session_id)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return 0
+            raise
+        return response.freed_bytes

@@ -1,0 +1,479 @@
+#include "server/session_manager.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/mha_engine.h"
+
+namespace mha::server {
+namespace {
+
+// Ids of closed, evicted and expired sessions remembered, so a client is
+// told what happened to its session.
+constexpr size_t kRememberedGone = 4096;
+// How often the worker looks for expired sessions when it has nothing to do.
+constexpr absl::Duration kExpiryTick = absl::Seconds(1);
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.0f s", absl::ToDoubleSeconds(d));
+}
+
+}  // namespace
+
+struct SessionManager::Session {
+  std::string id;
+  VersionPtr version;
+  std::unique_ptr<KvCache> cache;
+  bool cross = false;
+  int64_t max_tokens = 0;
+  absl::Duration idle_timeout;
+  absl::Time last_used;
+  bool busy = false;   // a step (or its memory's projection) is computing
+  int64_t queued = 0;  // steps waiting
+};
+
+struct SessionManager::PendingOpen {
+  OpenParams params;
+  OpenDone done;
+  SessionPtr session;
+};
+
+struct SessionManager::PendingStep {
+  explicit PendingStep(AppendParams p) : params(std::move(p)) {}
+  AppendParams params;
+  AppendDone done;
+  SessionPtr session;
+  absl::Time enqueued;
+  int64_t tokens() const { return params.query.q_len(); }
+};
+
+SessionManager::SessionManager(SessionOptions options, SessionMetrics metrics)
+    : options_(options),
+      metrics_(metrics),
+      clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
+      pool_(options.cache_bytes) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+SessionManager::~SessionManager() { Stop(); }
+
+void SessionManager::StartDraining() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+}
+
+void SessionManager::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !worker_.joinable()) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::string SessionManager::NewIdLocked() {
+  static thread_local std::mt19937_64 random{std::random_device{}()};
+  std::string id;
+  do {
+    id = absl::StrFormat("%016x", random() ^ ++id_counter_);
+  } while (sessions_.count(id) != 0);
+  return id;
+}
+
+SessionInfo SessionManager::InfoLocked(const Session& s) const {
+  const absl::Time now = clock_.Now();
+  SessionInfo info;
+  info.id = s.id;
+  info.model = s.version->name;
+  info.version = s.version->version;
+  info.position = s.cache->length();
+  info.bytes = s.cache->bytes();
+  info.max_tokens = s.max_tokens;
+  info.cross = s.cross;
+  info.expires_at = s.last_used + s.idle_timeout;
+  info.idle = now - s.last_used;
+  return info;
+}
+
+void SessionManager::PublishLocked() {
+  if (metrics_.cache_bytes != nullptr) {
+    metrics_.cache_bytes->Set(static_cast<double>(pool_.bytes_in_use()));
+  }
+  if (metrics_.active != nullptr) {
+    for (const auto& [model, count] : active_per_model_) {
+      metrics_.active->Add({{"model", model}}).Set(static_cast<double>(count));
+    }
+  }
+}
+
+void SessionManager::Open(OpenParams params, OpenDone done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto refuse = [&](absl::Status status) {
+    lock.unlock();
+    done(std::move(status));
+  };
+  if (draining_ || stopping_) {
+    return refuse(absl::UnavailableError("the server is shutting down: no new sessions"));
+  }
+  const MhaEngine& engine = *params.version->model.engine;
+  const bool cross = params.memory.has_value();
+  if (!cross && !engine.CanAppendSelf()) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "model ", params.version->name, " has kdim or vdim != embed_dim: it opens only "
+        "cross-attention sessions (send a memory)")));
+  }
+  if (params.max_tokens > options_.max_tokens) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("max_tokens ", params.max_tokens, " exceeds the server's limit of ",
+                     options_.max_tokens, " (--session_max_tokens)")));
+  }
+  if (!params.id.empty() && sessions_.count(params.id) != 0) {
+    return refuse(absl::AlreadyExistsError(absl::StrCat("session ", params.id, " is open")));
+  }
+  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_sessions, " sessions are open (--max_sessions): close one first")));
+  }
+  auto session = std::make_shared<Session>();
+  session->id = params.id.empty() ? NewIdLocked() : params.id;
+  session->version = params.version;
+  session->cache = std::make_unique<KvCache>(engine.kv_layout(), pool_);
+  session->cross = cross;
+  session->max_tokens = params.max_tokens > 0 ? params.max_tokens : options_.max_tokens;
+  session->idle_timeout = params.idle_timeout > absl::ZeroDuration() ? params.idle_timeout
+                                                                    : options_.idle_timeout;
+  session->last_used = clock_.Now();
+  if (cross) {
+    if (absl::Status room = ReserveLocked(*session, params.memory->kv_len()); !room.ok()) {
+      return refuse(std::move(room));
+    }
+    session->busy = true;  // until its memory is projected
+  }
+  gone_.erase(session->id);
+  sessions_[session->id] = session;
+  ++active_per_model_[session->version->name];
+  PublishLocked();
+  if (cross) {
+    auto open = std::make_unique<PendingOpen>();
+    open->params = std::move(params);
+    open->done = std::move(done);
+    open->session = session;
+    opens_.push_back(std::move(open));
+    lock.unlock();
+    cv_.notify_one();
+    return;
+  }
+  const SessionInfo info = InfoLocked(*session);
+  lock.unlock();
+  done(info);
+}
+
+void SessionManager::Append(AppendParams params, AppendDone done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) {
+    lock.unlock();
+    done(absl::UnavailableError("the server is shutting down"));
+    return;
+  }
+  ExpireIdleLocked();
+  auto it = sessions_.find(params.id);
+  if (it == sessions_.end()) {
+    absl::Status missing = NotFoundLocked(params.id);
+    lock.unlock();
+    done(std::move(missing));
+    return;
+  }
+  auto step = std::make_unique<PendingStep>(std::move(params));
+  step->session = it->second;
+  step->enqueued = clock_.Now();
+  step->done = std::move(done);
+  ++step->session->queued;
+  steps_.push_back(std::move(step));
+  lock.unlock();
+  cv_.notify_one();
+}
+
+absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireIdleLocked();
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFoundLocked(id);
+  SessionInfo info = InfoLocked(*it->second);
+  RemoveLocked(id, "closed", "");
+  return info;
+}
+
+absl::StatusOr<VersionPtr> SessionManager::VersionOf(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFoundLocked(id);
+  return it->second->version;
+}
+
+std::vector<SessionInfo> SessionManager::List(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SessionInfo> out;
+  for (const auto& [id, session] : sessions_) {
+    if (model.empty() || session->version->name == model) out.push_back(InfoLocked(*session));
+  }
+  return out;
+}
+
+absl::Status SessionManager::NotFoundLocked(const std::string& id) const {
+  auto gone = gone_.find(id);
+  if (gone != gone_.end()) {
+    return absl::NotFoundError(absl::StrCat("session ", id, " was ", gone->second));
+  }
+  return absl::NotFoundError(absl::StrCat("session ", id, " is not open"));
+}
+
+void SessionManager::RemoveLocked(std::string id, const std::string& reason,
+                                  const std::string& metric_reason) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  const std::string model = it->second->version->name;
+  if (--active_per_model_[model] == 0 && metrics_.active != nullptr) {
+    metrics_.active->Add({{"model", model}}).Set(0);
+  }
+  if (!metric_reason.empty() && metrics_.evictions != nullptr) {
+    metrics_.evictions->Add({{"model", model}, {"reason", metric_reason}}).Increment();
+  }
+  sessions_.erase(it);  // the cache's blocks go back unless a step still runs
+  if (gone_.emplace(id, reason).second) gone_order_.push_back(id);
+  while (gone_order_.size() > kRememberedGone) {
+    gone_.erase(gone_order_.front());
+    gone_order_.pop_front();
+  }
+  PublishLocked();
+}
+
+void SessionManager::ExpireIdleLocked() {
+  const absl::Time now = clock_.Now();
+  std::vector<std::pair<std::string, std::string>> expired;
+  for (const auto& [id, s] : sessions_) {
+    const absl::Duration idle = now - s->last_used;
+    if (!s->busy && s->queued == 0 && idle >= s->idle_timeout) {
+      expired.emplace_back(id, absl::StrCat("expired: idle ", Seconds(idle), " (idle timeout ",
+                                            Seconds(s->idle_timeout), ")"));
+    }
+  }
+  for (const auto& [id, why] : expired) RemoveLocked(id, why, "expired");
+}
+
+absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {
+  absl::Status status = session.cache->Reserve(tokens);
+  if (status.ok()) return status;
+  std::vector<Session*> idle;
+  for (const auto& [id, s] : sessions_) {
+    if (s.get() != &session && !s->busy && s->queued == 0) idle.push_back(s.get());
+  }
+  // Evict nobody when even all of them would not make room.
+  const KvLayout& layout = session.cache->layout();
+  int64_t room = pool_.budget() - pool_.bytes_in_use();
+  for (const Session* s : idle) room += s->cache->bytes();
+  if (room < (layout.BlocksFor(tokens) - session.cache->num_blocks()) * layout.block_bytes()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        status.message(), "; evicting every idle session would not make room "
+        "(--session_cache_bytes)"));
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const Session* a, const Session* b) { return a->last_used < b->last_used; });
+  const absl::Time now = clock_.Now();
+  for (Session* victim : idle) {
+    const std::string why =
+        absl::StrCat("evicted: idle ", Seconds(now - victim->last_used), ", cache full");
+    RemoveLocked(victim->id, why, "cache_full");
+    status = session.cache->Reserve(tokens);
+    if (status.ok()) return status;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat(status.message(), "; no idle session left to evict (--session_cache_bytes)"));
+}
+
+Workspace& SessionManager::WorkspaceFor(const VersionPtr& version) {
+  for (auto it = workspaces_.begin(); it != workspaces_.end();) {
+    it = it->second.first.expired() ? workspaces_.erase(it) : std::next(it);
+  }
+  auto& entry = workspaces_[version.get()];
+  if (entry.second == nullptr) {
+    entry.first = version;
+    entry.second = version->model.engine->NewWorkspace();
+  }
+  return *entry.second;
+}
+
+void SessionManager::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (!opens_.empty()) {
+      std::unique_ptr<PendingOpen> open = std::move(opens_.front());
+      opens_.pop_front();
+      lock.unlock();
+      RunOpen(std::move(open));
+      lock.lock();
+      continue;
+    }
+    std::vector<std::function<void()>> refusals;
+    std::vector<std::unique_ptr<PendingStep>> steps = NextSteps(refusals);
+    if (!refusals.empty() || !steps.empty()) {
+      lock.unlock();
+      for (auto& refuse : refusals) refuse();
+      if (!steps.empty()) RunSteps(std::move(steps));
+      lock.lock();
+      continue;
+    }
+    if (stopping_) break;
+    clock_.WaitUntil(cv_, lock, clock_.Now() + kExpiryTick);
+    ExpireIdleLocked();
+  }
+}
+
+void SessionManager::RunOpen(std::unique_ptr<PendingOpen> open) {
+  Session& s = *open->session;
+  const AttentionBatch& memory = open->params.memory->batch();
+  Workspace& ws = WorkspaceFor(s.version);
+  const absl::Status projected = s.version->model.engine->ProjectMemory(
+      memory.key, memory.value, open->params.memory->kv_len(), memory.key_padding_mask,
+      *s.cache, ws);
+  MhaEngine::ReleaseLargeWorkspace(ws);
+  std::unique_lock<std::mutex> lock(mu_);
+  s.busy = false;
+  s.last_used = clock_.Now();
+  if (!projected.ok()) {
+    RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
+    lock.unlock();
+    open->done(projected);
+    return;
+  }
+  const SessionInfo info = InfoLocked(s);
+  PublishLocked();
+  lock.unlock();
+  open->done(info);
+}
+
+std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSteps(
+    std::vector<std::function<void()>>& refusals) {
+  ExpireIdleLocked();
+  std::vector<std::unique_ptr<PendingStep>> batch;
+  std::set<const Session*> taken;  // in the batch, or with an earlier step left queued
+  const ModelVersion* version = nullptr;
+  int64_t tokens = 0;
+  auto refuse = [&](std::unique_ptr<PendingStep> step, absl::Status status) {
+    --step->session->queued;
+    refusals.push_back([step = std::shared_ptr<PendingStep>(std::move(step)), status] {
+      step->done(status);
+    });
+  };
+  for (auto it = steps_.begin(); it != steps_.end();) {
+    Session& s = *(*it)->session;
+    auto open = sessions_.find(s.id);
+    if (open == sessions_.end() || open->second.get() != &s) {  // closed or evicted meanwhile
+      absl::Status missing = NotFoundLocked(s.id);
+      refuse(std::move(*it), std::move(missing));
+      it = steps_.erase(it);
+      continue;
+    }
+    const int64_t t = (*it)->tokens();
+    const bool fits = version == nullptr ||
+                      (s.version.get() == version && tokens + t <= options_.max_batch_tokens);
+    if (taken.count(&s) != 0 || s.busy || !fits) {
+      taken.insert(&s);  // its later steps wait behind this one
+      ++it;
+      continue;
+    }
+    const int64_t position = s.cache->length();
+    const std::optional<int64_t>& expected = (*it)->params.expected_position;
+    absl::Status status;
+    if (expected.has_value() && *expected != position) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "session ", s.id, " is at position ", position, ", not at expected_position ",
+          *expected));
+    } else if (!s.cross && position + t > s.max_tokens) {
+      status = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position,
+                                                  " tokens; ", t, " more would pass its max_tokens ",
+                                                  s.max_tokens));
+    } else if (!s.cross) {
+      status = ReserveLocked(s, position + t);
+    }
+    if (!status.ok()) {
+      refuse(std::move(*it), std::move(status));
+      it = steps_.erase(it);
+      continue;
+    }
+    s.busy = true;
+    --s.queued;
+    taken.insert(&s);
+    version = s.version.get();
+    tokens += t;
+    batch.push_back(std::move(*it));
+    it = steps_.erase(it);
+  }
+  return batch;
+}
+
+void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
+  const VersionPtr version = steps.front()->session->version;
+  const MhaEngine& engine = *version->model.engine;
+  const int64_t e = engine.dims().embed_dim, extra = engine.dims().extra_keys();
+  const bool weights = std::any_of(steps.begin(), steps.end(), [](const auto& s) {
+    return s->params.query.need_weights();
+  });
+  AppendBatch batch;
+  std::vector<float> query;
+  std::vector<int64_t> positions;  // after the step
+  for (const auto& step : steps) {
+    const absl::Span<const float> q = step->params.query.batch().query;
+    query.insert(query.end(), q.begin(), q.end());
+    batch.steps.push_back({step->session->cache.get(), step->tokens(), step->session->cross});
+    positions.push_back(step->session->cache->length() + (step->session->cross ? 0 : step->tokens()));
+  }
+  batch.query = query;
+  std::vector<float> output(query.size());
+  std::vector<float> attn(weights ? engine.AppendWeightsElements(batch) : 0);
+  Workspace& ws = WorkspaceFor(version);
+  const absl::Status status =
+      engine.Append(batch, {absl::MakeSpan(output), absl::MakeSpan(attn)}, ws);
+  MhaEngine::ReleaseLargeWorkspace(ws);
+  const absl::Time now = clock_.Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& step : steps) {
+      Session& s = *step->session;
+      s.busy = false;
+      s.last_used = now;
+      if (!status.ok()) RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
+    }
+    PublishLocked();
+  }
+  cv_.notify_one();
+  int64_t row = 0, w_off = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    PendingStep& step = *steps[i];
+    const int64_t t = step.tokens(), keys = positions[i] + extra;
+    if (!status.ok()) {
+      step.done(status);
+      continue;
+    }
+    AppendResult result;
+    result.output = absl::MakeConstSpan(output).subspan(row * e, t * e);
+    if (step.params.query.need_weights()) {
+      result.weights = absl::MakeConstSpan(attn).subspan(w_off, t * keys);
+    }
+    result.keys = keys;
+    result.position = positions[i];
+    if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
+    if (metrics_.append_duration != nullptr) {
+      metrics_.append_duration->Observe(absl::ToDoubleSeconds(now - step.enqueued));
+    }
+    step.done(result);
+    row += t;
+    w_off += weights ? t * keys : 0;
+  }
+}
+
+}  // namespace mha::server

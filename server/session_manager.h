@@ -1,0 +1,168 @@
+// Sessions: key/value caches that outlive a request, their limits (a byte
+// budget, a session count, idle expiry, tokens per session), eviction, and
+// the worker that computes every session's steps, many sessions per engine
+// call. No gRPC here: the service decodes and encodes.
+#ifndef MHA_SERVER_SESSION_MANAGER_H_
+#define MHA_SERVER_SESSION_MANAGER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/attention_request.h"
+#include "engine/kv_cache.h"
+#include "server/clock.h"
+#include "server/metrics.h"
+#include "server/model_repository.h"
+
+namespace mha::server {
+
+struct SessionOptions {
+  int64_t cache_bytes = int64_t{512} << 20;  // the block pool's budget
+  int64_t max_sessions = 1024;
+  absl::Duration idle_timeout = absl::Seconds(60);  // default per session
+  int64_t max_tokens = 8192;                        // default and cap per session
+  int64_t max_batch_tokens = 4096;                  // new tokens per engine call
+  const Clock* clock = nullptr;                     // null: the real clock
+};
+
+// What a session is, as OpenSession, Append and ListSessions report it.
+struct SessionInfo {
+  std::string id, model;
+  int64_t version = 0;
+  int64_t position = 0;
+  int64_t bytes = 0;
+  int64_t max_tokens = 0;
+  bool cross = false;
+  absl::Time expires_at;
+  absl::Duration idle;
+};
+
+// A decoded OpenSession. `memory` (a cross session's memory as the key of
+// an AttentionRequest with a one-token dummy query: the request's own
+// checks validate it) is absent for a self session.
+struct OpenParams {
+  VersionPtr version;
+  std::string id;  // empty: assigned
+  std::optional<AttentionRequest> memory;
+  absl::Duration idle_timeout = absl::ZeroDuration();  // zero: the default
+  int64_t max_tokens = 0;                              // 0: the default
+};
+
+// A decoded Append: the query as a one-sequence AttentionRequest.
+struct AppendParams {
+  std::string id;
+  AttentionRequest query;
+  std::optional<int64_t> expected_position;
+};
+
+// A step's results, views valid during the `done` call only.
+struct AppendResult {
+  absl::Span<const float> output;
+  absl::Span<const float> weights;  // [tokens, keys] when asked
+  int64_t keys = 0;
+  int64_t position = 0;
+};
+
+// Owns every session (its cache, and a reference to the model version it
+// was opened on, which stays alive with it), the block pool, the step queue
+// and the worker thread. Borrows the metrics. Every method is thread-safe;
+// none blocks on compute: results come through the callbacks, on the worker
+// (or at once, in the caller, when refused).
+class SessionManager {
+ public:
+  SessionManager(SessionOptions options, SessionMetrics metrics);
+  ~SessionManager();  // Stop()
+
+  using OpenDone = std::function<void(absl::StatusOr<SessionInfo>)>;
+  using AppendDone = std::function<void(absl::StatusOr<AppendResult>)>;
+
+  // A self session opens at once; a cross session's memory is projected on
+  // the worker first. ALREADY_EXISTS for an id in use, RESOURCE_EXHAUSTED
+  // at --max_sessions or when the memory does not fit, UNAVAILABLE when
+  // draining.
+  void Open(OpenParams params, OpenDone done);
+  // Queues a step. NOT_FOUND for an unknown session says whether it was
+  // closed, evicted (and why) or expired; FAILED_PRECONDITION when
+  // expected_position is not its position; OUT_OF_RANGE past its max_tokens;
+  // RESOURCE_EXHAUSTED when the pool has no room even after evicting idle
+  // sessions.
+  void Append(AppendParams params, AppendDone done);
+  // Frees a session; returns it as it was.
+  absl::StatusOr<SessionInfo> Close(const std::string& id);
+  // The model version `id` is open on (to decode its steps), or NOT_FOUND
+  // as Append says it.
+  absl::StatusOr<VersionPtr> VersionOf(const std::string& id) const;
+  // Every session (of `model` when not empty).
+  std::vector<SessionInfo> List(const std::string& model) const;
+
+  // No new sessions from now on; steps go on.
+  void StartDraining();
+  // Computes what is queued and joins the worker; later calls are refused.
+  void Stop();
+
+  int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
+
+ private:
+  struct Session;
+  struct PendingOpen;
+  struct PendingStep;
+  using SessionPtr = std::shared_ptr<Session>;
+
+  void WorkerLoop();
+  // Takes the next engine call's steps (one model version, one step per
+  // session, oldest first) and answers at once those that cannot run.
+  std::vector<std::unique_ptr<PendingStep>> NextSteps(
+      std::vector<std::function<void()>>& refusals);
+  void RunSteps(std::vector<std::unique_ptr<PendingStep>> steps);
+  void RunOpen(std::unique_ptr<PendingOpen> open);
+  // Makes room for `tokens` in `session`'s cache, evicting idle sessions
+  // least recently used first. With mu_ held.
+  absl::Status ReserveLocked(Session& session, int64_t tokens);
+  // Why `id` is not open (closed, evicted, expired) as NOT_FOUND.
+  absl::Status NotFoundLocked(const std::string& id) const;
+  // `id` by value: it may be the removed session's own.
+  void RemoveLocked(std::string id, const std::string& reason,
+                    const std::string& metric_reason);
+  void ExpireIdleLocked();
+  SessionInfo InfoLocked(const Session& s) const;
+  std::string NewIdLocked();
+  void PublishLocked();
+  Workspace& WorkspaceFor(const VersionPtr& version);
+
+  const SessionOptions options_;
+  const SessionMetrics metrics_;
+  const Clock& clock_;
+  KvBlockPool pool_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, SessionPtr> sessions_;                 // guarded by mu_
+  std::deque<std::unique_ptr<PendingStep>> steps_;             // guarded by mu_
+  std::deque<std::unique_ptr<PendingOpen>> opens_;             // guarded by mu_
+  std::map<std::string, std::string> gone_;                    // id -> why; guarded
+  std::deque<std::string> gone_order_;                         // guarded by mu_
+  std::map<std::string, int64_t> active_per_model_;            // guarded by mu_
+  bool draining_ = false, stopping_ = false;                   // guarded by mu_
+  uint64_t id_counter_ = 0;                                    // guarded by mu_
+  // The worker's workspaces, one per model version it computed for.
+  std::map<const ModelVersion*, std::pair<std::weak_ptr<const ModelVersion>,
+                                          std::unique_ptr<Workspace>>>
+      workspaces_;
+  std::thread worker_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SESSION_MANAGER_H_

@@ -1,0 +1,286 @@
+#!/usr/bin/python3
+"""Sessions of the real mha_server (issue 22), checked against PyTorch.
+
+    /usr/bin/python3 tests/server/test_sessions.py [unittest options]
+
+- A self session fed a sequence in chunks of any sizes gives torch's
+  outputs (and weights) of one causal pass over the whole sequence, for a
+  plain model, one with add_bias_kv + add_zero_attn and a post-norm one.
+- A cross session's steps give torch's attention over the memory (kdim !=
+  vdim, padding mask); a fully padded memory gives the output bias.
+- Many clients step their own sessions at once; every answer is right and
+  the steps share engine calls.
+- expected_position, max_tokens, eviction (least recently used, cache
+  full), expiry and close answer as documented, and the metrics follow.
+"""
+
+import concurrent.futures
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+import grpc
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "parity"))
+from mha_test_server import TestServer, load_stubs, metric_value  # noqa: E402
+from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
+                         _randomize_biases, _write_model, make_repository, randn, reference)
+import mha_client  # noqa: E402
+
+pb, rpc, cfg = load_stubs()
+TOL = 1e-5
+EXTRAS_E, EXTRAS_H = 32, 4
+DEMO_BLOCK_BYTES = 4 * 32 * (64 + 64) * 4  # demo: 4 heads x 32 tokens x (dqk + dv) x f32
+
+
+def make_extras_model(root):
+    """add_bias_kv + add_zero_attn: their positions are among every step's keys."""
+    torch.manual_seed(5)
+    module = torch.nn.MultiheadAttention(EXTRAS_E, EXTRAS_H, add_bias_kv=True,
+                                         add_zero_attn=True, batch_first=True).eval()
+    _randomize_biases(module, 15)
+    _write_model(os.path.join(root, "extras"),
+                 {"embed_dim": EXTRAS_E, "num_heads": EXTRAS_H, "add_bias_kv": True,
+                  "add_zero_attn": True}, module.state_dict())
+    return module, None
+
+
+class SessionServer:
+    """A server on a repository of demo, cross, post and extras."""
+
+    @classmethod
+    def start(cls, flags=()):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.models = make_repository(cls.tmp.name, ("demo", "cross", "post"))
+        cls.models["extras"] = make_extras_model(cls.tmp.name)
+        cls.server = TestServer(MHA_SERVER, cls.tmp.name, list(flags)).__enter__()
+        cls.client = mha_client.MhaClient(cls.server.target(), timeout=60)
+
+    @classmethod
+    def stop(cls):
+        cls.client.close()
+        cls.server.__exit__(None, None, None)
+        cls.tmp.cleanup()
+
+
+class SessionParityTest(unittest.TestCase, SessionServer):
+    @classmethod
+    def setUpClass(cls):
+        cls.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stop()
+
+    def assert_close(self, actual, expected, what):
+        np.testing.assert_allclose(actual, expected, rtol=TOL, atol=TOL, err_msg=what)
+
+    def check_self(self, model, width, length, chunks):
+        rng = np.random.default_rng(length + len(chunks))
+        x = randn(rng, 1, length, width)
+        want, want_w = reference(self.models[model], x, is_causal=True)
+        extra = 2 if model == "extras" else 0
+        with self.client.open_session(model) as session:
+            self.assertFalse(session.cross)
+            pos, i = 0, 0
+            while pos < length:
+                t = min(chunks[i % len(chunks)], length - pos)
+                out, w = session.append(x[:, pos:pos + t], need_weights=True)
+                what = f"{model}: tokens {pos}..{pos + t}"
+                self.assert_close(out, want[:, pos:pos + t], what)
+                # Weights: the first pos + t keys, then bias_kv / zero_attn
+                # (torch puts those after the whole sequence).
+                self.assertEqual(w.shape, (1, t, pos + t + extra), what)
+                self.assert_close(w[..., :pos + t], want_w[:, pos:pos + t, :pos + t], what)
+                self.assert_close(w[..., pos + t:], want_w[:, pos:pos + t, length:], what)
+                pos += t
+                i += 1
+                self.assertEqual(session.position, pos)
+
+    def test_self_session_in_chunks_equals_one_causal_pass(self):
+        for chunks in ([1], [4, 1, 13], [37]):
+            with self.subTest(chunks=chunks):
+                self.check_self("demo", DEMO_E, 37, chunks)
+
+    def test_bias_kv_zero_attn_and_post_norm_keep_their_meaning(self):
+        self.check_self("extras", EXTRAS_E, 45, [1, 2, 32])
+        self.check_self("post", 32, 20, [3])
+
+    def test_cross_session_equals_attention_over_the_memory(self):
+        rng = np.random.default_rng(3)
+        memory = randn(rng, 1, 23, CROSS_KDIM)
+        value = randn(rng, 1, 23, CROSS_VDIM)
+        padding = np.zeros((1, 23), dtype=bool)
+        padding[0, 17:] = True
+        q = randn(rng, 1, 6, CROSS_E)
+        want, want_w = reference(self.models["cross"], q, memory, value, key_padding_mask=padding)
+        with self.client.open_session("cross", memory=memory, memory_value=value,
+                                      memory_key_padding_mask=padding) as session:
+            self.assertTrue(session.cross)
+            self.assertEqual(session.position, 23)
+            out1 = session.append(q[:, :1])
+            out2, w = session.append(q[:, 1:], need_weights=True)
+            self.assertEqual(session.position, 23, "a cross step appends nothing")
+        self.assert_close(np.concatenate([out1, out2], axis=1), want, "cross outputs")
+        self.assert_close(w, want_w[:, 1:], "cross weights")
+
+    def test_fully_padded_memory_gives_the_output_bias(self):
+        module, _ = self.models["cross"]
+        rng = np.random.default_rng(4)
+        memory, value = randn(rng, 4, CROSS_KDIM), randn(rng, 4, CROSS_VDIM)
+        with self.client.open_session("cross", memory=memory, memory_value=value,
+                                      memory_key_padding_mask=np.ones(4, bool)) as session:
+            out = session.append(randn(rng, 2, CROSS_E))
+        bias = module.out_proj.bias.detach().numpy()
+        self.assert_close(out, np.broadcast_to(bias, out.shape), "output bias")
+        self.assertTrue(np.isfinite(out).all())
+
+    def test_many_clients_step_their_sessions_at_once(self):
+        length, sessions = 24, 16
+        rng = np.random.default_rng(9)
+        xs = [randn(rng, 1, length, DEMO_E) for _ in range(sessions)]
+        before = metric_value(self.server.metrics(), "mha_append_tokens_total")
+
+        def run(i):
+            client = mha_client.MhaClient(self.server.target(), timeout=60)
+            with client, client.open_session("demo") as session:
+                outs = [session.append(xs[i][:, p:p + 2]) for p in range(0, length, 2)]
+            return np.concatenate(outs, axis=1)
+
+        with concurrent.futures.ThreadPoolExecutor(sessions) as pool:
+            results = list(pool.map(run, range(sessions)))
+        for i, got in enumerate(results):
+            want, _ = reference(self.models["demo"], xs[i], is_causal=True)
+            self.assert_close(got, want, f"session {i}")
+        text = self.server.metrics()
+        self.assertEqual(metric_value(text, "mha_append_tokens_total") - before,
+                         length * sessions)
+        steps = metric_value(text, "mha_append_duration_seconds_count")
+        self.assertGreater(steps, 0)
+
+    def test_expected_position_guards_order_and_retries(self):
+        rng = np.random.default_rng(5)
+        with self.client.open_session("demo") as session:
+            session.append(randn(rng, 1, 3, DEMO_E))
+            stale = pb.AppendRequest(session_id=session.id,
+                                     query=mha_client.to_tensor(randn(rng, 1, 1, DEMO_E)),
+                                     expected_position=1)
+            with self.assertRaises(grpc.RpcError) as caught:
+                self.client._stub.Append(stale, timeout=30)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("is at position 3, not at expected_position 1", caught.exception.details())
+            listed = {s.session_id: s for s in self.client.list_sessions("demo")}
+            self.assertEqual(listed[session.id].position, 3, "nothing computed")
+
+    def test_refusals_name_what_is_wrong(self):
+        rng = np.random.default_rng(6)
+        cases = [
+            (lambda: self.client.open_session("cross"), grpc.StatusCode.INVALID_ARGUMENT,
+             "only cross-attention sessions"),
+            (lambda: self.client.open_session("cross", memory=randn(rng, 1, 5, CROSS_KDIM + 1),
+                                              memory_value=randn(rng, 1, 5, CROSS_VDIM)),
+             grpc.StatusCode.INVALID_ARGUMENT, "memory"),
+            (lambda: self.client.open_session("nope"), grpc.StatusCode.NOT_FOUND, "nope"),
+            (lambda: self.client.open_session("demo", session_id="bad id!"),
+             grpc.StatusCode.INVALID_ARGUMENT, "session_id"),
+        ]
+        with self.client.open_session("demo", session_id="mine") as session:
+            cases += [
+                (lambda: self.client.open_session("demo", session_id="mine"),
+                 grpc.StatusCode.ALREADY_EXISTS, "session mine is open"),
+                (lambda: session.append(randn(rng, 2, 3, DEMO_E)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "one sequence per step"),
+                (lambda: session.append(randn(rng, 1, 3, DEMO_E - 1)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "query"),
+            ]
+            for call, code, part in cases:
+                with self.subTest(part=part):
+                    with self.assertRaises(grpc.RpcError) as caught:
+                        call()
+                    self.assertEqual(caught.exception.code(), code, caught.exception.details())
+                    self.assertIn(part, caught.exception.details())
+            self.assertEqual(session.position, 0)
+
+    def test_max_tokens_close_and_list(self):
+        rng = np.random.default_rng(7)
+        session = self.client.open_session("demo", max_tokens=5)
+        session.append(randn(rng, 4, DEMO_E))
+        with self.assertRaises(grpc.RpcError) as caught:
+            session.append(randn(rng, 2, DEMO_E))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.OUT_OF_RANGE)
+        self.assertIn("max_tokens 5", caught.exception.details())
+        self.assertIn(session.id, [s.session_id for s in self.client.list_sessions()])
+        session_id = session.id
+        self.assertEqual(session.close(), DEMO_BLOCK_BYTES)
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.client._stub.Append(pb.AppendRequest(
+                session_id=session_id, query=mha_client.to_tensor(randn(rng, 1, DEMO_E))),
+                timeout=30)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn(f"session {session_id} was closed", caught.exception.details())
+
+
+class SessionLimitsTest(unittest.TestCase, SessionServer):
+    """A server whose cache holds 4 demo blocks (128 tokens)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.start(["--session_cache_bytes", str(4 * DEMO_BLOCK_BYTES)])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stop()
+
+    def test_full_cache_evicts_the_least_recently_used_idle_session(self):
+        rng = np.random.default_rng(8)
+        a = self.client.open_session("demo")
+        b = self.client.open_session("demo")
+        a.append(randn(rng, 64, DEMO_E))
+        time.sleep(0.1)
+        b.append(randn(rng, 64, DEMO_E))  # the cache is full
+        self.assertEqual(metric_value(self.server.metrics(), "mha_session_cache_bytes"),
+                         4 * DEMO_BLOCK_BYTES)
+        with self.client.open_session("demo") as c:
+            c.append(randn(rng, 1, DEMO_E))  # evicts a, the least recently used
+        with self.assertRaises(grpc.RpcError) as caught:
+            a.append(randn(rng, 1, DEMO_E))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertRegex(caught.exception.details(),
+                         rf"session {a.id} was evicted: idle \d+ s, cache full")
+        b.append(randn(rng, 1, DEMO_E))  # b survived
+        text = self.server.metrics()
+        self.assertEqual(metric_value(text, "mha_session_evictions_total", model="demo",
+                                      reason="cache_full"), 1)
+        # A session that alone needs more than the cache.
+        with self.client.open_session("demo") as big:
+            with self.assertRaises(grpc.RpcError) as caught:
+                big.append(randn(rng, 200, DEMO_E))
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self.assertIn("session cache full", caught.exception.details())
+        b.close()
+
+    def test_idle_sessions_expire(self):
+        rng = np.random.default_rng(9)
+        session = self.client.open_session("demo", idle_timeout_s=0.3)
+        session.append(randn(rng, 1, DEMO_E))
+        self.assertEqual(metric_value(self.server.metrics(), "mha_sessions_active", model="demo"),
+                         1)
+        time.sleep(1.5)
+        with self.assertRaises(grpc.RpcError) as caught:
+            session.append(randn(rng, 1, DEMO_E))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertIn("expired: idle", caught.exception.details())
+        text = self.server.metrics()
+        self.assertEqual(metric_value(text, "mha_sessions_active", model="demo"), 0)
+        self.assertEqual(metric_value(text, "mha_session_evictions_total", model="demo",
+                                      reason="expired"), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
