@@ -20,6 +20,7 @@
 #include "engine/onednn_matmul.h"
 #include "engine/threads.h"
 #include "tests/alloc_counter.h"
+#include "tests/bench/decode_bench.h"
 #include "tests/test_models.h"
 
 ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per measurement");
@@ -46,6 +47,9 @@ ABSL_FLAG(bool, wide, false,
           "instead of the standard shapes: wider models (E = 1024-2048, h = 16-32)");
 ABSL_FLAG(int64_t, ragged_batch, 32,
           "requests in the ragged shape (what the server's batcher merged)");
+ABSL_FLAG(bool, decode, false,
+          "sessions: one Append of 1 token at cached length 4096 against a causal pass over "
+          "4097 tokens, and 64 sessions' steps in one call against one call each (f32)");
 ABSL_FLAG(bool, overhead, false,
           "instead of the shapes: per-call time of small requests (B=1, E=256, h=4, self "
           "and cross, L in 17..128), first call of each length (cold) and again (warm)");
@@ -294,6 +298,10 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_decode)) {
+    mha::BenchDecode(absl::GetFlag(FLAGS_json));
+    return 0;
+  }
   const std::string filter = absl::GetFlag(FLAGS_shapes);
   std::vector<mha::Shape> shapes =
       absl::GetFlag(FLAGS_wide) ? mha::WideShapes() : mha::StandardShapes();

@@ -1,0 +1,140 @@
+#include "tests/bench/decode_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+
+#include "engine/kv_cache.h"
+#include "engine/mha_engine.h"
+#include "tests/test_models.h"
+
+namespace mha {
+namespace {
+
+constexpr int64_t kE = 512, kHeads = 8;
+
+// Median seconds of `reps` calls of `fn` after two warm-up calls.
+template <typename Fn>
+double MedianOf(int reps, Fn&& fn) {
+  fn();
+  fn();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+  return times[reps / 2];
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "mha_bench --decode: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// Fills `cache` with `len` tokens, 512 per call.
+void Prefill(const MhaEngine& engine, KvCache& cache, int64_t len, Workspace& ws) {
+  Check(cache.Reserve(len + 1));
+  for (int64_t pos = 0; pos < len; pos += 512) {
+    const int64_t t = std::min<int64_t>(512, len - pos);
+    const std::vector<float> x = testing::RandomVector(t * kE, static_cast<uint32_t>(pos + 1));
+    std::vector<float> out(x.size());
+    Check(engine.Append({x, {{&cache, t}}}, {absl::MakeSpan(out), {}}, ws));
+  }
+}
+
+void Print(bool json, const char* name, double ms, const char* what, double ratio,
+           double target) {
+  if (json) {
+    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %.0f}\n", name, ms,
+                what, ratio, target);
+  } else {
+    std::printf("%-34s %10.4f ms   %s %.1fx (target >= %.0fx)\n", name, ms, what, ratio, target);
+  }
+  std::fflush(stdout);
+}
+
+// 64 sessions at `cached` tokens each, appending 1 token each.
+void BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cached, bool json,
+                       Workspace& ws) {
+  constexpr int64_t kSessions = 64;
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (int64_t s = 0; s < kSessions; ++s) {
+    caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
+    Prefill(engine, *caches.back(), cached, ws);
+  }
+  const std::vector<float> tokens = testing::RandomVector(kSessions * kE, 9);
+  std::vector<float> tokens_out(tokens.size());
+  AppendBatch batched{tokens, {}};
+  for (auto& c : caches) batched.steps.push_back({c.get(), 1});
+  auto rewind = [&] {
+    for (auto& c : caches) c->set_length(cached);
+  };
+  const double batched_s = MedianOf(10, [&] {
+    Check(engine.Append(batched, {absl::MakeSpan(tokens_out), {}}, ws));
+    rewind();
+  });
+  const double one_by_one_s = MedianOf(10, [&] {
+    for (int64_t s = 0; s < kSessions; ++s) {
+      const auto q = absl::MakeConstSpan(tokens).subspan(s * kE, kE);
+      Check(engine.Append({q, {{caches[s].get(), 1}}},
+                          {absl::MakeSpan(tokens_out).subspan(s * kE, kE), {}}, ws));
+    }
+    rewind();
+  });
+  const std::string name = absl::StrFormat("decode_64x1_at%d", cached);
+  Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
+        one_by_one_s / batched_s, 8);
+  Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1);
+}
+
+}  // namespace
+
+void BenchDecode(bool json) {
+  const AttentionDims d = testing::MakeDims(kE, kHeads);
+  auto created = MhaEngine::Create(d, testing::RandomWeights(d, 1));
+  Check(created.status());
+  const MhaEngine& engine = **created;
+  auto ws = engine.NewWorkspace();
+  KvBlockPool pool(int64_t{2} << 30);
+
+  // One token at cached length 4096 against a causal pass over 4097.
+  constexpr int64_t kLong = 4096;
+  KvCache cache(engine.kv_layout(), pool);
+  Prefill(engine, cache, kLong, *ws);
+  const std::vector<float> token = testing::RandomVector(kE, 7);
+  std::vector<float> token_out(kE);
+  const double append_s = MedianOf(50, [&] {
+    Check(engine.Append({token, {{&cache, 1}}}, {absl::MakeSpan(token_out), {}}, *ws));
+    cache.set_length(kLong);  // the same step again
+  });
+  const std::vector<float> sequence = testing::RandomVector((kLong + 1) * kE, 8);
+  std::vector<float> sequence_out(sequence.size());
+  AttentionBatch full;
+  full.query = sequence;
+  full.q_offsets = {0, kLong + 1};
+  full.is_causal = true;
+  const double full_s = MedianOf(5, [&] {
+    Check(engine.Run(full, {absl::MakeSpan(sequence_out), {}, false}, *ws));
+  });
+  Print(json, "decode_append1_at4096", append_s * 1e3, "attend_causal_4097_over_append",
+        full_s / append_s, 100);
+  Print(json, "decode_attend_causal_4097", full_s * 1e3, "ratio", 1.0, 1);
+
+  // 64 sessions appending 1 token each: one batched call against 64 calls.
+  // The shape is cached length 1024; at 64 the cache reads are
+  // small and what batching saves (per-call cost, weight reads) shows alone.
+  for (const int64_t cached : {int64_t{1024}, int64_t{64}}) {
+    BenchBatchedSteps(engine, pool, cached, json, *ws);
+  }
+}
+
+}  // namespace mha
