@@ -6,6 +6,8 @@
 //                     [--masks FILE] [--batch B --len L --kv_len S]
 //                     [--is_causal] [--need_weights] [--per_head_weights] [--bf16]
 //                     [--out FILE]
+//   mha_client session --model NAME [--steps 32] [--step_tokens 1] [--kv_len S]
+//                      (a cross session over a random memory of S tokens)
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX]
@@ -34,6 +36,7 @@
 #include "client/client_common.h"
 #include "engine/status_macros.h"
 #include "client/load_generator.h"
+#include "client/session_command.h"
 #include "client/tensor_files.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -64,6 +67,9 @@ ABSL_FLAG(bool, bf16, false, "attend: send query/key/value as BF16");
 ABSL_FLAG(std::string, out, "", "attend: write output (and attn_weights) to this safetensors");
 ABSL_FLAG(bool, need_weights, false, "attend: return attention weights");
 ABSL_FLAG(bool, per_head_weights, false, "attend: weights per head");
+ABSL_FLAG(int64_t, steps, 32, "session: steps to append");
+ABSL_FLAG(int64_t, step_tokens, 1, "session: tokens per step");
+ABSL_FLAG(bool, quiet, false, "session: no line per step");
 ABSL_FLAG(int, concurrency, 1, "load: requests in flight");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "load: how long");
 ABSL_FLAG(int64_t, requests, 0, "load: stop after this many (0: duration)");
@@ -380,7 +386,8 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "mha_client {health [--model NAME] | models | info NAME | attend | load | load_model NAME "
+      "mha_client {health [--model NAME] | models | info NAME | attend | session | load | "
+      "load_model NAME "
       "| unload_model NAME} [--target "
       "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token_file FILE]");
   mha::client::RecordGivenFlags(argc, argv);
@@ -430,6 +437,16 @@ int main(int argc, char** argv) {
   if (command == "info") return mha::client::Info(*stub, args[2]);
   if (command == "attend") return mha::client::Attend(*stub);
   if (command == "load") return mha::client::Load(channel);
+  if (command == "session") {
+    return mha::client::RunSession(
+        *stub, {.model = absl::GetFlag(FLAGS_model),
+                .steps = std::max<int64_t>(1, absl::GetFlag(FLAGS_steps)),
+                .step_tokens = std::max<int64_t>(1, absl::GetFlag(FLAGS_step_tokens)),
+                .memory_len = absl::GetFlag(FLAGS_kv_len),
+                .seed = absl::GetFlag(FLAGS_seed),
+                .quiet = absl::GetFlag(FLAGS_quiet),
+                .context = [] { return mha::client::Context(); }});
+  }
   if (command == "load_model") return mha::client::ControlModel(*stub, true, args[2]);
   if (command == "unload_model") return mha::client::ControlModel(*stub, false, args[2]);
   std::fprintf(stderr, "unknown command '%s'\nusage: %s\n", command.c_str(),

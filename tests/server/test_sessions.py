@@ -16,6 +16,7 @@
 
 import concurrent.futures
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +35,7 @@ from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  #
 import mha_client  # noqa: E402
 
 pb, rpc, cfg = load_stubs()
+MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(HERE, "..", "..", "build", "mha_client"))
 TOL = 1e-5
 EXTRAS_E, EXTRAS_H = 32, 4
 DEMO_BLOCK_BYTES = 4 * 32 * (64 + 64) * 4  # demo: 4 heads x 32 tokens x (dqk + dv) x f32
@@ -163,6 +165,18 @@ class SessionParityTest(unittest.TestCase, SessionServer):
                          length * sessions)
         steps = metric_value(text, "mha_append_duration_seconds_count")
         self.assertGreater(steps, 0)
+
+    def test_cli_session_checks_itself_against_attend(self):
+        for args, kind in ((["--model=demo", "--steps=6", "--step_tokens=3"], "with is_causal"),
+                           (["--model=cross", "--steps=4", "--kv_len=9"], "over the memory")):
+            with self.subTest(kind=kind):
+                run = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "session",
+                                      *args], capture_output=True, text=True, timeout=120)
+                self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+                self.assertIn(f"check against one Attend {kind}", run.stdout)
+                self.assertRegex(run.stdout, r"max \|diff\| \S+ OK")
+                self.assertIn("bytes freed", run.stdout)
+                self.assertEqual(run.stdout.count("step "), int(args[1].split("=")[1]))
 
     def test_expected_position_guards_order_and_retries(self):
         rng = np.random.default_rng(5)

@@ -1,0 +1,120 @@
+#include "client/session_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "client/client_common.h"
+
+namespace mha::client {
+namespace {
+
+// Rows [first, first + count) of a [1, L, width] FP32 tensor.
+v1::Tensor Rows(const v1::Tensor& t, int64_t first, int64_t count, int64_t width) {
+  v1::Tensor out;
+  out.set_dtype(v1::DATA_TYPE_FP32);
+  out.add_shape(1);
+  out.add_shape(count);
+  out.add_shape(width);
+  out.set_data(t.data().substr(first * width * 4, count * width * 4));
+  return out;
+}
+
+double Ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+}  // namespace
+
+int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o) {
+  v1::GetModelRequest get;
+  get.set_name(o.model);
+  v1::ModelInfo info;
+  grpc::Status status = stub.GetModel(o.context().get(), get, &info);
+  if (!status.ok()) return ReportError(status);
+  const int64_t e = info.embed_dim(), total = o.steps * o.step_tokens;
+  std::mt19937 gen(o.seed);
+  const v1::Tensor sequence = RandomTensor({1, total, e}, gen);
+  v1::OpenSessionRequest open;
+  open.set_model(o.model);
+  if (o.memory_len > 0) {
+    *open.mutable_memory() = RandomTensor({1, o.memory_len, info.kdim()}, gen);
+    *open.mutable_memory_value() = RandomTensor({1, o.memory_len, info.vdim()}, gen);
+  }
+  v1::Session session;
+  status = stub.OpenSession(o.context().get(), open, &session);
+  if (!status.ok()) return ReportError(status);
+  std::printf("session %s on %s version %lld (%s), position %lld\n",
+              session.session_id().c_str(), session.model().c_str(),
+              static_cast<long long>(session.model_version()),
+              session.cross() ? "cross-attention" : "self-attention",
+              static_cast<long long>(session.position()));
+  std::vector<float> outputs;
+  std::vector<double> step_ms;
+  int64_t position = session.position();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    v1::AppendRequest append;
+    append.set_session_id(session.session_id());
+    *append.mutable_query() = Rows(sequence, step * o.step_tokens, o.step_tokens, e);
+    append.set_expected_position(position);
+    v1::AppendResponse response;
+    std::unique_ptr<grpc::ClientContext> context = o.context();
+    context->AddMetadata("x-session-id", session.session_id());
+    const auto sent = std::chrono::steady_clock::now();
+    status = stub.Append(context.get(), append, &response);
+    step_ms.push_back(Ms(std::chrono::steady_clock::now() - sent));
+    if (!status.ok()) return ReportError(status);
+    position = response.position();
+    const std::vector<float> out = TensorValues(response.output());
+    outputs.insert(outputs.end(), out.begin(), out.end());
+    if (!o.quiet) {
+      std::printf("step %3lld: %lld token(s), position %lld, %.3f ms\n",
+                  static_cast<long long>(step), static_cast<long long>(o.step_tokens),
+                  static_cast<long long>(position), step_ms.back());
+    }
+  }
+  // The same sequence in one Attend: causal over itself, or over the memory.
+  v1::AttendRequest attend;
+  attend.set_model(o.model);
+  attend.set_model_version(session.model_version());
+  *attend.mutable_query() = sequence;
+  if (o.memory_len > 0) {
+    *attend.mutable_key() = open.memory();
+    *attend.mutable_value() = open.memory_value();
+  } else {
+    attend.set_is_causal(true);
+  }
+  v1::AttendResponse full;
+  const auto sent = std::chrono::steady_clock::now();
+  status = stub.Attend(o.context().get(), attend, &full);
+  const double full_ms = Ms(std::chrono::steady_clock::now() - sent);
+  if (!status.ok()) return ReportError(status);
+  const std::vector<float> want = TensorValues(full.output());
+  float max_diff = want.size() == outputs.size() ? 0.0f : INFINITY;
+  for (size_t i = 0; i < std::min(want.size(), outputs.size()); ++i) {
+    const float d = std::fabs(want[i] - outputs[i]);
+    max_diff = std::isnan(d) ? INFINITY : std::max(max_diff, d);
+  }
+  std::vector<double> sorted = step_ms;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf("%lld steps: median %.3f ms, max %.3f ms; one Attend over all %lld tokens: "
+              "%.3f ms\n",
+              static_cast<long long>(o.steps), sorted[sorted.size() / 2], sorted.back(),
+              static_cast<long long>(total), full_ms);
+  const bool ok = max_diff <= kSessionCheckTolerance;
+  std::printf("check against one Attend%s: max |diff| %.3g %s\n",
+              o.memory_len > 0 ? " over the memory" : " with is_causal", max_diff,
+              ok ? "OK" : "MISMATCH");
+  v1::CloseSessionRequest close;
+  close.set_session_id(session.session_id());
+  v1::CloseSessionResponse closed;
+  status = stub.CloseSession(o.context().get(), close, &closed);
+  if (!status.ok()) return ReportError(status);
+  std::printf("closed: %lld bytes freed\n", static_cast<long long>(closed.freed_bytes()));
+  return ok ? 0 : 1;
+}
+
+}  // namespace mha::client

@@ -1,0 +1,37 @@
+// mha_client session: opens a session, appends a random sequence step by
+// step (printing each step's time), checks the outputs against one Attend
+// over the whole sequence, and closes it.
+#ifndef MHA_CLIENT_SESSION_COMMAND_H_
+#define MHA_CLIENT_SESSION_COMMAND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "mha/v1/attention.grpc.pb.h"
+
+namespace mha::client {
+
+struct SessionCommandOptions {
+  std::string model = "demo";
+  int64_t steps = 32;
+  int64_t step_tokens = 1;
+  int64_t memory_len = 0;  // > 0: a cross session over a random memory
+  uint32_t seed = 1;
+  bool quiet = false;  // no line per step
+  // A new context per call (deadline, token).
+  std::function<std::unique_ptr<grpc::ClientContext>()> context;
+};
+
+// The largest difference from the full Attend that still passes: fp32
+// summed in another order over up to a few thousand keys.
+inline constexpr float kSessionCheckTolerance = 1e-4f;
+
+// Exit code: 0 when every step was answered and matches; 1 otherwise.
+int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& options);
+
+}  // namespace mha::client
+
+#endif  // MHA_CLIENT_SESSION_COMMAND_H_
