@@ -1,0 +1,167 @@
+// SessionManager: steps of many sessions from many threads (also under
+// ThreadSanitizer), ordering of one session's queued steps, expiry on a
+// manual clock, eviction.
+#include "server/session_manager.h"
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/engine_cases.h"
+#include "tests/manual_clock.h"
+#include "tests/test_models.h"
+
+namespace mha::server {
+namespace {
+
+using testing::MakeDims;
+using testing::MaxAbsDiff;
+using testing::RandomVector;
+using testing::RandomWeights;
+
+constexpr int64_t kE = 32;
+
+VersionPtr MakeVersion() {
+  const AttentionDims d = MakeDims(kE, 4);
+  auto version = std::make_shared<ModelVersion>();
+  version->name = "m";
+  version->version = 1;
+  version->model.dims = d;
+  version->model.engine = testing::MakeEngine(d, RandomWeights(d, 3));
+  return version;
+}
+
+// A one-sequence query of `tokens` random tokens.
+AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storage) {
+  storage = RandomVector(tokens * kE, seed);
+  RequestInputs in;
+  in.query = TensorView{DType::kF32, {1, tokens, kE},
+                        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
+                                            storage.size() * sizeof(float))};
+  auto request = AttentionRequest::Create(MakeDims(kE, 4), in, 1 << 20, DTypeSpelling::kMhaV1);
+  EXPECT_TRUE(request.ok()) << request.status();
+  return *std::move(request);
+}
+
+std::string OpenSync(SessionManager& sessions, VersionPtr version, absl::Duration idle = {}) {
+  std::promise<absl::StatusOr<SessionInfo>> opened;
+  OpenParams params;
+  params.version = std::move(version);
+  params.idle_timeout = idle;
+  sessions.Open(std::move(params), [&](absl::StatusOr<SessionInfo> info) {
+    opened.set_value(std::move(info));
+  });
+  absl::StatusOr<SessionInfo> info = opened.get_future().get();
+  EXPECT_TRUE(info.ok()) << info.status();
+  return info.ok() ? info->id : "";
+}
+
+// Appends `tokens` tokens; returns the output (empty on error, status set).
+std::vector<float> AppendSync(SessionManager& sessions, const std::string& id, int64_t tokens,
+                              uint32_t seed, absl::Status* status = nullptr,
+                              std::optional<int64_t> expected = std::nullopt) {
+  std::vector<float> storage;
+  std::promise<absl::StatusOr<std::vector<float>>> done;
+  sessions.Append({id, Query(tokens, seed, storage), expected},
+                  [&](absl::StatusOr<AppendResult> r) {
+                    if (!r.ok()) return done.set_value(r.status());
+                    done.set_value(std::vector<float>(r->output.begin(), r->output.end()));
+                  });
+  absl::StatusOr<std::vector<float>> out = done.get_future().get();
+  if (status != nullptr) *status = out.status();
+  return out.ok() ? *out : std::vector<float>{};
+}
+
+TEST(SessionManagerTest, ManyThreadsStepTheirOwnSessionsCorrectly) {
+  const VersionPtr version = MakeVersion();
+  SessionManager sessions({}, {});
+  constexpr int kThreads = 6, kSteps = 12;
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const std::string id = OpenSync(sessions, version);
+      // The same steps on a private cache, one engine call each.
+      KvBlockPool pool(int64_t{16} << 20);
+      KvCache mine(version->model.engine->kv_layout(), pool);
+      auto ws = version->model.engine->NewWorkspace();
+      for (int s = 0; s < kSteps; ++s) {
+        const int64_t tokens = 1 + (s + t) % 3;
+        const uint32_t seed = 100 * t + s;
+        const std::vector<float> got = AppendSync(sessions, id, tokens, seed);
+        std::vector<float> storage = RandomVector(tokens * kE, seed), want(tokens * kE);
+        EXPECT_TRUE(mine.Reserve(mine.length() + tokens).ok());
+        EXPECT_TRUE(version->model.engine
+                        ->Append({storage, {{&mine, tokens}}}, {absl::MakeSpan(want), {}}, *ws)
+                        .ok());
+        if (got.size() != want.size() || MaxAbsDiff(got.data(), want.data(), want.size()) > 1e-5f) {
+          ++mismatches;
+        }
+        if (s % 4 == 3) sessions.List("");  // readers beside the worker
+      }
+      EXPECT_TRUE(sessions.Close(id).ok());
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+  EXPECT_EQ(sessions.pool_bytes_in_use(), 0) << "closed sessions give their blocks back";
+}
+
+TEST(SessionManagerTest, QueuedStepsOfOneSessionRunInOrder) {
+  SessionManager sessions({}, {});
+  const std::string id = OpenSync(sessions, MakeVersion());
+  std::vector<std::vector<float>> storage(3);
+  std::vector<std::promise<absl::Status>> done(3);
+  for (int i = 0; i < 3; ++i) {  // sent without waiting, each naming its position
+    sessions.Append({id, Query(2, i, storage[i]), int64_t{2 * i}},
+                    [&, i](absl::StatusOr<AppendResult> r) { done[i].set_value(r.status()); });
+  }
+  for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
+  EXPECT_EQ(sessions.List("")[0].position, 6);
+}
+
+TEST(SessionManagerTest, IdleSessionsExpireAndSaySo) {
+  testing::ManualClock clock;
+  SessionOptions options;
+  options.clock = &clock;
+  SessionManager sessions(options, {});
+  const VersionPtr version = MakeVersion();
+  const std::string id = OpenSync(sessions, version, absl::Seconds(10));
+  AppendSync(sessions, id, 1, 1);
+  clock.Advance(absl::Seconds(11));
+  absl::Status status;
+  AppendSync(sessions, id, 1, 2, &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("expired: idle 11 s (idle timeout 10 s)"), std::string::npos)
+      << status;
+}
+
+TEST(SessionManagerTest, FullCacheEvictsLeastRecentlyUsedIdleSession) {
+  testing::ManualClock clock;
+  SessionOptions options;
+  options.clock = &clock;
+  const VersionPtr version = MakeVersion();
+  options.cache_bytes = 2 * version->model.engine->kv_layout().block_bytes();
+  SessionManager sessions(options, {});
+  const std::string a = OpenSync(sessions, version), b = OpenSync(sessions, version);
+  AppendSync(sessions, a, 1, 1);
+  clock.Advance(absl::Seconds(3));
+  AppendSync(sessions, b, 1, 2);
+  const std::string c = OpenSync(sessions, version);
+  absl::Status status;
+  AppendSync(sessions, c, 1, 3, &status);
+  EXPECT_TRUE(status.ok()) << status;
+  AppendSync(sessions, a, 1, 4, &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("was evicted: idle 3 s, cache full"), std::string::npos)
+      << status;
+  AppendSync(sessions, b, 1, 5, &status);
+  EXPECT_TRUE(status.ok()) << "b was used after a: " << status;
+  // A step of the expected position only.
+  AppendSync(sessions, b, 1, 6, &status, /*expected=*/0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace mha::server
