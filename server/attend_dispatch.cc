@@ -27,6 +27,21 @@ absl::Status AttendDispatcher::Authorize(const grpc::CallbackServerContext& cont
 void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
                                 const std::string& model_name, int64_t version,
                                 const char* api, const Decoder& decode, Responder respond) {
+  Completion completion;
+  completion.hold = [reactor](std::shared_ptr<MemoryReservation> memory) {
+    reactor->Hold(std::move(memory));
+  };
+  completion.finish = [context, reactor](const absl::Status& status, absl::Duration took) {
+    context->AddTrailingMetadata(std::string(kServerTimeMetadata),
+                                 std::to_string(absl::ToInt64Microseconds(took)));
+    reactor->Finish(ToGrpcStatus(status));
+  };
+  Dispatch(context, std::move(completion), model_name, version, api, decode, std::move(respond));
+}
+
+void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, Completion completion,
+                                const std::string& model_name, int64_t version,
+                                const char* api, const Decoder& decode, Responder respond) {
   const absl::Time start = absl::Now();
   absl::StatusOr<VersionPtr> found = models_.Find(model_name, version);
   // Series exist for the repository's models only: a client naming random
@@ -40,8 +55,8 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   ModelStatistics* statistics = found.ok() ? (*found)->statistics.get() : nullptr;
   auto sequences = std::make_shared<int64_t>(0);  // known once decoded
   // Records the outcome and answers; called exactly once per call.
-  auto finish = [this, context, reactor, start, api, model_metrics, statistics,
-                 sequences](const absl::Status& status) {
+  auto finish = [this, answer = std::move(completion.finish), start, api, model_metrics,
+                 statistics, sequences](const absl::Status& status) {
     const absl::Duration took = absl::Now() - start;
     if (model_metrics != nullptr) {
       model_metrics->CountRequest(api, status.code());
@@ -53,9 +68,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
       model_metrics->request_duration->Observe(absl::ToDoubleSeconds(took));
       model_metrics->inflight->Decrement();
     }
-    context->AddTrailingMetadata(std::string(kServerTimeMetadata),
-                                 std::to_string(absl::ToInt64Microseconds(took)));
-    reactor->Finish(ToGrpcStatus(status));
+    answer(status, took);
   };
   absl::Status admitted = draining_ ? absl::UnavailableError("server is shutting down")
                                     : Authorize(*context);
@@ -85,7 +98,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
   }
   pending->queued_bytes = cost.queued_bytes;
   pending->active_bytes = cost.active_bytes;
-  reactor->Hold(pending->memory);
+  completion.hold(pending->memory);
   pending->deadline = absl::FromChrono(context->deadline());
   pending->cancelled = [context] { return context->IsCancelled(); };
   ResultLayout layout{pending->input.output_dtype(), pending->input.output_shape(),

@@ -88,6 +88,18 @@ class AttendDispatcher {
                 const std::string& model_name, int64_t version, const char* api,
                 const Decoder& decode, Responder respond);
 
+  // How a call that is not a unary RPC of its own (a message of a stream)
+  // is answered: `hold` keeps the request's memory reservation until its
+  // answer is sent; `finish` answers, exactly once.
+  struct Completion {
+    std::function<void(std::shared_ptr<MemoryReservation>)> hold;
+    std::function<void(const absl::Status&, absl::Duration took)> finish;
+  };
+  // Dispatch for such a call; `context` is its stream's.
+  void Dispatch(grpc::CallbackServerContext* context, Completion completion,
+                const std::string& model_name, int64_t version, const char* api,
+                const Decoder& decode, Responder respond);
+
  private:
   const ModelRepository& models_;
   Metrics& metrics_;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "engine/status_macros.h"
+#include "server/stream_reactor.h"
 
 namespace mha::server {
 namespace {
@@ -36,6 +37,23 @@ void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out
 
 }  // namespace
 
+void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
+                          const AttentionResult& result, v1::AttendResponse* response) {
+  response->set_model(model.name);
+  response->set_model_version(model.version);
+  EncodeTensor(result.output, layout.output_shape, layout.output_dtype,
+               response->mutable_output());
+  if (!layout.weights_shape.empty()) {
+    EncodeTensor(result.weights, layout.weights_shape, DType::kF32,
+                 response->mutable_attn_weights());
+  }
+}
+
+grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionServiceImpl::Stream(
+    grpc::CallbackServerContext* context) {
+  return new StreamReactor(context, dispatcher_, session_calls_);
+}
+
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerContext* context,
                                                        const v1::AttendRequest* request,
                                                        v1::AttendResponse* response) {
@@ -45,14 +63,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
   };
   auto respond = [response](const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) {
-    response->set_model(model.name);
-    response->set_model_version(model.version);
-    EncodeTensor(result.output, layout.output_shape, layout.output_dtype,
-                 response->mutable_output());
-    if (!layout.weights_shape.empty()) {
-      EncodeTensor(result.weights, layout.weights_shape, DType::kF32,
-                   response->mutable_attn_weights());
-    }
+    EncodeAttendResponse(model, layout, result, response);
   };
   dispatcher_.Dispatch(context, reactor, request->model(), request->model_version(), kApiMha,
                        decode, std::move(respond));

@@ -6,9 +6,14 @@
 #include "mha/v1/attention.grpc.pb.h"
 #include "server/attend_dispatch.h"
 #include "server/model_control.h"
+#include "server/session_calls.h"
 #include "server/session_manager.h"
 
 namespace mha::server {
+
+// An Attend's response from its result (shared by Attend and Stream).
+void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
+                          const AttentionResult& result, v1::AttendResponse* response);
 
 // Borrows the dispatcher, the model control and the sessions (all outlive
 // the server).
@@ -18,7 +23,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
  public:
   AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
                        SessionManager& sessions)
-      : dispatcher_(dispatcher), control_(control), sessions_(sessions) {}
+      : dispatcher_(dispatcher), control_(control), session_calls_(dispatcher, sessions) {}
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -51,6 +56,8 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsResponse* response) override;
+  grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* Stream(
+      grpc::CallbackServerContext* context) override;
 
  private:
   // Why a model control call may not run (auth, mode none), or OK.
@@ -58,7 +65,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
   AttendDispatcher& dispatcher_;
   ModelControl& control_;
-  SessionManager& sessions_;
+  SessionCalls session_calls_;
 };
 
 }  // namespace mha::server

@@ -178,6 +178,74 @@ class SessionParityTest(unittest.TestCase, SessionServer):
                 self.assertIn("bytes freed", run.stdout)
                 self.assertEqual(run.stdout.count("step "), int(args[1].split("=")[1]))
 
+    def test_stream_carries_every_message_and_answers_errors_in_place(self):
+        rng = np.random.default_rng(10)
+        x = randn(rng, 1, 9, DEMO_E)
+        want, _ = reference(self.models["demo"], x, is_causal=True)
+        messages = [pb.StreamRequest(id="open", open_session=pb.OpenSessionRequest(
+            model="demo", session_id="streamed"))]
+        for i, (a, b) in enumerate([(0, 1), (1, 5), (5, 9)]):
+            messages.append(pb.StreamRequest(id=f"step{i}", append=pb.AppendRequest(
+                session_id="streamed", query=mha_client.to_tensor(x[:, a:b]),
+                expected_position=a)))
+        messages += [
+            pb.StreamRequest(id="lost", append=pb.AppendRequest(
+                session_id="nobody", query=mha_client.to_tensor(x[:, :1]))),
+            pb.StreamRequest(id="empty"),
+            pb.StreamRequest(id="full", attend=pb.AttendRequest(
+                model="demo", query=mha_client.to_tensor(x), is_causal=True)),
+        ]
+        stub = rpc.AttentionServiceStub(self.server.channel())
+        answers = {}
+        call = stub.Stream(iter(messages), timeout=60)
+        for answer in call:
+            answers[answer.id] = answer
+            if len(answers) == len(messages):
+                break
+        # Closing after the steps were answered (the stream answers in
+        # completion order; a session's steps run in the order sent).
+        closed = list(stub.Stream(iter([pb.StreamRequest(id="close", close_session=pb.CloseSessionRequest(
+            session_id="streamed"))]), timeout=60))
+        self.assertEqual(answers["open"].code, 0, answers["open"].error_message)
+        self.assertEqual(answers["open"].session.session_id, "streamed")
+        outs = []
+        for i in range(3):
+            a = answers[f"step{i}"]
+            self.assertEqual(a.code, 0, a.error_message)
+            outs.append(mha_client.from_tensor(a.append.output))
+        self.assertEqual(answers["step2"].append.position, 9)
+        self.assert_close(np.concatenate(outs, axis=1), want, "streamed steps")
+        self.assert_close(mha_client.from_tensor(answers["full"].attend.output), want,
+                          "streamed attend")
+        self.assertEqual(answers["lost"].code, grpc.StatusCode.NOT_FOUND.value[0])
+        self.assertIn("session nobody is not open", answers["lost"].error_message)
+        self.assertEqual(answers["empty"].code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertEqual([c.id for c in closed], ["close"])
+        self.assertEqual(closed[0].code, 0)
+        self.assertGreater(closed[0].close_session.freed_bytes, 0)
+
+    def test_a_stream_cancelled_midway_leaves_the_server_well(self):
+        rng = np.random.default_rng(11)
+        x = randn(rng, 1, 1, DEMO_E)
+        stub = rpc.AttentionServiceStub(self.server.channel())
+
+        def messages():
+            yield pb.StreamRequest(id="open", open_session=pb.OpenSessionRequest(
+                model="demo", session_id="cancelled"))
+            for i in range(200):  # more than the stream starts at once
+                yield pb.StreamRequest(id=str(i), append=pb.AppendRequest(
+                    session_id="cancelled", query=mha_client.to_tensor(x)))
+
+        call = stub.Stream(messages(), timeout=60)
+        next(call)
+        call.cancel()
+        time.sleep(0.5)
+        with self.client.open_session("demo") as session:  # still serving
+            self.assertEqual(session.append(x).shape, (1, 1, DEMO_E))
+        ids = [s.session_id for s in self.client.list_sessions()]
+        if "cancelled" in ids:
+            stub.CloseSession(pb.CloseSessionRequest(session_id="cancelled"), timeout=30)
+
     def test_expected_position_guards_order_and_retries(self):
         rng = np.random.default_rng(5)
         with self.client.open_session("demo") as session:
