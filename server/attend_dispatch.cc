@@ -24,10 +24,9 @@ absl::Status AttendDispatcher::Authorize(const grpc::CallbackServerContext& cont
   return auth_.Check(absl::string_view(it->second.data(), it->second.size()));
 }
 
-void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
-                                const std::string& model_name, int64_t version,
-                                const char* api, const Decoder& decode, Responder respond) {
-  Completion completion;
+AttendDispatcher::Completion UnaryCompletion(grpc::CallbackServerContext* context,
+                                             CallReactor* reactor) {
+  AttendDispatcher::Completion completion;
   completion.hold = [reactor](std::shared_ptr<MemoryReservation> memory) {
     reactor->Hold(std::move(memory));
   };
@@ -36,7 +35,14 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReacto
                                  std::to_string(absl::ToInt64Microseconds(took)));
     reactor->Finish(ToGrpcStatus(status));
   };
-  Dispatch(context, std::move(completion), model_name, version, api, decode, std::move(respond));
+  return completion;
+}
+
+void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
+                                const std::string& model_name, int64_t version,
+                                const char* api, const Decoder& decode, Responder respond) {
+  Dispatch(context, UnaryCompletion(context, reactor), model_name, version, api, decode,
+           std::move(respond));
 }
 
 void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context, Completion completion,

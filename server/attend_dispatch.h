@@ -109,6 +109,11 @@ class AttendDispatcher {
   std::atomic<bool> draining_{false};
 };
 
+// How a unary call is answered: its reactor holds the memory and finishes
+// with the status and the server-time trailer.
+AttendDispatcher::Completion UnaryCompletion(grpc::CallbackServerContext* context,
+                                             CallReactor* reactor);
+
 }  // namespace mha::server
 
 #endif  // MHA_SERVER_ATTEND_DISPATCH_H_

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 #include "server/kserve_codec.h"
+#include "server/message_stream.h"
 
 #ifndef MHA_VERSION
 #define MHA_VERSION "0"
@@ -120,24 +121,73 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
                                                         const inference::ModelInferRequest* request,
                                                         inference::ModelInferResponse* response) {
   auto* reactor = new CallReactor();
+  StartInfer(context, *request, response, UnaryCompletion(context, reactor));
+  return reactor;
+}
+
+void KserveServiceImpl::StartInfer(grpc::CallbackServerContext* context,
+                                   const inference::ModelInferRequest& request,
+                                   inference::ModelInferResponse* response,
+                                   AttendDispatcher::Completion completion) {
   auto outputs = std::make_shared<std::vector<std::string>>();
   // An unparsable version is refused by decode, so that it is counted and
   // answered like every other refusal.
   const absl::StatusOr<int64_t> version =
-      ParseModelVersion(request->model_name(), request->model_version());
-  auto decode = [this, request, outputs, version_error = version.status()](
+      ParseModelVersion(request.model_name(), request.model_version());
+  auto decode = [this, &request, outputs, version_error = version.status()](
                     const ModelVersion& model) -> absl::StatusOr<AttentionRequest> {
     if (!version_error.ok()) return version_error;
-    return DecodeInferRequest(*request, model.model.dims, dispatcher_.limits(), *outputs);
+    return DecodeInferRequest(request, model.model.dims, dispatcher_.limits(), *outputs);
   };
-  auto respond = [request, response, outputs](const ModelVersion& model,
-                                              const ResultLayout& layout,
-                                              const AttentionResult& result) {
-    FillInferResponse(*request, model.version, *outputs, layout, result, response);
+  auto respond = [&request, response, outputs](const ModelVersion& model,
+                                               const ResultLayout& layout,
+                                               const AttentionResult& result) {
+    FillInferResponse(request, model.version, *outputs, layout, result, response);
   };
-  dispatcher_.Dispatch(context, reactor, request->model_name(), version.value_or(0), kApiKserve,
-                       decode, std::move(respond));
-  return reactor;
+  dispatcher_.Dispatch(context, std::move(completion), request.model_name(),
+                       version.value_or(0), kApiKserve, decode, std::move(respond));
+}
+
+// One ModelStreamInfer call: each request runs as ModelInfer does; an error
+// is its answer's error_message (with the request's id and model name).
+class KserveServiceImpl::InferStream final
+    : public MessageStream<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+ public:
+  InferStream(grpc::CallbackServerContext* context, KserveServiceImpl& service)
+      : context_(context), service_(service) {
+    StartReading();
+  }
+
+ private:
+  void Start(std::shared_ptr<inference::ModelInferRequest> request) override {
+    auto out = std::make_shared<Outbound>();
+    AttendDispatcher::Completion completion;
+    completion.hold = [out](std::shared_ptr<MemoryReservation> memory) {
+      out->memory = std::move(memory);
+    };
+    // `request` stays alive with the completion until the answer.
+    completion.finish = [this, out, request](const absl::Status& status, absl::Duration) {
+      if (!status.ok()) {
+        out->response.set_error_message(std::string(status.message()));
+        inference::ModelInferResponse* infer = out->response.mutable_infer_response();
+        infer->Clear();
+        infer->set_id(request->id());
+        infer->set_model_name(request->model_name());
+        infer->set_model_version(request->model_version());
+      }
+      Reply(out);
+    };
+    service_.StartInfer(context_, *request, out->response.mutable_infer_response(),
+                        std::move(completion));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  KserveServiceImpl& service_;
+};
+
+grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+KserveServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  return new InferStream(context, *this);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(

@@ -37,6 +37,8 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ModelStatistics(
       grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
       inference::ModelStatisticsResponse* response) override;
@@ -52,6 +54,13 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
       inference::RepositoryModelUnloadResponse* response) override;
 
  private:
+  class InferStream;
+  // ModelInfer's work, answered through `completion` (a unary call's
+  // reactor, or a stream's message); `request` and `response` live until it
+  // finishes.
+  void StartInfer(grpc::CallbackServerContext* context, const inference::ModelInferRequest& request,
+                  inference::ModelInferResponse* response,
+                  AttendDispatcher::Completion completion);
   // Auth, then model control on (not mode none), and no parameters (we
   // take none), the repository name empty or ours.
   absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,

@@ -7,36 +7,6 @@
 
 namespace mha::server {
 
-StreamReactor::StreamReactor(grpc::CallbackServerContext* context, AttendDispatcher& dispatcher,
-                             SessionCalls& sessions)
-    : context_(context), dispatcher_(dispatcher), sessions_(sessions) {
-  StartRead(&read_);
-}
-
-void StreamReactor::OnReadDone(bool ok) {
-  if (!ok) {  // the client half-closed, or the call ended
-    bool finish = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      reads_done_ = true;
-      finish = ShouldFinishLocked();
-    }
-    if (finish) Finish(grpc::Status::OK);
-    return;
-  }
-  auto request = std::make_shared<v1::StreamRequest>(std::move(read_));
-  read_.Clear();
-  bool read_more = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++in_flight_;
-    read_more = in_flight_ < kMaxInFlight;
-    read_paused_ = !read_more;
-  }
-  Start(std::move(request));
-  if (read_more) StartRead(&read_);
-}
-
 void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
   auto out = std::make_shared<Outbound>();
   out->response.set_id(request->id());
@@ -84,55 +54,7 @@ void StreamReactor::Answer(std::shared_ptr<Outbound> out, const absl::Status& st
     out->response.set_code(static_cast<int>(status.code()));
     out->response.set_error_message(std::string(status.message()));
   }
-  const v1::StreamResponse* write = nullptr;
-  bool resume = false, finish = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    --in_flight_;
-    if (!write_failed_) {
-      queue_.push_back(std::move(out));
-      if (!writing_) {
-        writing_ = true;
-        write = &queue_.front()->response;
-      }
-    }
-    resume = read_paused_ && !reads_done_ && !write_failed_ && in_flight_ < kMaxInFlight;
-    if (resume) read_paused_ = false;
-    finish = ShouldFinishLocked();
-  }
-  if (write != nullptr) StartWrite(write);
-  if (resume) StartRead(&read_);
-  if (finish) Finish(grpc::Status::OK);
-}
-
-void StreamReactor::OnWriteDone(bool ok) {
-  const v1::StreamResponse* next = nullptr;
-  bool finish = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.pop_front();
-    if (!ok) {  // the client went away: answers have nowhere to go
-      write_failed_ = true;
-      queue_.clear();
-    }
-    if (!queue_.empty()) {
-      next = &queue_.front()->response;
-    } else {
-      writing_ = false;
-    }
-    finish = ShouldFinishLocked();
-  }
-  if (next != nullptr) StartWrite(next);
-  if (finish) Finish(grpc::Status::OK);
-}
-
-bool StreamReactor::ShouldFinishLocked() {
-  // With reads paused after a failed write no read will complete: the
-  // stream is over once its messages are answered.
-  const bool reading_over = reads_done_ || (write_failed_ && read_paused_);
-  if (finished_ || !reading_over || in_flight_ > 0 || writing_) return false;
-  finished_ = true;
-  return true;
+  Reply(std::move(out));
 }
 
 }  // namespace mha::server

@@ -309,6 +309,24 @@ class KserveTest(unittest.TestCase):
         infer, attend = self.both(good)
         self.assert_same_answer(infer, attend)
 
+    def test_model_stream_infer_answers_each_request_and_errors_in_place(self):
+        good = [random_inputs(40 + i, 1, 3 + i) for i in range(3)]
+        requests = [good[0].kserve("demo"), good[1].kserve("demo"),
+                    kpb.ModelInferRequest(model_name="nope", id="bad"), good[2].kserve("demo")]
+        for i, r in enumerate(requests):
+            if r.id != "bad":
+                r.id = f"ok{i}"
+        answers = {}
+        for answer in self.kserve.ModelStreamInfer(iter(requests), timeout=TIMEOUT):
+            answers[answer.infer_response.id] = answer
+        self.assertEqual(sorted(answers), ["bad", "ok0", "ok1", "ok3"])
+        self.assertIn("nope", answers["bad"].error_message)
+        self.assertEqual(answers["bad"].infer_response.model_name, "nope")
+        for key, inputs in (("ok0", good[0]), ("ok1", good[1]), ("ok3", good[2])):
+            self.assertEqual(answers[key].error_message, "")
+            attend = self.attend.Attend(inputs.attend("demo"), timeout=TIMEOUT)
+            self.assert_same_answer(answers[key].infer_response, attend)
+
     def test_metrics_count_kserve_calls_with_api_label(self):
         before = self.server.metrics()
         inputs = random_inputs(9, batch=1, length=2)
