@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "client/client_common.h"
 
 namespace mha::client {
@@ -38,14 +39,24 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   const int64_t e = info.embed_dim(), total = o.steps * o.step_tokens;
   std::mt19937 gen(o.seed);
   const v1::Tensor sequence = RandomTensor({1, total, e}, gen);
+  // The id is chosen here and sent as x-session-id with every call of the
+  // session, OpenSession included: a balancer hashing on it sends them all
+  // to the replica that holds the session.
+  const std::string id = absl::StrFormat("cli-%08x%08x", gen(), gen());
+  auto session_context = [&] {
+    std::unique_ptr<grpc::ClientContext> context = o.context();
+    context->AddMetadata("x-session-id", id);
+    return context;
+  };
   v1::OpenSessionRequest open;
   open.set_model(o.model);
+  open.set_session_id(id);
   if (o.memory_len > 0) {
     *open.mutable_memory() = RandomTensor({1, o.memory_len, info.kdim()}, gen);
     *open.mutable_memory_value() = RandomTensor({1, o.memory_len, info.vdim()}, gen);
   }
   v1::Session session;
-  status = stub.OpenSession(o.context().get(), open, &session);
+  status = stub.OpenSession(session_context().get(), open, &session);
   if (!status.ok()) return ReportError(status);
   std::printf("session %s on %s version %lld (%s), position %lld\n",
               session.session_id().c_str(), session.model().c_str(),
@@ -61,8 +72,7 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
     *append.mutable_query() = Rows(sequence, step * o.step_tokens, o.step_tokens, e);
     append.set_expected_position(position);
     v1::AppendResponse response;
-    std::unique_ptr<grpc::ClientContext> context = o.context();
-    context->AddMetadata("x-session-id", session.session_id());
+    std::unique_ptr<grpc::ClientContext> context = session_context();
     const auto sent = std::chrono::steady_clock::now();
     status = stub.Append(context.get(), append, &response);
     step_ms.push_back(Ms(std::chrono::steady_clock::now() - sent));
@@ -111,7 +121,7 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   v1::CloseSessionRequest close;
   close.set_session_id(session.session_id());
   v1::CloseSessionResponse closed;
-  status = stub.CloseSession(o.context().get(), close, &closed);
+  status = stub.CloseSession(session_context().get(), close, &closed);
   if (!status.ok()) return ReportError(status);
   std::printf("closed: %lld bytes freed\n", static_cast<long long>(closed.freed_bytes()));
   return ok ? 0 : 1;

@@ -6,7 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -25,7 +25,17 @@ namespace mha {
 
 // Runs `call` at the engine's edge: oneDNN errors and exceptions become
 // absl::Status (allocation failures RESOURCE_EXHAUSTED, the rest INTERNAL).
-absl::Status GuardEngineCall(const std::function<void()>& call);
+// A template, not std::function: a warm call allocates nothing.
+absl::Status EngineErrorStatus(std::exception_ptr error);
+template <typename Call>
+absl::Status GuardEngineCall(Call&& call) {
+  try {
+    call();
+  } catch (...) {
+    return EngineErrorStatus(std::current_exception());
+  }
+  return absl::OkStatus();
+}
 
 // MhaEngine's implementation (see mha_engine.h for what each public method
 // does): owns the packed, reordered weights of one attention layer and the

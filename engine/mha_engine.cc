@@ -274,9 +274,9 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
   return GuardEngineCall([&] { impl_->Compute(batch, out, ws); });
 }
 
-absl::Status GuardEngineCall(const std::function<void()>& call) {
+absl::Status EngineErrorStatus(std::exception_ptr error) {
   try {
-    call();
+    std::rethrow_exception(error);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while computing attention");
   } catch (const dnnl::error& e) {
@@ -286,8 +286,9 @@ absl::Status GuardEngineCall(const std::function<void()>& call) {
     return absl::InternalError(absl::StrCat("oneDNN: ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("attention failed: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("attention failed");
   }
-  return absl::OkStatus();
 }
 
 EngineImpl::TokenMajor EngineImpl::ProjectTokens(const AttentionBatch& batch,

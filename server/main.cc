@@ -64,9 +64,10 @@ ABSL_FLAG(std::string, model_control_mode, "none",
 ABSL_FLAG(int, repository_poll_s, 15, "seconds between reads of the repository in poll mode");
 ABSL_FLAG(std::vector<std::string>, load_model, {},
           "explicit mode: a model to load at start (repeatable, or comma-separated)");
-ABSL_FLAG(int64_t, session_cache_bytes, int64_t{512} << 20,
-          "bytes of key/value cache blocks all sessions share (part of the memory limit); "
-          "when full, idle sessions are evicted least recently used first");
+ABSL_FLAG(int64_t, session_cache_bytes, 0,
+          "bytes of key/value cache blocks all sessions share, reserved in the memory limit; "
+          "when full, idle sessions are evicted least recently used first. 0: a quarter of "
+          "what the memory limit leaves beyond the engines' reserve, at most 512 MiB");
 ABSL_FLAG(int64_t, max_sessions, 1024, "sessions open at once");
 ABSL_FLAG(int, session_idle_timeout_s, 60,
           "seconds after its last use a session expires (OpenSession may ask for another)");
@@ -128,6 +129,14 @@ int64_t EngineReserve(const ModelRepository& models, const RepositoryOptions& op
   return reserve;
 }
 
+// --session_cache_bytes, 0 resolved against what requests could otherwise
+// have: `available`, the memory limit beyond the engines' reserve.
+int64_t SessionCacheBytes(int64_t flag, int64_t available) {
+  constexpr int64_t kDefaultCap = int64_t{512} << 20;
+  if (flag > 0) return flag;
+  return std::clamp<int64_t>(available / 4, 0, kDefaultCap);
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -186,8 +195,10 @@ int Serve(const std::vector<std::string>& load_models) {
     std::fprintf(stderr, "mha_server: %s\n", loaded.ToString().c_str());
     return 1;
   }
-  const int64_t session_cache_bytes = std::max<int64_t>(0, absl::GetFlag(FLAGS_session_cache_bytes));
-  memory.SetReserve(EngineReserve(*models, repo_options) + session_cache_bytes);
+  const int64_t engine_reserve = EngineReserve(*models, repo_options);
+  const int64_t session_cache_bytes = SessionCacheBytes(
+      absl::GetFlag(FLAGS_session_cache_bytes), memory.limit() - engine_reserve);
+  memory.SetReserve(engine_reserve + session_cache_bytes);
   if (memory.capacity() <= 0) {
     std::fprintf(stderr, "mha_server: --memory_limit_bytes %s leaves nothing for requests "
                  "beyond the engines' reserve and the session cache, %s bytes\n",
@@ -248,7 +259,7 @@ int Serve(const std::vector<std::string>& load_models) {
   }
   health.Attach(server.get(), /*serving=*/true);
   std::printf("mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%lld "
-              "(%s; engines' reserve %s)\n",
+              "(%s; engines' reserve and session cache %s)\n",
               grpc_port, exposer.GetListeningPorts().front(), ModelSummary(*models).c_str(),
               static_cast<long long>(memory.limit()), memory_limit.source.c_str(),
               WithCommas(memory.reserve()).c_str());

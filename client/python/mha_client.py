@@ -50,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 
 import grpc
 import numpy as np
@@ -361,6 +362,10 @@ class MhaClient:
         token attends to the memory, projected once, here.
 
         Returns a Session; use it in a `with` block (or close() it)."""
+        # The id is chosen here unless given, and sent as x-session-id with
+        # every call of the session, this one included: a balancer hashing
+        # on it sends them all to the replica holding the session.
+        session_id = session_id or f"py-{uuid.uuid4().hex}"
         request = self._pb.OpenSessionRequest(
             model=model, session_id=session_id, idle_timeout_ms=int(idle_timeout_s * 1000),
             max_tokens=max_tokens, model_version=model_version)
@@ -371,7 +376,7 @@ class MhaClient:
         if memory_key_padding_mask is not None:
             request.memory_key_padding_mask.CopyFrom(
                 _mask_tensor(memory_key_padding_mask, "memory_key_padding_mask"))
-        return Session(self, self._call(self._stub.OpenSession, request))
+        return Session(self, self._session_call(self._stub.OpenSession, request, session_id))
 
     def list_sessions(self, model=""):
         """[mha.v1.SessionStatus] of the sessions open on the server."""

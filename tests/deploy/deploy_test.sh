@@ -186,4 +186,20 @@ for c in $(docker-compose -p "$project" -f docker-compose.replicas.yml ps -q mha
   [ "$n" -gt 0 ] && served=$((served + 1))
 done
 [ "$served" -ge 2 ] || fail "requests reached $served replica(s), expected more than one"
+
+step "compose: sessions stick to the replica that holds them (nginx hashes x-session-id)"
+# Without affinity most steps of a session would reach a replica without it
+# (NOT_FOUND); mha_client session exits 1 on any failed step or mismatch.
+for s in 1 2 3 4 5 6 7 8; do
+  "$client" session --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --steps 12 --quiet --seed "$s" \
+    | tail -1 | grep -q "bytes freed" || fail "session $s did not complete through the balancer"
+done
+holders=0
+for c in $(docker-compose -p "$project" -f docker-compose.replicas.yml ps -q mha); do
+  ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$c")"
+  n="$(curl -sf "http://$ip:9464/metrics" | awk '/^mha_append_tokens_total / {print $2 + 0}')"
+  echo "replica $ip computed ${n:-0} session tokens"
+  [ "${n:-0}" -gt 0 ] && holders=$((holders + 1))
+done
+[ "$holders" -ge 2 ] || fail "sessions reached $holders replica(s), expected them spread over more"
 echo "deploy test passed"

@@ -646,7 +646,8 @@ class SharedServerTest(ServerTestCase):
         self.assertIn("mha/v1/attention.proto", files)
         methods = {m.name for s in files["mha/v1/attention.proto"].service for m in s.method}
         self.assertEqual(methods, {"Attend", "ListModels", "GetModel", "LoadModel", "UnloadModel",
-                                   "GetModelStatistics"})
+                                   "GetModelStatistics", "OpenSession", "Append",
+                                   "CloseSession", "ListSessions", "Stream"})
 
     def test_reflection_v1_describes_every_service_health_included(self):
         # What a reflection-only tool does: list, fetch descriptors, build
