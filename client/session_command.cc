@@ -42,7 +42,8 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   // The id is chosen here and sent as x-session-id with every call of the
   // session, OpenSession included: a balancer hashing on it sends them all
   // to the replica that holds the session.
-  const std::string id = absl::StrFormat("cli-%08x%08x", gen(), gen());
+  std::random_device entropy;  // not the seed: two runs must not share an id
+  const std::string id = absl::StrFormat("cli-%08x%08x", entropy(), entropy());
   auto session_context = [&] {
     std::unique_ptr<grpc::ClientContext> context = o.context();
     context->AddMetadata("x-session-id", id);
