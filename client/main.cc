@@ -11,6 +11,8 @@
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX]
+//   mha_client load --sessions N [--steps K] [--step_tokens T] [--json]
+//                   (N sessions stepping at once: unary calls, then one Stream each)
 #include <unistd.h>
 
 #include <fstream>
@@ -37,6 +39,7 @@
 #include "engine/status_macros.h"
 #include "client/load_generator.h"
 #include "client/session_command.h"
+#include "client/session_load.h"
 #include "client/tensor_files.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -70,6 +73,9 @@ ABSL_FLAG(bool, per_head_weights, false, "attend: weights per head");
 ABSL_FLAG(int64_t, steps, 32, "session: steps to append");
 ABSL_FLAG(int64_t, step_tokens, 1, "session: tokens per step");
 ABSL_FLAG(bool, quiet, false, "session: no line per step");
+ABSL_FLAG(int, sessions, 0,
+          "load: this many sessions stepping at once (--steps, --step_tokens), over unary calls "
+          "and then over one Stream each, instead of Attend calls");
 ABSL_FLAG(int, concurrency, 1, "load: requests in flight");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "load: how long");
 ABSL_FLAG(int64_t, requests, 0, "load: stop after this many (0: duration)");
@@ -311,7 +317,32 @@ int Attend(v1::AttentionService::Stub& stub) {
 
 int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o);
 
+int LoadSessions(const std::shared_ptr<grpc::Channel>& channel) {
+  SessionLoadOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.sessions = absl::GetFlag(FLAGS_sessions);
+  o.steps = std::max<int64_t>(1, absl::GetFlag(FLAGS_steps));
+  o.step_tokens = std::max<int64_t>(1, absl::GetFlag(FLAGS_step_tokens));
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.token = Token();
+  auto stub = v1::AttentionService::NewStub(channel);
+  v1::GetModelRequest get;
+  get.set_name(o.model);
+  v1::ModelInfo info;
+  const grpc::Status status = stub->GetModel(Context().get(), get, &info);
+  if (!status.ok()) return ReportError(status);
+  o.embed_dim = info.embed_dim();
+  bool failed = false;
+  for (const bool stream : {false, true}) {
+    const SessionLoadReport report = RunSessionLoad(channel, o, stream);
+    std::printf("%s\n", absl::GetFlag(FLAGS_json) ? report.Json().c_str() : report.Text().c_str());
+    failed = failed || !report.errors.empty();
+  }
+  return failed ? 1 : 0;
+}
+
 int Load(const std::shared_ptr<grpc::Channel>& channel) {
+  if (absl::GetFlag(FLAGS_sessions) > 0) return LoadSessions(channel);
   LoadOptions o;
   o.concurrency = absl::GetFlag(FLAGS_concurrency);
   if (o.concurrency < 1) {

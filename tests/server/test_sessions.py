@@ -246,6 +246,22 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         if "cancelled" in ids:
             stub.CloseSession(pb.CloseSessionRequest(session_id="cancelled"), timeout=30)
 
+    def test_cli_load_with_sessions_reports_unary_and_streamed(self):
+        import json
+        before = metric_value(self.server.metrics(), "mha_append_tokens_total")
+        run = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "load",
+                              "--model=demo", "--sessions=4", "--steps=5", "--step_tokens=2",
+                              "--json"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        reports = [json.loads(line) for line in run.stdout.splitlines()]
+        self.assertEqual([r["mode"] for r in reports], ["unary", "stream"])
+        for r in reports:
+            self.assertEqual((r["steps"], r["tokens"], r["errors"]), (20, 40, {}))
+            self.assertGreater(r["tokens_per_s"], 0)
+            self.assertGreaterEqual(r["p99_ms"], r["p50_ms"])
+        self.assertEqual(metric_value(self.server.metrics(), "mha_append_tokens_total") - before,
+                         80)
+
     def test_expected_position_guards_order_and_retries(self):
         rng = np.random.default_rng(5)
         with self.client.open_session("demo") as session:
