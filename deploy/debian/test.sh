@@ -42,5 +42,5 @@ echo "== fuzzing (libFuzzer, clang, ASan + UBSan): each target for a bounded tim
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-60}" \
   >/dev/null
-cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request fuzz_kserve
+cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request fuzz_kserve fuzz_session
 (cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -R "^(fuzz_|regression_)")

@@ -105,7 +105,31 @@ def kserve_seeds():
     write("fuzz_kserve", "typed", typed.SerializeToString())
 
 
+def session_seeds():
+    pb, _, cfg = load_stubs()
+
+    def tensor(array):
+        if array.dtype == np.bool_:
+            return pb.Tensor(dtype=cfg.DATA_TYPE_BOOL, shape=array.shape,
+                             data=array.astype(np.uint8).tobytes())
+        return pb.Tensor(dtype=cfg.DATA_TYPE_FP32, shape=array.shape, data=array.tobytes())
+
+    self_open = pb.StreamRequest(id="1", open_session=pb.OpenSessionRequest(
+        model="m", session_id="s", max_tokens=64))
+    write("fuzz_session", "open_self", self_open.SerializeToString())
+    cross_open = pb.StreamRequest(id="2", open_session=pb.OpenSessionRequest(
+        model="m", memory=tensor(randn(1, 5, 6)), memory_value=tensor(randn(1, 5, 6)),
+        memory_key_padding_mask=tensor(RNG.random((1, 5)) < 0.3)))
+    write("fuzz_session", "open_cross", cross_open.SerializeToString())
+    append = pb.StreamRequest(id="3", append=pb.AppendRequest(
+        session_id="s", query=tensor(randn(1, 3, 8)), expected_position=0, need_weights=True))
+    write("fuzz_session", "append", append.SerializeToString())
+    close = pb.StreamRequest(id="4", close_session=pb.CloseSessionRequest(session_id="s"))
+    write("fuzz_session", "close", close.SerializeToString())
+
+
 if __name__ == "__main__":
     model_seeds()
     request_seeds()
     kserve_seeds()
+    session_seeds()

@@ -1,0 +1,124 @@
+// libFuzzer target: a mha.v1 StreamRequest decoded from fuzz bytes. Its
+// OpenSession and Append messages go through the session codec's checks
+// and, when valid, through the engine's session paths (memory projection,
+// self and cross steps) of a small self-attention model and a small
+// cross-attention model with bias_kv and zero_attn; CloseSession ids through
+// the manager. What the codec accepts must compute.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/mha_engine.h"
+#include "google/protobuf/stubs/logging.h"
+#include "server/session_codec.h"
+#include "server/session_manager.h"
+#include "tests/test_models.h"
+
+namespace {
+
+using mha::server::VersionPtr;
+
+constexpr mha::server::RequestLimits kLimits{.max_tokens = 2048};
+constexpr int64_t kPoolBytes = int64_t{64} << 20;
+
+VersionPtr MakeVersion(int64_t kdim, bool extras) {
+  auto v = std::make_shared<mha::server::ModelVersion>();
+  mha::AttentionDims& d = v->model.dims;
+  d.embed_dim = 8, d.num_heads = 2, d.kdim = kdim, d.vdim = kdim;
+  d.qk_head_dim = d.v_head_dim = 4;
+  d.add_bias_kv = d.add_zero_attn = extras;
+  v->model.engine = mha::MhaEngine::Create(d, mha::testing::RandomWeights(d, 1)).value();
+  v->name = "m";
+  v->version = 1;
+  return v;
+}
+
+// A step of `query` on `cache` must compute, with weights when asked.
+void Step(const mha::MhaEngine& engine, mha::KvCache& cache, bool cross,
+          const mha::AttentionRequest& query, mha::Workspace& ws) {
+  const int64_t tokens = query.q_len();
+  if (!cross && !cache.Reserve(cache.length() + tokens).ok()) return;
+  mha::AppendBatch batch{query.batch().query, {{&cache, tokens, cross}}};
+  std::vector<float> output(batch.query.size());
+  std::vector<float> weights(query.need_weights() ? engine.AppendWeightsElements(batch) : 0);
+  if (!engine.Append(batch, {absl::MakeSpan(output), absl::MakeSpan(weights)}, ws).ok()) {
+    __builtin_trap();
+  }
+}
+
+void OnOpen(const mha::v1::OpenSessionRequest& request, const VersionPtr& version,
+            mha::Workspace& ws) {
+  absl::StatusOr<mha::server::OpenParams> params =
+      mha::server::DecodeOpenSession(request, version, kLimits);
+  if (!params.ok() || !params->memory.has_value()) return;
+  const mha::MhaEngine& engine = *version->model.engine;
+  const mha::AttentionRequest& memory = *params->memory;
+  mha::KvBlockPool pool(kPoolBytes);
+  mha::KvCache cache(engine.kv_layout(), pool);
+  if (!cache.Reserve(memory.kv_len()).ok()) return;
+  const mha::AttentionBatch& b = memory.batch();
+  if (!engine.ProjectMemory(b.key, b.value, memory.kv_len(), b.key_padding_mask, cache, ws)
+           .ok()) {
+    __builtin_trap();
+  }
+  // A one-token step on the memory.
+  mha::v1::AppendRequest append;
+  append.mutable_query()->set_dtype(mha::v1::DATA_TYPE_FP32);
+  append.mutable_query()->add_shape(1);
+  append.mutable_query()->add_shape(8);
+  append.mutable_query()->set_data(std::string(8 * sizeof(float), '\0'));
+  auto query = mha::server::DecodeAppend(append, engine.dims(), kLimits);
+  if (!query.ok()) __builtin_trap();
+  Step(engine, cache, /*cross=*/true, query->query, ws);
+}
+
+void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
+              mha::Workspace& ws) {
+  const mha::MhaEngine& engine = *version->model.engine;
+  absl::StatusOr<mha::server::AppendParams> params =
+      mha::server::DecodeAppend(request, engine.dims(), kLimits);
+  if (!params.ok()) return;
+  mha::KvBlockPool pool(kPoolBytes);
+  mha::KvCache cache(engine.kv_layout(), pool);
+  if (engine.CanAppendSelf()) {
+    Step(engine, cache, /*cross=*/false, params->query, ws);  // empty cache
+    Step(engine, cache, /*cross=*/false, params->query, ws);  // then with a prefix
+  }
+  mha::KvCache memory(engine.kv_layout(), pool);  // a 3-token memory of zeros
+  const std::vector<float> zeros(3 * engine.dims().kdim, 0.0f);
+  if (!memory.Reserve(3).ok() ||
+      !engine.ProjectMemory(zeros, {}, 3, {}, memory, ws).ok()) {
+    __builtin_trap();
+  }
+  Step(engine, memory, /*cross=*/true, params->query, ws);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const VersionPtr self = MakeVersion(8, false);
+  static const VersionPtr cross = MakeVersion(6, true);
+  static std::unique_ptr<mha::Workspace> ws = self->model.engine->NewWorkspace();
+  static std::unique_ptr<mha::Workspace> cross_ws = cross->model.engine->NewWorkspace();
+  static mha::server::SessionManager sessions({}, {});
+  mha::v1::StreamRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  if (request.has_open_session()) {
+    OnOpen(request.open_session(), self, *ws);
+    OnOpen(request.open_session(), cross, *cross_ws);
+  } else if (request.has_append()) {
+    OnAppend(request.append(), self, *ws);
+    OnAppend(request.append(), cross, *cross_ws);
+  } else if (request.has_close_session()) {
+    // Any id: NOT_FOUND with a message, never a crash.
+    if (sessions.Close(request.close_session().session_id()).ok()) __builtin_trap();
+  }
+  return 0;
+}
