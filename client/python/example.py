@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Calls a running mha_server from Python: lists its models, runs
 self-attention on one (default: demo) and cross-attention with a padding
-mask and attention weights.
+mask and attention weights, then a decoder layer token by token over
+server-side sessions, checked against the whole sequence in one pass.
 
   /usr/bin/python3 client/python/example.py --target 127.0.0.1:50051 [--model demo]
 
@@ -70,6 +71,45 @@ def run(client, model):
                             value.astype(np.float16), key_padding_mask=padding)
     print(f"float16 cross-attention on {model}: output {half.shape} {half.dtype}, "
           f"max |fp16 - fp32| = {np.abs(half.astype(np.float32) - output).max():.4f}")
+    if kdim == vdim == e:
+        return decode_step_by_step(client, model, rng, e)
+    return 0
+
+
+def decoder_layer_full(client, model, x, memory, ffn):
+    """A post-norm-free decoder layer over the whole sequence at once:
+    causal self-attention, cross-attention over the encoder's memory, a
+    feed-forward, each with its residual."""
+    h = x + client.attend(model, x, is_causal=True)[0]
+    h = h + client.attend(model, h, memory)[0]
+    return h + ffn(h)
+
+
+def decode_step_by_step(client, model, rng, e, length=10):
+    """The same layer one token at a time, as a decoder runs: the self
+    session caches the keys and values of every token so far, the cross
+    session holds the encoder's memory, projected once."""
+    w1 = rng.standard_normal((e, 2 * e), dtype=np.float32) / np.sqrt(e)
+    w2 = rng.standard_normal((2 * e, e), dtype=np.float32) / np.sqrt(2 * e)
+    ffn = lambda h: np.maximum(h @ w1, 0) @ w2  # noqa: E731
+    x = rng.standard_normal((1, length, e), dtype=np.float32)
+    memory = rng.standard_normal((1, 20, e), dtype=np.float32)
+    steps = []
+    with client.open_session(model) as self_attn, \
+            client.open_session(model, memory=memory) as cross_attn:
+        for t in range(length):
+            token = x[:, t:t + 1]
+            h = token + self_attn.append(token)
+            h = h + cross_attn.append(h)
+            steps.append(h + ffn(h))
+        print(f"decoder layer on {model}, token by token: self session at position "
+              f"{self_attn.position}, cross session over {cross_attn.position} memory tokens")
+    stepped = np.concatenate(steps, axis=1)
+    diff = np.abs(stepped - decoder_layer_full(client, model, x, memory, ffn)).max()
+    print(f"  max |step by step - whole sequence| = {diff:.2e}")
+    if not diff < 1e-4:
+        print("  step by step differs from the whole sequence", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,6 +19,7 @@ reference it computes from the module itself.
 
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -215,6 +216,11 @@ class ExampleTest(unittest.TestCase):
                      "  weight on padded keys: 0.0"]:
             self.assertIn(line + "\n", r.stdout)
         self.assertIn("float16 cross-attention on demo: output (2, 8, 256) float16", r.stdout)
+        self.assertIn("decoder layer on demo, token by token: self session at position 10, "
+                      "cross session over 20 memory tokens\n", r.stdout)
+        diff = re.search(r"max \|step by step - whole sequence\| = (\S+)", r.stdout)
+        self.assertIsNotNone(diff, r.stdout)
+        self.assertLess(float(diff.group(1)), 1e-4)
 
     def test_example_reports_an_unreachable_server(self):
         with socket.socket() as s:
