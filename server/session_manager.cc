@@ -224,6 +224,11 @@ std::vector<SessionInfo> SessionManager::List(const std::string& model) const {
   return out;
 }
 
+bool SessionManager::IsOpenLocked(const Session& s) const {
+  auto it = sessions_.find(s.id);
+  return it != sessions_.end() && it->second.get() == &s;
+}
+
 absl::Status SessionManager::NotFoundLocked(const std::string& id) const {
   auto gone = gone_.find(id);
   if (gone != gone_.end()) {
@@ -345,7 +350,7 @@ void SessionManager::RunOpen(std::unique_ptr<PendingOpen> open) {
   s.busy = false;
   s.last_used = clock_.Now();
   if (!projected.ok()) {
-    RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
+    if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
     lock.unlock();
     open->done(projected);
     return;
@@ -371,8 +376,7 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
   };
   for (auto it = steps_.begin(); it != steps_.end();) {
     Session& s = *(*it)->session;
-    auto open = sessions_.find(s.id);
-    if (open == sessions_.end() || open->second.get() != &s) {  // closed or evicted meanwhile
+    if (!IsOpenLocked(s)) {  // closed or evicted meanwhile
       absl::Status missing = NotFoundLocked(s.id);
       refuse(std::move(*it), std::move(missing));
       it = steps_.erase(it);
@@ -446,7 +450,9 @@ void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
       Session& s = *step->session;
       s.busy = false;
       s.last_used = now;
-      if (!status.ok()) RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
+      if (!status.ok() && IsOpenLocked(s)) {
+        RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
+      }
     }
     PublishLocked();
   }

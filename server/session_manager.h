@@ -130,6 +130,9 @@ class SessionManager {
   // Makes room for `tokens` in `session`'s cache, evicting idle sessions
   // least recently used first. With mu_ held.
   absl::Status ReserveLocked(Session& session, int64_t tokens);
+  // Whether `s` is still the open session of its id (not closed, evicted,
+  // or replaced by a new session of the same id).
+  bool IsOpenLocked(const Session& s) const;
   // Why `id` is not open (closed, evicted, expired) as NOT_FOUND.
   absl::Status NotFoundLocked(const std::string& id) const;
   // `id` by value: it may be the removed session's own.
