@@ -16,6 +16,7 @@
 
 import concurrent.futures
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ import mha_client  # noqa: E402
 pb, rpc, cfg = load_stubs()
 MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(HERE, "..", "..", "build", "mha_client"))
 TOL = 1e-5
+ASAN = "libasan" in subprocess.run(["ldd", MHA_SERVER], capture_output=True, text=True).stdout
 EXTRAS_E, EXTRAS_H = 32, 4
 DEMO_BLOCK_BYTES = 4 * 32 * (64 + 64) * 4  # demo: 4 heads x 32 tokens x (dqk + dv) x f32
 
@@ -378,6 +380,99 @@ class SessionLimitsTest(unittest.TestCase, SessionServer):
         self.assertEqual(metric_value(text, "mha_sessions_active", model="demo"), 0)
         self.assertEqual(metric_value(text, "mha_session_evictions_total", model="demo",
                                       reason="expired"), 1)
+
+
+class SessionDrainAndMemoryTest(unittest.TestCase):
+    def test_sigterm_refuses_new_sessions_and_lets_open_streams_step(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            make_repository(tmp, ("demo",))
+            server = TestServer(MHA_SERVER, tmp, ["--shutdown_grace_s=20"]).__enter__()
+            try:
+                requests = queue_iter()
+                call = rpc.AttentionServiceStub(server.channel()).Stream(requests, timeout=60)
+                rng = np.random.default_rng(12)
+                x = randn(rng, 1, 1, DEMO_E)
+                requests.put(pb.StreamRequest(id="open", open_session=pb.OpenSessionRequest(
+                    model="demo", session_id="draining")))
+                self.assertEqual(next(call).code, 0)
+                server.process.send_signal(signal.SIGTERM)
+                time.sleep(0.5)
+                requests.put(pb.StreamRequest(id="step", append=pb.AppendRequest(
+                    session_id="draining", query=mha_client.to_tensor(x))))
+                step = next(call)
+                self.assertEqual((step.id, step.code), ("step", 0), step.error_message)
+                self.assertEqual(step.append.position, 1)
+                requests.put(pb.StreamRequest(id="new", open_session=pb.OpenSessionRequest(
+                    model="demo")))
+                refused = next(call)
+                self.assertEqual(refused.code, grpc.StatusCode.UNAVAILABLE.value[0])
+                self.assertIn("shutting down", refused.error_message)
+                requests.close()
+                list(call)
+            finally:
+                self.assertEqual(server.stop(), 0)
+
+    def test_the_cache_budget_bounds_memory(self):
+        budget = 48 << 20
+        with tempfile.TemporaryDirectory() as tmp:
+            make_repository(tmp, ("demo",))
+            server = TestServer(MHA_SERVER, tmp, [f"--session_cache_bytes={budget}"]).__enter__()
+            try:
+                client = mha_client.MhaClient(server.target(), timeout=60)
+                rng = np.random.default_rng(13)
+                chunk = randn(rng, 1, 512, DEMO_E)
+                client.attend("demo", chunk, is_causal=True)  # workspaces at this size
+                rss_before = proc_status(server.process.pid, "VmRSS")
+                # 40 sessions of 1024 tokens (2 KiB each): 80 MiB asked of a 48 MiB cache.
+                for _ in range(40):
+                    session = client.open_session("demo")
+                    session.append(chunk)
+                    session.append(chunk)
+                text = server.metrics()
+                self.assertLessEqual(metric_value(text, "mha_session_cache_bytes"), budget)
+                self.assertGreater(metric_value(text, "mha_session_evictions_total",
+                                                reason="cache_full"), 0)
+                grown = proc_status(server.process.pid, "VmHWM") - rss_before
+                # Under AddressSanitizer freed memory sits in its quarantine (as in
+                # test_memory.py, the RSS bound is for the plain build).
+                if not ASAN:
+                    self.assertLess(grown, budget + (32 << 20),
+                                    f"peak RSS grew {grown >> 20} MiB for a {budget >> 20} MiB "
+                                    "cache")
+                client.close()
+            finally:
+                self.assertEqual(server.stop(), 0)
+
+
+class queue_iter:
+    """A request iterator fed from the test, for a stream kept open."""
+
+    def __init__(self):
+        import queue
+        self.q = queue.Queue()
+
+    def put(self, item):
+        self.q.put(item)
+
+    def close(self):
+        self.q.put(None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self.q.get()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+def proc_status(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
 
 
 if __name__ == "__main__":
