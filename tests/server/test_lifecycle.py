@@ -315,6 +315,11 @@ class LifecycleTest(unittest.TestCase):
             if not ASAN:
                 wait_for(lambda: rss(s.process.pid) < rss_without + (rss_with - rss_without) / 2,
                          what="the unloaded model's memory to come back")
+            # The version is freed (and its series leave) by the control thread
+            # once it has drained, just after UnloadModel answers: under ASan,
+            # where the RSS wait above is skipped, a scrape can come first.
+            wait_for(lambda: series(s.metrics(), "big", "1") == [],
+                     what="big version 1's series to leave /metrics")
             text = s.metrics()
             self.assertEqual(metric_value(text, "mha_model_loaded", model="big"), 0)
             self.assertEqual(series(text, "big", "1"), [])
