@@ -34,6 +34,9 @@ struct SessionManager::Session {
   absl::Time last_used;
   bool busy = false;   // a step (or its memory's projection) is computing
   int64_t queued = 0;  // steps waiting
+  // The cache's length as of the last finished step: what other threads
+  // read (the worker writes the cache's own length outside mu_).
+  int64_t position = 0;
 };
 
 struct SessionManager::PendingOpen {
@@ -91,7 +94,7 @@ SessionInfo SessionManager::InfoLocked(const Session& s) const {
   info.id = s.id;
   info.model = s.version->name;
   info.version = s.version->version;
-  info.position = s.cache->length();
+  info.position = s.position;
   info.bytes = s.cache->bytes();
   info.max_tokens = s.max_tokens;
   info.cross = s.cross;
@@ -349,6 +352,7 @@ void SessionManager::RunOpen(std::unique_ptr<PendingOpen> open) {
   std::unique_lock<std::mutex> lock(mu_);
   s.busy = false;
   s.last_used = clock_.Now();
+  s.position = s.cache->length();
   if (!projected.ok()) {
     if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
     lock.unlock();
@@ -390,7 +394,7 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
       ++it;
       continue;
     }
-    const int64_t position = s.cache->length();
+    const int64_t position = s.position;
     const std::optional<int64_t>& expected = (*it)->params.expected_position;
     absl::Status status;
     if (expected.has_value() && *expected != position) {
@@ -450,6 +454,7 @@ void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
       Session& s = *step->session;
       s.busy = false;
       s.last_used = now;
+      s.position = s.cache->length();
       if (!status.ok() && IsOpenLocked(s)) {
         RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
       }
