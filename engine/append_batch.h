@@ -29,6 +29,14 @@ struct AppendBatch {
   std::vector<AppendStep> steps;
 };
 
+// Whether any step of `batch` appends (self-attention).
+inline bool AnySelfStep(const AppendBatch& batch) {
+  for (const AppendStep& step : batch.steps) {
+    if (!step.cross) return true;
+  }
+  return false;
+}
+
 // Where MhaEngine::Append writes: `output` [total tokens, embed_dim];
 // `weights`, when not empty, per step [tokens, keys'] averaged over heads,
 // back to back, keys' = the keys after the step plus the bias_kv / zero_attn
@@ -36,6 +44,17 @@ struct AppendBatch {
 struct AppendOutputs {
   absl::Span<float> output;
   absl::Span<float> weights;
+};
+
+// Where MhaEngine::Run of Attend sequences and session steps writes:
+// `output` [batch query rows + step tokens, embed_dim], the batch's rows
+// first; `weights` and `per_head_weights` as AttentionOutputs' for the
+// batch; `step_weights` as AppendOutputs::weights for the steps.
+struct MixedOutputs {
+  absl::Span<float> output;
+  absl::Span<float> weights;
+  bool per_head_weights = false;
+  absl::Span<float> step_weights;
 };
 
 }  // namespace mha

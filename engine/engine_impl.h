@@ -58,8 +58,18 @@ class EngineImpl {
   void ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value, int64_t len,
                      const MaskView& key_padding, KvCache& cache, Workspace& ws) const;
   void ComputeAppend(const AppendBatch& batch, const AppendOutputs& out, Workspace& ws) const;
-  // Keys a step attends to after it (appended positions included).
+  // Attend sequences and session steps in one call (engine/mixed_call.cc);
+  // both non-empty and validated.
+  void ComputeMixed(const AttentionBatch& batch, const AppendBatch& steps,
+                    const MixedOutputs& out, Workspace& ws) const;
+  // INVALID_ARGUMENT when `batch`'s steps, caches or buffers do not fit this
+  // engine (`output`: [step tokens, embed_dim]).
+  absl::Status ValidateSteps(const AppendBatch& batch, absl::Span<const float> output,
+                             absl::Span<const float> weights) const;
+  // Keys a step attends to after it (appended positions included), and the
+  // weights elements of a whole batch of steps.
   int64_t AppendKeys(const AppendStep& step) const;
+  int64_t AppendWeightsElements(const AppendBatch& batch) const;
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
   uint64_t PrimitiveCacheMisses() const;
   const AttentionDims& dims() const { return dims_; }
@@ -79,8 +89,21 @@ class EngineImpl {
   // rows per block of its head-major q and context either way.
   bool Tiled(int64_t q_len, int64_t kv_len, bool weights) const;
   int64_t QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const;
+  // `x` in the compute type: itself in f32, else converted into `slot`.
+  const void* AsAct(absl::Span<const float> x, Workspace::Slot slot, Workspace& ws) const;
   TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
-  Projected Project(const AttentionBatch& batch, bool weights, Workspace& ws) const;
+  // A cross-attention batch's keys and values into t.k and t.v.
+  void ProjectKeysValues(const AttentionBatch& batch, Workspace& ws, TokenMajor& t) const;
+  // The token-major projections split into heads (with the appended key
+  // positions) and the masks made additive.
+  Projected Project(const TokenMajor& t, const AttentionBatch& batch, bool weights,
+                    Workspace& ws) const;
+  // Attention of every sequence into p.context_heads (and out.weights).
+  void AttendSequences(const Projected& p, const AttentionBatch& batch,
+                       const AttentionOutputs& out, Workspace& ws) const;
+  // p.context_heads merged back token-major into `context` [total_q, h*dv].
+  void MergeContexts(const Projected& p, const AttentionBatch& batch, bool weights,
+                     uint8_t* context) const;
   // Copies sequence b's token-major q, k, v into p's head-major buffers
   // (and appends the bias_kv / zero_attn positions).
   void SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
@@ -115,6 +138,13 @@ class EngineImpl {
   // One (session step, head) of ComputeAppend: scores over the cache
   // blocks, softmax, context into the step's token-major context rows.
   void AttendSessionHead(const SessionHead& item, Workspace& ws) const;
+  // Every step of `batch` from its projected rows (`proj`, row stride `ldq`
+  // elements: q, then k|v when any step is self): appends self steps' keys
+  // and values to their caches, attends per (step, head), and writes the
+  // context token-major into `context` [tokens, h*dv] and, when not empty,
+  // the head-averaged weights.
+  void AttendSteps(const AppendBatch& batch, const uint8_t* proj, int64_t ldq, uint8_t* context,
+                   absl::Span<float> weights, Workspace& ws) const;
   // Copies `tokens` token-major keys and values (row strides in elements)
   // into `cache` from position `first` on.
   void WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
@@ -137,6 +167,30 @@ class EngineImpl {
   // Runtime-shape primitives for small blocks (see EngineOptions).
   std::unique_ptr<MatmulPrimitive> runtime_scores_, runtime_context_;
   std::unique_ptr<TiledAttention> tiled_;
+};
+
+// q, k, v and the heads' outputs in head-major layout, act_dt_ elements:
+// sequence b holds q [h, L_b, dqk] at element q_offsets[b] * h * dqk,
+// k [h, S'_b, dqk] and v [h, S'_b, dv] at kv_offsets[b] (the offsets of the
+// keys with the bias_kv / zero_attn positions appended, S'_b = S_b + extra),
+// and context [h, L_b, dv] like q. Contiguous heads let oneDNN use its
+// fastest (brgemm / AMX) kernels for the attention products.
+struct EngineImpl::Projected {
+  uint8_t* q = nullptr;
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  uint8_t* context_heads = nullptr;
+  int64_t* kv_offsets = nullptr;  // B + 1 entries, in the workspace
+  const float* key_padding = nullptr;
+  const float* attn_mask = nullptr;
+};
+
+// Token-major projections as the linear layers wrote them.
+struct EngineImpl::TokenMajor {
+  const uint8_t* q = nullptr;
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0;  // row strides in elements
 };
 
 }  // namespace mha

@@ -55,10 +55,14 @@ int64_t EngineImpl::AppendKeys(const AppendStep& step) const {
   return cached + dims_.extra_keys();
 }
 
-int64_t MhaEngine::AppendWeightsElements(const AppendBatch& batch) const {
+int64_t EngineImpl::AppendWeightsElements(const AppendBatch& batch) const {
   int64_t total = 0;
-  for (const AppendStep& step : batch.steps) total += step.tokens * impl_->AppendKeys(step);
+  for (const AppendStep& step : batch.steps) total += step.tokens * AppendKeys(step);
   return total;
+}
+
+int64_t MhaEngine::AppendWeightsElements(const AppendBatch& batch) const {
+  return impl_->AppendWeightsElements(batch);
 }
 
 absl::Status MhaEngine::ProjectMemory(absl::Span<const float> memory,
@@ -90,10 +94,9 @@ absl::Status MhaEngine::ProjectMemory(absl::Span<const float> memory,
       [&] { impl_->ProjectMemory(memory, value, len, key_padding, cache, ws); });
 }
 
-absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& out,
-                               Workspace& ws) const {
-  const AttentionDims& d = impl_->dims();
-  const KvLayout layout = impl_->kv_layout();
+absl::Status EngineImpl::ValidateSteps(const AppendBatch& batch, absl::Span<const float> output,
+                                       absl::Span<const float> weights) const {
+  const KvLayout layout = kv_layout();
   int64_t total = 0;
   absl::flat_hash_set<const KvCache*> caches;
   for (size_t i = 0; i < batch.steps.size(); ++i) {
@@ -111,7 +114,7 @@ absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& ou
       return absl::InvalidArgumentError(
           absl::StrCat("step ", i, ": the cache was made for another model"));
     }
-    if (!step.cross && !impl_->CanAppendSelf()) {
+    if (!step.cross && !CanAppendSelf()) {
       return absl::InvalidArgumentError(
           "self-attention sessions need kdim == vdim == embed_dim; this model has "
           "only cross-attention sessions");
@@ -122,19 +125,25 @@ absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& ou
     }
     total += step.tokens;
   }
-  if (static_cast<int64_t>(batch.query.size()) != total * d.embed_dim ||
-      static_cast<int64_t>(out.output.size()) != total * d.embed_dim) {
+  if (static_cast<int64_t>(batch.query.size()) != total * dims_.embed_dim ||
+      static_cast<int64_t>(output.size()) != total * dims_.embed_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "append: query and output need ", total, " x ", d.embed_dim, " elements, got ",
-        batch.query.size(), " and ", out.output.size()));
+        "append: query and output need ", total, " x ", dims_.embed_dim, " elements, got ",
+        batch.query.size(), " and ", output.size()));
   }
-  if (!out.weights.empty() &&
-      static_cast<int64_t>(out.weights.size()) != AppendWeightsElements(batch)) {
+  if (!weights.empty() &&
+      static_cast<int64_t>(weights.size()) != AppendWeightsElements(batch)) {
     return absl::InvalidArgumentError(absl::StrCat("append weights: expected ",
                                                    AppendWeightsElements(batch),
-                                                   " elements, got ", out.weights.size()));
+                                                   " elements, got ", weights.size()));
   }
-  if (total == 0) return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& out,
+                               Workspace& ws) const {
+  RETURN_IF_ERROR(impl_->ValidateSteps(batch, out.output, out.weights));
+  if (batch.steps.empty()) return absl::OkStatus();
   return GuardEngineCall([&] { impl_->ComputeAppend(batch, out, ws); });
 }
 
@@ -158,19 +167,13 @@ void EngineImpl::ProjectMemory(absl::Span<const float> memory, absl::Span<const 
                                Workspace& ws) const {
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
-  auto as_act = [&](absl::Span<const float> x, Workspace::Slot slot) -> const void* {
-    if (act_dt_ == dt::f32) return x.data();
-    auto* converted = ws.Get<uint16_t>(slot, x.size());
-    ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
-    return converted;
-  };
-  const void* key = as_act(memory, Workspace::kKeyBf16);
+  const void* key = AsAct(memory, Workspace::kKeyBf16, ws);
   if (value.empty() && kv_ != nullptr) {  // one product for k and v
     auto* kv = ws.Get<uint8_t>(Workspace::kProjK, len * (qk + vw) * eb);
     kv_->Run(ws, key, len, kv);
     WriteCache(kv, qk + vw, kv + qk * eb, qk + vw, len, 0, cache);
   } else {
-    const void* val = value.empty() ? key : as_act(value, Workspace::kValueBf16);
+    const void* val = value.empty() ? key : AsAct(value, Workspace::kValueBf16, ws);
     auto* k = ws.Get<uint8_t>(Workspace::kProjK, len * qk * eb);
     auto* v = ws.Get<uint8_t>(Workspace::kProjV, len * vw * eb);
     k_->Run(ws, key, len, k);
@@ -192,25 +195,32 @@ void EngineImpl::ProjectMemory(absl::Span<const float> memory, absl::Span<const 
 
 void EngineImpl::ComputeAppend(const AppendBatch& batch, const AppendOutputs& out,
                                Workspace& ws) const {
-  const int64_t h = dims_.num_heads, qk = dims_.qk_width(), vw = dims_.v_width();
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
   const int64_t total = static_cast<int64_t>(batch.query.size()) / dims_.embed_dim;
-  const void* query = batch.query.data();
-  if (act_dt_ == dt::bf16) {
-    auto* converted = ws.Get<uint16_t>(Workspace::kQueryBf16, batch.query.size());
-    ConvertToBf16(batch.query.data(), converted, static_cast<int64_t>(batch.query.size()));
-    query = converted;
-  }
+  const void* query = AsAct(batch.query, Workspace::kQueryBf16, ws);
   // One projection product over every step's tokens: q|k|v when any step
   // appends (a cross step's k and v are then computed and ignored), q only
   // when all steps are cross.
-  const bool any_self = std::any_of(batch.steps.begin(), batch.steps.end(),
-                                    [](const AppendStep& s) { return !s.cross; });
+  const bool any_self = AnySelfStep(batch);
   const int64_t ldq = any_self ? 2 * qk + vw : qk;
   auto* proj = ws.Get<uint8_t>(Workspace::kProjQ, total * ldq * eb);
   (any_self ? qkv_ : q_)->Run(ws, query, total, proj);
-  auto* context = ws.Get<uint8_t>(Workspace::kHeadContext, total * vw * eb);
-  const bool weights = !out.weights.empty();
+  auto* context = ws.Get<uint8_t>(Workspace::kStepContext, total * vw * eb);
+  AttendSteps(batch, proj, ldq, context, out.weights, ws);
+  out_->Run(ws, context, total, out.output.data());
+  if (dims_.post_norm) {
+    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(), norm_bias_.data(),
+                 total, dims_.embed_dim, dims_.norm_eps);
+  }
+}
+
+void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int64_t ldq,
+                             uint8_t* context, absl::Span<float> out_weights,
+                             Workspace& ws) const {
+  const int64_t h = dims_.num_heads, qk = dims_.qk_width(), vw = dims_.v_width();
+  const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
+  const bool weights = !out_weights.empty();
   std::vector<SessionHead> items;
   items.reserve(batch.steps.size() * static_cast<size_t>(h));
   std::vector<int64_t> step_keys;  // AppendKeys before the caches grow
@@ -264,21 +274,15 @@ void EngineImpl::ComputeAppend(const AppendBatch& batch, const AppendOutputs& ou
     }
   }
   if (error != nullptr) std::rethrow_exception(error);
-  if (weights) {
-    int64_t in = 0, at = 0;
-    for (size_t i = 0; i < batch.steps.size(); ++i) {
-      const AppendStep& step = batch.steps[i];
-      const int64_t keys = step_keys[i];
-      AccumulateHeadMean(weights_heads + in, h, h, step.tokens, keys, /*first=*/true,
-                         out.weights.data() + at);
-      in += h * step.tokens * keys;
-      at += step.tokens * keys;
-    }
-  }
-  out_->Run(ws, context, total, out.output.data());
-  if (dims_.post_norm) {
-    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(), norm_bias_.data(),
-                 total, dims_.embed_dim, dims_.norm_eps);
+  if (!weights) return;
+  int64_t in = 0, at = 0;
+  for (size_t i = 0; i < batch.steps.size(); ++i) {
+    const AppendStep& step = batch.steps[i];
+    const int64_t keys = step_keys[i];
+    AccumulateHeadMean(weights_heads + in, h, h, step.tokens, keys, /*first=*/true,
+                       out_weights.data() + at);
+    in += h * step.tokens * keys;
+    at += step.tokens * keys;
   }
 }
 

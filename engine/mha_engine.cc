@@ -81,29 +81,6 @@ absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
 
 }  // namespace
 
-// q, k, v and the heads' outputs in head-major layout, act_dt_ elements:
-// sequence b holds q [h, L_b, dqk] at element q_offsets[b] * h * dqk,
-// k [h, S'_b, dqk] and v [h, S'_b, dv] at kv_offsets[b] (the offsets of the
-// keys with the bias_kv / zero_attn positions appended, S'_b = S_b + extra),
-// and context [h, L_b, dv] like q. Contiguous heads let oneDNN use its
-// fastest (brgemm / AMX) kernels for the attention products.
-struct EngineImpl::Projected {
-  uint8_t* q = nullptr;
-  uint8_t* k = nullptr;
-  uint8_t* v = nullptr;
-  uint8_t* context_heads = nullptr;
-  int64_t* kv_offsets = nullptr;  // B + 1 entries, in the workspace
-  const float* key_padding = nullptr;
-  const float* attn_mask = nullptr;
-};
-
-// Token-major projections as the linear layers wrote them.
-struct EngineImpl::TokenMajor {
-  const uint8_t* q = nullptr;
-  const uint8_t* k = nullptr;
-  const uint8_t* v = nullptr;
-  int64_t ldq = 0, ldk = 0, ldv = 0;  // row strides in elements
-};
 
 // `count` consecutive sequences of equal lengths, query rows [row0, row0+rows),
 // heads [head0, head0+heads).
@@ -291,20 +268,21 @@ absl::Status EngineErrorStatus(std::exception_ptr error) {
   }
 }
 
+const void* EngineImpl::AsAct(absl::Span<const float> x, Workspace::Slot slot,
+                              Workspace& ws) const {
+  if (act_dt_ == dt::f32) return x.data();
+  auto* converted = ws.Get<uint16_t>(slot, x.size());
+  ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
+  return converted;
+}
+
 EngineImpl::TokenMajor EngineImpl::ProjectTokens(const AttentionBatch& batch,
                                                Workspace& ws) const {
   const int64_t qk = dims_.qk_width(), v = dims_.v_width();
   const int64_t total_q = batch.q_offsets.back();
   const size_t act = ActSize(act_dt_);
-  // Activations in the compute type.
-  auto as_act = [&](absl::Span<const float> x, Workspace::Slot slot) -> const void* {
-    if (act_dt_ == dt::f32) return x.data();
-    auto* converted = ws.Get<uint16_t>(slot, x.size());
-    ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
-    return converted;
-  };
   TokenMajor t;
-  const void* query = as_act(batch.query, Workspace::kQueryBf16);
+  const void* query = AsAct(batch.query, Workspace::kQueryBf16, ws);
   if (batch.self_attention()) {  // one product for q, k and v
     auto* qkv = ws.Get<uint8_t>(Workspace::kProjQ, total_q * (2 * qk + v) * act);
     qkv_->Run(ws, query, total_q, qkv);
@@ -312,25 +290,32 @@ EngineImpl::TokenMajor EngineImpl::ProjectTokens(const AttentionBatch& batch,
     t.ldq = t.ldk = t.ldv = 2 * qk + v;
     return t;
   }
-  const int64_t total_kv = batch.kv_offsets.back();
   auto* q = ws.Get<uint8_t>(Workspace::kProjQ, total_q * qk * act);
   q_->Run(ws, query, total_q, q);
   t.q = q, t.ldq = qk;
-  const void* key = as_act(batch.key, Workspace::kKeyBf16);
+  ProjectKeysValues(batch, ws, t);
+  return t;
+}
+
+void EngineImpl::ProjectKeysValues(const AttentionBatch& batch, Workspace& ws,
+                                   TokenMajor& t) const {
+  const int64_t qk = dims_.qk_width(), v = dims_.v_width();
+  const size_t act = ActSize(act_dt_);
+  const int64_t total_kv = batch.kv_offsets.back();
+  const void* key = AsAct(batch.key, Workspace::kKeyBf16, ws);
   const bool same = batch.value_is_key();
   if (same && kv_ != nullptr) {  // one product for k and v
     auto* kv = ws.Get<uint8_t>(Workspace::kProjK, total_kv * (qk + v) * act);
     kv_->Run(ws, key, total_kv, kv);
     t.k = kv, t.v = kv + qk * act, t.ldk = t.ldv = qk + v;
-    return t;
+    return;
   }
-  const void* value = same ? key : as_act(batch.value, Workspace::kValueBf16);
+  const void* value = same ? key : AsAct(batch.value, Workspace::kValueBf16, ws);
   auto* k = ws.Get<uint8_t>(Workspace::kProjK, total_kv * qk * act);
   auto* vv = ws.Get<uint8_t>(Workspace::kProjV, total_kv * v * act);
   k_->Run(ws, key, total_kv, k);
   v_->Run(ws, value, total_kv, vv);
   t.k = k, t.v = vv, t.ldk = qk, t.ldv = v;
-  return t;
 }
 
 void EngineImpl::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,
@@ -368,9 +353,8 @@ void EngineImpl::SplitSequence(const TokenMajor& t, const AttentionBatch& batch,
   }
 }
 
-EngineImpl::Projected EngineImpl::Project(const AttentionBatch& batch, bool weights,
-                                        Workspace& ws) const {
-  const TokenMajor t = ProjectTokens(batch, ws);
+EngineImpl::Projected EngineImpl::Project(const TokenMajor& t, const AttentionBatch& batch,
+                                        bool weights, Workspace& ws) const {
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
   const int64_t n = batch.num_sequences(), total_q = batch.q_offsets.back();
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
@@ -404,7 +388,23 @@ void EngineImpl::Compute(const AttentionBatch& batch, const AttentionOutputs& ou
   const int64_t total_q = batch.q_offsets.back();
   if (total_q == 0) return;
   const bool weights = !out.weights.empty();
-  const Projected p = Project(batch, weights, ws);
+  const Projected p = Project(ProjectTokens(batch, ws), batch, weights, ws);
+  AttendSequences(p, batch, out, ws);
+  // The token-major projections are dead once split into heads: their
+  // buffer takes the merged context (bounds scratch memory at long lengths).
+  const int64_t vw = dims_.v_width(), act = static_cast<int64_t>(ActSize(act_dt_));
+  auto* context = ws.Get<uint8_t>(Workspace::kProjQ, total_q * vw * act);
+  MergeContexts(p, batch, weights, context);
+  out_->Run(ws, context, total_q, out.output.data());
+  if (dims_.post_norm) {
+    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(),
+                 norm_bias_.data(), total_q, dims_.embed_dim, dims_.norm_eps);
+  }
+}
+
+void EngineImpl::AttendSequences(const Projected& p, const AttentionBatch& batch,
+                                 const AttentionOutputs& out, Workspace& ws) const {
+  const bool weights = !out.weights.empty();
   const std::vector<int64_t>& q_off = batch.q_offsets;
   const int64_t h = dims_.num_heads, n = batch.num_sequences();
   const int64_t score_cap = ScoreCap();
@@ -443,14 +443,17 @@ void EngineImpl::Compute(const AttentionBatch& batch, const AttentionOutputs& ou
     b += block.count;
     weights_offset += block.count * (out.per_head_weights ? per_seq : per_seq / h);
   }
+}
+
+void EngineImpl::MergeContexts(const Projected& p, const AttentionBatch& batch, bool weights,
+                               uint8_t* context) const {
+  const std::vector<int64_t>& q_off = batch.q_offsets;
+  const int64_t h = dims_.num_heads, n = batch.num_sequences(), total_q = q_off.back();
   const int64_t vw = dims_.v_width(), act = static_cast<int64_t>(ActSize(act_dt_));
-  // The token-major projections are dead once split into heads: their
-  // buffer takes the merged context (bounds scratch memory at long lengths).
-  auto* context = ws.Get<uint8_t>(Workspace::kProjQ, total_q * vw * act);
   auto merge = [&](int64_t b) {
     const int64_t len = q_off[b + 1] - q_off[b];
-    const HeadLayout layout{h, dims_.v_head_dim * act, len,
-                            QueryBlockRows(len, kv_len(b), weights)};
+    const int64_t keys = p.kv_offsets[b + 1] - p.kv_offsets[b];
+    const HeadLayout layout{h, dims_.v_head_dim * act, len, QueryBlockRows(len, keys, weights)};
     MergeHeads(p.context_heads + q_off[b] * vw * act, layout, len,
                context + q_off[b] * vw * act, vw * act);
   };
@@ -459,11 +462,6 @@ void EngineImpl::Compute(const AttentionBatch& batch, const AttentionOutputs& ou
     for (int64_t b = 0; b < n; ++b) merge(b);
   } else {
     for (int64_t b = 0; b < n; ++b) merge(b);
-  }
-  out_->Run(ws, context, total_q, out.output.data());
-  if (dims_.post_norm) {
-    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(),
-                 norm_bias_.data(), total_q, dims_.embed_dim, dims_.norm_eps);
   }
 }
 

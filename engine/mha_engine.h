@@ -91,6 +91,13 @@ class MhaEngine {
   // output product. Self steps' caches grow by their tokens.
   absl::Status Append(const AppendBatch& batch, const AppendOutputs& out,
                       Workspace& ws) const;
+  // Attend sequences (`batch`, as in Run) and session steps (as in Append)
+  // in one call: one projection product over the query rows of both (two
+  // when `batch` is cross-attention and a step is self-attention, which
+  // need different projections), attention per sequence and per session,
+  // one output product. Either may be empty.
+  absl::Status Run(const AttentionBatch& batch, const AppendBatch& steps,
+                   const MixedOutputs& out, Workspace& ws) const;
   // Elements Append writes into AppendOutputs::weights for `batch`.
   int64_t AppendWeightsElements(const AppendBatch& batch) const;
 

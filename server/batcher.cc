@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <optional>
+#include <shared_mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -83,12 +85,40 @@ void Batcher::Stop() {
   }
 }
 
+void Batcher::SetStepSource(StepSource* source) {
+  {
+    std::shared_lock<std::shared_mutex> lock(source_mu_);
+    if (source_ == source) return;
+  }
+  std::unique_lock<std::shared_mutex> lock(source_mu_);
+  source_ = source;
+}
+
+void Batcher::StepsQueued() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps_queued_ = true;
+  }
+  cv_.notify_one();
+}
+
+bool Batcher::RunOnWorker(std::function<void(Workspace&)> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return true;
+}
+
 // A batch may close: it is full, its oldest request waited long enough, or
-// batching is off, or the batcher is draining. Requests that cannot join
-// the oldest one's batch (another signature) do not fill it.
-bool Batcher::BatchReady() const {
+// batching is off, or the batcher is draining, or session steps go now.
+// Requests that cannot join the oldest one's batch (another signature) do
+// not fill it.
+bool Batcher::BatchReady(bool steps) const {
   if (queue_.empty()) return false;
-  if (stopping_ || !options_.enabled) return true;
+  if (steps || stopping_ || !options_.enabled) return true;
   if (clock_.Now() - queue_.front()->enqueued >= options_.max_queue_delay) return true;
   return queued_tokens_ >= max_batch_tokens_ && TokensJoiningOldest() >= max_batch_tokens_;
 }
@@ -108,20 +138,32 @@ bool Batcher::ReserveActive(PendingRequest& request) {
          options_.memory->TryGrowActive(request.active_bytes, *request.memory);
 }
 
-std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
+Batcher::Work Batcher::NextWork() {
   std::unique_lock<std::mutex> lock(mu_);
+  Work work;
   while (true) {
-    while (!BatchReady()) {
+    if (!tasks_.empty()) {
+      work.tasks.swap(tasks_);
+      return work;
+    }
+    if (steps_queued_) {
+      steps_queued_ = false;
+      work.steps = true;
+    }
+    if (!BatchReady(work.steps)) {
+      if (work.steps) return work;  // steps alone
       if (queue_.empty()) {
-        if (stopping_) return {};
+        if (stopping_) return work;
         cv_.wait(lock);
       } else {
         clock_.WaitUntil(cv_, lock, queue_.front()->enqueued + options_.max_queue_delay);
       }
+      continue;
     }
     // The oldest request first gets the memory to compute and answer it.
     PendingRequest& oldest = *queue_.front();
     if (ReserveActive(oldest)) break;
+    if (work.steps) return work;  // steps do not wait for the memory
     const bool unwanted =
         clock_.Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
     if (!unwanted && options_.memory->active() > 0) {
@@ -140,14 +182,19 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::NextBatch() {
           " bytes and this one needs ", WithCommas(oldest.active_bytes),
           " more to compute; retry later"));
     }
-    std::vector<std::unique_ptr<PendingRequest>> alone;
     queued_tokens_ -= oldest.input.tokens();
     queued_bytes_ -= oldest.input.wire_bytes();
-    alone.push_back(std::move(queue_.front()));
+    work.batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
     metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
-    return alone;
+    return work;
   }
+  work.batch = TakeBatch();
+  return work;
+}
+
+// With mu_ held, the oldest request's active memory reserved.
+std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
   // The oldest request sets the signature; compatible ones join in order
   // while the batch has room, in tokens and in memory. Requests of another
   // signature are passed over, however large.
@@ -185,16 +232,18 @@ void Batcher::WorkerLoop() {
   SetComputeThreads(ThreadsPerCall());
   std::unique_ptr<Workspace> ws = engine_.NewWorkspace();
   while (true) {
-    std::vector<std::unique_ptr<PendingRequest>> batch = NextBatch();
-    if (batch.empty()) return;
-    Compute(std::move(batch), *ws);
+    Work work = NextWork();
+    if (work.empty()) return;
+    for (auto& task : work.tasks) task(*ws);
+    if (!work.batch.empty() || work.steps) Compute(std::move(work.batch), work.steps, *ws);
     // After a large batch, give its memory back to the system: the
     // workspace's buffers, and what glibc keeps of freed blocks.
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
   }
 }
 
-void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws) {
+void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps,
+                      Workspace& ws) {
   // Drop what nobody waits for any more, before spending compute on it.
   const absl::Time now = clock_.Now();
   std::vector<std::unique_ptr<PendingRequest>> live;
@@ -214,15 +263,22 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Worksp
       live.push_back(std::move(r));
     }
   }
-  if (live.empty()) return;
+  // The source stays while its steps compute (SetStepSource waits).
+  std::shared_lock<std::shared_mutex> source_lock(source_mu_, std::defer_lock);
+  std::unique_ptr<StepGroup> group;
+  if (steps) {
+    source_lock.lock();
+    if (source_ != nullptr) group = source_->TakeSteps(engine_, max_batch_tokens_);
+  }
+  if (live.empty() && group == nullptr) return;
   size_t answered = 0;
   try {
-    ComputeLive(live, ws, answered);
+    ComputeLive(live, group, ws, answered);
   } catch (const std::bad_alloc&) {  // the batch fails, the server goes on
-    for (size_t i = answered; i < live.size(); ++i) {
-      live[i]->done(absl::ResourceExhaustedError(
-          "out of memory while computing this request's batch; retry later"));
-    }
+    const absl::Status status = absl::ResourceExhaustedError(
+        "out of memory while computing this request's batch; retry later");
+    if (group != nullptr) group->Finish(status, {}, {});
+    for (size_t i = answered; i < live.size(); ++i) live[i]->done(status);
   }
 }
 
@@ -235,7 +291,7 @@ void Batcher::ReportPrimitiveCacheMisses() {
 }
 
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
-                          Workspace& ws, size_t& answered) {
+                          std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
   int64_t tokens = 0;
@@ -243,17 +299,34 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
     inputs.push_back(&r->input);
     tokens += r->input.tokens();
   }
-  const RaggedBatch merged(inputs);
+  std::optional<RaggedBatch> merged;
+  if (!live.empty()) merged.emplace(inputs);
+  static const AttentionBatch kNoSequences;
+  static const AppendBatch kNoSteps;
+  const AppendBatch& step_batch = steps != nullptr ? steps->batch() : kNoSteps;
+  const int64_t request_elements = merged ? merged->output_elements() : 0;
+  const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
+  const int64_t step_weights_elements =
+      steps != nullptr && steps->need_weights() ? engine_.AppendWeightsElements(step_batch) : 0;
   // Every element is written by the engine: no zero-fill.
-  const std::unique_ptr<float[]> output(new float[merged.output_elements()]);
-  const std::unique_ptr<float[]> weights(new float[merged.weights_elements()]);
-  const absl::Span<float> all_output(output.get(), merged.output_elements());
-  const absl::Span<float> all_weights(weights.get(), merged.weights_elements());
+  const std::unique_ptr<float[]> output(new float[request_elements + step_elements]);
+  const std::unique_ptr<float[]> weights(new float[merged ? merged->weights_elements() : 0]);
+  const std::unique_ptr<float[]> step_weights(new float[step_weights_elements]);
+  const absl::Span<float> all_output(output.get(), request_elements);
+  const absl::Span<float> all_weights(weights.get(), merged ? merged->weights_elements() : 0);
+  const MixedOutputs out{absl::MakeSpan(output.get(), request_elements + step_elements),
+                         all_weights, merged && merged->per_head_weights(),
+                         absl::MakeSpan(step_weights.get(), step_weights_elements)};
   const absl::Time start = absl::Now();
   const absl::Status status =
-      engine_.Run(merged.batch(), {all_output, all_weights, merged.per_head_weights()}, ws);
+      engine_.Run(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   ReportPrimitiveCacheMisses();
+  if (steps != nullptr) {
+    steps->Finish(status, out.output.subspan(request_elements), out.step_weights);
+    steps.reset();
+  }
+  if (live.empty()) return;
   metrics_.batch_requests->Observe(static_cast<double>(live.size()));
   metrics_.batch_tokens->Observe(static_cast<double>(tokens));
   metrics_.tokens->Increment(static_cast<double>(tokens));
@@ -268,7 +341,8 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
       live[i]->done(status);
       continue;
     }
-    const AttentionResult result{merged.OutputOf(i, all_output), merged.WeightsOf(i, all_weights)};
+    const AttentionResult result{merged->OutputOf(i, all_output),
+                                 merged->WeightsOf(i, all_weights)};
     if (FirstNonFinite(result.output) >= 0) {  // finite inputs that overflow f32
       live[i]->done(absl::InvalidArgumentError(
           "inputs too large: the attention overflows float32 (non-finite result)"));

@@ -10,12 +10,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "engine/append_batch.h"
 #include "engine/attention_request.h"
 #include "engine/ragged_batch.h"
 #include "server/clock.h"
@@ -82,9 +84,34 @@ struct PendingRequest {
   absl::Status refusal;  // set when the batcher refuses it instead of computing
 };
 
+// Session steps riding along in one of a batcher's engine calls: taken by
+// a worker (StepSource::TakeSteps), computed with that call's Attend
+// requests, answered by Finish on the same worker.
+class StepGroup {
+ public:
+  virtual ~StepGroup() = default;
+  virtual const AppendBatch& batch() const = 0;
+  virtual bool need_weights() const = 0;
+  // Called exactly once, with the call's status and, when OK, the steps'
+  // outputs and weights (views valid during the call only).
+  virtual void Finish(const absl::Status& status, absl::Span<const float> output,
+                      absl::Span<const float> weights) = 0;
+};
+
+// What gives a batcher session steps (SessionManager). Thread-safe.
+class StepSource {
+ public:
+  virtual ~StepSource() = default;
+  // The steps `engine`'s next call may carry, at most `max_tokens` new
+  // tokens; null when none can run now.
+  virtual std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) = 0;
+};
+
 // Owns one model's queue and worker threads; borrows the engine, the
-// metrics and the clock, which must outlive it. Enqueue is thread-safe and
-// never blocks on compute.
+// metrics and the clock, which must outlive it, and the step source, which
+// must leave first (SetStepSource(nullptr)). Its engine calls carry Attend
+// requests and session steps together. Enqueue, StepsQueued and RunOnWorker
+// are thread-safe and never block on compute.
 class Batcher {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
@@ -99,25 +126,49 @@ class Batcher {
   // Stops taking requests, computes everything queued, joins the workers.
   void Stop();
 
+  // Sessions. The source whose steps this batcher's calls carry (borrowed;
+  // null: none). Returns once no worker uses the previous one.
+  void SetStepSource(StepSource* source);
+  // Wakes a worker: the source has steps for this model.
+  void StepsQueued();
+  // Runs `task` on a worker, between engine calls, with its workspace
+  // (a cross session's memory projection); false when stopping.
+  bool RunOnWorker(std::function<void(Workspace&)> task);
+
   // Threads of one engine call.
   int ThreadsPerCall() const;
 
  private:
+  // What a worker does next: tasks, then a batch of Attend requests and,
+  // when `steps`, session steps from the source.
+  struct Work {
+    std::vector<std::function<void(Workspace&)>> tasks;
+    std::vector<std::unique_ptr<PendingRequest>> batch;
+    bool steps = false;
+    bool empty() const { return tasks.empty() && batch.empty() && !steps; }
+  };
+
   // Why the request cannot wait in the queue, or OK (then it is queued).
   absl::Status Admit(std::unique_ptr<PendingRequest>& request);
   void WorkerLoop();
-  std::vector<std::unique_ptr<PendingRequest>> NextBatch();
-  bool BatchReady() const;
+  // Empty only when stopping with nothing left.
+  Work NextWork();
+  // Takes the next batch of Attend requests once BatchReady (see NextWork).
+  std::vector<std::unique_ptr<PendingRequest>> TakeBatch();
+  // Closes a batch early when `steps` ride along (they never wait).
+  bool BatchReady(bool steps) const;
   // Query + key tokens queued that may join the oldest request's batch.
   int64_t TokensJoiningOldest() const;
   // Reserves the active bytes of the requests the next batch takes (see
   // NextBatch); false when the oldest request must wait for memory.
   bool ReserveActive(PendingRequest& request);
-  void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, Workspace& ws);
-  // Computes the requests and answers them in order; `answered` counts
-  // those answered, so an allocation failure answers only the rest.
-  void ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live, Workspace& ws,
-                   size_t& answered);
+  void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps, Workspace& ws);
+  // Computes the requests and the steps in one engine call and answers
+  // them (the steps first); `answered` counts the requests answered and
+  // `steps` is reset once finished, so an allocation failure answers only
+  // the rest.
+  void ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
+                   std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered);
   // Adds the primitives the engine created since the last report (on any
   // worker) to the metric.
   void ReportPrimitiveCacheMisses();
@@ -135,6 +186,11 @@ class Batcher {
   int64_t queued_tokens_ = 0;                          // guarded by mu_
   int64_t queued_bytes_ = 0;                           // guarded by mu_
   bool stopping_ = false;                              // guarded by mu_
+  bool steps_queued_ = false;                          // guarded by mu_
+  std::vector<std::function<void(Workspace&)>> tasks_;  // guarded by mu_
+  // Held shared by a worker from TakeSteps to Finish.
+  std::shared_mutex source_mu_;
+  StepSource* source_ = nullptr;  // guarded by source_mu_
   std::vector<std::thread> workers_;
   std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };

@@ -54,12 +54,45 @@ struct SessionManager::PendingStep {
   int64_t tokens() const { return params.query.q_len(); }
 };
 
+// One engine call's steps as a batcher carries them: their queries back to
+// back, and each session's position after the step.
+class SessionManager::Steps : public StepGroup {
+ public:
+  Steps(SessionManager& manager, std::vector<std::unique_ptr<PendingStep>> steps)
+      : manager_(manager), steps_(std::move(steps)) {
+    for (const auto& step : steps_) {  // the sessions are busy: their caches are ours
+      const absl::Span<const float> q = step->params.query.batch().query;
+      query_.insert(query_.end(), q.begin(), q.end());
+      KvCache* cache = step->session->cache.get();
+      batch_.steps.push_back({cache, step->tokens(), step->session->cross});
+      positions_.push_back(cache->length() + (step->session->cross ? 0 : step->tokens()));
+      weights_ |= step->params.query.need_weights();
+    }
+    batch_.query = query_;
+  }
+
+  const AppendBatch& batch() const override { return batch_; }
+  bool need_weights() const override { return weights_; }
+  void Finish(const absl::Status& status, absl::Span<const float> output,
+              absl::Span<const float> weights) override {
+    manager_.FinishSteps(steps_, positions_, status, output, weights);
+  }
+
+ private:
+  SessionManager& manager_;
+  std::vector<std::unique_ptr<PendingStep>> steps_;
+  std::vector<float> query_;
+  AppendBatch batch_;
+  std::vector<int64_t> positions_;  // after the step
+  bool weights_ = false;
+};
+
 SessionManager::SessionManager(SessionOptions options, SessionMetrics metrics)
     : options_(options),
       metrics_(metrics),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
       pool_(options.cache_bytes) {
-  worker_ = std::thread([this] { WorkerLoop(); });
+  expiry_ = std::thread([this] { ExpiryLoop(); });
 }
 
 SessionManager::~SessionManager() { Stop(); }
@@ -70,13 +103,54 @@ void SessionManager::StartDraining() {
 }
 
 void SessionManager::Stop() {
+  std::vector<std::unique_ptr<PendingStep>> left;
+  std::vector<VersionPtr> attached;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !worker_.joinable()) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_ && !expiry_.joinable()) return;
     stopping_ = true;
+    // The batchers compute what is queued; a step group or a memory
+    // projection they hold is always finished (it points back here).
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.stop_timeout),
+                 [this] { return steps_.empty(); });
+    for (auto& step : steps_) {
+      --step->session->queued;
+      left.push_back(std::move(step));
+    }
+    steps_.clear();
+    cv_.wait(lock, [this] { return in_flight_ == 0; });
+    for (const auto& [key, version] : attached_) {
+      if (VersionPtr v = version.lock()) attached.push_back(std::move(v));
+    }
+    attached_.clear();
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (auto& step : left) step->done(absl::UnavailableError("the server is shutting down"));
+  if (expiry_.joinable()) expiry_.join();
+  for (const VersionPtr& v : attached) v->batcher->SetStepSource(nullptr);
+}
+
+bool SessionManager::Attach(const VersionPtr& version) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = attached_.begin(); it != attached_.end();) {
+      it = it->second.expired() ? attached_.erase(it) : std::next(it);
+    }
+    if (stopping_) return false;
+    if (attached_.count(version.get()) != 0) return true;
+  }
+  // Not under mu_: SetStepSource waits for the batcher's step groups,
+  // which finish under mu_.
+  version->batcher->SetStepSource(this);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      attached_[version.get()] = version;
+      return true;
+    }
+  }
+  version->batcher->SetStepSource(nullptr);  // Stop came first: it will not detach us
+  return false;
 }
 
 std::string SessionManager::NewIdLocked() {
@@ -115,12 +189,13 @@ void SessionManager::PublishLocked() {
 }
 
 void SessionManager::Open(OpenParams params, OpenDone done) {
+  const bool attached = Attach(params.version);
   std::unique_lock<std::mutex> lock(mu_);
   auto refuse = [&](absl::Status status) {
     lock.unlock();
     done(std::move(status));
   };
-  if (draining_ || stopping_) {
+  if (draining_ || stopping_ || !attached) {
     return refuse(absl::UnavailableError("the server is shutting down: no new sessions"));
   }
   const MhaEngine& engine = *params.version->model.engine;
@@ -161,14 +236,22 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   sessions_[session->id] = session;
   ++active_per_model_[session->version->name];
   PublishLocked();
-  if (cross) {
-    auto open = std::make_unique<PendingOpen>();
+  if (cross) {  // its memory is projected on a worker of its version's batcher
+    auto open = std::make_shared<PendingOpen>();
     open->params = std::move(params);
     open->done = std::move(done);
     open->session = session;
-    opens_.push_back(std::move(open));
+    ++in_flight_;
     lock.unlock();
-    cv_.notify_one();
+    const VersionPtr& version = open->params.version;
+    if (!version->batcher->RunOnWorker([this, open](Workspace& ws) { RunOpen(*open, ws); })) {
+      lock.lock();
+      --in_flight_;
+      if (IsOpenLocked(*session)) RemoveLocked(session->id, "not opened: shutting down", "");
+      lock.unlock();
+      cv_.notify_all();
+      open->done(absl::UnavailableError("the server is shutting down: no new sessions"));
+    }
     return;
   }
   const SessionInfo info = InfoLocked(*session);
@@ -196,9 +279,10 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   step->enqueued = clock_.Now();
   step->done = std::move(done);
   ++step->session->queued;
+  Batcher& batcher = *step->session->version->batcher;
   steps_.push_back(std::move(step));
   lock.unlock();
-  cv_.notify_one();
+  batcher.StepsQueued();  // the session holds its version, and so the batcher
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
@@ -303,74 +387,70 @@ absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {
       absl::StrCat(status.message(), "; no idle session left to evict (--session_cache_bytes)"));
 }
 
-Workspace& SessionManager::WorkspaceFor(const VersionPtr& version) {
-  for (auto it = workspaces_.begin(); it != workspaces_.end();) {
-    it = it->second.first.expired() ? workspaces_.erase(it) : std::next(it);
-  }
-  auto& entry = workspaces_[version.get()];
-  if (entry.second == nullptr) {
-    entry.first = version;
-    entry.second = version->model.engine->NewWorkspace();
-  }
-  return *entry.second;
-}
-
-void SessionManager::WorkerLoop() {
+void SessionManager::ExpiryLoop() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (!opens_.empty()) {
-      std::unique_ptr<PendingOpen> open = std::move(opens_.front());
-      opens_.pop_front();
-      lock.unlock();
-      RunOpen(std::move(open));
-      lock.lock();
-      continue;
-    }
-    std::vector<std::function<void()>> refusals;
-    std::vector<std::unique_ptr<PendingStep>> steps = NextSteps(refusals);
-    if (!refusals.empty() || !steps.empty()) {
-      lock.unlock();
-      for (auto& refuse : refusals) refuse();
-      if (!steps.empty()) RunSteps(std::move(steps));
-      lock.lock();
-      continue;
-    }
-    if (stopping_) break;
+  while (!stopping_) {
     clock_.WaitUntil(cv_, lock, clock_.Now() + kExpiryTick);
     ExpireIdleLocked();
   }
 }
 
-void SessionManager::RunOpen(std::unique_ptr<PendingOpen> open) {
-  Session& s = *open->session;
-  const AttentionBatch& memory = open->params.memory->batch();
-  Workspace& ws = WorkspaceFor(s.version);
+void SessionManager::RunOpen(PendingOpen& open, Workspace& ws) {
+  Session& s = *open.session;
+  const AttentionBatch& memory = open.params.memory->batch();
   const absl::Status projected = s.version->model.engine->ProjectMemory(
-      memory.key, memory.value, open->params.memory->kv_len(), memory.key_padding_mask,
+      memory.key, memory.value, open.params.memory->kv_len(), memory.key_padding_mask,
       *s.cache, ws);
   MhaEngine::ReleaseLargeWorkspace(ws);
   std::unique_lock<std::mutex> lock(mu_);
   s.busy = false;
   s.last_used = clock_.Now();
   s.position = s.cache->length();
+  --in_flight_;
+  cv_.notify_all();
   if (!projected.ok()) {
     if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
     lock.unlock();
-    open->done(projected);
+    open.done(projected);
     return;
   }
   const SessionInfo info = InfoLocked(s);
   PublishLocked();
+  const bool queued = HasStepsLocked(*s.version->model.engine);
   lock.unlock();
-  open->done(info);
+  if (queued) s.version->batcher->StepsQueued();  // steps sent before the open answered
+  open.done(info);
 }
 
-std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSteps(
-    std::vector<std::function<void()>>& refusals) {
+std::unique_ptr<StepGroup> SessionManager::TakeSteps(const MhaEngine& engine,
+                                                     int64_t max_tokens) {
+  std::vector<std::function<void()>> refusals;
+  std::vector<std::unique_ptr<PendingStep>> steps;
+  bool more = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    steps = NextStepsLocked(engine, max_tokens, refusals, more);
+    if (!steps.empty()) ++in_flight_;
+  }
+  if (!refusals.empty()) cv_.notify_all();  // Stop waits for the queue to empty
+  for (auto& refuse : refusals) refuse();
+  if (steps.empty()) return nullptr;
+  if (more) steps.front()->session->version->batcher->StepsQueued();
+  return std::make_unique<Steps>(*this, std::move(steps));
+}
+
+bool SessionManager::HasStepsLocked(const MhaEngine& engine) const {
+  return std::any_of(steps_.begin(), steps_.end(), [&](const auto& step) {
+    return step->session->version->model.engine.get() == &engine;
+  });
+}
+
+std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextStepsLocked(
+    const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
+    bool& more) {
   ExpireIdleLocked();
   std::vector<std::unique_ptr<PendingStep>> batch;
   std::set<const Session*> taken;  // in the batch, or with an earlier step left queued
-  const ModelVersion* version = nullptr;
   int64_t tokens = 0;
   auto refuse = [&](std::unique_ptr<PendingStep> step, absl::Status status) {
     --step->session->queued;
@@ -386,10 +466,14 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
       it = steps_.erase(it);
       continue;
     }
+    if (s.version->model.engine.get() != &engine) {  // another batcher's
+      ++it;
+      continue;
+    }
     const int64_t t = (*it)->tokens();
-    const bool fits = version == nullptr ||
-                      (s.version.get() == version && tokens + t <= options_.max_batch_tokens);
+    const bool fits = batch.empty() || tokens + t <= max_tokens;
     if (taken.count(&s) != 0 || s.busy || !fits) {
+      more |= !fits && taken.count(&s) == 0 && !s.busy;
       taken.insert(&s);  // its later steps wait behind this one
       ++it;
       continue;
@@ -416,7 +500,6 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
     s.busy = true;
     --s.queued;
     taken.insert(&s);
-    version = s.version.get();
     tokens += t;
     batch.push_back(std::move(*it));
     it = steps_.erase(it);
@@ -424,30 +507,15 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
   return batch;
 }
 
-void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
+void SessionManager::FinishSteps(std::vector<std::unique_ptr<PendingStep>>& steps,
+                                 const std::vector<int64_t>& positions,
+                                 const absl::Status& status, absl::Span<const float> output,
+                                 absl::Span<const float> attn) {
   const VersionPtr version = steps.front()->session->version;
   const MhaEngine& engine = *version->model.engine;
   const int64_t e = engine.dims().embed_dim, extra = engine.dims().extra_keys();
-  const bool weights = std::any_of(steps.begin(), steps.end(), [](const auto& s) {
-    return s->params.query.need_weights();
-  });
-  AppendBatch batch;
-  std::vector<float> query;
-  std::vector<int64_t> positions;  // after the step
-  for (const auto& step : steps) {
-    const absl::Span<const float> q = step->params.query.batch().query;
-    query.insert(query.end(), q.begin(), q.end());
-    batch.steps.push_back({step->session->cache.get(), step->tokens(), step->session->cross});
-    positions.push_back(step->session->cache->length() + (step->session->cross ? 0 : step->tokens()));
-  }
-  batch.query = query;
-  std::vector<float> output(query.size());
-  std::vector<float> attn(weights ? engine.AppendWeightsElements(batch) : 0);
-  Workspace& ws = WorkspaceFor(version);
-  const absl::Status status =
-      engine.Append(batch, {absl::MakeSpan(output), absl::MakeSpan(attn)}, ws);
-  MhaEngine::ReleaseLargeWorkspace(ws);
   const absl::Time now = clock_.Now();
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& step : steps) {
@@ -459,9 +527,12 @@ void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
         RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
       }
     }
+    --in_flight_;
     PublishLocked();
+    queued = HasStepsLocked(engine);
   }
-  cv_.notify_one();
+  cv_.notify_all();
+  if (queued) version->batcher->StepsQueued();
   int64_t row = 0, w_off = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     PendingStep& step = *steps[i];
@@ -471,10 +542,8 @@ void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
       continue;
     }
     AppendResult result;
-    result.output = absl::MakeConstSpan(output).subspan(row * e, t * e);
-    if (step.params.query.need_weights()) {
-      result.weights = absl::MakeConstSpan(attn).subspan(w_off, t * keys);
-    }
+    result.output = output.subspan(row * e, t * e);
+    if (step.params.query.need_weights()) result.weights = attn.subspan(w_off, t * keys);
     result.keys = keys;
     result.position = positions[i];
     if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
@@ -483,7 +552,7 @@ void SessionManager::RunSteps(std::vector<std::unique_ptr<PendingStep>> steps) {
     }
     step.done(result);
     row += t;
-    w_off += weights ? t * keys : 0;
+    w_off += attn.empty() ? 0 : t * keys;
   }
 }
 

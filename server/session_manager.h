@@ -1,7 +1,8 @@
 // Sessions: key/value caches that outlive a request, their limits (a byte
 // budget, a session count, idle expiry, tokens per session), eviction, and
-// the worker that computes every session's steps, many sessions per engine
-// call. No gRPC here: the service decodes and encodes.
+// the steps the model versions' batchers compute, many sessions per engine
+// call beside the Attend requests. No gRPC here: the service decodes and
+// encodes.
 #ifndef MHA_SERVER_SESSION_MANAGER_H_
 #define MHA_SERVER_SESSION_MANAGER_H_
 
@@ -22,6 +23,7 @@
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
 #include "engine/kv_cache.h"
+#include "server/batcher.h"
 #include "server/clock.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
@@ -33,7 +35,8 @@ struct SessionOptions {
   int64_t max_sessions = 1024;
   absl::Duration idle_timeout = absl::Seconds(60);  // default per session
   int64_t max_tokens = 8192;                        // default and cap per session
-  int64_t max_batch_tokens = 4096;                  // new tokens per engine call
+  // How long Stop waits for queued steps before refusing them.
+  absl::Duration stop_timeout = absl::Seconds(30);
   const Clock* clock = nullptr;                     // null: the real clock
 };
 
@@ -77,13 +80,15 @@ struct AppendResult {
 
 // Owns every session (its cache, and a reference to the model version it
 // was opened on, which stays alive with it), the block pool, the step queue
-// and the worker thread. Borrows the metrics. Every method is thread-safe;
-// none blocks on compute: results come through the callbacks, on the worker
-// (or at once, in the caller, when refused).
-class SessionManager {
+// and an expiry thread. Borrows the metrics. It is the step source of every
+// version a session opens on: that version's batcher takes the steps into
+// its engine calls and computes cross sessions' memories. Every method is
+// thread-safe; none blocks on compute: results come through the callbacks,
+// on a batcher worker (or at once, in the caller, when refused).
+class SessionManager : public StepSource {
  public:
   SessionManager(SessionOptions options, SessionMetrics metrics);
-  ~SessionManager();  // Stop()
+  ~SessionManager() override;  // Stop()
 
   using OpenDone = std::function<void(absl::StatusOr<SessionInfo>)>;
   using AppendDone = std::function<void(absl::StatusOr<AppendResult>)>;
@@ -109,8 +114,14 @@ class SessionManager {
 
   // No new sessions from now on; steps go on.
   void StartDraining();
-  // Computes what is queued and joins the worker; later calls are refused.
+  // Refuses new calls, waits (up to stop_timeout) for the batchers to
+  // compute the queued steps, refuses what is left, joins the expiry thread
+  // and leaves the batchers. The batchers must still run.
   void Stop();
+
+  // StepSource: one step per session, oldest first, of sessions on the
+  // version whose engine is `engine`.
+  std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) override;
 
   int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
 
@@ -118,15 +129,26 @@ class SessionManager {
   struct Session;
   struct PendingOpen;
   struct PendingStep;
+  class Steps;
   using SessionPtr = std::shared_ptr<Session>;
 
-  void WorkerLoop();
-  // Takes the next engine call's steps (one model version, one step per
-  // session, oldest first) and answers at once those that cannot run.
-  std::vector<std::unique_ptr<PendingStep>> NextSteps(
-      std::vector<std::function<void()>>& refusals);
-  void RunSteps(std::vector<std::unique_ptr<PendingStep>> steps);
-  void RunOpen(std::unique_ptr<PendingOpen> open);
+  // Makes this manager the step source of `version`'s batcher, once;
+  // false when stopping.
+  bool Attach(const VersionPtr& version);
+  void ExpiryLoop();
+  // The queued steps `engine`'s next call takes (one per session, oldest
+  // first, at most `max_tokens`); refuses at once those that cannot run;
+  // `more` is set when runnable steps were left for lack of room.
+  std::vector<std::unique_ptr<PendingStep>> NextStepsLocked(
+      const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
+      bool& more);
+  // A step group's end: the sessions' state, then the answers.
+  void FinishSteps(std::vector<std::unique_ptr<PendingStep>>& steps,
+                   const std::vector<int64_t>& positions, const absl::Status& status,
+                   absl::Span<const float> output, absl::Span<const float> weights);
+  void RunOpen(PendingOpen& open, Workspace& ws);
+  // Whether `engine`'s version has queued steps. With mu_ held.
+  bool HasStepsLocked(const MhaEngine& engine) const;
   // Makes room for `tokens` in `session`'s cache, evicting idle sessions
   // least recently used first. With mu_ held.
   absl::Status ReserveLocked(Session& session, int64_t tokens);
@@ -142,7 +164,6 @@ class SessionManager {
   SessionInfo InfoLocked(const Session& s) const;
   std::string NewIdLocked();
   void PublishLocked();
-  Workspace& WorkspaceFor(const VersionPtr& version);
 
   const SessionOptions options_;
   const SessionMetrics metrics_;
@@ -153,17 +174,16 @@ class SessionManager {
   std::condition_variable cv_;
   std::map<std::string, SessionPtr> sessions_;                 // guarded by mu_
   std::deque<std::unique_ptr<PendingStep>> steps_;             // guarded by mu_
-  std::deque<std::unique_ptr<PendingOpen>> opens_;             // guarded by mu_
   std::map<std::string, std::string> gone_;                    // id -> why; guarded
   std::deque<std::string> gone_order_;                         // guarded by mu_
   std::map<std::string, int64_t> active_per_model_;            // guarded by mu_
   bool draining_ = false, stopping_ = false;                   // guarded by mu_
   uint64_t id_counter_ = 0;                                    // guarded by mu_
-  // The worker's workspaces, one per model version it computed for.
-  std::map<const ModelVersion*, std::pair<std::weak_ptr<const ModelVersion>,
-                                          std::unique_ptr<Workspace>>>
-      workspaces_;
-  std::thread worker_;
+  // Step groups and memory projections a batcher is computing.
+  int64_t in_flight_ = 0;                                      // guarded by mu_
+  // The versions whose batcher this manager is the step source of.
+  std::map<const ModelVersion*, std::weak_ptr<const ModelVersion>> attached_;  // guarded
+  std::thread expiry_;
 };
 
 }  // namespace mha::server

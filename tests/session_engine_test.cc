@@ -79,6 +79,94 @@ TEST_P(SessionSelfTest, ChunksOfAnySizeEqualOneCausalRun) {
   }
 }
 
+// Sessions of `engine` with something cached: a self session (when the
+// model has them) holding 5 tokens, and a cross session over 7 memory tokens.
+std::vector<std::unique_ptr<KvCache>> CachedSessions(const MhaEngine& engine, KvBlockPool& pool,
+                                                     Workspace& ws, uint32_t seed) {
+  const AttentionDims& d = engine.dims();
+  std::vector<std::unique_ptr<KvCache>> caches;
+  if (engine.CanAppendSelf()) {
+    caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
+    EXPECT_TRUE(caches.back()->Reserve(5 + 2).ok());
+    const std::vector<float> prefix = RandomVector(5 * d.embed_dim, seed);
+    std::vector<float> out(prefix.size());
+    EXPECT_TRUE(engine.Append({prefix, {{caches.back().get(), 5}}}, {absl::MakeSpan(out), {}}, ws)
+                    .ok());
+  }
+  caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
+  EXPECT_TRUE(caches.back()->Reserve(7).ok());
+  const std::vector<float> memory = RandomVector(7 * d.kdim, seed + 1);
+  const std::vector<float> value = RandomVector(7 * d.vdim, seed + 2);
+  EXPECT_TRUE(engine.ProjectMemory(memory, value, 7, {}, *caches.back(), ws).ok());
+  return caches;
+}
+
+// One engine call of Attend sequences (case `c`) and session steps (2
+// tokens of the self session, 3 of the cross one) gives what each gives in
+// a call of its own, weights included, and grows the self cache alike.
+void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, uint32_t seed) {
+  const auto engine = MakeEngine(d, RandomWeights(d, seed));
+  auto ws = engine->NewWorkspace();
+  const Built b = Build(c, seed + 1);
+  const RunResult attend_alone = RunEngine(*engine, c, b, /*with_weights=*/true);
+  KvBlockPool pool(kPoolBytes);
+  auto mixed = CachedSessions(*engine, pool, *ws, seed + 2);
+  auto alone = CachedSessions(*engine, pool, *ws, seed + 2);
+  const int64_t e = d.embed_dim;
+  std::vector<int64_t> tokens = {2, 3};
+  if (!engine->CanAppendSelf()) tokens = {3};
+  const int64_t step_rows = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
+  const std::vector<float> q = RandomVector(step_rows * e, seed + 3);
+  AppendBatch steps{q, {}};
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    steps.steps.push_back({mixed[i].get(), tokens[i], /*cross=*/i + 1 == tokens.size()});
+  }
+  const int64_t q_rows = b.batch.q_offsets.back();
+  std::vector<float> output((q_rows + step_rows) * e);
+  std::vector<float> weights(engine->WeightsElements(b.batch, c.per_head_weights));
+  std::vector<float> step_weights(engine->AppendWeightsElements(steps));
+  ASSERT_TRUE(engine->Run(b.batch, steps,
+                          {absl::MakeSpan(output), absl::MakeSpan(weights), c.per_head_weights,
+                           absl::MakeSpan(step_weights)},
+                          *ws)
+                  .ok());
+  EXPECT_LE(MaxAbsDiff(output.data(), attend_alone.output.data(), q_rows * e), 1e-5f);
+  EXPECT_LE(MaxAbsDiff(weights.data(), attend_alone.weights.data(), weights.size()), 1e-5f);
+  int64_t row = 0, w_off = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    AppendBatch one{absl::MakeConstSpan(q).subspan(row * e, tokens[i] * e),
+                    {{alone[i].get(), tokens[i], steps.steps[i].cross}}};
+    std::vector<float> out(tokens[i] * e), w(engine->AppendWeightsElements(one));
+    ASSERT_TRUE(engine->Append(one, {absl::MakeSpan(out), absl::MakeSpan(w)}, *ws).ok());
+    EXPECT_LE(MaxAbsDiff(out.data(), output.data() + (q_rows + row) * e, out.size()), 1e-5f)
+        << "step " << i;
+    EXPECT_LE(MaxAbsDiff(w.data(), step_weights.data() + w_off, w.size()), 1e-5f) << "step " << i;
+    EXPECT_EQ(mixed[i]->length(), alone[i]->length());
+    row += tokens[i];
+    w_off += static_cast<int64_t>(w.size());
+  }
+}
+
+TEST_P(SessionSelfTest, StepsShareOneCallWithAttendSequences) {
+  const AttentionDims d = GetParam().dims;
+  // Self-attention sequences: one q|k|v product over their rows and the steps'.
+  ExpectMixedCallEqualsSeparateCalls(
+      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31);
+}
+
+TEST(SessionMixedTest, CrossSequencesWithSelfStepsProjectApart) {
+  const AttentionDims d = Dims(24, 3);
+  ExpectMixedCallEqualsSeparateCalls(d, Case{"cross", d, {4, 2}, {9, 33}, false, MaskKind::kBool},
+                                     41);
+}
+
+TEST(SessionMixedTest, CrossSequencesWithCrossStepsShareTheQueryProduct) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) {
+    x.kdim = 16, x.vdim = 20, x.add_bias_kv = true;
+  });
+  ExpectMixedCallEqualsSeparateCalls(d, Case{"cross", d, {3, 5}, {8, 2}}, 51);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Options, SessionSelfTest,
     ::testing::Values(

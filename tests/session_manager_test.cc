@@ -1,6 +1,7 @@
 // SessionManager: steps of many sessions from many threads (also under
 // ThreadSanitizer), ordering of one session's queued steps, expiry on a
-// manual clock, eviction.
+// manual clock, eviction, and steps sharing the batcher's engine calls with
+// Attend requests.
 #include "server/session_manager.h"
 
 #include <atomic>
@@ -22,13 +23,22 @@ using testing::RandomWeights;
 
 constexpr int64_t kE = 32;
 
-VersionPtr MakeVersion() {
+Metrics& TestMetrics() {
+  static Metrics* metrics = new Metrics;
+  return *metrics;
+}
+
+// A version with its batcher, as the repository makes them.
+VersionPtr MakeVersion(BatcherOptions options = {}) {
   const AttentionDims d = MakeDims(kE, 4);
   auto version = std::make_shared<ModelVersion>();
   version->name = "m";
   version->version = 1;
   version->model.dims = d;
   version->model.engine = testing::MakeEngine(d, RandomWeights(d, 3));
+  version->metrics = TestMetrics().ForVersion("m", "1");
+  version->batcher =
+      std::make_unique<Batcher>("m", *version->model.engine, options, *version->metrics);
   return version;
 }
 
@@ -161,6 +171,68 @@ TEST(SessionManagerTest, FullCacheEvictsLeastRecentlyUsedIdleSession) {
   // A step of the expected position only.
   AppendSync(sessions, b, 1, 6, &status, /*expected=*/0);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// An Attend request waiting for its batch to fill and a session step go
+// in one engine call: the step closes the batch at once, and each gets what
+// a call of its own gives.
+TEST(SessionManagerTest, StepsAndAttendRequestsShareOneEngineCall) {
+  BatcherOptions options;
+  options.max_queue_delay = absl::Seconds(30);  // the request would wait alone
+  const VersionPtr version = MakeVersion(options);
+  const MhaEngine& engine = *version->model.engine;
+  SessionManager sessions({}, {});
+  const std::string id = OpenSync(sessions, version);
+  const auto calls = [&] {
+    return version->metrics->compute_duration->Collect().histogram.sample_count;
+  };
+  const uint64_t calls_before = calls();
+
+  std::vector<float> attend_storage;
+  auto pending = std::make_unique<PendingRequest>(Query(5, 7, attend_storage));
+  std::promise<std::vector<float>> attended;
+  pending->done = [&](absl::StatusOr<AttentionResult> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    attended.set_value(r.ok() ? std::vector<float>(r->output.begin(), r->output.end())
+                              : std::vector<float>{});
+  };
+  version->batcher->Enqueue(std::move(pending));
+  const std::vector<float> stepped = AppendSync(sessions, id, 2, 8);
+  const std::vector<float> attend_out = attended.get_future().get();
+  EXPECT_EQ(calls() - calls_before, 1u) << "one engine call for both";
+
+  auto ws = engine.NewWorkspace();
+  std::vector<float> want_attend(5 * kE);
+  std::vector<float> unused;
+  const AttentionRequest alone = Query(5, 7, unused);
+  ASSERT_TRUE(engine.Run(alone.batch(), {absl::MakeSpan(want_attend), {}}, *ws).ok());
+  EXPECT_LE(MaxAbsDiff(attend_out.data(), want_attend.data(), want_attend.size()), 1e-5f);
+  KvBlockPool pool(int64_t{16} << 20);
+  KvCache cache(engine.kv_layout(), pool);
+  ASSERT_TRUE(cache.Reserve(2).ok());
+  const std::vector<float> q = RandomVector(2 * kE, 8);
+  std::vector<float> want_step(2 * kE);
+  ASSERT_TRUE(engine.Append({q, {{&cache, 2}}}, {absl::MakeSpan(want_step), {}}, *ws).ok());
+  ASSERT_EQ(stepped.size(), want_step.size());
+  EXPECT_LE(MaxAbsDiff(stepped.data(), want_step.data(), want_step.size()), 1e-5f);
+}
+
+// Stop computes the steps already queued, then refuses new ones.
+TEST(SessionManagerTest, StopAnswersQueuedStepsThenRefuses) {
+  const VersionPtr version = MakeVersion();
+  SessionManager sessions({}, {});
+  const std::string id = OpenSync(sessions, version);
+  std::vector<std::vector<float>> storage(4);
+  std::vector<std::promise<absl::Status>> done(4);
+  for (int i = 0; i < 4; ++i) {
+    sessions.Append({id, Query(1, i, storage[i]), std::nullopt},
+                    [&, i](absl::StatusOr<AppendResult> r) { done[i].set_value(r.status()); });
+  }
+  sessions.Stop();
+  for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
+  absl::Status after;
+  AppendSync(sessions, id, 1, 9, &after);
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

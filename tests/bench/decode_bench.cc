@@ -96,6 +96,43 @@ void BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cache
   Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1);
 }
 
+// 16 sessions' steps (1 token at 256 cached) riding along in an Attend
+// call of 8 self-attention sequences of 128 tokens, against the same work
+// as an Attend call and an Append call.
+void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, bool json, Workspace& ws) {
+  constexpr int64_t kSessions = 16, kCached = 256, kSequences = 8, kLen = 128;
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (int64_t s = 0; s < kSessions; ++s) {
+    caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
+    Prefill(engine, *caches.back(), kCached, ws);
+  }
+  const std::vector<float> tokens = testing::RandomVector(kSessions * kE, 10);
+  AppendBatch steps{tokens, {}};
+  for (auto& c : caches) steps.steps.push_back({c.get(), 1});
+  const std::vector<float> query = testing::RandomVector(kSequences * kLen * kE, 11);
+  AttentionBatch attend;
+  attend.query = query;
+  for (int64_t b = 0; b <= kSequences; ++b) attend.q_offsets.push_back(b * kLen);
+  std::vector<float> out(query.size() + tokens.size());
+  const auto attend_out = absl::MakeSpan(out).subspan(0, query.size());
+  const auto steps_out = absl::MakeSpan(out).subspan(query.size());
+  auto rewind = [&] {
+    for (auto& c : caches) c->set_length(kCached);
+  };
+  const double mixed_s = MedianOf(20, [&] {
+    Check(engine.Run(attend, steps, {absl::MakeSpan(out), {}, false, {}}, ws));
+    rewind();
+  });
+  const double apart_s = MedianOf(20, [&] {
+    Check(engine.Run(attend, {attend_out, {}, false}, ws));
+    Check(engine.Append(steps, {steps_out, {}}, ws));
+    rewind();
+  });
+  Print(json, "mixed_attend8x128_steps16x1_at256", mixed_s * 1e3, "two_calls_over_one",
+        apart_s / mixed_s, 1);
+  Print(json, "mixed_as_two_calls", apart_s * 1e3, "ratio", 1.0, 1);
+}
+
 }  // namespace
 
 void BenchDecode(bool json) {
@@ -135,6 +172,7 @@ void BenchDecode(bool json) {
   for (const int64_t cached : {int64_t{1024}, int64_t{64}}) {
     BenchBatchedSteps(engine, pool, cached, json, *ws);
   }
+  BenchMixedCall(engine, pool, json, *ws);
 }
 
 }  // namespace mha
