@@ -7,6 +7,7 @@
 
 #include "engine/kv_cache.h"
 #include "engine/mha_engine.h"
+#include "engine/threads.h"
 #include "gtest/gtest.h"
 #include "tests/engine_cases.h"
 #include "tests/test_models.h"
@@ -25,7 +26,7 @@ RunResult FullRun(const MhaEngine& engine, const Case& c, const Built& b) {
 // given sizes (cycled), checking each chunk against `full`.
 void ExpectChunkedMatchesFull(const MhaEngine& engine, const AttentionDims& d,
                               const std::vector<float>& query, const RunResult& full,
-                              const std::vector<int64_t>& chunks) {
+                              const std::vector<int64_t>& chunks, float tolerance = 1e-5f) {
   const int64_t e = d.embed_dim, len = static_cast<int64_t>(query.size()) / e;
   const int64_t keys_full = len + d.extra_keys();
   KvBlockPool pool(kPoolBytes);
@@ -41,7 +42,7 @@ void ExpectChunkedMatchesFull(const MhaEngine& engine, const AttentionDims& d,
     std::vector<float> out(t * e), weights(engine.AppendWeightsElements(batch));
     ASSERT_TRUE(engine.Append(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
     EXPECT_EQ(cache.length(), pos + t);
-    EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), 1e-5f)
+    EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), tolerance)
         << "chunk at " << pos << " of " << t << " tokens";
     // Weights: the chunk's keys are the full row's first pos + t columns,
     // then the appended positions (last in both).
@@ -49,8 +50,8 @@ void ExpectChunkedMatchesFull(const MhaEngine& engine, const AttentionDims& d,
     for (int64_t r = 0; r < t; ++r) {
       const float* want = full.weights.data() + (pos + r) * keys_full;
       const float* got = weights.data() + r * keys;
-      EXPECT_LE(MaxAbsDiff(got, want, pos + t), 1e-5f) << "row " << pos + r;
-      EXPECT_LE(MaxAbsDiff(got + pos + t, want + len, d.extra_keys()), 1e-5f);
+      EXPECT_LE(MaxAbsDiff(got, want, pos + t), tolerance) << "row " << pos + r;
+      EXPECT_LE(MaxAbsDiff(got + pos + t, want + len, d.extra_keys()), tolerance);
     }
     pos += t;
   }
@@ -104,7 +105,8 @@ std::vector<std::unique_ptr<KvCache>> CachedSessions(const MhaEngine& engine, Kv
 // One engine call of Attend sequences (case `c`) and session steps (2
 // tokens of the self session, 3 of the cross one) gives what each gives in
 // a call of its own, weights included, and grows the self cache alike.
-void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, uint32_t seed) {
+void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, uint32_t seed,
+                                        float tolerance = 1e-5f) {
   const auto engine = MakeEngine(d, RandomWeights(d, seed));
   auto ws = engine->NewWorkspace();
   const Built b = Build(c, seed + 1);
@@ -130,17 +132,18 @@ void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, u
                            absl::MakeSpan(step_weights)},
                           *ws)
                   .ok());
-  EXPECT_LE(MaxAbsDiff(output.data(), attend_alone.output.data(), q_rows * e), 1e-5f);
-  EXPECT_LE(MaxAbsDiff(weights.data(), attend_alone.weights.data(), weights.size()), 1e-5f);
+  EXPECT_LE(MaxAbsDiff(output.data(), attend_alone.output.data(), q_rows * e), tolerance);
+  EXPECT_LE(MaxAbsDiff(weights.data(), attend_alone.weights.data(), weights.size()), tolerance);
   int64_t row = 0, w_off = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
     AppendBatch one{absl::MakeConstSpan(q).subspan(row * e, tokens[i] * e),
                     {{alone[i].get(), tokens[i], steps.steps[i].cross}}};
     std::vector<float> out(tokens[i] * e), w(engine->AppendWeightsElements(one));
     ASSERT_TRUE(engine->Append(one, {absl::MakeSpan(out), absl::MakeSpan(w)}, *ws).ok());
-    EXPECT_LE(MaxAbsDiff(out.data(), output.data() + (q_rows + row) * e, out.size()), 1e-5f)
+    EXPECT_LE(MaxAbsDiff(out.data(), output.data() + (q_rows + row) * e, out.size()), tolerance)
         << "step " << i;
-    EXPECT_LE(MaxAbsDiff(w.data(), step_weights.data() + w_off, w.size()), 1e-5f) << "step " << i;
+    EXPECT_LE(MaxAbsDiff(w.data(), step_weights.data() + w_off, w.size()), tolerance)
+        << "step " << i;
     EXPECT_EQ(mixed[i]->length(), alone[i]->length());
     row += tokens[i];
     w_off += static_cast<int64_t>(w.size());
@@ -187,6 +190,26 @@ INSTANTIATE_TEST_SUITE_P(
                                      d.v_head_dim = 10;
                                    })}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A bf16 model's sessions: bf16 caches and loops where the CPU computes in
+// bf16 (AVX-512), within bf16's tolerance of Run's oneDNN bf16 products;
+// where it cannot, the model computes in fp32 (then to 1e-5).
+TEST(SessionBf16Test, ChunksAndMixedCallsStayWithinBf16Tolerance) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.bf16 = true; });
+  const auto engine = MakeEngine(d, RandomWeights(d, 11));
+  EXPECT_EQ(engine->dims().bf16, CpuCanComputeBf16());
+  const float tolerance = engine->dims().bf16 ? 3e-2f : 1e-5f;
+  EXPECT_EQ(engine->kv_layout().elem_bytes, engine->dims().bf16 ? 2 : 4);
+  const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
+  const Built b = Build(c, 21);
+  const RunResult full = FullRun(*engine, c, b);
+  for (const std::vector<int64_t>& chunks :
+       std::vector<std::vector<int64_t>>{{1}, {5, 1, 31, 2, 17}}) {
+    ExpectChunkedMatchesFull(*engine, engine->dims(), b.query, full, chunks, tolerance);
+  }
+  ExpectMixedCallEqualsSeparateCalls(
+      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31, tolerance);
+}
 
 // A cross session's step equals Run with key = memory (and its value and
 // padding mask), for every chunking of the queries.

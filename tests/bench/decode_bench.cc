@@ -97,10 +97,11 @@ void BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cache
 }
 
 // 16 sessions' steps (1 token at 256 cached) riding along in an Attend
-// call of 8 self-attention sequences of 128 tokens, against the same work
-// as an Attend call and an Append call.
-void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, bool json, Workspace& ws) {
-  constexpr int64_t kSessions = 16, kCached = 256, kSequences = 8, kLen = 128;
+// call of `sequences` self-attention sequences of `len` tokens, against the
+// same work as an Attend call and an Append call.
+void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, int64_t sequences, int64_t len,
+                    bool json, Workspace& ws) {
+  constexpr int64_t kSessions = 16, kCached = 256;
   std::vector<std::unique_ptr<KvCache>> caches;
   for (int64_t s = 0; s < kSessions; ++s) {
     caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
@@ -109,10 +110,10 @@ void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, bool json, Works
   const std::vector<float> tokens = testing::RandomVector(kSessions * kE, 10);
   AppendBatch steps{tokens, {}};
   for (auto& c : caches) steps.steps.push_back({c.get(), 1});
-  const std::vector<float> query = testing::RandomVector(kSequences * kLen * kE, 11);
+  const std::vector<float> query = testing::RandomVector(sequences * len * kE, 11);
   AttentionBatch attend;
   attend.query = query;
-  for (int64_t b = 0; b <= kSequences; ++b) attend.q_offsets.push_back(b * kLen);
+  for (int64_t b = 0; b <= sequences; ++b) attend.q_offsets.push_back(b * len);
   std::vector<float> out(query.size() + tokens.size());
   const auto attend_out = absl::MakeSpan(out).subspan(0, query.size());
   const auto steps_out = absl::MakeSpan(out).subspan(query.size());
@@ -128,9 +129,9 @@ void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, bool json, Works
     Check(engine.Append(steps, {steps_out, {}}, ws));
     rewind();
   });
-  Print(json, "mixed_attend8x128_steps16x1_at256", mixed_s * 1e3, "two_calls_over_one",
-        apart_s / mixed_s, 1);
-  Print(json, "mixed_as_two_calls", apart_s * 1e3, "ratio", 1.0, 1);
+  const std::string name = absl::StrFormat("mixed_attend%dx%d_steps16x1_at256", sequences, len);
+  Print(json, name.c_str(), mixed_s * 1e3, "two_calls_over_one", apart_s / mixed_s, 1);
+  Print(json, (name + "_as_two_calls").c_str(), apart_s * 1e3, "ratio", 1.0, 1);
 }
 
 }  // namespace
@@ -172,7 +173,10 @@ void BenchDecode(bool json) {
   for (const int64_t cached : {int64_t{1024}, int64_t{64}}) {
     BenchBatchedSteps(engine, pool, cached, json, *ws);
   }
-  BenchMixedCall(engine, pool, json, *ws);
+  // Steps riding along in an Attend call, against a call of their own:
+  // a large batch and a small one.
+  BenchMixedCall(engine, pool, 8, 128, json, *ws);
+  BenchMixedCall(engine, pool, 4, 16, json, *ws);
 }
 
 }  // namespace mha
