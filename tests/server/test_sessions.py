@@ -12,6 +12,8 @@
   the steps share engine calls.
 - expected_position, max_tokens, eviction (least recently used, cache
   full), expiry and close answer as documented, and the metrics follow.
+- A step closes a batch of Attend requests waiting for company and shares
+  its engine call.
 """
 
 import concurrent.futures
@@ -439,6 +441,44 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
                     self.assertLess(grown, budget + (32 << 20),
                                     f"peak RSS grew {grown >> 20} MiB for a {budget >> 20} MiB "
                                     "cache")
+                client.close()
+            finally:
+                self.assertEqual(server.stop(), 0)
+
+
+class SessionStepsRideAlongTest(unittest.TestCase):
+    def test_a_step_closes_a_waiting_batch_and_shares_its_engine_call(self):
+        """demo with max_queue_delay_us of 3 s: an Attend request waits for
+        company; a session step arrives and both are computed in one engine
+        call at once, each answer right."""
+        with tempfile.TemporaryDirectory() as tmp:
+            models = make_repository(tmp, ("demo",))
+            with open(os.path.join(tmp, "demo", "config.pbtxt"), "a") as f:
+                f.write("dynamic_batching {\n  max_queue_delay_us: 3000000\n}\n")
+            server = TestServer(MHA_SERVER, tmp).__enter__()
+            try:
+                client = mha_client.MhaClient(server.target(), timeout=60)
+                rng = np.random.default_rng(14)
+                x, step = randn(rng, 1, 6, DEMO_E), randn(rng, 1, 2, DEMO_E)
+                session = client.open_session("demo")
+                calls = metric_value(server.metrics(), "mha_compute_duration_seconds_count",
+                                     model="demo")
+                start = time.monotonic()
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    attended = pool.submit(client.attend, "demo", x)
+                    time.sleep(0.3)  # the request waits in the queue
+                    self.assertFalse(attended.done(), "the request should wait for company")
+                    stepped = session.append(step)
+                    out, _ = attended.result()
+                self.assertLess(time.monotonic() - start, 2.0, "the step closed the batch")
+                after = metric_value(server.metrics(), "mha_compute_duration_seconds_count",
+                                     model="demo")
+                self.assertEqual(after - calls, 1, "one engine call for both")
+                want, _ = reference(models["demo"], x)
+                np.testing.assert_allclose(out, want, rtol=TOL, atol=TOL)
+                want_step, _ = reference(models["demo"], step, is_causal=True)
+                np.testing.assert_allclose(stepped, want_step, rtol=TOL, atol=TOL)
+                session.close()
                 client.close()
             finally:
                 self.assertEqual(server.stop(), 0)
