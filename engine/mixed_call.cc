@@ -59,14 +59,22 @@ void EngineImpl::ComputeMixed(const AttentionBatch& batch, const AppendBatch& st
   const uint8_t* step_proj = nullptr;
   int64_t step_ld = 0;
   if (batch.self_attention() || !AnySelfStep(steps)) {
-    auto* rows = ws.Get<uint8_t>(Workspace::kMixedQuery, total * e * eb);
-    if (act_dt_ == dt::f32) {
-      std::memcpy(rows, batch.query.data(), total_q * e * sizeof(float));
-      std::memcpy(rows + total_q * e * eb, steps.query.data(), total_s * e * sizeof(float));
-    } else {
-      auto* bf16 = reinterpret_cast<uint16_t*>(rows);
-      ConvertToBf16(batch.query.data(), bf16, total_q * e);
-      ConvertToBf16(steps.query.data(), bf16 + total_q * e, total_s * e);
+    // Both kinds of rows in one buffer: as given when the steps' rows follow
+    // the batch's (RaggedBatch's rows_after), else copied.
+    const bool adjacent = act_dt_ == dt::f32 &&
+                          steps.query.data() == batch.query.data() + batch.query.size();
+    const void* rows = batch.query.data();
+    if (!adjacent) {
+      auto* copy = ws.Get<uint8_t>(Workspace::kMixedQuery, total * e * eb);
+      if (act_dt_ == dt::f32) {
+        std::memcpy(copy, batch.query.data(), total_q * e * sizeof(float));
+        std::memcpy(copy + total_q * e * eb, steps.query.data(), total_s * e * sizeof(float));
+      } else {
+        auto* bf16 = reinterpret_cast<uint16_t*>(copy);
+        ConvertToBf16(batch.query.data(), bf16, total_q * e);
+        ConvertToBf16(steps.query.data(), bf16 + total_q * e, total_s * e);
+      }
+      rows = copy;
     }
     const int64_t ld = batch.self_attention() ? 2 * qk + vw : qk;
     auto* proj = ws.Get<uint8_t>(Workspace::kProjQ, total * ld * eb);

@@ -53,7 +53,8 @@ BatchSignature BatchSignature::Of(const AttentionRequest& request) {
                         .per_head_weights = request.per_head_weights()};
 }
 
-RaggedBatch::RaggedBatch(absl::Span<const AttentionRequest* const> requests) {
+RaggedBatch::RaggedBatch(absl::Span<const AttentionRequest* const> requests,
+                         absl::Span<const float> rows_after) {
   output_offsets_ = {0};
   weights_offsets_ = {0};
   for (const AttentionRequest* r : requests) {
@@ -62,7 +63,7 @@ RaggedBatch::RaggedBatch(absl::Span<const AttentionRequest* const> requests) {
   }
   const AttentionBatch& first = requests.front()->batch();
   per_head_weights_ = requests.front()->per_head_weights();
-  if (requests.size() == 1) {  // nothing to merge: borrow the request's inputs
+  if (requests.size() == 1 && rows_after.empty()) {  // nothing to merge: borrow the inputs
     batch_ = first;
     return;
   }
@@ -95,7 +96,10 @@ RaggedBatch::RaggedBatch(absl::Span<const AttentionRequest* const> requests) {
     AppendOffsets(b.q_offsets, batch_.q_offsets);
     AppendOffsets(b.self_attention() ? b.q_offsets : b.kv_offsets, batch_.kv_offsets);
   }
-  batch_.query = query_;
+  const size_t request_rows = query_.size();
+  Append(rows_after, query_);  // no span into query_ before this
+  batch_.query = absl::MakeConstSpan(query_).first(request_rows);
+  rows_after_ = absl::MakeConstSpan(query_).subspan(request_rows);
   batch_.key = key_;
   batch_.value = value_;
   batch_.key_padding_mask = MergedMask(any_key_padding, key_padding_dtype, key_padding_);

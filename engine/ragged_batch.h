@@ -32,16 +32,22 @@ struct BatchSignature {
 };
 
 // Owns the merged inputs and the AttentionBatch that borrows them. A batch
-// of one request borrows that request's inputs instead (no copy). The
-// requests must share a signature and outlive the batch. Not copyable;
-// thread-compatible.
+// of one request borrows that request's inputs instead (no copy), unless
+// rows follow. The requests must share a signature and outlive the batch.
+// Not copyable; thread-compatible.
 class RaggedBatch {
  public:
-  explicit RaggedBatch(absl::Span<const AttentionRequest* const> requests);
+  // `rows_after` (session steps' query rows, [n, embed_dim]) are copied
+  // right after the requests' query rows, in the same buffer: the engine
+  // then projects both in one product without copying them again.
+  explicit RaggedBatch(absl::Span<const AttentionRequest* const> requests,
+                       absl::Span<const float> rows_after = {});
   RaggedBatch(const RaggedBatch&) = delete;
   RaggedBatch& operator=(const RaggedBatch&) = delete;
 
   const AttentionBatch& batch() const { return batch_; }
+  // The copy of `rows_after`, right after batch().query.
+  absl::Span<const float> rows_after() const { return rows_after_; }
   bool per_head_weights() const { return per_head_weights_; }
   // Elements of the call's output ([total query rows, embed_dim]) and
   // attention weights (0 unless asked for).
@@ -61,6 +67,7 @@ class RaggedBatch {
   std::vector<int64_t> output_offsets_, weights_offsets_;
   bool per_head_weights_ = false;
   AttentionBatch batch_;
+  absl::Span<const float> rows_after_;
 };
 
 }  // namespace mha

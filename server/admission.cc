@@ -22,15 +22,12 @@ RequestCost CostOf(const AttentionRequest& request, const MhaEngine& engine, int
       request.output_elements() * static_cast<int64_t>(DTypeSize(request.output_dtype())) +
       request.weights_elements() * 4 + kResponseFraming;
   cost.queued_bytes = request.wire_bytes() + request.converted_bytes();
-  // A batch of several requests copies their inputs into one, and a batch
-  // carrying session steps copies its queries once more, beside theirs
-  // (both counted always, since the batch a request lands in is not known
-  // yet); each one's f32 results are written, then encoded into the
-  // response.
-  const int64_t beside_steps = static_cast<int64_t>(request.batch().query.size()) * 4;
+  // A batch of several requests (or carrying session steps) copies their
+  // inputs into one (counted always, since the batch a request lands in is
+  // not known yet) and writes each one's f32 results, which are encoded
+  // into the response.
   cost.active_bytes = engine.ScratchBytes(request.shape(), threads) +
-                      RaggedBatch::MergedBytes(request) + beside_steps + results_f32 +
-                      2 * cost.response_bytes;
+                      RaggedBatch::MergedBytes(request) + results_f32 + 2 * cost.response_bytes;
   return cost;
 }
 

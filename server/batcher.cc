@@ -266,13 +266,14 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool s
   // The source stays while its steps compute (SetStepSource waits).
   std::shared_lock<std::shared_mutex> source_lock(source_mu_, std::defer_lock);
   std::unique_ptr<StepGroup> group;
-  if (steps) {
-    source_lock.lock();
-    if (source_ != nullptr) group = source_->TakeSteps(engine_, max_batch_tokens_);
-  }
-  if (live.empty() && group == nullptr) return;
   size_t answered = 0;
   try {
+    if (steps) {
+      source_lock.lock();
+      if (source_ != nullptr) group = source_->TakeSteps(engine_, max_batch_tokens_);
+      if (group == nullptr) source_lock.unlock();
+    }
+    if (live.empty() && group == nullptr) return;
     ComputeLive(live, group, ws, answered);
   } catch (const std::bad_alloc&) {  // the batch fails, the server goes on
     const absl::Status status = absl::ResourceExhaustedError(
@@ -299,11 +300,16 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
     inputs.push_back(&r->input);
     tokens += r->input.tokens();
   }
+  // The steps' query rows go right after the requests' (one buffer, one
+  // projection product, no copy in the engine).
   std::optional<RaggedBatch> merged;
-  if (!live.empty()) merged.emplace(inputs);
+  AppendBatch step_batch;
+  if (steps != nullptr) step_batch = steps->batch();
+  if (!live.empty()) {
+    merged.emplace(inputs, step_batch.query);
+    if (steps != nullptr) step_batch.query = merged->rows_after();
+  }
   static const AttentionBatch kNoSequences;
-  static const AppendBatch kNoSteps;
-  const AppendBatch& step_batch = steps != nullptr ? steps->batch() : kNoSteps;
   const int64_t request_elements = merged ? merged->output_elements() : 0;
   const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
   const int64_t step_weights_elements =
@@ -322,7 +328,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
       engine_.Run(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   ReportPrimitiveCacheMisses();
-  if (steps != nullptr) {
+  if (steps != nullptr) {  // if an answer throws, Compute has Finish answer the rest
     steps->Finish(status, out.output.subspan(request_elements), out.step_weights);
     steps.reset();
   }

@@ -92,8 +92,9 @@ class StepGroup {
   virtual ~StepGroup() = default;
   virtual const AppendBatch& batch() const = 0;
   virtual bool need_weights() const = 0;
-  // Called exactly once, with the call's status and, when OK, the steps'
-  // outputs and weights (views valid during the call only).
+  // Answers every step: with the call's status and, when OK, the steps'
+  // outputs and weights (views valid during the call only). Called again
+  // (with an error) when an answer threw: answers only the rest.
   virtual void Finish(const absl::Status& status, absl::Span<const float> output,
                       absl::Span<const float> weights) = 0;
 };
@@ -109,9 +110,10 @@ class StepSource {
 
 // Owns one model's queue and worker threads; borrows the engine, the
 // metrics and the clock, which must outlive it, and the step source, which
-// must leave first (SetStepSource(nullptr)). Its engine calls carry Attend
-// requests and session steps together. Enqueue, StepsQueued and RunOnWorker
-// are thread-safe and never block on compute.
+// must leave first (SetStepSource(nullptr)). Owns the queued tasks too. Its
+// engine calls carry Attend requests and session steps together. Every
+// method is thread-safe; Enqueue, StepsQueued and RunOnWorker never block on
+// compute; SetStepSource waits for the step groups of the old source.
 class Batcher {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
@@ -160,7 +162,7 @@ class Batcher {
   // Query + key tokens queued that may join the oldest request's batch.
   int64_t TokensJoiningOldest() const;
   // Reserves the active bytes of the requests the next batch takes (see
-  // NextBatch); false when the oldest request must wait for memory.
+  // NextWork); false when the oldest request must wait for memory.
   bool ReserveActive(PendingRequest& request);
   void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps, Workspace& ws);
   // Computes the requests and the steps in one engine call and answers

@@ -15,7 +15,7 @@ namespace {
 // Ids of closed, evicted and expired sessions remembered, so a client is
 // told what happened to its session.
 constexpr size_t kRememberedGone = 4096;
-// How often the worker looks for expired sessions when it has nothing to do.
+// How often the expiry thread looks for expired sessions.
 constexpr absl::Duration kExpiryTick = absl::Seconds(1);
 
 std::string Seconds(absl::Duration d) {
@@ -35,7 +35,8 @@ struct SessionManager::Session {
   bool busy = false;   // a step (or its memory's projection) is computing
   int64_t queued = 0;  // steps waiting
   // The cache's length as of the last finished step: what other threads
-  // read (the worker writes the cache's own length outside mu_).
+  // read (the batcher worker computing its step writes the cache's own
+  // length outside mu_).
   int64_t position = 0;
 };
 
@@ -55,12 +56,16 @@ struct SessionManager::PendingStep {
 };
 
 // One engine call's steps as a batcher carries them: their queries back to
-// back, and each session's position after the step.
+// back, and each session's position after the step. Finish settles the
+// sessions once and answers each step once, also when it is called again
+// after an answer threw (the batcher then finishes the rest with an error).
 class SessionManager::Steps : public StepGroup {
  public:
-  Steps(SessionManager& manager, std::vector<std::unique_ptr<PendingStep>> steps)
-      : manager_(manager), steps_(std::move(steps)) {
-    for (const auto& step : steps_) {  // the sessions are busy: their caches are ours
+  // Takes `steps` only once the copies are made: if they throw, the caller
+  // still has them.
+  Steps(SessionManager& manager, std::vector<std::unique_ptr<PendingStep>>&& steps)
+      : manager_(manager) {
+    for (const auto& step : steps) {  // the sessions are busy: their caches are ours
       const absl::Span<const float> q = step->params.query.batch().query;
       query_.insert(query_.end(), q.begin(), q.end());
       KvCache* cache = step->session->cache.get();
@@ -69,13 +74,18 @@ class SessionManager::Steps : public StepGroup {
       weights_ |= step->params.query.need_weights();
     }
     batch_.query = query_;
+    steps_ = std::move(steps);
   }
 
   const AppendBatch& batch() const override { return batch_; }
   bool need_weights() const override { return weights_; }
   void Finish(const absl::Status& status, absl::Span<const float> output,
               absl::Span<const float> weights) override {
-    manager_.FinishSteps(steps_, positions_, status, output, weights);
+    if (!settled_) {
+      settled_ = true;
+      manager_.SettleSteps(steps_, status);
+    }
+    manager_.AnswerSteps(steps_, positions_, status, output, weights, answered_);
   }
 
  private:
@@ -85,6 +95,8 @@ class SessionManager::Steps : public StepGroup {
   AppendBatch batch_;
   std::vector<int64_t> positions_;  // after the step
   bool weights_ = false;
+  bool settled_ = false;
+  size_t answered_ = 0;
 };
 
 SessionManager::SessionManager(SessionOptions options, SessionMetrics metrics)
@@ -244,14 +256,22 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
     ++in_flight_;
     lock.unlock();
     const VersionPtr& version = open->params.version;
-    if (!version->batcher->RunOnWorker([this, open](Workspace& ws) { RunOpen(*open, ws); })) {
-      lock.lock();
-      --in_flight_;
-      if (IsOpenLocked(*session)) RemoveLocked(session->id, "not opened: shutting down", "");
-      lock.unlock();
-      cv_.notify_all();
-      open->done(absl::UnavailableError("the server is shutting down: no new sessions"));
+    absl::Status queued = absl::UnavailableError("the server is shutting down: no new sessions");
+    try {
+      if (version->batcher->RunOnWorker([this, open](Workspace& ws) { RunOpen(*open, ws); })) {
+        return;
+      }
+    } catch (const std::bad_alloc&) {
+      queued = absl::ResourceExhaustedError("out of memory opening the session; retry later");
     }
+    lock.lock();
+    --in_flight_;
+    if (IsOpenLocked(*session)) {
+      RemoveLocked(session->id, absl::StrCat("not opened: ", queued.message()), "");
+    }
+    lock.unlock();
+    cv_.notify_all();
+    open->done(queued);
     return;
   }
   const SessionInfo info = InfoLocked(*session);
@@ -279,10 +299,13 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   step->enqueued = clock_.Now();
   step->done = std::move(done);
   ++step->session->queued;
-  Batcher& batcher = *step->session->version->batcher;
+  // Once unlocked the step may be refused and its session closed: this
+  // reference keeps the batcher alive (the repository holds the version
+  // too, so it is never the last one).
+  const VersionPtr version = step->session->version;
   steps_.push_back(std::move(step));
   lock.unlock();
-  batcher.StepsQueued();  // the session holds its version, and so the batcher
+  version->batcher->StepsQueued();
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
@@ -408,17 +431,20 @@ void SessionManager::RunOpen(PendingOpen& open, Workspace& ws) {
   s.position = s.cache->length();
   --in_flight_;
   cv_.notify_all();
+  // Steps sent before the open answered wait for it: they run now, or are
+  // refused (NOT_FOUND, saying why) when it failed.
+  const bool queued = HasStepsLocked(*s.version->model.engine);
   if (!projected.ok()) {
     if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
     lock.unlock();
+    if (queued) s.version->batcher->StepsQueued();
     open.done(projected);
     return;
   }
   const SessionInfo info = InfoLocked(s);
   PublishLocked();
-  const bool queued = HasStepsLocked(*s.version->model.engine);
   lock.unlock();
-  if (queued) s.version->batcher->StepsQueued();  // steps sent before the open answered
+  if (queued) s.version->batcher->StepsQueued();
   open.done(info);
 }
 
@@ -436,7 +462,16 @@ std::unique_ptr<StepGroup> SessionManager::TakeSteps(const MhaEngine& engine,
   for (auto& refuse : refusals) refuse();
   if (steps.empty()) return nullptr;
   if (more) steps.front()->session->version->batcher->StepsQueued();
-  return std::make_unique<Steps>(*this, std::move(steps));
+  try {
+    return std::make_unique<Steps>(*this, std::move(steps));
+  } catch (const std::bad_alloc&) {  // `steps` is still ours
+    const absl::Status status =
+        absl::ResourceExhaustedError("out of memory while computing this step; retry later");
+    SettleSteps(steps, status);
+    size_t answered = 0;
+    AnswerSteps(steps, {}, status, {}, {}, answered);
+    return nullptr;
+  }
 }
 
 bool SessionManager::HasStepsLocked(const MhaEngine& engine) const {
@@ -507,50 +542,68 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
   return batch;
 }
 
-void SessionManager::FinishSteps(std::vector<std::unique_ptr<PendingStep>>& steps,
-                                 const std::vector<int64_t>& positions,
-                                 const absl::Status& status, absl::Span<const float> output,
-                                 absl::Span<const float> attn) {
+void SessionManager::SettleSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
+                                 const absl::Status& status) {
   const VersionPtr version = steps.front()->session->version;
   const MhaEngine& engine = *version->model.engine;
-  const int64_t e = engine.dims().embed_dim, extra = engine.dims().extra_keys();
   const absl::Time now = clock_.Now();
   bool queued = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // First what cannot throw: the sessions are free again, the group done.
     for (const auto& step : steps) {
       Session& s = *step->session;
       s.busy = false;
       s.last_used = now;
       s.position = s.cache->length();
-      if (!status.ok() && IsOpenLocked(s)) {
-        RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
-      }
     }
     --in_flight_;
-    PublishLocked();
     queued = HasStepsLocked(engine);
+    if (!status.ok()) {  // a failed step leaves its cache unknown
+      for (const auto& step : steps) {
+        Session& s = *step->session;
+        if (IsOpenLocked(s)) {
+          RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
+        }
+      }
+    }
+    PublishLocked();
   }
   cv_.notify_all();
   if (queued) version->batcher->StepsQueued();
+}
+
+void SessionManager::AnswerSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
+                                 const std::vector<int64_t>& positions,
+                                 const absl::Status& status, absl::Span<const float> output,
+                                 absl::Span<const float> attn, size_t& answered) {
+  const MhaEngine& engine = *steps.front()->session->version->model.engine;
+  const int64_t e = engine.dims().embed_dim, extra = engine.dims().extra_keys();
+  const absl::Time now = clock_.Now();
   int64_t row = 0, w_off = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     PendingStep& step = *steps[i];
-    const int64_t t = step.tokens(), keys = positions[i] + extra;
-    if (!status.ok()) {
-      step.done(status);
-      continue;
+    const int64_t t = step.tokens();
+    const int64_t keys = status.ok() ? positions[i] + extra : 0;
+    if (i >= answered) {
+      if (status.ok()) {
+        AppendResult result;
+        result.output = output.subspan(row * e, t * e);
+        if (step.params.query.need_weights()) result.weights = attn.subspan(w_off, t * keys);
+        result.keys = keys;
+        result.position = positions[i];
+        if (metrics_.append_tokens != nullptr) {
+          metrics_.append_tokens->Increment(static_cast<double>(t));
+        }
+        if (metrics_.append_duration != nullptr) {
+          metrics_.append_duration->Observe(absl::ToDoubleSeconds(now - step.enqueued));
+        }
+        step.done(result);
+      } else {
+        step.done(status);
+      }
+      answered = i + 1;
     }
-    AppendResult result;
-    result.output = output.subspan(row * e, t * e);
-    if (step.params.query.need_weights()) result.weights = attn.subspan(w_off, t * keys);
-    result.keys = keys;
-    result.position = positions[i];
-    if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
-    if (metrics_.append_duration != nullptr) {
-      metrics_.append_duration->Observe(absl::ToDoubleSeconds(now - step.enqueued));
-    }
-    step.done(result);
     row += t;
     w_off += attn.empty() ? 0 : t * keys;
   }

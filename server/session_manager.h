@@ -83,8 +83,9 @@ struct AppendResult {
 // and an expiry thread. Borrows the metrics. It is the step source of every
 // version a session opens on: that version's batcher takes the steps into
 // its engine calls and computes cross sessions' memories. Every method is
-// thread-safe; none blocks on compute: results come through the callbacks,
-// on a batcher worker (or at once, in the caller, when refused).
+// thread-safe. Results come through the callbacks, on a batcher worker (or
+// at once, in the caller, when refused); only Stop, and the first Open on a
+// version (while the batcher finishes a call), wait for compute.
 class SessionManager : public StepSource {
  public:
   SessionManager(SessionOptions options, SessionMetrics metrics);
@@ -94,7 +95,7 @@ class SessionManager : public StepSource {
   using AppendDone = std::function<void(absl::StatusOr<AppendResult>)>;
 
   // A self session opens at once; a cross session's memory is projected on
-  // the worker first. ALREADY_EXISTS for an id in use, RESOURCE_EXHAUSTED
+  // a batcher worker first. ALREADY_EXISTS for an id in use, RESOURCE_EXHAUSTED
   // at --max_sessions or when the memory does not fit, UNAVAILABLE when
   // draining.
   void Open(OpenParams params, OpenDone done);
@@ -142,10 +143,14 @@ class SessionManager : public StepSource {
   std::vector<std::unique_ptr<PendingStep>> NextStepsLocked(
       const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
       bool& more);
-  // A step group's end: the sessions' state, then the answers.
-  void FinishSteps(std::vector<std::unique_ptr<PendingStep>>& steps,
+  // A step group's end: first the sessions are free again (and, when it
+  // failed, removed), once; then each step not yet `answered` is answered.
+  void SettleSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
+                   const absl::Status& status);
+  void AnswerSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
                    const std::vector<int64_t>& positions, const absl::Status& status,
-                   absl::Span<const float> output, absl::Span<const float> weights);
+                   absl::Span<const float> output, absl::Span<const float> weights,
+                   size_t& answered);
   void RunOpen(PendingOpen& open, Workspace& ws);
   // Whether `engine`'s version has queued steps. With mu_ held.
   bool HasStepsLocked(const MhaEngine& engine) const;

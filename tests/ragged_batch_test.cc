@@ -3,6 +3,7 @@
 // computed alone.
 #include "engine/ragged_batch.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -199,6 +200,23 @@ TEST(RaggedBatchTest, OneRequestIsBorrowedNotCopied) {
   EXPECT_EQ(batch.batch().query.data(), a.batch().query.data());
   EXPECT_EQ(batch.batch().key_padding_mask.data, a.batch().key_padding_mask.data);
   EXPECT_EQ(batch.weights_elements(), 4 * 4);
+}
+
+// Session steps' rows follow the requests' in one buffer (the engine then
+// projects both without a copy); a lone request is copied for that.
+TEST(RaggedBatchTest, RowsAfterFollowTheRequestsQueryRows) {
+  const AttentionRequest a = Make(SelfDims(), {.q_len = 4, .key_padding = true}, 3);
+  const AttentionRequest* one[] = {&a};
+  const std::vector<float> steps = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const RaggedBatch batch(one, steps);
+  const absl::Span<const float> query = batch.batch().query;
+  ASSERT_EQ(query.size(), a.batch().query.size());
+  EXPECT_NE(query.data(), a.batch().query.data());
+  EXPECT_TRUE(std::equal(query.begin(), query.end(), a.batch().query.begin()));
+  ASSERT_EQ(batch.rows_after().size(), steps.size());
+  EXPECT_EQ(batch.rows_after().data(), query.data() + query.size());
+  EXPECT_TRUE(std::equal(steps.begin(), steps.end(), batch.rows_after().begin()));
+  EXPECT_EQ(batch.batch().q_offsets, a.batch().q_offsets);
 }
 
 TEST(RaggedBatchTest, SignaturesSeparateWhatCannotShareACall) {

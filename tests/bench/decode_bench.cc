@@ -107,14 +107,15 @@ void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, int64_t sequence
     caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
     Prefill(engine, *caches.back(), kCached, ws);
   }
-  const std::vector<float> tokens = testing::RandomVector(kSessions * kE, 10);
-  AppendBatch steps{tokens, {}};
+  // The steps' rows right after the sequences', as the batcher lays them out.
+  const std::vector<float> rows = testing::RandomVector((sequences * len + kSessions) * kE, 11);
+  const auto query = absl::MakeConstSpan(rows).first(sequences * len * kE);
+  AppendBatch steps{absl::MakeConstSpan(rows).subspan(query.size()), {}};
   for (auto& c : caches) steps.steps.push_back({c.get(), 1});
-  const std::vector<float> query = testing::RandomVector(sequences * len * kE, 11);
   AttentionBatch attend;
   attend.query = query;
   for (int64_t b = 0; b <= sequences; ++b) attend.q_offsets.push_back(b * len);
-  std::vector<float> out(query.size() + tokens.size());
+  std::vector<float> out(rows.size());
   const auto attend_out = absl::MakeSpan(out).subspan(0, query.size());
   const auto steps_out = absl::MakeSpan(out).subspan(query.size());
   auto rewind = [&] {
