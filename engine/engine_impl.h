@@ -62,6 +62,9 @@ class EngineImpl {
   // both non-empty and validated.
   void ComputeMixed(const AttentionBatch& batch, const AppendBatch& steps,
                     const MixedOutputs& out, Workspace& ws) const;
+  // INVALID_ARGUMENT when `batch` and `out` do not fit each other or this
+  // engine (ValidateBatch, and the weights' size).
+  absl::Status ValidateRun(const AttentionBatch& batch, const AttentionOutputs& out) const;
   // INVALID_ARGUMENT when `batch`'s steps, caches or buffers do not fit this
   // engine (`output`: [step tokens, embed_dim]).
   absl::Status ValidateSteps(const AppendBatch& batch, absl::Span<const float> output,

@@ -238,16 +238,22 @@ int64_t EngineImpl::WeightsElements(const AttentionBatch& batch, bool per_head) 
   return per_head ? total * dims_.num_heads : total;
 }
 
-absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
-                            Workspace& ws) const {
-  RETURN_IF_ERROR(ValidateBatch(impl_->dims(), batch, out));
+absl::Status EngineImpl::ValidateRun(const AttentionBatch& batch,
+                                     const AttentionOutputs& out) const {
+  RETURN_IF_ERROR(ValidateBatch(dims_, batch, out));
   if (!out.weights.empty()) {
-    const int64_t expected = impl_->WeightsElements(batch, out.per_head_weights);
+    const int64_t expected = WeightsElements(batch, out.per_head_weights);
     if (static_cast<int64_t>(out.weights.size()) != expected) {
       return absl::InvalidArgumentError(absl::StrCat(
           "weights: expected ", expected, " elements, got ", out.weights.size()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
+                            Workspace& ws) const {
+  RETURN_IF_ERROR(impl_->ValidateRun(batch, out));
   return GuardEngineCall([&] { impl_->Compute(batch, out, ws); });
 }
 

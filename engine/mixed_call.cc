@@ -31,14 +31,7 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AppendBatch& step
     }
     return Append(steps, steps_out, ws);
   }
-  RETURN_IF_ERROR(ValidateBatch(impl_->dims(), batch, batch_out));
-  if (!out.weights.empty()) {
-    const int64_t expected = impl_->WeightsElements(batch, out.per_head_weights);
-    if (static_cast<int64_t>(out.weights.size()) != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "weights: expected ", expected, " elements, got ", out.weights.size()));
-    }
-  }
+  RETURN_IF_ERROR(impl_->ValidateRun(batch, batch_out));
   RETURN_IF_ERROR(impl_->ValidateSteps(steps, steps_out.output, steps_out.weights));
   return GuardEngineCall([&] { impl_->ComputeMixed(batch, steps, out, ws); });
 }
