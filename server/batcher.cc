@@ -133,9 +133,9 @@ int64_t Batcher::TokensJoiningOldest() const {
   return tokens;
 }
 
-bool Batcher::ReserveActive(PendingRequest& request) {
-  return options_.memory == nullptr ||
-         options_.memory->TryGrowActive(request.active_bytes, *request.memory);
+MemoryBudget::Growth Batcher::ReserveActive(PendingRequest& request) {
+  if (options_.memory == nullptr) return MemoryBudget::Growth::kGrown;
+  return options_.memory->TryGrowActive(request.active_bytes, *request.memory);
 }
 
 Batcher::Work Batcher::NextWork() {
@@ -162,11 +162,12 @@ Batcher::Work Batcher::NextWork() {
     }
     // The oldest request first gets the memory to compute and answer it.
     PendingRequest& oldest = *queue_.front();
-    if (ReserveActive(oldest)) break;
+    const MemoryBudget::Growth growth = ReserveActive(oldest);
+    if (growth == MemoryBudget::Growth::kGrown) break;
     if (work.steps) return work;  // steps do not wait for the memory
     const bool unwanted =
         clock_.Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
-    if (!unwanted && options_.memory->active() > 0) {
+    if (!unwanted && growth == MemoryBudget::Growth::kFullUntilActiveReturns) {
       // Batches computing or answering will give memory back.
       lock.unlock();
       options_.memory->WaitForRelease(absl::Milliseconds(20));
@@ -209,7 +210,7 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
     const bool fits = batch.empty() || (options_.enabled &&
                                         tokens + (*it)->input.tokens() <= max_batch_tokens_);
     if (!fits) break;
-    if (!batch.empty() && !ReserveActive(**it)) break;
+    if (!batch.empty() && ReserveActive(**it) != MemoryBudget::Growth::kGrown) break;
     tokens += (*it)->input.tokens();
     queued_tokens_ -= (*it)->input.tokens();
     queued_bytes_ -= (*it)->input.wire_bytes();

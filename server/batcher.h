@@ -161,9 +161,9 @@ class Batcher {
   bool BatchReady(bool steps) const;
   // Query + key tokens queued that may join the oldest request's batch.
   int64_t TokensJoiningOldest() const;
-  // Reserves the active bytes of the requests the next batch takes (see
-  // NextWork); false when the oldest request must wait for memory.
-  bool ReserveActive(PendingRequest& request);
+  // Reserves the active bytes of a request the next batch takes (see
+  // NextWork); without a budget, always kGrown.
+  MemoryBudget::Growth ReserveActive(PendingRequest& request);
   void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps, Workspace& ws);
   // Computes the requests and the steps in one engine call and answers
   // them (the steps first); `answered` counts the requests answered and

@@ -164,14 +164,16 @@ bool MemoryBudget::TryReserveQueued(int64_t bytes, MemoryReservation& into) {
   return true;
 }
 
-bool MemoryBudget::TryGrowActive(int64_t bytes, MemoryReservation& into) {
+MemoryBudget::Growth MemoryBudget::TryGrowActive(int64_t bytes, MemoryReservation& into) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (queued_ + active_ + bytes > capacity()) return false;
+  if (queued_ + active_ + bytes > capacity()) {
+    return active_ > 0 ? Growth::kFullUntilActiveReturns : Growth::kFull;
+  }
   active_ += bytes;
   into.budget_ = this;
   into.active_ += bytes;
   Publish();
-  return true;
+  return Growth::kGrown;
 }
 
 void MemoryBudget::WaitForRelease(absl::Duration timeout) {

@@ -78,9 +78,14 @@ class MemoryBudget {
   // Reserves `bytes` of queued memory; false (nothing reserved) when it
   // would pass the capacity.
   bool TryReserveQueued(int64_t bytes, MemoryReservation& into);
-  // Adds `bytes` of active memory to a reservation; false when it would
-  // pass the capacity.
-  bool TryGrowActive(int64_t bytes, MemoryReservation& into);
+  // What TryGrowActive did. When the bytes do not fit, whether active
+  // bytes were held at that moment (they will come back: worth waiting)
+  // is decided under the same lock: reading active() after a refusal
+  // races with a batch that finishes in between.
+  enum class Growth { kGrown, kFullUntilActiveReturns, kFull };
+  // Adds `bytes` of active memory to a reservation, unless it would pass
+  // the capacity.
+  Growth TryGrowActive(int64_t bytes, MemoryReservation& into);
   // Waits up to `timeout` for memory to be given back.
   void WaitForRelease(absl::Duration timeout);
 

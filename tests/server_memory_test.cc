@@ -45,12 +45,16 @@ TEST(MemoryBudgetTest, ReservationsStayWithinCapacityAndComeBack) {
   EXPECT_EQ(budget.capacity(), 800);
   MemoryReservation a, b;
   EXPECT_TRUE(budget.TryReserveQueued(300, a));
-  EXPECT_TRUE(budget.TryGrowActive(400, a));
+  EXPECT_EQ(budget.TryGrowActive(501, a), MemoryBudget::Growth::kFull);  // only queued bytes held
+  EXPECT_EQ(a.bytes(), 300);
+  EXPECT_EQ(budget.TryGrowActive(400, a), MemoryBudget::Growth::kGrown);
   EXPECT_EQ(budget.reserved(), 700);
   EXPECT_EQ(budget.active(), 400);
   EXPECT_FALSE(budget.TryReserveQueued(101, b));  // would pass 800
   EXPECT_EQ(b.bytes(), 0);
   EXPECT_TRUE(budget.TryReserveQueued(100, b));
+  // Full, but a's active bytes will come back: worth waiting for.
+  EXPECT_EQ(budget.TryGrowActive(1, b), MemoryBudget::Growth::kFullUntilActiveReturns);
   {
     MemoryReservation moved = std::move(a);  // the bytes move with it
     EXPECT_EQ(moved.bytes(), 700);
