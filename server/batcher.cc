@@ -183,6 +183,7 @@ Batcher::Work Batcher::NextWork() {
           " bytes and this one needs ", WithCommas(oldest.active_bytes),
           " more to compute; retry later"));
     }
+    if (options_.memory != nullptr) options_.memory->MarkLeaving(*oldest.memory);
     queued_tokens_ -= oldest.input.tokens();
     queued_bytes_ -= oldest.input.wire_bytes();
     work.batch.push_back(std::move(queue_.front()));

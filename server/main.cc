@@ -267,10 +267,11 @@ int Serve(const std::vector<std::string>& load_models) {
 
   int received = 0;
   sigwait(&signals, &received);
-  std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
   health.StopServing();
   dispatcher.StartDraining();
   sessions.StartDraining();  // no new sessions; steps go on until the grace period ends
+  // Said once draining has begun (tests wait for this line).
+  std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
   control.Stop();  // queued loads answered UNAVAILABLE, so Shutdown does not wait for them
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));

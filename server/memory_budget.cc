@@ -176,6 +176,15 @@ MemoryBudget::Growth MemoryBudget::TryGrowActive(int64_t bytes, MemoryReservatio
   return Growth::kGrown;
 }
 
+void MemoryBudget::MarkLeaving(MemoryReservation& reservation) {
+  if (reservation.budget_ != this) return;  // nothing reserved here
+  std::lock_guard<std::mutex> lock(mu_);
+  queued_ -= reservation.queued_;
+  active_ += reservation.queued_;
+  reservation.active_ += reservation.queued_;
+  reservation.queued_ = 0;
+}
+
 void MemoryBudget::WaitForRelease(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   released_.wait_for(lock, absl::ToChronoNanoseconds(timeout));

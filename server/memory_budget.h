@@ -86,6 +86,11 @@ class MemoryBudget {
   // Adds `bytes` of active memory to a reservation, unless it would pass
   // the capacity.
   Growth TryGrowActive(int64_t bytes, MemoryReservation& into);
+  // A request refused or dropped after it left the queue: its queued bytes
+  // now come back by themselves, so they count as active (another worker
+  // deciding whether to wait must not take them for a queue that holds
+  // memory for good).
+  void MarkLeaving(MemoryReservation& reservation);
   // Waits up to `timeout` for memory to be given back.
   void WaitForRelease(absl::Duration timeout);
 

@@ -35,7 +35,10 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
   auto decode = [&]() -> absl::StatusOr<AppendParams> {
     RETURN_IF_ERROR(dispatcher_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
-    return DecodeAppend(request, version->model.engine->dims(), dispatcher_.limits());
+    ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->model.engine->dims(),
+                                                       dispatcher_.limits()));
+    params.decoded_for = std::move(version);
+    return params;
   };
   absl::StatusOr<AppendParams> params = decode();
   if (!params.ok()) return done(params.status());

@@ -288,10 +288,11 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   }
   ExpireIdleLocked();
   auto it = sessions_.find(params.id);
-  if (it == sessions_.end()) {
-    absl::Status missing = NotFoundLocked(params.id);
+  if (it == sessions_.end() || it->second->version != params.decoded_for) {
+    absl::Status refused = it == sessions_.end() ? NotFoundLocked(params.id)
+                                                 : ReopenedLocked(*it->second);
     lock.unlock();
-    done(std::move(missing));
+    done(std::move(refused));
     return;
   }
   auto step = std::make_unique<PendingStep>(std::move(params));
@@ -306,6 +307,14 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   steps_.push_back(std::move(step));
   lock.unlock();
   version->batcher->StepsQueued();
+}
+
+absl::Status SessionManager::ReopenedLocked(const Session& session) const {
+  // A client-chosen id closed and opened again, maybe on a model of
+  // another width, between reading the step and queueing it.
+  return absl::AbortedError(absl::StrCat(
+      "session ", session.id, " was closed and opened again (on model '", session.version->name,
+      "' version ", session.version->version, ") while this step was read; send it again"));
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {

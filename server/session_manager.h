@@ -63,11 +63,15 @@ struct OpenParams {
   int64_t max_tokens = 0;                              // 0: the default
 };
 
-// A decoded Append: the query as a one-sequence AttentionRequest.
+// A decoded Append: the query as a one-sequence AttentionRequest, checked
+// against the dims of `decoded_for` (the version the session was open on
+// when the step was read; Append refuses the step if the session is no
+// longer on it).
 struct AppendParams {
   std::string id;
   AttentionRequest query;
   std::optional<int64_t> expected_position;
+  VersionPtr decoded_for;
 };
 
 // A step's results, views valid during the `done` call only.
@@ -162,6 +166,8 @@ class SessionManager : public StepSource {
   bool IsOpenLocked(const Session& s) const;
   // Why `id` is not open (closed, evicted, expired) as NOT_FOUND.
   absl::Status NotFoundLocked(const std::string& id) const;
+  // ABORTED: a step read for another version of the session's id.
+  absl::Status ReopenedLocked(const Session& session) const;
   // `id` by value: it may be the removed session's own.
   void RemoveLocked(std::string id, const std::string& reason,
                     const std::string& metric_reason);

@@ -62,6 +62,14 @@ TEST(MemoryBudgetTest, ReservationsStayWithinCapacityAndComeBack) {
   }
   EXPECT_EQ(budget.reserved(), 100);
   EXPECT_EQ(budget.active(), 0);
+  EXPECT_EQ(budget.TryGrowActive(701, b), MemoryBudget::Growth::kFull);
+  budget.MarkLeaving(b);  // b's request was refused: its bytes come back by themselves
+  EXPECT_EQ(budget.reserved(), 100);
+  EXPECT_EQ(budget.active(), 100);
+  MemoryReservation c;
+  EXPECT_TRUE(budget.TryReserveQueued(100, c));
+  EXPECT_EQ(budget.TryGrowActive(601, c), MemoryBudget::Growth::kFullUntilActiveReturns);
+  c.Release();
   b.Release();
   EXPECT_EQ(budget.reserved(), 0);
 }

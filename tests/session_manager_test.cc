@@ -29,35 +29,49 @@ Metrics& TestMetrics() {
 }
 
 // A version with its batcher, as the repository makes them.
-VersionPtr MakeVersion(BatcherOptions options = {}) {
-  const AttentionDims d = MakeDims(kE, 4);
+VersionPtr MakeVersion(BatcherOptions options = {}, int64_t embed_dim = kE,
+                       const std::string& name = "m") {
+  const AttentionDims d = MakeDims(embed_dim, 4);
   auto version = std::make_shared<ModelVersion>();
-  version->name = "m";
+  version->name = name;
   version->version = 1;
   version->model.dims = d;
   version->model.engine = testing::MakeEngine(d, RandomWeights(d, 3));
-  version->metrics = TestMetrics().ForVersion("m", "1");
+  version->metrics = TestMetrics().ForVersion(name, "1");
   version->batcher =
-      std::make_unique<Batcher>("m", *version->model.engine, options, *version->metrics);
+      std::make_unique<Batcher>(name, *version->model.engine, options, *version->metrics);
   return version;
 }
 
 // A one-sequence query of `tokens` random tokens.
-AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storage) {
-  storage = RandomVector(tokens * kE, seed);
+AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storage,
+                       int64_t embed_dim = kE) {
+  storage = RandomVector(tokens * embed_dim, seed);
   RequestInputs in;
-  in.query = TensorView{DType::kF32, {1, tokens, kE},
+  in.query = TensorView{DType::kF32, {1, tokens, embed_dim},
                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
                                             storage.size() * sizeof(float))};
-  auto request = AttentionRequest::Create(MakeDims(kE, 4), in, 1 << 20, DTypeSpelling::kMhaV1);
+  auto request =
+      AttentionRequest::Create(MakeDims(embed_dim, 4), in, 1 << 20, DTypeSpelling::kMhaV1);
   EXPECT_TRUE(request.ok()) << request.status();
   return *std::move(request);
 }
 
-std::string OpenSync(SessionManager& sessions, VersionPtr version, absl::Duration idle = {}) {
+// A step of `tokens` random tokens for session `id`, read as the server
+// reads it: against the version the session is open on.
+AppendParams Step(const SessionManager& sessions, const std::string& id, int64_t tokens,
+                  uint32_t seed, std::vector<float>& storage,
+                  std::optional<int64_t> expected = std::nullopt) {
+  absl::StatusOr<VersionPtr> version = sessions.VersionOf(id);
+  return {id, Query(tokens, seed, storage), expected, version.ok() ? *version : nullptr};
+}
+
+std::string OpenSync(SessionManager& sessions, VersionPtr version, absl::Duration idle = {},
+                     const std::string& id = "") {
   std::promise<absl::StatusOr<SessionInfo>> opened;
   OpenParams params;
   params.version = std::move(version);
+  params.id = id;
   params.idle_timeout = idle;
   sessions.Open(std::move(params), [&](absl::StatusOr<SessionInfo> info) {
     opened.set_value(std::move(info));
@@ -73,7 +87,7 @@ std::vector<float> AppendSync(SessionManager& sessions, const std::string& id, i
                               std::optional<int64_t> expected = std::nullopt) {
   std::vector<float> storage;
   std::promise<absl::StatusOr<std::vector<float>>> done;
-  sessions.Append({id, Query(tokens, seed, storage), expected},
+  sessions.Append(Step(sessions, id, tokens, seed, storage, expected),
                   [&](absl::StatusOr<AppendResult> r) {
                     if (!r.ok()) return done.set_value(r.status());
                     done.set_value(std::vector<float>(r->output.begin(), r->output.end()));
@@ -124,11 +138,38 @@ TEST(SessionManagerTest, QueuedStepsOfOneSessionRunInOrder) {
   std::vector<std::vector<float>> storage(3);
   std::vector<std::promise<absl::Status>> done(3);
   for (int i = 0; i < 3; ++i) {  // sent without waiting, each naming its position
-    sessions.Append({id, Query(2, i, storage[i]), int64_t{2 * i}},
+    sessions.Append(Step(sessions, id, 2, i, storage[i], int64_t{2 * i}),
                     [&, i](absl::StatusOr<AppendResult> r) { done[i].set_value(r.status()); });
   }
   for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
   EXPECT_EQ(sessions.List("")[0].position, 6);
+}
+
+// A client-chosen id closed and opened again on a wider model between
+// reading a step (checked against the first model's width) and queueing
+// it: the step must not reach the new session (it would read past its
+// query).
+TEST(SessionManagerTest, StepReadForAReopenedIdIsRefused) {
+  SessionManager sessions({}, {});
+  const VersionPtr narrow = MakeVersion(), wide = MakeVersion({}, 2 * kE, "wide");
+  const std::string id = OpenSync(sessions, narrow, {}, "mine");
+  std::vector<float> storage;
+  AppendParams step = Step(sessions, id, 3, 1, storage);
+  ASSERT_TRUE(sessions.Close(id).ok());
+  ASSERT_EQ(OpenSync(sessions, wide, {}, "mine"), "mine");
+  std::promise<absl::Status> done;
+  sessions.Append(std::move(step), [&](absl::StatusOr<AppendResult> r) { done.set_value(r.status()); });
+  const absl::Status status = done.get_future().get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_NE(status.message().find("session mine was closed and opened again (on model 'wide'"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(sessions.List("")[0].position, 0);
+  std::promise<absl::Status> again;  // read again for the new width, it is welcome
+  sessions.Append({id, Query(1, 2, storage, 2 * kE), std::nullopt, wide},
+                  [&](absl::StatusOr<AppendResult> r) { again.set_value(r.status()); });
+  EXPECT_TRUE(again.get_future().get().ok());
+  EXPECT_EQ(sessions.List("")[0].position, 1);
 }
 
 TEST(SessionManagerTest, IdleSessionsExpireAndSaySo) {
@@ -225,7 +266,7 @@ TEST(SessionManagerTest, StopAnswersQueuedStepsThenRefuses) {
   std::vector<std::vector<float>> storage(4);
   std::vector<std::promise<absl::Status>> done(4);
   for (int i = 0; i < 4; ++i) {
-    sessions.Append({id, Query(1, i, storage[i]), std::nullopt},
+    sessions.Append(Step(sessions, id, 1, i, storage[i]),
                     [&, i](absl::StatusOr<AppendResult> r) { done[i].set_value(r.status()); });
   }
   sessions.Stop();

@@ -167,8 +167,11 @@ class RestartTest(unittest.TestCase):
                                                               wait_for_ready=True).output)
                             break
                         except grpc.RpcError as e:
+                            # DEADLINE_EXCEEDED: the channel's reconnect backoff
+                            # (1 s, 1.6 s, 2.6 s, ...) can outlast a restart's 10 s.
                             if e.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                                grpc.StatusCode.CANCELLED):
+                                                grpc.StatusCode.CANCELLED,
+                                                grpc.StatusCode.DEADLINE_EXCEEDED):
                                 other_errors.append((i, e.code(), e.details()))
                                 return
                             retries[0] += 1

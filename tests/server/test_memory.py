@@ -146,13 +146,14 @@ class MemoryTestBase(unittest.TestCase):
         assert code == 0, f"server exit code {code}"
 
     def assertRefused(self, call, *needles):
-        """The call fails RESOURCE_EXHAUSTED in under a second, naming `needles`."""
+        """The call fails RESOURCE_EXHAUSTED in under 3 s (sending the request
+        included; computing it would take far longer), naming `needles`."""
         start = time.monotonic()
         with self.assertRaises(grpc.RpcError) as caught:
             call()
         took = time.monotonic() - start
         self.assertEqual(caught.exception.code(), EXHAUSTED, caught.exception.details())
-        self.assertLess(took, 1.0)
+        self.assertLess(took, 3.0)
         for needle in needles:
             self.assertIn(needle, caught.exception.details())
         return caught.exception.details()
@@ -293,6 +294,12 @@ class BudgetTest(MemoryTestBase):
         want, weights = reference(self.models["demo"], query)
         for reply in replies:
             np.testing.assert_allclose(to_numpy(reply.output), want, atol=1e-5, rtol=1e-5)
+        # The server gives a request's bytes back when its RPC is done, which
+        # may be just after the client has the answer.
+        deadline = time.monotonic() + 2.0
+        while (metric_sample(self.server.metrics(), "mha_memory_reserved_bytes") != 0
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
         self.assertEqual(metric_sample(self.server.metrics(), "mha_memory_reserved_bytes"), 0)
         self.assertLess(self.server.status("VmHWM"), 640 * MiB + (2 * GiB if ASAN else 0))
 

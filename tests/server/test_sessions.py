@@ -369,11 +369,13 @@ class SessionLimitsTest(unittest.TestCase, SessionServer):
 
     def test_idle_sessions_expire(self):
         rng = np.random.default_rng(9)
-        session = self.client.open_session("demo", idle_timeout_s=0.3)
+        # 2 s: room for a slow (sanitizer) build between the calls; the
+        # expiry thread looks every second.
+        session = self.client.open_session("demo", idle_timeout_s=2)
         session.append(randn(rng, 1, DEMO_E))
         self.assertEqual(metric_value(self.server.metrics(), "mha_sessions_active", model="demo"),
                          1)
-        time.sleep(1.5)
+        time.sleep(3.5)
         with self.assertRaises(grpc.RpcError) as caught:
             session.append(randn(rng, 1, DEMO_E))
         self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
@@ -398,7 +400,9 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
                     model="demo", session_id="draining")))
                 self.assertEqual(next(call).code, 0)
                 server.process.send_signal(signal.SIGTERM)
-                time.sleep(0.5)
+                deadline = time.monotonic() + 30
+                while "signal 15, draining" not in server.stderr() and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 requests.put(pb.StreamRequest(id="step", append=pb.AppendRequest(
                     session_id="draining", query=mha_client.to_tensor(x))))
                 step = next(call)
@@ -466,7 +470,10 @@ class SessionStepsRideAlongTest(unittest.TestCase):
                 start = time.monotonic()
                 with concurrent.futures.ThreadPoolExecutor(1) as pool:
                     attended = pool.submit(client.attend, "demo", x)
-                    time.sleep(0.3)  # the request waits in the queue
+                    queued = time.monotonic() + 2.0  # the request waits in the queue
+                    while (metric_value(server.metrics(), "mha_queue_depth", model="demo") != 1
+                           and time.monotonic() < queued):
+                        time.sleep(0.02)
                     self.assertFalse(attended.done(), "the request should wait for company")
                     stepped = session.append(step)
                     out, _ = attended.result()
