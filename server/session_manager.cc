@@ -76,6 +76,11 @@ class SessionManager::Steps : public StepGroup {
     batch_.query = query_;
     steps_ = std::move(steps);
   }
+  // A session closed while its step computed frees its blocks only here.
+  ~Steps() override {
+    steps_.clear();
+    manager_.PublishCacheBytes();
+  }
 
   const AppendBatch& batch() const override { return batch_; }
   bool need_weights() const override { return weights_; }
@@ -187,6 +192,11 @@ SessionInfo SessionManager::InfoLocked(const Session& s) const {
   info.expires_at = s.last_used + s.idle_timeout;
   info.idle = now - s.last_used;
   return info;
+}
+
+void SessionManager::PublishCacheBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PublishLocked();
 }
 
 void SessionManager::PublishLocked() {

@@ -175,6 +175,7 @@ class SessionManager : public StepSource {
   SessionInfo InfoLocked(const Session& s) const;
   std::string NewIdLocked();
   void PublishLocked();
+  void PublishCacheBytes();  // PublishLocked under the lock
 
   const SessionOptions options_;
   const SessionMetrics metrics_;

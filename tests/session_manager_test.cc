@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "prometheus/gauge.h"
 #include "tests/engine_cases.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
@@ -212,6 +213,31 @@ TEST(SessionManagerTest, FullCacheEvictsLeastRecentlyUsedIdleSession) {
   // A step of the expected position only.
   AppendSync(sessions, b, 1, 6, &status, /*expected=*/0);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A session closed while its step is answered keeps its blocks until the
+// step group lets go of it; the cache gauge must then come down to what
+// is left in use.
+TEST(SessionManagerTest, CacheGaugeFollowsASessionClosedWhileItsStepIsAnswered) {
+  prometheus::Gauge cache_bytes;
+  SessionMetrics metrics;
+  metrics.cache_bytes = &cache_bytes;
+  const VersionPtr version = MakeVersion();  // as the repository holds it
+  SessionManager sessions({}, metrics);
+  const std::string id = OpenSync(sessions, version);
+  AppendSync(sessions, id, 3, 1);
+  EXPECT_GT(cache_bytes.Value(), 0);
+  std::vector<float> storage;
+  std::promise<absl::Status> done;
+  sessions.Append(Step(sessions, id, 1, 2, storage), [&](absl::StatusOr<AppendResult> r) {
+    EXPECT_TRUE(sessions.Close(id).ok());  // the client closes as the answer arrives
+    done.set_value(r.status());
+  });
+  EXPECT_TRUE(done.get_future().get().ok());
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (cache_bytes.Value() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(sessions.pool_bytes_in_use(), 0);
+  EXPECT_EQ(cache_bytes.Value(), 0);
 }
 
 // An Attend request waiting for its batch to fill and a session step go
