@@ -111,7 +111,8 @@ absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
                                                                     limits.max_tokens,
                                                                     DTypeSpelling::kMhaV1));
   if (query.q_len() < 1) return absl::InvalidArgumentError("query: needs at least one token");
-  AppendParams params{request.session_id(), std::move(query), std::nullopt};
+  AppendParams params{request.session_id(), std::move(query), std::nullopt,
+                      /*decoded_for=*/nullptr};  // the caller knows the version
   if (request.has_expected_position()) params.expected_position = request.expected_position();
   return params;
 }
