@@ -33,7 +33,7 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mha_test_server import (REPO_ROOT, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
-                             metric_value, tensor, to_numpy)
+                             metric_value, tensor, to_numpy, wait_for)
 from mha_export import export  # noqa: E402
 
 MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
@@ -135,15 +135,6 @@ class Load:
         self.running = False
         for t in self.threads:
             t.join()
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class LifecycleTest(unittest.TestCase):

@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_model_io import format_pbtxt, write_safetensors  # noqa: E402
 from mha_test_server import (TestServer, load_grpc_stubs, load_stubs, metric_sample,  # noqa: E402
-                             tensor, to_numpy)
+                             tensor, to_numpy, wait_for)
 from test_server import DEMO_E, DEMO_H, MHA_SERVER, make_repository, reference  # noqa: E402
 import mha_client  # noqa: E402
 
@@ -296,10 +296,8 @@ class BudgetTest(MemoryTestBase):
             np.testing.assert_allclose(to_numpy(reply.output), want, atol=1e-5, rtol=1e-5)
         # The server gives a request's bytes back when its RPC is done, which
         # may be just after the client has the answer.
-        deadline = time.monotonic() + 2.0
-        while (metric_sample(self.server.metrics(), "mha_memory_reserved_bytes") != 0
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
+        wait_for(lambda: metric_sample(self.server.metrics(), "mha_memory_reserved_bytes") == 0,
+                 2.0, "the reserved bytes to come back")
         self.assertEqual(metric_sample(self.server.metrics(), "mha_memory_reserved_bytes"), 0)
         self.assertLess(self.server.status("VmHWM"), 640 * MiB + (2 * GiB if ASAN else 0))
 

@@ -32,7 +32,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
-from mha_test_server import TestServer, load_stubs, metric_value  # noqa: E402
+from mha_test_server import TestServer, load_stubs, metric_value, wait_for  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          _randomize_biases, _write_model, make_repository, randn, reference)
 import mha_client  # noqa: E402
@@ -400,9 +400,7 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
                     model="demo", session_id="draining")))
                 self.assertEqual(next(call).code, 0)
                 server.process.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + 30
-                while "signal 15, draining" not in server.stderr() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_for(lambda: "signal 15, draining" in server.stderr(), what="draining")
                 requests.put(pb.StreamRequest(id="step", append=pb.AppendRequest(
                     session_id="draining", query=mha_client.to_tensor(x))))
                 step = next(call)
@@ -470,10 +468,9 @@ class SessionStepsRideAlongTest(unittest.TestCase):
                 start = time.monotonic()
                 with concurrent.futures.ThreadPoolExecutor(1) as pool:
                     attended = pool.submit(client.attend, "demo", x)
-                    queued = time.monotonic() + 2.0  # the request waits in the queue
-                    while (metric_value(server.metrics(), "mha_queue_depth", model="demo") != 1
-                           and time.monotonic() < queued):
-                        time.sleep(0.02)
+                    wait_for(lambda: metric_value(server.metrics(), "mha_queue_depth",
+                                                  model="demo") == 1,
+                             2.0, "the request to wait in the queue")
                     self.assertFalse(attended.done(), "the request should wait for company")
                     stepped = session.append(step)
                     out, _ = attended.result()
