@@ -48,7 +48,6 @@ class EngineImpl {
   EngineImpl(const AttentionDims& dims, const PackedWeights& weights,
              const EngineOptions& options);
 
-  std::unique_ptr<Workspace> NewWorkspace() const;
   void Compute(const AttentionBatch& batch, const AttentionOutputs& out,
                Workspace& ws) const;
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;

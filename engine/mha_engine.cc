@@ -96,7 +96,7 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
                        const EngineOptions& options)
     : dims_(dims),
       options_(options),
-      engine_(dnnl::engine::kind::cpu, 0),
+      engine_(onednn::CpuEngine()),
       act_dt_(dims.bf16 ? dt::bf16 : dt::f32),
       attention_matmuls_(engine_) {
   const int64_t e = dims.embed_dim, qk = dims.qk_width(), v = dims.v_width();
@@ -173,7 +173,9 @@ absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
   }
 }
 
-std::unique_ptr<Workspace> MhaEngine::NewWorkspace() const { return impl_->NewWorkspace(); }
+std::unique_ptr<Workspace> MhaEngine::NewWorkspace() {
+  return std::make_unique<Workspace>(onednn::CpuEngine());
+}
 
 bool MhaEngine::ReleaseLargeWorkspace(Workspace& ws) {
   return ws.ReleaseIfAbove(kWorkspaceKeepBytes);
@@ -223,9 +225,6 @@ int64_t EngineImpl::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) 
   return RowsPerBlock(q_len, kv_len);
 }
 
-std::unique_ptr<Workspace> EngineImpl::NewWorkspace() const {
-  return std::make_unique<Workspace>(engine_);
-}
 
 int64_t EngineImpl::WeightsElements(const AttentionBatch& batch, bool per_head) const {
   const std::vector<int64_t>& kv =

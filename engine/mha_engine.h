@@ -58,11 +58,16 @@ class MhaEngine {
       const EngineOptions& options = {});
   ~MhaEngine();
 
-  // A workspace for one caller of Run; reuse it across calls.
-  std::unique_ptr<Workspace> NewWorkspace() const;
+  // A workspace for one caller of Run; reuse it across calls. Every engine
+  // of the process runs on one oneDNN CPU engine, so one workspace serves
+  // every model (a server worker keeps one for all of them).
+  static std::unique_ptr<Workspace> NewWorkspace();
   // A workspace holding more than this after a call gives its buffers back
   // (ReleaseLargeWorkspace), so one large request does not pin memory.
   static constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
+  // What one engine's primitive caches are expected to add past load and
+  // warm-up, for a server's memory reserve (see docs/SERVER.md: measured).
+  static constexpr int64_t kPrimitiveCacheBytes = int64_t{4} << 20;
   // Frees `ws`'s buffers when it holds more than kWorkspaceKeepBytes;
   // returns whether it did.
   static bool ReleaseLargeWorkspace(Workspace& ws);

@@ -5,6 +5,11 @@
 
 namespace mha {
 
+const dnnl::engine& onednn::CpuEngine() {
+  static const dnnl::engine* const engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;  // never destroyed: workspaces may outlive static destruction order
+}
+
 using onednn::dt;
 namespace {
 

@@ -23,6 +23,10 @@ namespace mha {
 namespace onednn {
 // Short for oneDNN's data type, for the engine's internals only.
 using dt = dnnl::memory::data_type;
+// The process's one oneDNN CPU engine: every MhaEngine's primitives and
+// every workspace's stream are made on it, so any workspace can run any
+// model's primitives.
+const dnnl::engine& CpuEngine();
 }  // namespace onednn
 
 // A created primitive and what executing it needs. Immutable; `id` is

@@ -15,22 +15,36 @@
 
 namespace mha::server {
 
+namespace {
+
+std::unique_ptr<WorkerPool> OwnPool(const BatcherOptions& o) {
+  if (o.pool != nullptr) return nullptr;
+  return std::make_unique<WorkerPool>(WorkerPoolOptions{
+      .workers = o.workers, .compute_threads = o.compute_threads, .clock = o.clock});
+}
+
+}  // namespace
+
 Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
                  ModelMetrics& metrics)
     : model_(std::move(model)),
       engine_(engine),
       options_(options),
-      max_batch_tokens_(options.max_batch_tokens > 0 ? options.max_batch_tokens
-                                                     : BatcherOptions::kTokensPerThread * ThreadsPerCall()),
       metrics_(metrics),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
+      own_pool_(OwnPool(options)),
+      pool_(options.pool != nullptr ? *options.pool : *own_pool_),
+      max_batch_tokens_(options.max_batch_tokens > 0
+                            ? options.max_batch_tokens
+                            : BatcherOptions::kTokensPerThread * pool_.ThreadsPerCall()),
       reported_misses_(engine.PrimitiveCacheMisses()) {  // warm-up misses are not counted
-  for (int i = 0; i < std::max(1, options_.workers); ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
-  }
+  registration_ = pool_.Attach(this);
 }
 
-Batcher::~Batcher() { Stop(); }
+Batcher::~Batcher() {
+  Stop();
+  pool_.Detach(registration_);
+}
 
 void Batcher::Enqueue(std::unique_ptr<PendingRequest> request) {
   absl::Status admitted;
@@ -39,7 +53,11 @@ void Batcher::Enqueue(std::unique_ptr<PendingRequest> request) {
   } catch (const std::bad_alloc&) {  // the queue could not grow: nothing changed
     admitted = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
   }
-  if (!admitted.ok()) request->done(admitted);  // outside the lock
+  if (!admitted.ok()) {
+    request->done(admitted);  // outside the lock
+    return;
+  }
+  pool_.Wake(registration_);
 }
 
 absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
@@ -70,7 +88,6 @@ absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
   queued_tokens_ += tokens;
   queued_bytes_ += bytes;
   metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
-  cv_.notify_one();
   return absl::OkStatus();
 }
 
@@ -79,10 +96,13 @@ void Batcher::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  for (std::thread& t : workers_) {
-    if (t.joinable()) t.join();
-  }
+  pool_.Wake(registration_);  // what is queued goes now
+  std::unique_lock<std::mutex> lock(mu_);
+  drained_cv_.wait(lock, [this] { return Drained(); });
+}
+
+bool Batcher::Drained() const {
+  return queue_.empty() && tasks_.empty() && !steps_queued_ && in_flight_ == 0;
 }
 
 void Batcher::SetStepSource(StepSource* source) {
@@ -99,7 +119,7 @@ void Batcher::StepsQueued() {
     std::lock_guard<std::mutex> lock(mu_);
     steps_queued_ = true;
   }
-  cv_.notify_one();
+  pool_.Wake(registration_);
 }
 
 bool Batcher::RunOnWorker(std::function<void(Workspace&)> task) {
@@ -108,7 +128,7 @@ bool Batcher::RunOnWorker(std::function<void(Workspace&)> task) {
     if (stopping_) return false;
     tasks_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  pool_.Wake(registration_);
   return true;
 }
 
@@ -138,61 +158,74 @@ MemoryBudget::Growth Batcher::ReserveActive(PendingRequest& request) {
   return options_.memory->TryGrowActive(request.active_bytes, *request.memory);
 }
 
-Batcher::Work Batcher::NextWork() {
-  std::unique_lock<std::mutex> lock(mu_);
-  Work work;
-  while (true) {
-    if (!tasks_.empty()) {
-      work.tasks.swap(tasks_);
-      return work;
-    }
-    if (steps_queued_) {
-      steps_queued_ = false;
-      work.steps = true;
-    }
-    if (!BatchReady(work.steps)) {
-      if (work.steps) return work;  // steps alone
-      if (queue_.empty()) {
-        if (stopping_) return work;
-        cv_.wait(lock);
-      } else {
-        clock_.WaitUntil(cv_, lock, queue_.front()->enqueued + options_.max_queue_delay);
-      }
-      continue;
-    }
-    // The oldest request first gets the memory to compute and answer it.
-    PendingRequest& oldest = *queue_.front();
-    const MemoryBudget::Growth growth = ReserveActive(oldest);
-    if (growth == MemoryBudget::Growth::kGrown) break;
-    if (work.steps) return work;  // steps do not wait for the memory
-    const bool unwanted =
-        clock_.Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
-    if (!unwanted && growth == MemoryBudget::Growth::kFullUntilActiveReturns) {
-      // Batches computing or answering will give memory back.
-      lock.unlock();
-      options_.memory->WaitForRelease(absl::Milliseconds(20));
-      lock.lock();
-      continue;
-    }
-    // Nothing will give memory back (queued requests hold it), or nobody
-    // waits for this one any more: it leaves alone, and Compute drops it.
-    if (!unwanted) {
-      oldest.refusal = absl::ResourceExhaustedError(absl::StrCat(
-          "server memory budget full: requests waiting hold ",
-          WithCommas(options_.memory->reserved()), " of ", WithCommas(options_.memory->capacity()),
-          " bytes and this one needs ", WithCommas(oldest.active_bytes),
-          " more to compute; retry later"));
-    }
-    if (options_.memory != nullptr) options_.memory->MarkLeaving(*oldest.memory);
-    queued_tokens_ -= oldest.input.tokens();
-    queued_bytes_ -= oldest.input.wire_bytes();
-    work.batch.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-    metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
-    return work;
-  }
-  work.batch = TakeBatch();
+std::unique_ptr<PoolWork> Batcher::Hand(std::unique_ptr<Work> work) {
+  ++in_flight_;
+  work->counted = true;
   return work;
+}
+
+Batcher::Work::~Work() {
+  if (!counted) return;  // never handed out (Poll holds the lock then)
+  {
+    std::lock_guard<std::mutex> lock(batcher.mu_);
+    --batcher.in_flight_;
+  }
+  batcher.drained_cv_.notify_all();
+}
+
+void Batcher::Work::Run(Workspace& ws) {
+  for (auto& task : tasks) task(ws);
+  if (!batch.empty() || steps) batcher.Compute(std::move(batch), steps, ws);
+}
+
+std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Made first: once requests leave the queue, nothing allocates.
+  auto work = std::make_unique<Work>(*this);
+  if (!tasks_.empty()) {
+    work->tasks.swap(tasks_);
+    return Hand(std::move(work));
+  }
+  if (steps_queued_) {
+    steps_queued_ = false;
+    work->steps = true;
+  }
+  if (!BatchReady(work->steps)) {
+    if (work->steps) return Hand(std::move(work));  // steps alone
+    if (!queue_.empty()) idle.retry_at = queue_.front()->enqueued + options_.max_queue_delay;
+    return nullptr;
+  }
+  // The oldest request first gets the memory to compute and answer it.
+  PendingRequest& oldest = *queue_.front();
+  const MemoryBudget::Growth growth = ReserveActive(oldest);
+  if (growth == MemoryBudget::Growth::kGrown) {
+    work->batch = TakeBatch();
+    return Hand(std::move(work));
+  }
+  if (work->steps) return Hand(std::move(work));  // steps do not wait for the memory
+  const bool unwanted =
+      clock_.Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
+  if (!unwanted && growth == MemoryBudget::Growth::kFullUntilActiveReturns) {
+    // Batches computing or answering will give memory back.
+    idle.waiting_for_memory = true;
+    return nullptr;
+  }
+  // Nothing will give memory back (queued requests hold it), or nobody
+  // waits for this one any more: it leaves alone, and Compute drops it.
+  if (!unwanted) {
+    oldest.refusal = absl::ResourceExhaustedError(absl::StrCat(
+        "server memory budget full: requests waiting hold ",
+        WithCommas(options_.memory->reserved()), " of ", WithCommas(options_.memory->capacity()),
+        " bytes and this one needs ", WithCommas(oldest.active_bytes),
+        " more to compute; retry later"));
+  }
+  if (options_.memory != nullptr) options_.memory->MarkLeaving(*oldest.memory);
+  queued_tokens_ -= oldest.input.tokens();
+  queued_bytes_ -= oldest.input.wire_bytes();
+  work->batch.push_back(std::move(queue_.front()));
+  queue_.pop_front();
+  metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+  return Hand(std::move(work));
 }
 
 // With mu_ held, the oldest request's active memory reserved.
@@ -220,29 +253,10 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
     if (!options_.enabled) break;
   }
   metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
-  if (!queue_.empty()) cv_.notify_one();  // another worker may start the next batch
   return batch;
 }
 
-int Batcher::ThreadsPerCall() const {
-  return options_.compute_threads > 0
-             ? options_.compute_threads
-             : std::max(1, AvailableCores() / std::max(1, options_.workers));
-}
-
-void Batcher::WorkerLoop() {
-  SetComputeThreads(ThreadsPerCall());
-  std::unique_ptr<Workspace> ws = engine_.NewWorkspace();
-  while (true) {
-    Work work = NextWork();
-    if (work.empty()) return;
-    for (auto& task : work.tasks) task(*ws);
-    if (!work.batch.empty() || work.steps) Compute(std::move(work.batch), work.steps, *ws);
-    // After a large batch, give its memory back to the system: the
-    // workspace's buffers, and what glibc keeps of freed blocks.
-    if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
-  }
-}
+int Batcher::ThreadsPerCall() const { return pool_.ThreadsPerCall(); }
 
 void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps,
                       Workspace& ws) {

@@ -24,6 +24,7 @@
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/model_statistics.h"
+#include "server/scheduling/worker_pool.h"
 
 namespace mha {
 class MhaEngine;
@@ -43,8 +44,12 @@ struct BatcherOptions {
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
-  int workers = 1;                   // threads calling the engine
-  int compute_threads = 0;           // threads per engine call (0: all cores / workers)
+  // The server's engine workers (borrowed; they must outlive the batcher).
+  // Null: the batcher makes a pool of its own with `workers` threads of
+  // `compute_threads` each (tests, tools).
+  WorkerPool* pool = nullptr;
+  int workers = 1;                   // threads calling the engine, own pool only
+  int compute_threads = 0;           // threads per engine call, own pool only (0: cores / workers)
   // The server's memory budget (borrowed; null: no accounting). Requests
   // reserve their queued bytes at Enqueue and their active bytes when a
   // batch takes them.
@@ -108,24 +113,27 @@ class StepSource {
   virtual std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) = 0;
 };
 
-// Owns one model's queue and worker threads; borrows the engine, the
-// metrics and the clock, which must outlive it, and the step source, which
-// must leave first (SetStepSource(nullptr)). Owns the queued tasks too. Its
-// engine calls carry Attend requests and session steps together. Every
-// method is thread-safe; Enqueue, StepsQueued and RunOnWorker never block on
-// compute; SetStepSource waits for the step groups of the old source.
-class Batcher {
+// Owns one model version's queue: forms its engine calls, which the
+// server's worker pool runs (a PoolQueue of it). Borrows the engine, the
+// pool, the metrics and the clock, which must outlive it, and the step
+// source, which must leave first (SetStepSource(nullptr)). Owns the queued
+// tasks too. Its engine calls carry Attend requests and session steps
+// together. Every method is thread-safe; Enqueue, StepsQueued and
+// RunOnWorker never block on compute; SetStepSource waits for the step
+// groups of the old source; Stop waits for the pool to compute what is
+// queued, so it must not run on a pool worker.
+class Batcher final : public PoolQueue {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
           ModelMetrics& metrics);
-  ~Batcher();  // Stop()
+  ~Batcher() override;  // Stop(), then leaves the pool
 
   // Takes the request. Every outcome arrives through its `done`: the result
   // later, or at once, in this thread, RESOURCE_EXHAUSTED when the queue or
   // the memory budget is full and UNAVAILABLE when stopping.
   void Enqueue(std::unique_ptr<PendingRequest> request);
 
-  // Stops taking requests, computes everything queued, joins the workers.
+  // Stops taking requests and returns once everything queued is computed.
   void Stop();
 
   // Sessions. The source whose steps this batcher's calls carry (borrowed;
@@ -140,21 +148,30 @@ class Batcher {
   // Threads of one engine call.
   int ThreadsPerCall() const;
 
+  // PoolQueue: the next work when it may run now (tasks, then a batch).
+  std::unique_ptr<PoolWork> Poll(Idle& idle) override;
+
  private:
   // What a worker does next: tasks, then a batch of Attend requests and,
-  // when `steps`, session steps from the source.
-  struct Work {
+  // when `steps`, session steps from the source. Counted in flight from
+  // Poll until destroyed (Stop waits for it).
+  struct Work final : PoolWork {
+    explicit Work(Batcher& b) : batcher(b) {}
+    ~Work() override;
+    void Run(Workspace& ws) override;
+    Batcher& batcher;
     std::vector<std::function<void(Workspace&)>> tasks;
     std::vector<std::unique_ptr<PendingRequest>> batch;
     bool steps = false;
-    bool empty() const { return tasks.empty() && batch.empty() && !steps; }
+    bool counted = false;  // in in_flight_ (set by Hand)
   };
 
   // Why the request cannot wait in the queue, or OK (then it is queued).
   absl::Status Admit(std::unique_ptr<PendingRequest>& request);
-  void WorkerLoop();
-  // Empty only when stopping with nothing left.
-  Work NextWork();
+  // With mu_ held: counts `work` in flight and returns it for the pool.
+  std::unique_ptr<PoolWork> Hand(std::unique_ptr<Work> work);
+  // Whether Stop may return: nothing queued or in flight (mu_ held).
+  bool Drained() const;
   // Takes the next batch of Attend requests once BatchReady (see NextWork).
   std::vector<std::unique_ptr<PendingRequest>> TakeBatch();
   // Closes a batch early when `steps` ride along (they never wait).
@@ -178,12 +195,16 @@ class Batcher {
   const std::string model_;
   const MhaEngine& engine_;
   const BatcherOptions options_;
-  const int64_t max_batch_tokens_;  // options_' value, 0 resolved
   ModelMetrics& metrics_;
   const Clock& clock_;
+  std::unique_ptr<WorkerPool> own_pool_;  // when options_.pool is null
+  WorkerPool& pool_;
+  const int64_t max_batch_tokens_;  // options_' value, 0 resolved
+  WorkerPool::Registration* registration_ = nullptr;
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable drained_cv_;  // Stop waits on it
+  int in_flight_ = 0;                   // works handed out; guarded by mu_
   std::deque<std::unique_ptr<PendingRequest>> queue_;  // guarded by mu_
   int64_t queued_tokens_ = 0;                          // guarded by mu_
   int64_t queued_bytes_ = 0;                           // guarded by mu_
@@ -193,7 +214,6 @@ class Batcher {
   // Held shared by a worker from TakeSteps to Finish.
   std::shared_mutex source_mu_;
   StepSource* source_ = nullptr;  // guarded by source_mu_
-  std::vector<std::thread> workers_;
   std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };
 

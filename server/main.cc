@@ -33,6 +33,7 @@
 #include "server/model_control.h"
 #include "server/model_repository.h"
 #include "server/reflection_v1.h"
+#include "server/scheduling/worker_pool.h"
 #include "server/session_manager.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
@@ -45,7 +46,8 @@ ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest request or response message");
-ABSL_FLAG(int, workers, 1, "engine worker threads per model");
+ABSL_FLAG(int, workers, 1,
+          "engine worker threads of the server, shared by every model and version");
 ABSL_FLAG(int, intra_op_threads, 0, "threads per engine call; 0: cores / workers");
 ABSL_FLAG(int, shutdown_grace_s, 30, "seconds to finish queued requests on SIGTERM");
 ABSL_FLAG(bool, disable_batching, false, "one request per engine call, whatever the configs say");
@@ -116,15 +118,15 @@ std::vector<std::string> LoadModelFlags(int argc, char** argv) {
 }
 
 // What the process holds before any request: its resident memory with the
-// models loaded, plus per engine worker a workspace kept between calls and
-// room for the primitives its shapes add.
-int64_t EngineReserve(const ModelRepository& models, const RepositoryOptions& options) {
-  constexpr int64_t kPrimitiveCacheBytes = int64_t{32} << 20;
-  int64_t reserve = ResidentBytes();
+// models loaded (their packed weights and warm-up primitives), plus per
+// model version what its primitive caches may still add, plus per engine
+// worker the workspace it keeps between calls.
+int64_t EngineReserve(const ModelRepository& models, const WorkerPool& pool) {
+  int64_t reserve = ResidentBytes() +
+                    pool.workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
   for (const std::string& name : models.Ready()) {
     reserve += static_cast<int64_t>(models.ReadyVersions(name).size()) *
-               std::max(1, options.workers) *
-               (static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes) + kPrimitiveCacheBytes);
+               MhaEngine::kPrimitiveCacheBytes;
   }
   return reserve;
 }
@@ -179,8 +181,11 @@ int Serve(const std::vector<std::string>& load_models) {
   const MemoryLimit memory_limit = ResolveMemoryLimit(absl::GetFlag(FLAGS_memory_limit_bytes));
   MemoryBudget memory(memory_limit.bytes, &metrics.memory_reserved());
   metrics.memory_limit().Set(static_cast<double>(memory_limit.bytes));
-  RepositoryOptions repo_options{.workers = absl::GetFlag(FLAGS_workers),
-                                 .compute_threads = absl::GetFlag(FLAGS_intra_op_threads),
+  // One pool of engine workers serves every model: threads follow the
+  // cores and --workers, never the number of models.
+  WorkerPool pool(WorkerPoolOptions{.workers = absl::GetFlag(FLAGS_workers),
+                                    .compute_threads = absl::GetFlag(FLAGS_intra_op_threads)});
+  RepositoryOptions repo_options{.pool = &pool,
                                  .force_batching_off = absl::GetFlag(FLAGS_disable_batching),
                                  .memory = &memory};
   const absl::StatusOr<ModelControlMode> mode =
@@ -195,7 +200,7 @@ int Serve(const std::vector<std::string>& load_models) {
     std::fprintf(stderr, "mha_server: %s\n", loaded.ToString().c_str());
     return 1;
   }
-  const int64_t engine_reserve = EngineReserve(*models, repo_options);
+  const int64_t engine_reserve = EngineReserve(*models, pool);
   const int64_t session_cache_bytes = SessionCacheBytes(
       absl::GetFlag(FLAGS_session_cache_bytes), memory.limit() - engine_reserve);
   memory.SetReserve(engine_reserve + session_cache_bytes);

@@ -34,8 +34,7 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   b.max_queue_delay = absl::Microseconds(std::max<int64_t>(0, db.max_queue_delay_us()));
   if (db.max_queue_size() > 0) b.max_queue_size = db.max_queue_size();
   if (db.max_queue_bytes() > 0) b.max_queue_bytes = db.max_queue_bytes();
-  b.workers = options.workers;
-  b.compute_threads = options.compute_threads;
+  b.pool = options.pool;
   b.memory = options.memory;
   return b;
 }

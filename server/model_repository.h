@@ -45,8 +45,7 @@ using VersionPtr = std::shared_ptr<const ModelVersion>;
 
 // Settings every model's batcher shares unless its config overrides them.
 struct RepositoryOptions {
-  int workers = 1;
-  int compute_threads = 0;
+  WorkerPool* pool = nullptr;  // the server's engine workers (borrowed)
   bool force_batching_off = false;
   MemoryBudget* memory = nullptr;  // the server's budget (borrowed), or none
 };

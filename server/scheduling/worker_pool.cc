@@ -1,0 +1,154 @@
+#include "server/scheduling/worker_pool.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <new>
+#include <utility>
+
+#include "engine/mha_engine.h"
+#include "engine/threads.h"
+#include "engine/workspace.h"
+
+namespace mha::server {
+
+// One attached queue: what the pool knows of it. Guarded by the pool's mu_.
+class WorkerPool::Registration {
+ public:
+  explicit Registration(PoolQueue* q) : queue(q) {}
+  PoolQueue* queue;
+  bool woken = true;                  // asked since it was last polled
+  bool memory_wait = false;           // its last poll waits for memory
+  absl::Time retry_at = absl::InfiniteFuture();  // its last poll's retry time
+  int running = 0;                    // its works on workers now
+  bool detaching = false;
+};
+
+namespace {
+
+// How often a queue waiting for memory held by computing requests is asked
+// again (real time: memory comes back on the real clock).
+constexpr auto kMemoryRetry = std::chrono::milliseconds(2);
+
+int ResolveThreadsPerCall(const WorkerPoolOptions& o) {
+  if (o.compute_threads > 0) return o.compute_threads;
+  return std::max(1, AvailableCores() / std::max(1, o.workers));
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(WorkerPoolOptions options)
+    : threads_per_call_(ResolveThreadsPerCall(options)),
+      clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
+      next_(queues_.end()) {
+  for (int i = 0; i < std::max(1, options.workers); ++i) {
+    threads_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+WorkerPool::Registration* WorkerPool::Attach(PoolQueue* queue) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queues_.emplace_back(queue);
+  return &queues_.back();
+}
+
+void WorkerPool::Detach(Registration* registration) {
+  std::unique_lock<std::mutex> lock(mu_);
+  registration->detaching = true;
+  idle_cv_.wait(lock, [registration] { return registration->running == 0; });
+  auto it = std::find_if(queues_.begin(), queues_.end(),
+                         [registration](const Registration& r) { return &r == registration; });
+  if (it == next_) ++next_;
+  queues_.erase(it);
+}
+
+void WorkerPool::Wake(Registration* registration) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    registration->woken = true;
+  }
+  work_cv_.notify_one();
+}
+
+std::unique_ptr<PoolWork> WorkerPool::NextWork(Registration*& from, absl::Time& wait_until,
+                                               bool& memory_wait) {
+  const absl::Time now = clock_.Now();
+  wait_until = absl::InfiniteFuture();
+  memory_wait = false;
+  if (queues_.empty()) return nullptr;
+  if (next_ == queues_.end()) next_ = queues_.begin();
+  auto it = next_;
+  for (size_t seen = 0; seen < queues_.size(); ++seen) {
+    Registration& r = *it;
+    if (++it == queues_.end()) it = queues_.begin();
+    if (r.detaching) continue;
+    if (!r.woken && !r.memory_wait && r.retry_at > now) {
+      wait_until = std::min(wait_until, r.retry_at);
+      continue;
+    }
+    r.woken = false;
+    PoolQueue::Idle idle;
+    std::unique_ptr<PoolWork> work;
+    try {
+      work = r.queue->Poll(idle);
+    } catch (const std::bad_alloc&) {  // nothing taken: ask again when memory came back
+      idle.waiting_for_memory = true;
+    }
+    r.retry_at = idle.retry_at;
+    r.memory_wait = idle.waiting_for_memory;
+    if (work != nullptr) {
+      r.woken = true;  // it may hold more: ask again on the next scan
+      ++r.running;
+      from = &r;
+      next_ = it;  // the next scan starts after it: round-robin
+      work_cv_.notify_one();  // another worker may take what it holds next
+      return work;
+    }
+    wait_until = std::min(wait_until, r.retry_at);
+    memory_wait = memory_wait || r.memory_wait;
+  }
+  return nullptr;
+}
+
+void WorkerPool::WorkerLoop() {
+  SetComputeThreads(threads_per_call_);
+  std::unique_ptr<Workspace> ws = MhaEngine::NewWorkspace();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    Registration* from = nullptr;
+    absl::Time wait_until;
+    bool memory_wait = false;
+    std::unique_ptr<PoolWork> work = NextWork(from, wait_until, memory_wait);
+    if (work == nullptr) {
+      if (stopping_) return;
+      if (memory_wait) {
+        work_cv_.wait_for(lock, kMemoryRetry);
+      } else if (wait_until == absl::InfiniteFuture()) {
+        work_cv_.wait(lock);
+      } else {
+        clock_.WaitUntil(work_cv_, lock, wait_until);
+      }
+      continue;
+    }
+    lock.unlock();
+    work->Run(*ws);
+    work.reset();  // what it held goes before the queue may be detached
+    // After a large call, give its memory back to the system: the
+    // workspace's buffers, and what glibc keeps of freed blocks.
+    if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
+    lock.lock();
+    if (--from->running == 0 && from->detaching) idle_cv_.notify_all();
+  }
+}
+
+}  // namespace mha::server

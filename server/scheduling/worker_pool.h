@@ -1,0 +1,100 @@
+// The server's engine workers: a fixed pool of threads, each with one
+// engine workspace and one OpenMP team, that serves the queues of every
+// model and version. The number of threads follows --workers and the
+// cores, never the number of models.
+#ifndef MHA_SERVER_SCHEDULING_WORKER_POOL_H_
+#define MHA_SERVER_SCHEDULING_WORKER_POOL_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/clock.h"
+
+namespace mha {
+class Workspace;
+}  // namespace mha
+
+namespace mha::server {
+
+// One piece of work a queue hands a worker: an engine call and what it
+// answers, or tasks that need a workspace. Run exactly once, on a worker.
+class PoolWork {
+ public:
+  virtual ~PoolWork() = default;
+  virtual void Run(Workspace& ws) = 0;
+};
+
+// A queue the pool serves (a model version's batcher).
+class PoolQueue {
+ public:
+  virtual ~PoolQueue() = default;
+  // What Poll found when it has nothing to run now.
+  struct Idle {
+    // When work may become ready without a Wake (a batch's queue delay).
+    absl::Time retry_at = absl::InfiniteFuture();
+    // Memory held by computing requests will come back: poll again soon.
+    bool waiting_for_memory = false;
+  };
+  // The next work that may run now, or null (then `idle` says when to ask
+  // again). Called with the pool's lock held: it must not block, and it
+  // must not call back into the pool.
+  virtual std::unique_ptr<PoolWork> Poll(Idle& idle) = 0;
+};
+
+struct WorkerPoolOptions {
+  int workers = 1;          // threads calling the engine
+  int compute_threads = 0;  // threads per engine call (0: all cores / workers)
+  // What queue delays are measured with (borrowed; null: the real clock);
+  // the same clock as the queues'.
+  const Clock* clock = nullptr;
+};
+
+// Owns the worker threads, their workspaces and the list of queues it
+// serves (borrowed: each stays attached from Attach to Detach). Workers
+// take the next ready queue round-robin, starting after the queue served
+// last, so that no model starves another. Thread-safe; Wake never blocks on
+// compute. Detach must not be called from a worker that is running that
+// queue's work.
+class WorkerPool {
+ public:
+  explicit WorkerPool(WorkerPoolOptions options);
+  ~WorkerPool();  // joins the workers; every queue must be detached
+
+  class Registration;
+  // Starts serving `queue`; the handle is for Wake and Detach.
+  Registration* Attach(PoolQueue* queue);
+  // Stops serving it; returns once no worker runs its work.
+  void Detach(Registration* registration);
+  // The queue may have work now.
+  void Wake(Registration* registration);
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+  // Threads of one engine call.
+  int ThreadsPerCall() const { return threads_per_call_; }
+
+ private:
+  void WorkerLoop();
+  // With mu_ held: the next work, round-robin; null when none is ready
+  // (then `wait_until` and `memory_wait` say how long to sleep).
+  std::unique_ptr<PoolWork> NextWork(Registration*& from, absl::Time& wait_until, bool& memory_wait);
+
+  const int threads_per_call_;
+  const Clock& clock_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // a queue was woken, or stopping
+  std::condition_variable idle_cv_;  // a queue's work finished (Detach waits)
+  std::list<Registration> queues_;          // guarded by mu_
+  std::list<Registration>::iterator next_;  // where the next scan starts; guarded by mu_
+  bool stopping_ = false;            // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SCHEDULING_WORKER_POOL_H_
