@@ -66,7 +66,9 @@ class MhaEngine {
   // (ReleaseLargeWorkspace), so one large request does not pin memory.
   static constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
   // What one engine's primitive caches are expected to add past load and
-  // warm-up, for a server's memory reserve (see docs/SERVER.md: measured).
+  // warm-up, for a server's memory reserve: about 25 request lengths not
+  // warmed up, at the 160-175 KiB each measured for E = 64 and 256 models
+  // (docs/SERVER.md, "Many models").
   static constexpr int64_t kPrimitiveCacheBytes = int64_t{4} << 20;
   // Frees `ws`'s buffers when it holds more than kWorkspaceKeepBytes;
   // returns whether it did.

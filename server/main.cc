@@ -2,6 +2,7 @@
 // (mha.v1.AttentionService, KServe v2 inference.GRPCInferenceService,
 // grpc.health.v1, reflection) with Prometheus
 // metrics on /metrics.
+#include <malloc.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -118,17 +119,19 @@ std::vector<std::string> LoadModelFlags(int argc, char** argv) {
 }
 
 // What the process holds before any request: its resident memory with the
-// models loaded (their packed weights and warm-up primitives), plus per
-// model version what its primitive caches may still add, plus per engine
-// worker the workspace it keeps between calls.
+// models loaded (their packed weights and warm-up primitives), plus what
+// the primitive caches may still add (per model version, at least the
+// allowance of one busy model: oneDNN shares the primitives of equal shapes
+// across models), plus per engine worker the workspace it keeps.
 int64_t EngineReserve(const ModelRepository& models, const WorkerPool& pool) {
-  int64_t reserve = ResidentBytes() +
-                    pool.workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
+  constexpr int64_t kPrimitivesAtLeast = int64_t{32} << 20;
+  int64_t versions = 0;
   for (const std::string& name : models.Ready()) {
-    reserve += static_cast<int64_t>(models.ReadyVersions(name).size()) *
-               MhaEngine::kPrimitiveCacheBytes;
+    versions += static_cast<int64_t>(models.ReadyVersions(name).size());
   }
-  return reserve;
+  return ResidentBytes() +
+         std::max(kPrimitivesAtLeast, versions * MhaEngine::kPrimitiveCacheBytes) +
+         pool.workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
 }
 
 // --session_cache_bytes, 0 resolved against what requests could otherwise
@@ -290,7 +293,21 @@ int Serve(const std::vector<std::string>& load_models) {
 }  // namespace
 }  // namespace mha::server
 
+// glibc's malloc raises its mmap threshold to the largest block freed (up
+// to 32 MiB) and its trim threshold to twice that, and never trims the top
+// of a thread's arena below it, even for malloc_trim: a model's unpacked
+// weights and packed layers, loaded on the control thread, then stayed
+// resident after an unload (12-16 MiB of a 16 MiB model, now and then).
+// Fixed thresholds: blocks from 4 MiB are mappings of their own, returned
+// when freed; an arena keeps at most 4 MiB of free top.
+static void FixMallocThresholds() {
+  constexpr int kThreshold = 4 << 20;
+  mallopt(M_MMAP_THRESHOLD, kThreshold);
+  mallopt(M_TRIM_THRESHOLD, kThreshold);
+}
+
 int main(int argc, char** argv) {
+  FixMallocThresholds();
   absl::SetProgramUsageMessage("mha_server [--model_repository DIR] [--port N] [--metrics_port N]");
   const std::vector<std::string> load_models = mha::server::LoadModelFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);

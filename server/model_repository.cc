@@ -56,6 +56,10 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(on_disk.weights_path, ": ", e.what()));
   }
+  // What reading and packing used (the file's tensors, the unpacked
+  // weights, warm-up scratch) goes back to the system now: only the packed
+  // weights and the primitives stay.
+  malloc_trim(0);
   if (!loaded.ok()) return loaded.status();
   auto version = std::make_shared<ModelVersion>();
   version->name = name;
