@@ -37,6 +37,9 @@ Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions opti
       max_batch_tokens_(options.max_batch_tokens > 0
                             ? options.max_batch_tokens
                             : BatcherOptions::kTokensPerThread * pool_.ThreadsPerCall()),
+      tokens_with_steps_(options.max_batch_tokens_with_steps > 0
+                             ? std::min(options.max_batch_tokens_with_steps, max_batch_tokens_)
+                             : max_batch_tokens_),
       reported_misses_(engine.PrimitiveCacheMisses()) {  // warm-up misses are not counted
   registration_ = pool_.Attach(this);
 }
@@ -119,7 +122,7 @@ void Batcher::StepsQueued() {
     std::lock_guard<std::mutex> lock(mu_);
     steps_queued_ = true;
   }
-  pool_.Wake(registration_);
+  pool_.Wake(registration_, /*steps=*/true);
 }
 
 bool Batcher::RunOnWorker(std::function<void(Workspace&)> task) {
@@ -140,17 +143,22 @@ bool Batcher::BatchReady(bool steps) const {
   if (queue_.empty()) return false;
   if (steps || stopping_ || !options_.enabled) return true;
   if (clock_.Now() - queue_.front()->enqueued >= options_.max_queue_delay) return true;
-  return queued_tokens_ >= max_batch_tokens_ && TokensJoiningOldest() >= max_batch_tokens_;
+  const int64_t limit = TokenLimit();
+  return queued_tokens_ >= limit && TokensJoiningOldest(limit) >= limit;
 }
 
-int64_t Batcher::TokensJoiningOldest() const {
+int64_t Batcher::TokensJoiningOldest(int64_t limit) const {
   const BatchSignature& signature = queue_.front()->signature;
   int64_t tokens = 0;
   for (const auto& r : queue_) {
     if (r->signature == signature) tokens += r->input.tokens();
-    if (tokens >= max_batch_tokens_) break;
+    if (tokens >= limit) break;
   }
   return tokens;
+}
+
+int64_t Batcher::TokenLimit() const {
+  return pool_.StepsRecently() ? tokens_with_steps_ : max_batch_tokens_;
 }
 
 MemoryBudget::Growth Batcher::ReserveActive(PendingRequest& request) {
@@ -235,6 +243,7 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
   // signature are passed over, however large.
   std::vector<std::unique_ptr<PendingRequest>> batch;
   const BatchSignature signature = queue_.front()->signature;
+  const int64_t limit = TokenLimit();
   int64_t tokens = 0;
   for (auto it = queue_.begin(); it != queue_.end();) {
     if (!((*it)->signature == signature)) {
@@ -242,7 +251,7 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
       continue;
     }
     const bool fits = batch.empty() || (options_.enabled &&
-                                        tokens + (*it)->input.tokens() <= max_batch_tokens_);
+                                        tokens + (*it)->input.tokens() <= limit);
     if (!fits) break;
     if (!batch.empty() && ReserveActive(**it) != MemoryBudget::Growth::kGrown) break;
     tokens += (*it)->input.tokens();

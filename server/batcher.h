@@ -41,6 +41,12 @@ struct BatcherOptions {
   bool enabled = true;               // false: one request per engine call
   // Query + key tokens per engine call; 0: kTokensPerThread per thread.
   int64_t max_batch_tokens = 0;
+  // The default max_batch_tokens_with_steps (docs/PERFORMANCE.md: the curve).
+  static constexpr int64_t kTokensWithSteps = 256;
+  // The cap on a call's Attend tokens while sessions step on the server
+  // (WorkerPool::StepsRecently): a step waits at most for one such call
+  // before its own. 0: max_batch_tokens (no cap).
+  int64_t max_batch_tokens_with_steps = kTokensWithSteps;
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
@@ -176,8 +182,12 @@ class Batcher final : public PoolQueue {
   std::vector<std::unique_ptr<PendingRequest>> TakeBatch();
   // Closes a batch early when `steps` ride along (they never wait).
   bool BatchReady(bool steps) const;
-  // Query + key tokens queued that may join the oldest request's batch.
-  int64_t TokensJoiningOldest() const;
+  // Query + key tokens queued that may join the oldest request's batch, up
+  // to `limit`.
+  int64_t TokensJoiningOldest(int64_t limit) const;
+  // The Attend tokens of the next call: max_batch_tokens_, or the cap with
+  // steps while sessions step on the server.
+  int64_t TokenLimit() const;
   // Reserves the active bytes of a request the next batch takes (see
   // NextWork); without a budget, always kGrown.
   MemoryBudget::Growth ReserveActive(PendingRequest& request);
@@ -200,6 +210,7 @@ class Batcher final : public PoolQueue {
   std::unique_ptr<WorkerPool> own_pool_;  // when options_.pool is null
   WorkerPool& pool_;
   const int64_t max_batch_tokens_;  // options_' value, 0 resolved
+  const int64_t tokens_with_steps_;  // options_' max_batch_tokens_with_steps, resolved
   WorkerPool::Registration* registration_ = nullptr;
 
   std::mutex mu_;

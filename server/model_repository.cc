@@ -31,6 +31,9 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   const v1::DynamicBatching& db = config.dynamic_batching();
   b.enabled = !options.force_batching_off && (!db.has_enabled() || db.enabled());
   if (db.max_batch_tokens() > 0) b.max_batch_tokens = db.max_batch_tokens();
+  if (db.has_max_batch_tokens_with_steps()) {
+    b.max_batch_tokens_with_steps = std::max<int64_t>(0, db.max_batch_tokens_with_steps());
+  }
   b.max_queue_delay = absl::Microseconds(std::max<int64_t>(0, db.max_queue_delay_us()));
   if (db.max_queue_size() > 0) b.max_queue_size = db.max_queue_size();
   if (db.max_queue_bytes() > 0) b.max_queue_bytes = db.max_queue_bytes();

@@ -5,7 +5,11 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "engine/mha_engine.h"
 #include "gmock/gmock.h"
@@ -417,6 +421,122 @@ TEST_F(BatcherTest, LoneRequestWithWeightsMatchesTheEngineAlone) {
   ASSERT_EQ(r->output.size(), expected.size());
   for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(r->output[j], expected[j], 1e-5);
   batcher.Stop();
+}
+
+TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
+  // Six requests of 40 tokens (L = 20, query + key), held by a delay only
+  // Stop ends. A step (no source: the call carries no steps) marks the
+  // pool's sessions as stepping: calls then take at most 100 tokens, two
+  // requests each, and close when they have them without waiting for the
+  // delay (a step waits at most for one such call). The last two do not
+  // fill a call: Stop sends them.
+  BatcherOptions options = Delayed(absl::Seconds(30));
+  options.max_batch_tokens = 1 << 20;
+  options.max_batch_tokens_with_steps = 100;
+  Metrics metrics;
+  Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
+  std::vector<std::future<absl::StatusOr<Answer>>> results;
+  for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(20, i)));
+  batcher.StepsQueued();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(results[i].get().ok());  // the cap closed them
+  batcher.Stop();
+  for (int i = 4; i < 6; ++i) EXPECT_TRUE(results[i].get().ok());
+  const auto batches = metrics.ForModel("m").batch_tokens->Collect().histogram;
+  EXPECT_EQ(batches.sample_count, 3);
+  EXPECT_EQ(batches.sample_sum, 240);
+}
+
+TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
+  BatcherOptions options = Delayed(absl::Seconds(30));
+  options.max_batch_tokens = 1 << 20;
+  options.max_batch_tokens_with_steps = 100;
+  Metrics metrics;
+  Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
+  batcher.StepsQueued();
+  clock_.Advance(WorkerPool::kStepsRecent + absl::Milliseconds(1));
+  std::vector<std::future<absl::StatusOr<Answer>>> results;
+  for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(20, i)));
+  batcher.Stop();
+  for (auto& r : results) EXPECT_TRUE(r.get().ok());
+  EXPECT_EQ(metrics.ForModel("m").batch_requests->Collect().histogram.sample_count, 1);
+}
+
+// A queue that hands out `pending` works, each logging its name when it
+// runs, after `gate` opens (when set).
+class ScriptedQueue final : public PoolQueue {
+ public:
+  ScriptedQueue(std::string name, std::vector<std::string>& log, std::mutex& log_mu)
+      : name_(std::move(name)), log_(log), log_mu_(log_mu) {}
+  // Works run after `gate` opens; `started` is set when one begins.
+  void Add(int works, std::shared_future<void> gate = {}, std::promise<void>* started = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ += works;
+    gate_ = std::move(gate);
+    started_ = started;
+  }
+  std::unique_ptr<PoolWork> Poll(Idle&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_ == 0) return nullptr;
+    --pending_;
+    return std::make_unique<Logged>(*this, gate_, std::exchange(started_, nullptr));
+  }
+
+ private:
+  struct Logged final : PoolWork {
+    Logged(ScriptedQueue& q, std::shared_future<void> g, std::promise<void>* s)
+        : queue(q), gate(std::move(g)), started(s) {}
+    void Run(Workspace&) override {
+      if (started != nullptr) started->set_value();
+      if (gate.valid()) gate.wait();
+      std::lock_guard<std::mutex> lock(queue.log_mu_);
+      queue.log_.push_back(queue.name_);
+    }
+    ScriptedQueue& queue;
+    std::shared_future<void> gate;
+    std::promise<void>* started;
+  };
+  const std::string name_;
+  std::vector<std::string>& log_;
+  std::mutex& log_mu_;
+  std::mutex mu_;
+  int pending_ = 0;
+  std::shared_future<void> gate_;
+  std::promise<void>* started_ = nullptr;
+};
+
+TEST(WorkerPoolTest, QueuesWokenForStepsGoFirstThenRoundRobin) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue busy("busy", log, log_mu), attend("attend", log, log_mu),
+      other("other", log, log_mu), steps("steps", log, log_mu);
+  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
+  auto* busy_r = pool.Attach(&busy);
+  auto* attend_r = pool.Attach(&attend);
+  auto* other_r = pool.Attach(&other);
+  auto* steps_r = pool.Attach(&steps);
+  std::promise<void> open, started;
+  busy.Add(1, open.get_future().share(), &started);
+  pool.Wake(busy_r);
+  started.get_future().wait();  // the one worker is in it
+  attend.Add(2);
+  other.Add(2);
+  steps.Add(1);
+  pool.Wake(attend_r);
+  pool.Wake(other_r);
+  pool.Wake(steps_r, /*steps=*/true);
+  EXPECT_TRUE(pool.StepsRecently());
+  open.set_value();
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(log_mu);
+      if (log.size() == 6) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto* r : {busy_r, attend_r, other_r, steps_r}) pool.Detach(r);
+  // Round-robin after the steps: attend, other, attend, other (no queue
+  // takes two turns while another waits).
+  EXPECT_THAT(log, ::testing::ElementsAre("busy", "steps", "attend", "other", "attend", "other"));
 }
 
 }  // namespace

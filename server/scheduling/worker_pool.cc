@@ -19,6 +19,7 @@ class WorkerPool::Registration {
   explicit Registration(PoolQueue* q) : queue(q) {}
   PoolQueue* queue;
   bool woken = true;                  // asked since it was last polled
+  bool steps = false;                 // woken for session steps since
   bool memory_wait = false;           // its last poll waits for memory
   absl::Time retry_at = absl::InfiniteFuture();  // its last poll's retry time
   int running = 0;                    // its works on workers now
@@ -72,12 +73,19 @@ void WorkerPool::Detach(Registration* registration) {
   queues_.erase(it);
 }
 
-void WorkerPool::Wake(Registration* registration) {
+void WorkerPool::Wake(Registration* registration, bool steps) {
+  if (steps) steps_woken_at_ns_.store(absl::ToUnixNanos(clock_.Now()), std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
     registration->woken = true;
+    registration->steps = registration->steps || steps;
   }
   work_cv_.notify_one();
+}
+
+bool WorkerPool::StepsRecently() const {
+  const int64_t at = steps_woken_at_ns_.load(std::memory_order_relaxed);
+  return at != kNever && clock_.Now() - absl::FromUnixNanos(at) < kStepsRecent;
 }
 
 std::unique_ptr<PoolWork> WorkerPool::NextWork(Registration*& from, absl::Time& wait_until,
@@ -87,16 +95,25 @@ std::unique_ptr<PoolWork> WorkerPool::NextWork(Registration*& from, absl::Time& 
   memory_wait = false;
   if (queues_.empty()) return nullptr;
   if (next_ == queues_.end()) next_ = queues_.begin();
+  // Steps first: a step waits at most for the calls already running.
+  std::unique_ptr<PoolWork> work = Scan(/*steps_only=*/true, now, from, wait_until, memory_wait);
+  if (work == nullptr) work = Scan(/*steps_only=*/false, now, from, wait_until, memory_wait);
+  return work;
+}
+
+std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Registration*& from,
+                                           absl::Time& wait_until, bool& memory_wait) {
   auto it = next_;
   for (size_t seen = 0; seen < queues_.size(); ++seen) {
     Registration& r = *it;
     if (++it == queues_.end()) it = queues_.begin();
-    if (r.detaching) continue;
+    if (r.detaching || (steps_only && !r.steps)) continue;
     if (!r.woken && !r.memory_wait && r.retry_at > now) {
       wait_until = std::min(wait_until, r.retry_at);
       continue;
     }
     r.woken = false;
+    r.steps = false;
     PoolQueue::Idle idle;
     std::unique_ptr<PoolWork> work;
     try {

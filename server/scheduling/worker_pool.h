@@ -5,8 +5,10 @@
 #ifndef MHA_SERVER_SCHEDULING_WORKER_POOL_H_
 #define MHA_SERVER_SCHEDULING_WORKER_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -58,7 +60,8 @@ struct WorkerPoolOptions {
 // Owns the worker threads, their workspaces and the list of queues it
 // serves (borrowed: each stays attached from Attach to Detach). Workers
 // take the next ready queue round-robin, starting after the queue served
-// last, so that no model starves another. Thread-safe; Wake never blocks on
+// last, so that no model starves another; queues woken for session steps
+// go before the others (in the same round-robin order). Thread-safe; Wake never blocks on
 // compute. Detach must not be called from a worker that is running that
 // queue's work.
 class WorkerPool {
@@ -71,8 +74,14 @@ class WorkerPool {
   Registration* Attach(PoolQueue* queue);
   // Stops serving it; returns once no worker runs its work.
   void Detach(Registration* registration);
-  // The queue may have work now.
-  void Wake(Registration* registration);
+  // The queue may have work now; `steps`: session steps, which go first
+  // and make StepsRecently true for kStepsRecent.
+  void Wake(Registration* registration, bool steps = false);
+  // Whether a queue was woken for steps within the last kStepsRecent (on
+  // the pool's clock): sessions are stepping on this server, so queues
+  // keep their calls short (BatcherOptions::max_batch_tokens_with_steps).
+  static constexpr absl::Duration kStepsRecent = absl::Milliseconds(100);
+  bool StepsRecently() const;
 
   int workers() const { return static_cast<int>(threads_.size()); }
   // Threads of one engine call.
@@ -83,6 +92,10 @@ class WorkerPool {
   // With mu_ held: the next work, round-robin; null when none is ready
   // (then `wait_until` and `memory_wait` say how long to sleep).
   std::unique_ptr<PoolWork> NextWork(Registration*& from, absl::Time& wait_until, bool& memory_wait);
+  // One round-robin scan of NextWork; `steps_only`: only queues woken for
+  // steps.
+  std::unique_ptr<PoolWork> Scan(bool steps_only, absl::Time now, Registration*& from,
+                                 absl::Time& wait_until, bool& memory_wait);
 
   const int threads_per_call_;
   const Clock& clock_;
@@ -92,6 +105,8 @@ class WorkerPool {
   std::list<Registration> queues_;          // guarded by mu_
   std::list<Registration>::iterator next_;  // where the next scan starts; guarded by mu_
   bool stopping_ = false;            // guarded by mu_
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
+  std::atomic<int64_t> steps_woken_at_ns_{kNever};  // clock_'s Unix nanoseconds
   std::vector<std::thread> threads_;
 };
 

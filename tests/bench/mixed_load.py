@@ -1,0 +1,104 @@
+#!/usr/bin/python3
+"""Session steps under Attend load: step latency and Attend throughput, alone
+and together, for values of the per-model knob
+`dynamic_batching.max_batch_tokens_with_steps`.
+
+    /usr/bin/python3 tests/bench/mixed_load.py [--caps=default,256,512,1024,0] [--seconds=5]
+
+For each cap, one server on a copy of the demo model with that cap:
+1. Attend alone: `mha_client load --concurrency 16 --len_range 64:128`.
+2. Steps alone: `mha_client load --sessions 16 --steps S` (unary part).
+3. Both at once: the Attend load runs while the sessions step.
+Prints one JSON object per cap: step p50/p99 alone and under load, their
+ratio, Attend req/s alone and under load and its share. The clients run on
+the server's cores, so compare figures of one run only.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+from mha_local_server import LocalServer  # noqa: E402
+
+STEPS_LINE = re.compile(r"^unary .*?([\d.]+) tokens/s; per step p50 ([\d.]+) ms, p90 [\d.]+ ms, "
+                        r"p99 ([\d.]+) ms", re.M)
+ATTEND_LINE = re.compile(r"^requests \d+ in [\d.]+ s: ([\d.]+) req/s", re.M)
+
+
+def repository_with_cap(cap):
+    """A temporary repository holding the demo model, with `cap` set."""
+    repo = tempfile.mkdtemp(prefix="mha_mixed_")
+    shutil.copytree(os.path.join(ROOT, "models", "demo"), os.path.join(repo, "demo"))
+    if cap != "default":
+        with open(os.path.join(repo, "demo", "config.pbtxt"), "a") as f:
+            f.write(f"\ndynamic_batching {{ max_batch_tokens_with_steps: {cap} }}\n")
+    return repo
+
+
+def attend_load(args, target, seconds):
+    return subprocess.Popen([args.mha_client, "load", f"--target={target}", "--model=demo",
+                             "--concurrency=16", "--len_range=64:128", f"--duration={seconds}s"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def steps_load(args, target):
+    return subprocess.Popen([args.mha_client, "load", f"--target={target}", "--model=demo",
+                             "--sessions=16", f"--steps={args.steps}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def parse(pattern, process):
+    out = process.communicate()[0]
+    found = pattern.search(out)
+    if process.returncode != 0 or found is None:
+        raise RuntimeError(f"load client failed: {out}")
+    return [float(x) for x in found.groups()]
+
+
+def measure(args, cap):
+    repo = repository_with_cap(cap)
+    try:
+        with LocalServer(args.mha_server, repo, []) as server:
+            target = server.target()
+            parse(ATTEND_LINE, attend_load(args, target, 2))  # warm-up
+            parse(STEPS_LINE, steps_load(args, target))
+            (solo_rps,) = parse(ATTEND_LINE, attend_load(args, target, args.seconds))
+            _, idle_p50, idle_p99 = parse(STEPS_LINE, steps_load(args, target))
+            attend = attend_load(args, target, args.seconds)
+            time.sleep(1.0)  # the Attend load is in full swing
+            tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))
+            (mixed_rps,) = parse(ATTEND_LINE, attend)
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+    return {"cap": cap, "step_idle_p50_ms": idle_p50, "step_idle_p99_ms": idle_p99,
+            "step_mixed_p50_ms": p50, "step_mixed_p99_ms": p99,
+            "step_p99_ratio": round(p99 / idle_p99, 2), "step_tokens_s_mixed": tokens_s,
+            "attend_solo_rps": solo_rps, "attend_mixed_rps": mixed_rps,
+            "attend_share": round(mixed_rps / solo_rps, 3)}
+
+
+def main():
+    build = os.path.join(ROOT, "build")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mha_server", default=os.path.join(build, "mha_server"))
+    parser.add_argument("--mha_client", default=os.path.join(build, "mha_client"))
+    parser.add_argument("--caps", default="default,256,512,1024,0",
+                        help="values of max_batch_tokens_with_steps (0: no cap)")
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--steps", type=int, default=300, help="steps per session")
+    args = parser.parse_args()
+    for cap in args.caps.split(","):
+        print(json.dumps(measure(args, cap)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
