@@ -73,6 +73,7 @@ class EngineImpl {
   int64_t AppendKeys(const AppendStep& step) const;
   int64_t AppendWeightsElements(const AppendBatch& batch) const;
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
+  int64_t StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights, int threads) const;
   uint64_t PrimitiveCacheMisses() const;
   const AttentionDims& dims() const { return dims_; }
 
@@ -84,6 +85,8 @@ class EngineImpl {
   // Floats of scores one block may hold, and the query rows per block of a
   // sequence with `kv_len` keys (all of them when they fit).
   int64_t ScoreCap() const;
+  // Scores one query-row chunk of a (session step, head) may hold.
+  static constexpr int64_t kSessionScoreCap = int64_t{1} << 16;
   int64_t RowsPerBlock(int64_t q_len, int64_t kv_len) const;
   // Heads per block for blocks of `rows` query rows (all when they fit).
   int64_t HeadsPerBlock(int64_t rows, int64_t kv_len) const;

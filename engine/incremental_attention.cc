@@ -18,9 +18,6 @@ namespace {
 
 using onednn::dt;
 
-// Scores one query-row chunk of a (step, head) may hold.
-constexpr int64_t kSessionScoreCap = int64_t{1} << 16;
-
 }  // namespace
 
 // One (session step, head) of ComputeAppend: where the step's query rows,

@@ -1,4 +1,5 @@
-// EngineImpl::ScratchBytes: the workspace a Run needs, from the shape alone.
+// EngineImpl::ScratchBytes and StepScratchBytes: the workspace a Run or a
+// session step needs, from the shape alone.
 // It follows Compute slot by slot (see Workspace::Slot); the engine tests
 // check it against what a fresh workspace really holds after the run.
 #include <algorithm>
@@ -68,6 +69,24 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t rows = RowsPerBlock(shape.q_len, keys);
   const int64_t scores = count * HeadsPerBlock(rows, keys) * rows * keys;
   return bytes + Grown(scores * 4) + (dims_.bf16 ? Grown(scores * 2) : 0);
+}
+
+int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights,
+                                     int threads) const {
+  if (tokens <= 0) return 0;
+  const int64_t eb = dims_.bf16 ? 2 : 4;
+  const int64_t h = dims_.num_heads, dv = dims_.v_head_dim, e = dims_.embed_dim;
+  const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
+  int64_t bytes = kOnednnScratchpadAllowance;
+  // The query made bf16, and its copy beside Attend rows in a mixed call.
+  bytes += 2 * Grown(tokens * e * eb);
+  // q|k|v projected (cross steps too when another step is self), context.
+  bytes += Grown(tokens * (2 * qk + vw) * eb) + Grown(tokens * vw * eb);
+  if (need_weights) bytes += Grown(h * tokens * keys * 4);  // per head, then averaged
+  // Each thread's child: a chunk of score rows and one accumulator.
+  const int64_t cols = std::max<int64_t>(keys, 1);
+  const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / cols, 1, tokens);
+  return bytes + std::max(1, threads) * (Grown(chunk * cols * 4) + Grown(dv * 4));
 }
 
 }  // namespace mha

@@ -189,6 +189,11 @@ int64_t MhaEngine::ScratchBytes(const BatchShape& shape, int threads) const {
   return impl_->ScratchBytes(shape, threads);
 }
 
+int64_t MhaEngine::StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights,
+                                    int threads) const {
+  return impl_->StepScratchBytes(tokens, keys, need_weights, threads);
+}
+
 uint64_t MhaEngine::PrimitiveCacheMisses() const { return impl_->PrimitiveCacheMisses(); }
 
 const AttentionDims& MhaEngine::dims() const { return impl_->dims(); }

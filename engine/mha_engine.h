@@ -115,6 +115,10 @@ class MhaEngine {
   // threads needs (engine/memory_estimate.cc), from the shape alone: what
   // admission control charges before a request takes any memory.
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
+  // The same for one session step of `tokens` query rows over `keys` keys
+  // (its position after the step plus the model's extra keys), alone or
+  // riding in an Attend call: what admission charges a step.
+  int64_t StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights, int threads) const;
 
   // Creates, for each length L, the primitives a lone request of L tokens
   // needs (self-attention, or cross-attention over L keys for a model with

@@ -31,6 +31,21 @@ RequestCost CostOf(const AttentionRequest& request, const MhaEngine& engine, int
   return cost;
 }
 
+RequestCost CostOfStep(const AttentionRequest& query, int64_t keys, const MhaEngine& engine,
+                       int threads) {
+  const int64_t tokens = query.q_len(), e = engine.dims().embed_dim;
+  const int64_t weights = query.need_weights() ? tokens * keys : 0;
+  RequestCost cost;
+  cost.response_bytes = tokens * e * static_cast<int64_t>(DTypeSize(query.output_dtype())) +
+                        weights * 4 + kResponseFraming;
+  cost.queued_bytes = query.wire_bytes() + query.converted_bytes();
+  // The step group's copy of the query, its copy beside Attend rows in a
+  // mixed call, the f32 output and weights, the response twice.
+  cost.active_bytes = engine.StepScratchBytes(tokens, keys, query.need_weights(), threads) +
+                      3 * tokens * e * 4 + weights * 4 + 2 * cost.response_bytes;
+  return cost;
+}
+
 absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCost& cost,
                                int64_t max_message_bytes) {
   if (cost.response_bytes > max_message_bytes) {
@@ -67,6 +82,19 @@ absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCo
         WithCommas(memory_capacity),
         " (--memory_limit_bytes less the engines' reserve): send fewer or shorter sequences",
         request.need_weights() ? " or ask without need_weights" : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity) {
+  if (cost.total() > memory_capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the step needs ", WithCommas(cost.total()), " bytes of working memory (",
+        WithCommas(cost.queued_bytes), " for its query, ", WithCommas(cost.active_bytes),
+        " to compute and answer); the server's memory budget for requests is ",
+        WithCommas(memory_capacity),
+        " (--memory_limit_bytes less the engines' reserve and the session cache): send fewer "
+        "tokens per step or ask without need_weights"));
   }
   return absl::OkStatus();
 }

@@ -24,6 +24,12 @@ struct RequestCost {
 // From the decoded request's shapes alone; `threads` is what one engine
 // call of the model uses.
 RequestCost CostOf(const AttentionRequest& request, const MhaEngine& engine, int threads);
+// The same for a session step: `query` is the step's decoded query, `keys`
+// what it attends to (its session's position after it plus the model's
+// extra keys). Its queued bytes are known when it arrives; its active bytes
+// once its session's position is, when the scheduler takes it.
+RequestCost CostOfStep(const AttentionRequest& query, int64_t keys, const MhaEngine& engine,
+                       int threads);
 
 // RESOURCE_EXHAUSTED when the response could never be sent: above
 // `max_message_bytes`. The message names the numbers and what to change.
@@ -33,6 +39,8 @@ absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCos
 // budget gives all requests in flight (`memory_capacity`).
 absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCost& cost,
                                 int64_t memory_capacity);
+// The same for a session step.
+absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity);
 
 }  // namespace mha::server
 

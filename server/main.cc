@@ -241,7 +241,8 @@ int Serve(const std::vector<std::string>& load_models) {
       SessionOptions{.cache_bytes = session_cache_bytes,
                      .max_sessions = absl::GetFlag(FLAGS_max_sessions),
                      .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s)),
-                     .max_tokens = absl::GetFlag(FLAGS_session_max_tokens)},
+                     .max_tokens = absl::GetFlag(FLAGS_session_max_tokens),
+                     .memory = &memory},
       metrics.Sessions());
   AttentionServiceImpl service(dispatcher, control, sessions);
   KserveServiceImpl kserve(dispatcher, control);

@@ -208,6 +208,10 @@ SessionMetrics Metrics::Sessions() {
   m.append_duration = &BuildHistogram().Name("mha_append_duration_seconds")
                            .Help("A session step from queued to computed")
                            .Register(*registry_).Add({}, SecondsBuckets());
+  m.steps_dropped = &BuildCounter().Name("mha_session_steps_dropped_total")
+                         .Help("Session steps refused after they were queued, never computed, "
+                               "by model and reason: deadline, cancelled, memory")
+                         .Register(*registry_);
   return m;
 }
 

@@ -53,6 +53,7 @@ struct SessionMetrics {
   prometheus::Gauge* cache_bytes = nullptr;
   prometheus::Counter* append_tokens = nullptr;
   prometheus::Histogram* append_duration = nullptr;
+  prometheus::Family<prometheus::Counter>* steps_dropped = nullptr;  // {model, reason}
 };
 
 // Owns the registry and every metric family. Thread-safe.

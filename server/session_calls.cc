@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/time/time.h"
+
 #include "engine/status_macros.h"
 #include "server/session_codec.h"
 
@@ -38,6 +40,8 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
     ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->model.engine->dims(),
                                                        dispatcher_.limits()));
     params.decoded_for = std::move(version);
+    params.deadline = absl::FromChrono(context.deadline());
+    params.cancelled = [&context] { return context.IsCancelled(); };
     return params;
   };
   absl::StatusOr<AppendParams> params = decode();

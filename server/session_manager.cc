@@ -22,6 +22,12 @@ std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.0f s", absl::ToDoubleSeconds(d));
 }
 
+// What a step of `tokens` attends to: the session's cached keys after it
+// (a cross session's memory does not grow) and the model's extra keys.
+int64_t StepKeys(const MhaEngine& engine, int64_t position, int64_t tokens, bool cross) {
+  return position + (cross ? 0 : tokens) + engine.dims().extra_keys();
+}
+
 }  // namespace
 
 struct SessionManager::Session {
@@ -52,6 +58,9 @@ struct SessionManager::PendingStep {
   AppendDone done;
   SessionPtr session;
   absl::Time enqueued;
+  // Its query's bytes while queued, and its working memory once taken;
+  // given back when the step is answered and destroyed.
+  MemoryReservation memory;
   int64_t tokens() const { return params.query.q_len(); }
 };
 
@@ -291,22 +300,22 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
 
 void SessionManager::Append(AppendParams params, AppendDone done) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (stopping_) {
+  auto refuse = [&](absl::Status status) {
     lock.unlock();
-    done(absl::UnavailableError("the server is shutting down"));
-    return;
-  }
+    done(std::move(status));
+  };
+  if (stopping_) return refuse(absl::UnavailableError("the server is shutting down"));
   ExpireIdleLocked();
   auto it = sessions_.find(params.id);
   if (it == sessions_.end() || it->second->version != params.decoded_for) {
-    absl::Status refused = it == sessions_.end() ? NotFoundLocked(params.id)
-                                                 : ReopenedLocked(*it->second);
-    lock.unlock();
-    done(std::move(refused));
-    return;
+    return refuse(it == sessions_.end() ? NotFoundLocked(params.id)
+                                        : ReopenedLocked(*it->second));
   }
   auto step = std::make_unique<PendingStep>(std::move(params));
   step->session = it->second;
+  if (absl::Status admitted = AdmitQueuedLocked(*step); !admitted.ok()) {
+    return refuse(std::move(admitted));
+  }
   step->enqueued = clock_.Now();
   step->done = std::move(done);
   ++step->session->queued;
@@ -317,6 +326,69 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   steps_.push_back(std::move(step));
   lock.unlock();
   version->batcher->StepsQueued();
+}
+
+RequestCost SessionManager::CostLocked(const PendingStep& step) const {
+  const Session& s = *step.session;
+  const MhaEngine& engine = *s.version->model.engine;
+  return CostOfStep(step.params.query, StepKeys(engine, s.position, step.tokens(), s.cross),
+                    engine, s.version->batcher->ThreadsPerCall());
+}
+
+absl::Status SessionManager::AdmitQueuedLocked(PendingStep& step) {
+  MemoryBudget* memory = options_.memory;
+  if (memory == nullptr) return absl::OkStatus();
+  const RequestCost cost = CostLocked(step);
+  absl::Status status = CheckStepMemory(cost, memory->capacity());
+  if (status.ok() && !memory->TryReserveQueued(cost.queued_bytes, step.memory)) {
+    status = absl::ResourceExhaustedError(absl::StrCat(
+        "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
+        " of ", WithCommas(memory->capacity()), " bytes and this step needs ",
+        WithCommas(cost.queued_bytes), " to wait in the queue; retry later"));
+  }
+  if (!status.ok()) CountDroppedLocked(*step.session, "memory");
+  return status;
+}
+
+void SessionManager::CountDroppedLocked(const Session& session, const std::string& reason) {
+  if (metrics_.steps_dropped == nullptr) return;
+  metrics_.steps_dropped->Add({{"model", session.version->name}, {"reason", reason}}).Increment();
+}
+
+absl::Status SessionManager::UnwantedLocked(const PendingStep& step) {
+  const AppendParams& p = step.params;
+  if (p.cancelled && p.cancelled()) {
+    CountDroppedLocked(*step.session, "cancelled");
+    return absl::CancelledError("client cancelled the request");
+  }
+  if (clock_.Now() > p.deadline) {
+    CountDroppedLocked(*step.session, "deadline");
+    return absl::DeadlineExceededError("deadline passed while the step was queued");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::AdmitActiveLocked(PendingStep& step, bool batch_empty, bool& room) {
+  room = true;
+  MemoryBudget* memory = options_.memory;
+  if (memory == nullptr) return absl::OkStatus();
+  const RequestCost cost = CostLocked(step);
+  if (absl::Status fits = CheckStepMemory(cost, memory->capacity()); !fits.ok()) {
+    CountDroppedLocked(*step.session, "memory");
+    return fits;
+  }
+  if (memory->TryGrowActive(cost.active_bytes, step.memory) == MemoryBudget::Growth::kGrown) {
+    return absl::OkStatus();
+  }
+  if (!batch_empty) {  // it may fit once the steps of this call are done
+    room = false;
+    return absl::OkStatus();
+  }
+  CountDroppedLocked(*step.session, "memory");
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
+      " of ", WithCommas(memory->capacity()), " bytes and this step needs ",
+      WithCommas(cost.active_bytes), " more to compute; retry later"));
 }
 
 absl::Status SessionManager::ReopenedLocked(const Session& session) const {
@@ -508,6 +580,7 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
   int64_t tokens = 0;
   auto refuse = [&](std::unique_ptr<PendingStep> step, absl::Status status) {
     --step->session->queued;
+    if (options_.memory != nullptr) options_.memory->MarkLeaving(step->memory);
     refusals.push_back([step = std::shared_ptr<PendingStep>(std::move(step)), status] {
       step->done(status);
     });
@@ -522,6 +595,11 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
     }
     if (s.version->model.engine.get() != &engine) {  // another batcher's
       ++it;
+      continue;
+    }
+    if (absl::Status unwanted = UnwantedLocked(**it); !unwanted.ok()) {
+      refuse(std::move(*it), std::move(unwanted));
+      it = steps_.erase(it);
       continue;
     }
     const int64_t t = (*it)->tokens();
@@ -543,8 +621,16 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
       status = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position,
                                                   " tokens; ", t, " more would pass its max_tokens ",
                                                   s.max_tokens));
-    } else if (!s.cross) {
-      status = ReserveLocked(s, position + t);
+    } else {
+      bool room = true;
+      status = AdmitActiveLocked(**it, batch.empty(), room);
+      if (status.ok() && !room) {  // waits for the next call
+        more = true;
+        taken.insert(&s);
+        ++it;
+        continue;
+      }
+      if (status.ok() && !s.cross) status = ReserveLocked(s, position + t);
     }
     if (!status.ok()) {
       refuse(std::move(*it), std::move(status));

@@ -23,8 +23,10 @@
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
 #include "engine/kv_cache.h"
+#include "server/admission.h"
 #include "server/batcher.h"
 #include "server/clock.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/model_repository.h"
 
@@ -38,6 +40,9 @@ struct SessionOptions {
   // How long Stop waits for queued steps before refusing them.
   absl::Duration stop_timeout = absl::Seconds(30);
   const Clock* clock = nullptr;                     // null: the real clock
+  // The budget steps are admitted through, as Attend requests are (null:
+  // steps are not costed). Borrowed.
+  MemoryBudget* memory = nullptr;
 };
 
 // What a session is, as OpenSession, Append and ListSessions report it.
@@ -70,8 +75,12 @@ struct OpenParams {
 struct AppendParams {
   std::string id;
   AttentionRequest query;
-  std::optional<int64_t> expected_position;
-  VersionPtr decoded_for;
+  std::optional<int64_t> expected_position = std::nullopt;
+  VersionPtr decoded_for = nullptr;
+  // As an Attend request's: a step past its deadline or whose caller went
+  // away is refused before it is computed.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled = nullptr;  // may be empty
 };
 
 // A step's results, views valid during the `done` call only.
@@ -107,7 +116,12 @@ class SessionManager : public StepSource {
   // closed, evicted (and why) or expired; FAILED_PRECONDITION when
   // expected_position is not its position; OUT_OF_RANGE past its max_tokens;
   // RESOURCE_EXHAUSTED when the pool has no room even after evicting idle
-  // sessions.
+  // sessions, or when the memory budget cannot hold the step's query
+  // (queued) or, when it is taken, its working memory (a step does not wait
+  // for memory behind Attend requests: it is refused at once, like an Attend
+  // request that nothing running would make room for); DEADLINE_EXCEEDED
+  // and CANCELLED, never computed, when its deadline passed or its caller
+  // cancelled while it was queued.
   void Append(AppendParams params, AppendDone done);
   // Frees a session; returns it as it was.
   absl::StatusOr<SessionInfo> Close(const std::string& id);
@@ -144,6 +158,17 @@ class SessionManager : public StepSource {
   // The queued steps `engine`'s next call takes (one per session, oldest
   // first, at most `max_tokens`); refuses at once those that cannot run;
   // `more` is set when runnable steps were left for lack of room.
+  // Admission of steps, through the memory budget as Attend requests: what
+  // a step costs at its session's position now; its query's bytes reserved
+  // when it arrives (or why not); CANCELLED or DEADLINE_EXCEEDED when nobody
+  // waits for it any more; its working memory reserved when it is taken,
+  // or why not, or `room` false (nothing refused) when it may fit once the
+  // steps already in this call are done. Each refusal is counted.
+  RequestCost CostLocked(const PendingStep& step) const;
+  absl::Status AdmitQueuedLocked(PendingStep& step);
+  absl::Status UnwantedLocked(const PendingStep& step);
+  absl::Status AdmitActiveLocked(PendingStep& step, bool batch_empty, bool& room);
+  void CountDroppedLocked(const Session& session, const std::string& reason);
   std::vector<std::unique_ptr<PendingStep>> NextStepsLocked(
       const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
       bool& more);

@@ -3,6 +3,7 @@
 // memory objects follow new buffers correctly.
 #include <vector>
 
+#include "engine/kv_cache.h"
 #include "engine/mha_engine.h"
 #include "engine/threads.h"
 #include "gtest/gtest.h"
@@ -145,6 +146,54 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
               engine->Run(batch, {absl::MakeSpan(again), absl::MakeSpan(probs), false}, *ws)
                   .ok());
           EXPECT_EQ(again, output);
+        }
+      }
+    }
+  }
+}
+
+// MhaEngine::StepScratchBytes, what admission charges a session step,
+// bounds what a fresh workspace holds after the step (one step of a self
+// session after `position` cached tokens), and is not wildly above it.
+TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
+  SetComputeThreads(2);
+  for (const bool bf16 : {false, true}) {
+    AttentionDims d = MakeDims(64, 2);
+    d.bf16 = bf16;
+    d.add_bias_kv = true;  // one extra key
+    const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
+    for (const int64_t position : {0, 100, 3000}) {
+      for (const int64_t tokens : {1, 16, 300}) {
+        for (const bool weights : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " position " << position
+                                            << " tokens " << tokens << " weights " << weights);
+          KvBlockPool pool(int64_t{256} << 20);
+          KvCache cache(engine->kv_layout(), pool);
+          const std::vector<float> prefix = RandomVector(position * d.embed_dim, 1);
+          auto ws = engine->NewWorkspace();
+          if (position > 0) {  // fill the cache, then measure a fresh workspace
+            ASSERT_TRUE(cache.Reserve(position).ok());
+            AppendBatch fill;
+            fill.query = prefix;
+            fill.steps.push_back({&cache, position, false});
+            std::vector<float> out(prefix.size());
+            ASSERT_TRUE(engine->Append(fill, {absl::MakeSpan(out), {}}, *ws).ok());
+            ws = engine->NewWorkspace();
+          }
+          ASSERT_TRUE(cache.Reserve(position + tokens).ok());
+          const std::vector<float> query = RandomVector(tokens * d.embed_dim, 2);
+          AppendBatch step;
+          step.query = query;
+          step.steps.push_back({&cache, tokens, false});
+          std::vector<float> out(query.size());
+          std::vector<float> probs(weights ? engine->AppendWeightsElements(step) : 0);
+          ASSERT_TRUE(
+              engine->Append(step, {absl::MakeSpan(out), absl::MakeSpan(probs)}, *ws).ok());
+          const int64_t held = static_cast<int64_t>(ws->bytes_held());
+          const int64_t keys = position + tokens + d.extra_keys();
+          const int64_t estimate = engine->StepScratchBytes(tokens, keys, weights, 2);
+          EXPECT_LE(held, estimate);
+          EXPECT_LE(estimate, 2 * held + (int64_t{12} << 20));
         }
       }
     }

@@ -1,7 +1,8 @@
 // SessionManager: steps of many sessions from many threads (also under
 // ThreadSanitizer), ordering of one session's queued steps, expiry on a
-// manual clock, eviction, and steps sharing the batcher's engine calls with
-// Attend requests.
+// manual clock, eviction, steps sharing the batcher's engine calls with
+// Attend requests, and steps admitted as Attend requests are (memory,
+// deadline, cancellation).
 #include "server/session_manager.h"
 
 #include <atomic>
@@ -10,6 +11,8 @@
 
 #include "gtest/gtest.h"
 #include "prometheus/gauge.h"
+#include "server/admission.h"
+#include "server/memory_budget.h"
 #include "tests/engine_cases.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
@@ -64,7 +67,8 @@ AppendParams Step(const SessionManager& sessions, const std::string& id, int64_t
                   uint32_t seed, std::vector<float>& storage,
                   std::optional<int64_t> expected = std::nullopt) {
   absl::StatusOr<VersionPtr> version = sessions.VersionOf(id);
-  return {id, Query(tokens, seed, storage), expected, version.ok() ? *version : nullptr};
+  return {.id = id, .query = Query(tokens, seed, storage), .expected_position = expected,
+          .decoded_for = version.ok() ? *version : nullptr};
 }
 
 std::string OpenSync(SessionManager& sessions, VersionPtr version, absl::Duration idle = {},
@@ -167,7 +171,7 @@ TEST(SessionManagerTest, StepReadForAReopenedIdIsRefused) {
       << status;
   EXPECT_EQ(sessions.List("")[0].position, 0);
   std::promise<absl::Status> again;  // read again for the new width, it is welcome
-  sessions.Append({id, Query(1, 2, storage, 2 * kE), std::nullopt, wide},
+  sessions.Append({.id = id, .query = Query(1, 2, storage, 2 * kE), .decoded_for = wide},
                   [&](absl::StatusOr<AppendResult> r) { again.set_value(r.status()); });
   EXPECT_TRUE(again.get_future().get().ok());
   EXPECT_EQ(sessions.List("")[0].position, 1);
@@ -300,6 +304,107 @@ TEST(SessionManagerTest, StopAnswersQueuedStepsThenRefuses) {
   absl::Status after;
   AppendSync(sessions, id, 1, 9, &after);
   EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
+}
+
+// Appends with `params` changed by `edit` (a deadline, a cancellation).
+absl::Status AppendWith(SessionManager& sessions, const std::string& id,
+                        const std::function<void(AppendParams&)>& edit) {
+  std::vector<float> storage;
+  AppendParams params = Step(sessions, id, 1, 11, storage);
+  edit(params);
+  std::promise<absl::Status> done;
+  sessions.Append(std::move(params),
+                  [&](absl::StatusOr<AppendResult> r) { done.set_value(r.status()); });
+  return done.get_future().get();
+}
+
+int64_t PositionOf(const SessionManager& sessions, const std::string& id) {
+  for (const SessionInfo& info : sessions.List("")) {
+    if (info.id == id) return info.position;
+  }
+  return -1;
+}
+
+// A step whose deadline passed, or whose caller cancelled, while it was
+// queued is refused and never computed: the session stays where it was,
+// and the drop is counted by reason.
+TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
+  testing::ManualClock clock;
+  Metrics metrics;
+  SessionOptions options;
+  options.clock = &clock;
+  SessionManager sessions(options, metrics.Sessions());
+  const VersionPtr version = MakeVersion();
+  const std::string id = OpenSync(sessions, version);
+  AppendSync(sessions, id, 2, 1);
+
+  const absl::Status late = AppendWith(sessions, id, [&](AppendParams& p) {
+    p.deadline = clock.Now() - absl::Milliseconds(1);
+  });
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  const absl::Status gone = AppendWith(sessions, id, [](AppendParams& p) {
+    p.cancelled = [] { return true; };
+  });
+  EXPECT_EQ(gone.code(), absl::StatusCode::kCancelled) << gone;
+  EXPECT_EQ(PositionOf(sessions, id), 2) << "neither step was computed";
+
+  const absl::Status on_time = AppendWith(sessions, id, [&](AppendParams& p) {
+    p.deadline = clock.Now() + absl::Seconds(10);
+    p.cancelled = [] { return false; };
+  });
+  EXPECT_TRUE(on_time.ok()) << on_time;
+  EXPECT_EQ(PositionOf(sessions, id), 3);
+  SessionMetrics m = metrics.Sessions();
+  for (const std::string reason : {"deadline", "cancelled"}) {
+    EXPECT_EQ(m.steps_dropped->Add({{"model", "m"}, {"reason", reason}}).Value(), 1) << reason;
+  }
+}
+
+// Steps take their memory from the budget Attend requests take theirs
+// from: a step that alone needs more than the budget is refused, so is one
+// that finds the budget held; a step that fits gives its memory back once
+// it is answered.
+TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
+  const VersionPtr version = MakeVersion();
+  std::vector<float> unused;
+  const RequestCost cost = CostOfStep(Query(1, 1, unused), /*keys=*/1, *version->model.engine,
+                                      version->batcher->ThreadsPerCall());
+  ASSERT_GT(cost.active_bytes, 0);
+  ASSERT_GT(cost.queued_bytes, 0);
+  Metrics metrics;
+
+  {  // Too large for the whole budget: refused at once.
+    MemoryBudget budget(cost.total() - 1);
+    SessionManager sessions(SessionOptions{.memory = &budget}, metrics.Sessions());
+    const std::string id = OpenSync(sessions, version);
+    absl::Status status;
+    AppendSync(sessions, id, 1, 1, &status);
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_NE(status.message().find("the step needs"), std::string::npos) << status;
+    EXPECT_EQ(PositionOf(sessions, id), 0);
+  }
+  {  // The budget held by queued requests: nothing will give it back.
+    MemoryBudget budget(cost.total());
+    MemoryReservation queued_request;
+    ASSERT_TRUE(budget.TryReserveQueued(cost.active_bytes, queued_request));
+    SessionManager sessions(SessionOptions{.memory = &budget}, metrics.Sessions());
+    const std::string id = OpenSync(sessions, version);
+    absl::Status status;
+    AppendSync(sessions, id, 1, 1, &status);
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_NE(status.message().find("more to compute"), std::string::npos) << status;
+    EXPECT_EQ(PositionOf(sessions, id), 0);
+    EXPECT_EQ(budget.reserved(), cost.active_bytes) << "the step gave its queued bytes back";
+    queued_request.Release();
+    AppendSync(sessions, id, 1, 1, &status);  // room now
+    EXPECT_TRUE(status.ok()) << status;
+    EXPECT_EQ(PositionOf(sessions, id), 1);
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (budget.reserved() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(budget.reserved(), 0) << "the step's reservation comes back after its answer";
+  }
+  SessionMetrics m = metrics.Sessions();
+  EXPECT_EQ(m.steps_dropped->Add({{"model", "m"}, {"reason", "memory"}}).Value(), 2);
 }
 
 }  // namespace
