@@ -62,6 +62,9 @@ ABSL_FLAG(uint32_t, seed, 1, "random inputs' seed");
 ABSL_FLAG(bool, is_causal, false, "attend: query i may not attend key j > i (PyTorch's name)");
 ABSL_FLAG(bool, causal, false, "attend: an alias of --is_causal");
 ABSL_FLAG(std::string, query, "", "attend: safetensors file with the query (else random)");
+ABSL_FLAG(bool, random, false,
+          "attend: random inputs, the default without --query (kept so that scripts of the "
+          "earlier CLI run; with --query it is an error)");
 ABSL_FLAG(std::string, key, "", "attend: safetensors file with the key");
 ABSL_FLAG(std::string, value, "", "attend: safetensors file with the value");
 ABSL_FLAG(std::string, masks, "",
@@ -218,10 +221,10 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
       *request.mutable_value() = RandomTensor({b, s, info.vdim()}, gen);
     }
   } else {
-    for (const char* random_only : {"batch", "len", "kv_len", "seed"}) {
+    for (const char* random_only : {"batch", "len", "kv_len", "seed", "random"}) {
       if (GivenFlags().count(random_only) > 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--", random_only, " shapes random inputs; with --query the files give the shapes"));
+            "--", random_only, " is for random inputs; with --query the files give the inputs"));
       }
     }
     for (const std::string& path : {absl::GetFlag(FLAGS_query), absl::GetFlag(FLAGS_key),

@@ -320,10 +320,11 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
                           std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
-  int64_t tokens = 0;
+  int64_t tokens = 0, sequences = 0;
   for (const auto& r : live) {
     inputs.push_back(&r->input);
     tokens += r->input.tokens();
+    sequences += r->input.sequences();
   }
   // The steps' query rows go right after the requests' (one buffer, one
   // projection product, no copy in the engine).
@@ -364,7 +365,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
 
   const absl::Time answering = absl::Now();
   if (options_.statistics != nullptr && status.ok()) {
-    options_.statistics->Executed(live.size(), start - merging, answering - start);
+    options_.statistics->Executed(live.size(), sequences, start - merging, answering - start);
   }
   for (; answered < live.size(); ++answered) {
     const size_t i = answered;
@@ -382,7 +383,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
     live[i]->done(result);
   }
   if (options_.statistics != nullptr && status.ok()) {
-    options_.statistics->Answered(live.size(), absl::Now() - answering);
+    options_.statistics->Answered(live.size(), sequences, absl::Now() - answering);
   }
 }
 

@@ -41,9 +41,9 @@ void FillStatistics(const ModelVersion& version, inference::ModelStatistics* out
   Fill(s.compute_input, stats->mutable_compute_input());
   Fill(s.compute_infer, stats->mutable_compute_infer());
   Fill(s.compute_output, stats->mutable_compute_output());
-  for (const auto& [requests, stages] : s.batches) {
+  for (const auto& [sequences, stages] : s.batch_sizes) {
     inference::InferBatchStatistics* batch = out->add_batch_stats();
-    batch->set_batch_size(requests);
+    batch->set_batch_size(sequences);
     Fill(stages.compute_input, batch->mutable_compute_input());
     Fill(stages.compute_infer, batch->mutable_compute_infer());
     Fill(stages.compute_output, batch->mutable_compute_output());
@@ -77,7 +77,9 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelReady(grpc::CallbackServerCont
                                                         const inference::ModelReadyRequest* request,
                                                         inference::ModelReadyResponse* response) {
   absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
-  if (absl::IsFailedPrecondition(model.status())) {  // failed to load: not ready
+  // As Triton: a model (or version) that is unknown, unloaded or failed to
+  // load is not ready, and that is an answer, not an error.
+  if (absl::IsFailedPrecondition(model.status()) || absl::IsNotFound(model.status())) {
     response->set_ready(false);
     return Finish(context, absl::OkStatus());
   }

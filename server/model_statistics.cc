@@ -25,20 +25,23 @@ void ModelStatistics::Queued(absl::Duration waited) {
   data_.queue.Add(waited);
 }
 
-void ModelStatistics::Executed(uint64_t requests, absl::Duration input, absl::Duration infer) {
+void ModelStatistics::Executed(uint64_t requests, uint64_t sequences, absl::Duration input,
+                               absl::Duration infer) {
   std::lock_guard<std::mutex> lock(mu_);
   ++data_.execution_count;
   data_.compute_input.Add(input, requests);
   data_.compute_infer.Add(infer, requests);
-  BatchStages& batch = data_.batches[requests];
-  batch.compute_input.Add(input);
-  batch.compute_infer.Add(infer);
+  for (BatchStages* batch : {&data_.batches[requests], &data_.batch_sizes[sequences]}) {
+    batch->compute_input.Add(input);
+    batch->compute_infer.Add(infer);
+  }
 }
 
-void ModelStatistics::Answered(uint64_t requests, absl::Duration output) {
+void ModelStatistics::Answered(uint64_t requests, uint64_t sequences, absl::Duration output) {
   std::lock_guard<std::mutex> lock(mu_);
   data_.compute_output.Add(output, requests);
   data_.batches[requests].compute_output.Add(output);
+  data_.batch_sizes[sequences].compute_output.Add(output);
 }
 
 ModelStatistics::Snapshot ModelStatistics::Read() const {

@@ -32,17 +32,22 @@ class ModelStatistics {
     // Per request: merging inputs and allocating outputs, the engine call,
     // encoding the answers (each request counted with its batch's time).
     Duration compute_input, compute_infer, compute_output;
-    std::map<uint64_t, BatchStages> batches;  // by requests per engine call
+    std::map<uint64_t, BatchStages> batches;  // by requests per engine call (mha.v1)
+    // By sequences per engine call: Triton's batch_size, the unit
+    // inference_count counts in (a request of B = 2 alone is a batch of 2).
+    std::map<uint64_t, BatchStages> batch_sizes;
   };
 
   // A request answered (ok or not) after `total`, of `sequences` sequences.
   void RequestDone(bool ok, absl::Duration total, int64_t sequences);
   void Queued(absl::Duration waited);
-  // An engine call of `requests` requests, before they are answered (so
-  // that a client reading statistics after its answer sees its call)...
-  void Executed(uint64_t requests, absl::Duration input, absl::Duration infer);
+  // An engine call of `requests` requests holding `sequences` sequences,
+  // before they are answered (so that a client reading statistics after
+  // its answer sees its call)...
+  void Executed(uint64_t requests, uint64_t sequences, absl::Duration input,
+                absl::Duration infer);
   // ...and the time its answers took to encode and hand to gRPC.
-  void Answered(uint64_t requests, absl::Duration output);
+  void Answered(uint64_t requests, uint64_t sequences, absl::Duration output);
   Snapshot Read() const;
 
  private:

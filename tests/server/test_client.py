@@ -108,6 +108,18 @@ class ClientTest(unittest.TestCase):
         self.assertIn("output [2, 5, 256]", r.stdout)
         self.assertIn("attn_weights [2, 4, 5, 5]", r.stdout)
         self.assertRegex(r.stdout, r"server \d+\.\d{3} ms, round trip \d+\.\d{3} ms")
+        # --random (the earlier CLI's flag) is accepted and changes nothing.
+        same = [self.client("attend", "--model=demo", "--len=5", "--seed=3", *extra)
+                for extra in ((), ("--random",))]
+        for run in same:
+            self.assertEqual(run.returncode, 0, run.stderr)
+        values = [[line for line in run.stdout.splitlines() if "round trip" not in line]
+                  for run in same]
+        self.assertEqual(values[0], values[1])
+        self.assertIn("output [1, 5, 256]", same[1].stdout)
+        failed = self.client("attend", "--model=demo", "--random", "--query=q.safetensors")
+        self.assertEqual(failed.returncode, 2, failed.stderr)
+        self.assertIn("--random", failed.stderr)
         failed = self.client("attend", "--model=broken")
         self.assertNotEqual(failed.returncode, 0)
         self.assertTrue(failed.stderr.startswith("FAILED_PRECONDITION: "), failed.stderr)
@@ -187,7 +199,7 @@ class ClientTest(unittest.TestCase):
             (("models", "extra"), 2, "models: unexpected argument 'extra'"),
             (("attend", f"--query={work}/q.pt"), 2, "not a safetensors file"),
             (("attend", f"--query={work}/q.safetensors", "--len=5"), 2,
-             "--len shapes random inputs; with --query the files give the shapes"),
+             "--len is for random inputs; with --query the files give the inputs"),
             (("attend", f"--out={work}/missing/out.safetensors"), 1,
              "No such file or directory"),
         ]

@@ -35,6 +35,7 @@ sys.path.insert(0, HERE)
 from mha_test_server import (REPO_ROOT, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
                              metric_value, tensor, to_numpy, wait_for)
 from mha_export import export  # noqa: E402
+import mha_client  # noqa: E402
 
 MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 E, HEADS, LEN = 32, 4, 6
@@ -336,8 +337,16 @@ class LifecycleTest(unittest.TestCase):
             self.assertIn("model m version 1:", r.stdout)
             r = run("load_model", ".staging")
             self.assertNotEqual(r.returncode, 0)
+            # Loaded here: test_model_control_api imports this module beside its
+            # own rendition of Triton's messages, of the same package.
+            kpb, krpc = mha_client.load_kserve_stubs()
+            kserve = krpc.GRPCInferenceServiceStub(s.channel())
+            model_ready = lambda: kserve.ModelReady(  # noqa: E731
+                kpb.ModelReadyRequest(name="m"), timeout=30).ready
+            self.assertTrue(model_ready())
             r = run("unload_model", "m")
             self.assertEqual((r.returncode, r.stdout.strip()), (0, "m: unloaded"))
+            self.assertFalse(model_ready(), "an unloaded model is not ready, as in Triton")
             r = run("attend", "--model=m", "--len=4")
             self.assertNotEqual(r.returncode, 0)
             self.assertIn("NOT_FOUND", r.stderr)

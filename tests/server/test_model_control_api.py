@@ -172,8 +172,12 @@ class ModelControlApiTest(unittest.TestCase):
             self.assertEqual(a.inference_stats.compute_infer.count, 2)
             self.assertGreater(a.inference_stats.compute_infer.ns, 0)
             self.assertLessEqual(a.inference_stats.compute_infer.ns, a.inference_stats.success.ns)
+            # Triton's batch_size is the execution's batch in inference_count's
+            # unit (rows of B): each call here held one request of B = 2.
             self.assertEqual([(b.batch_size, b.compute_infer.count) for b in a.batch_stats],
-                             [(1, 2)])
+                             [(2, 2)])
+            self.assertEqual(sum(b.batch_size * b.compute_infer.count for b in a.batch_stats),
+                             a.inference_count)
             self.assertGreater(a.last_inference, 1_700_000_000_000)  # Unix ms
             every = triton.ModelStatistics(tpb.ModelStatisticsRequest(), timeout=30)
             self.assertEqual(sorted((m.name, m.version) for m in every.model_stats),
@@ -183,6 +187,8 @@ class ModelControlApiTest(unittest.TestCase):
             self.assertEqual(ours.models[0].inference_count, 4)
             self.assertEqual(ours.models[0].execution_count, 2)
             self.assertEqual(ours.models[0].compute_infer.ns, a.inference_stats.compute_infer.ns)
+            self.assertEqual([(b.requests, b.compute_infer.count) for b in ours.models[0].batches],
+                             [(1, 2)])  # mha.v1 counts requests per call
             with self.assertRaises(grpc.RpcError) as e:
                 stub.GetModelStatistics(pb.GetModelStatisticsRequest(name="a", version=1))
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
