@@ -8,25 +8,55 @@
 # abort on a report, and the Python tests fail when a server's stderr has one.
 # Then the engine and batcher tests on a ThreadSanitizer build (build-tsan/),
 # and the libFuzzer targets (build-fuzz/).
+# At the end, pass or fail, it prints each stage's time, so that growth shows.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/../.."
+
+stage_names=() stage_seconds=() stage_name="" stage_began=$SECONDS
+# Starts stage "$1" (ending the one before) and says so.
+stage() {
+  end_stage
+  stage_name="$1" stage_began=$SECONDS
+  echo "== $1"
+}
+end_stage() {
+  if [ -n "$stage_name" ]; then
+    stage_names+=("$stage_name") stage_seconds+=($((SECONDS - stage_began)))
+  fi
+  stage_name=""
+}
+print_stage_times() {
+  local status=$? i
+  end_stage
+  echo "== stage times ($([ $status -eq 0 ] && echo passed || echo "failed, exit $status"))"
+  for i in "${!stage_names[@]}"; do
+    printf '%6d:%02d  %s\n' $((stage_seconds[i] / 60)) $((stage_seconds[i] % 60)) "${stage_names[i]}"
+  done
+  printf '%6d:%02d  total\n' $((SECONDS / 60)) $((SECONDS % 60))
+}
+trap print_stage_times EXIT
+
+stage "install what is missing"
 bash "$here/install_deps.sh"
+stage "build (Release)"
 bash "$here/build.sh"
+stage "ctest (Release)"
 (cd "$root/build" && ctest --output-on-failure --timeout 1800)
 
-echo "== deploy: Docker image, compose + Prometheus, replicas behind nginx, K8s manifests"
+stage "deploy: Docker image, compose + Prometheus, replicas behind nginx, K8s manifests"
 bash "$root/tests/deploy/deploy_test.sh"
 
-echo "== sanitizer build (address, undefined)"
+stage "sanitizer build (address, undefined)"
 cmake -S "$root" -B "$root/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DMHA_SANITIZE=address,undefined >/dev/null
 cmake --build "$root/build-asan" -j "$(nproc)"
+stage "ctest (address, undefined)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd "$root/build-asan" && ctest --output-on-failure --timeout 1800)
 
-echo "== ThreadSanitizer build: the engine and batcher tests (ctest -L threads)"
+stage "ThreadSanitizer build and the engine and batcher tests (ctest -L threads)"
 # Debian's libgomp, gRPC and Abseil are not built with TSan, so what crosses
 # them cannot be checked: this build runs the tests that drive our threads
 # (concurrent engine runs, many clients against batcher workers) with one
@@ -38,9 +68,10 @@ cmake --build "$root/build-tsan" -j "$(nproc)" --target engine_test server_unit_
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
   OMP_NUM_THREADS=1 ctest --output-on-failure --timeout 1800 -L threads)
 
-echo "== fuzzing (libFuzzer, clang, ASan + UBSan): each target for a bounded time"
+stage "fuzz build (libFuzzer, clang, ASan + UBSan)"
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-60}" \
   >/dev/null
 cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request fuzz_kserve fuzz_session
+stage "fuzzing: each target for a bounded time"
 (cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -R "^(fuzz_|regression_)")
