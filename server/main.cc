@@ -1,41 +1,24 @@
 // mha_server: serves the models of a repository over gRPC
 // (mha.v1.AttentionService, KServe v2 inference.GRPCInferenceService,
-// grpc.health.v1, reflection) with Prometheus
-// metrics on /metrics.
+// grpc.health.v1, reflection) with Prometheus metrics on /metrics. This
+// file reads the flags into ServerOptions and waits for SIGTERM; the
+// server itself is server/server.h.
 #include <malloc.h>
 #include <signal.h>
 
-#include <algorithm>
-#include <cstring>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "prometheus/exposer.h"
-#include "engine/status_macros.h"
-#include "server/attention_service.h"
-#include "server/auth.h"
-#include "server/health_reporter.h"
-#include "server/kserve_service.h"
-#include "server/memory_budget.h"
-#include "server/metrics.h"
-#include "server/model_control.h"
-#include "server/model_repository.h"
-#include "server/reflection_v1.h"
-#include "server/scheduling/worker_pool.h"
-#include "server/session_manager.h"
+#include "absl/time/time.h"
+#include "server/server.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
 #define MHA_DEFAULT_MODEL_REPOSITORY "models"
@@ -83,20 +66,6 @@ ABSL_FLAG(std::string, auth_token_file, "",
 namespace mha::server {
 namespace {
 
-std::string HostPort(const std::string& host, int port) {
-  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                              : absl::StrCat(host, ":", port);
-}
-
-std::string ModelSummary(const ModelRepository& models) {
-  std::vector<std::string> parts;
-  for (const v1::ModelInfo& info : models.Infos()) {
-    parts.push_back(
-        absl::StrCat(info.name(), info.state() == v1::ModelInfo::STATE_READY ? "" : "(failed)"));
-  }
-  return absl::StrJoin(parts, ",");
-}
-
 // Every --load_model given: Abseil keeps only the last occurrence of a flag,
 // so they are collected from the command line first.
 std::vector<std::string> LoadModelFlags(int argc, char** argv) {
@@ -118,60 +87,34 @@ std::vector<std::string> LoadModelFlags(int argc, char** argv) {
   return names;
 }
 
-// What the process holds before any request: its resident memory with the
-// models loaded (their packed weights and warm-up primitives), plus what
-// the primitive caches may still add (per model version, at least the
-// allowance of one busy model: oneDNN shares the primitives of equal shapes
-// across models), plus per engine worker the workspace it keeps.
-int64_t EngineReserve(const ModelRepository& models, const WorkerPool& pool) {
-  constexpr int64_t kPrimitivesAtLeast = int64_t{32} << 20;
-  int64_t versions = 0;
-  for (const std::string& name : models.Ready()) {
-    versions += static_cast<int64_t>(models.ReadyVersions(name).size());
-  }
-  return ResidentBytes() +
-         std::max(kPrimitivesAtLeast, versions * MhaEngine::kPrimitiveCacheBytes) +
-         pool.workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
+ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
+  ServerOptions o;
+  o.model_repository = absl::GetFlag(FLAGS_model_repository);
+  o.host = absl::GetFlag(FLAGS_host);
+  o.port = absl::GetFlag(FLAGS_port);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.workers = absl::GetFlag(FLAGS_workers);
+  o.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
+  o.shutdown_grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s));
+  o.disable_batching = absl::GetFlag(FLAGS_disable_batching);
+  o.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
+  o.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.model_control_mode = absl::GetFlag(FLAGS_model_control_mode);
+  o.repository_poll = absl::Seconds(absl::GetFlag(FLAGS_repository_poll_s));
+  o.load_models = std::move(load_models);
+  o.session_cache_bytes = absl::GetFlag(FLAGS_session_cache_bytes);
+  o.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.session_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
+  o.session_max_tokens = absl::GetFlag(FLAGS_session_max_tokens);
+  o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  return o;
 }
 
-// --session_cache_bytes, 0 resolved against what requests could otherwise
-// have: `available`, the memory limit beyond the engines' reserve.
-int64_t SessionCacheBytes(int64_t flag, int64_t available) {
-  constexpr int64_t kDefaultCap = int64_t{512} << 20;
-  if (flag > 0) return flag;
-  return std::clamp<int64_t>(available / 4, 0, kDefaultCap);
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Insecure, TLS, or mutual TLS, from the flags.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() {
-  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key);
-  const std::string client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  if (cert.empty() && key.empty() && client_ca.empty()) return grpc::InsecureServerCredentials();
-  if (cert.empty() || key.empty()) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
-  }
-  grpc::SslServerCredentialsOptions options;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(cert));
-  ASSIGN_OR_RETURN(pair.private_key, ReadFile(key));
-  options.pem_key_cert_pairs.push_back(pair);
-  if (!client_ca.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(client_ca));
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
-  }
-  return grpc::SslServerCredentials(options);
-}
-
-int Serve(const std::vector<std::string>& load_models) {
+int Serve(ServerOptions options) {
   // SIGTERM / SIGINT are taken by sigwait below, in plain view, not by a
   // handler: block them before any thread starts so every thread inherits.
   sigset_t signals;
@@ -180,114 +123,20 @@ int Serve(const std::vector<std::string>& load_models) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  Metrics metrics;
-  const MemoryLimit memory_limit = ResolveMemoryLimit(absl::GetFlag(FLAGS_memory_limit_bytes));
-  MemoryBudget memory(memory_limit.bytes, &metrics.memory_reserved());
-  metrics.memory_limit().Set(static_cast<double>(memory_limit.bytes));
-  // One pool of engine workers serves every model: threads follow the
-  // cores and --workers, never the number of models.
-  WorkerPool pool(WorkerPoolOptions{.workers = absl::GetFlag(FLAGS_workers),
-                                    .compute_threads = absl::GetFlag(FLAGS_intra_op_threads)});
-  RepositoryOptions repo_options{.pool = &pool,
-                                 .force_batching_off = absl::GetFlag(FLAGS_disable_batching),
-                                 .memory = &memory};
-  const absl::StatusOr<ModelControlMode> mode =
-      ParseModelControlMode(absl::GetFlag(FLAGS_model_control_mode));
-  if (!mode.ok()) {
-    std::fprintf(stderr, "mha_server: %s\n", std::string(mode.status().message()).c_str());
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(options));
+  if (!server.ok()) {
+    std::fprintf(stderr, "mha_server: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  auto models = std::make_unique<ModelRepository>(absl::GetFlag(FLAGS_model_repository),
-                                                  repo_options, metrics);
-  if (absl::Status loaded = LoadAtStart(*models, *mode, load_models); !loaded.ok()) {
-    std::fprintf(stderr, "mha_server: %s\n", loaded.ToString().c_str());
-    return 1;
-  }
-  const int64_t engine_reserve = EngineReserve(*models, pool);
-  const int64_t session_cache_bytes = SessionCacheBytes(
-      absl::GetFlag(FLAGS_session_cache_bytes), memory.limit() - engine_reserve);
-  memory.SetReserve(engine_reserve + session_cache_bytes);
-  if (memory.capacity() <= 0) {
-    std::fprintf(stderr, "mha_server: --memory_limit_bytes %s leaves nothing for requests "
-                 "beyond the engines' reserve and the session cache, %s bytes\n",
-                 WithCommas(memory.limit()).c_str(), WithCommas(memory.reserve()).c_str());
-    return 1;
-  }
-
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials();
-  absl::StatusOr<BearerAuth> auth = BearerAuth::FromFile(absl::GetFlag(FLAGS_auth_token_file));
-  for (const absl::Status& s : {credentials.status(), auth.status()}) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "mha_server: %s\n", s.ToString().c_str());
-      return 1;
-    }
-  }
-  const std::string host = absl::GetFlag(FLAGS_host);
-  prometheus::Exposer exposer(HostPort(host, absl::GetFlag(FLAGS_metrics_port)));
-  exposer.RegisterCollectable(metrics.registry());
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  HealthReporter health(*models);
-  ModelControl control(*models, *mode,
-                       absl::Seconds(std::max(1, absl::GetFlag(FLAGS_repository_poll_s))),
-                       [&health] { health.Update(); });
-  AttendDispatcher dispatcher(
-      *models, metrics,
-      RequestLimits{.max_tokens = absl::GetFlag(FLAGS_max_request_tokens),
-                    .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)},
-      memory, *std::move(auth));
-  SessionManager sessions(
-      SessionOptions{.cache_bytes = session_cache_bytes,
-                     .max_sessions = absl::GetFlag(FLAGS_max_sessions),
-                     .idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s)),
-                     .max_tokens = absl::GetFlag(FLAGS_session_max_tokens),
-                     .memory = &memory},
-      metrics.Sessions());
-  AttentionServiceImpl service(dispatcher, control, sessions);
-  KserveServiceImpl kserve(dispatcher, control);
-  ReflectionV1Service reflection_v1(ServedServiceNames());
-  grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  builder.AddListeningPort(HostPort(host, absl::GetFlag(FLAGS_port)),
-                           *credentials, &grpc_port);
-  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.RegisterService(&service);
-  builder.RegisterService(&kserve);
-  builder.RegisterService(&reflection_v1);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    std::fprintf(stderr, "mha_server: cannot listen on %s\n",
-                 HostPort(host, absl::GetFlag(FLAGS_port)).c_str());
-    return 1;
-  }
-  health.Attach(server.get(), /*serving=*/true);
-  std::printf("mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%lld "
-              "(%s; engines' reserve and session cache %s)\n",
-              grpc_port, exposer.GetListeningPorts().front(), ModelSummary(*models).c_str(),
-              static_cast<long long>(memory.limit()), memory_limit.source.c_str(),
-              WithCommas(memory.reserve()).c_str());
+  std::printf("%s\n", (*server)->ReadyLine().c_str());
   std::fflush(stdout);
 
   int received = 0;
   sigwait(&signals, &received);
-  health.StopServing();
-  dispatcher.StartDraining();
-  sessions.StartDraining();  // no new sessions; steps go on until the grace period ends
+  (*server)->StartDraining();
   // Said once draining has begun (tests wait for this line).
   std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
-  control.Stop();  // queued loads answered UNAVAILABLE, so Shutdown does not wait for them
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  sessions.Stop();
-  models->Stop();
-  server->Wait();
-  health.Attach(nullptr, false);
+  (*server)->Drain();
   return 0;
 }
 
@@ -312,5 +161,5 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("mha_server [--model_repository DIR] [--port N] [--metrics_port N]");
   const std::vector<std::string> load_models = mha::server::LoadModelFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
-  return mha::server::Serve(load_models);
+  return mha::server::Serve(mha::server::OptionsFromFlags(load_models));
 }

@@ -8,7 +8,9 @@
 # abort on a report, and the Python tests fail when a server's stderr has one.
 # Then the engine and batcher tests on a ThreadSanitizer build (build-tsan/),
 # and the libFuzzer targets (build-fuzz/).
-# At the end, pass or fail, it prints each stage's time, so that growth shows.
+# ctest runs as many tests at once as there are cores (most of the server
+# tests wait on sockets and clocks; the longest start first). At the end,
+# pass or fail, it prints each stage's time, so that growth shows.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$here/../.."
@@ -42,7 +44,7 @@ bash "$here/install_deps.sh"
 stage "build (Release)"
 bash "$here/build.sh"
 stage "ctest (Release)"
-(cd "$root/build" && ctest --output-on-failure --timeout 1800)
+(cd "$root/build" && ctest --output-on-failure --timeout 1800 -j "$(nproc)")
 
 stage "deploy: Docker image, compose + Prometheus, replicas behind nginx, K8s manifests"
 bash "$root/tests/deploy/deploy_test.sh"
@@ -54,7 +56,7 @@ cmake --build "$root/build-asan" -j "$(nproc)"
 stage "ctest (address, undefined)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-(cd "$root/build-asan" && ctest --output-on-failure --timeout 1800)
+(cd "$root/build-asan" && ctest --output-on-failure --timeout 1800 -j "$(nproc)")
 
 stage "ThreadSanitizer build and the engine and batcher tests (ctest -L threads)"
 # Debian's libgomp, gRPC and Abseil are not built with TSan, so what crosses
@@ -74,4 +76,4 @@ cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   >/dev/null
 cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request fuzz_kserve fuzz_session
 stage "fuzzing: each target for a bounded time"
-(cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -R "^(fuzz_|regression_)")
+(cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -j "$(nproc)" -R "^(fuzz_|regression_)")

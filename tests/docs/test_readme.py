@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The README's commands, run as a reader would run them, so they cannot go stale.
 
-Every fenced block preceded by `<!-- test -->` runs, in the README's order,
+Every fenced block preceded by `<!-- test -->` runs, in the README's order and
+then in each of docs/*.md (by file name),
 in one scratch folder that looks like the repository root (`build/` is the
 build under test, `models/` the repository's, `client/` and `proto/` copies,
 so pip's in-tree build writes nothing into the source tree); `sh` blocks in
@@ -56,9 +57,16 @@ def reexec_in_own_network():
     return None
 
 
-def readme_blocks():
-    """[(lang, code, background)] of the marked blocks."""
-    with open(README) as f:
+def marked_pages():
+    """README.md, then docs/*.md by name."""
+    docs = os.path.join(REPO_ROOT, "docs")
+    return [README] + [os.path.join(docs, f) for f in sorted(os.listdir(docs))
+                       if f.endswith(".md")]
+
+
+def marked_blocks(page):
+    """[(lang, code, background)] of `page`'s marked blocks, and its markers."""
+    with open(page) as f:
         text = f.read()
     blocks = [(m["lang"], m["code"], bool(m["background"])) for m in BLOCK.finditer(text)]
     return blocks, len(re.findall(r"(?m)^<!-- test", text))
@@ -102,26 +110,32 @@ class ReadmeTest(unittest.TestCase):
         shutil.rmtree(self.folder, ignore_errors=True)
         self.assertEqual(codes, [0] * len(codes), "servers did not drain and exit 0")
 
-    def run_block(self, number, lang, code):
+    def run_block(self, where, lang, code):
         command = (["bash", "-e", "-o", "pipefail", "-c", code] if lang == "sh"
                    else ["python3", "-c", code])
         run = subprocess.run(command, cwd=self.folder, env=self.env, capture_output=True,
                              text=True, timeout=BLOCK_TIMEOUT_S)
-        self.assertEqual(run.returncode, 0, f"README block {number} ({lang}) failed:\n{code}\n"
+        self.assertEqual(run.returncode, 0, f"{where} ({lang}) failed:\n{code}\n"
                          f"stdout: {run.stdout[-3000:]}\nstderr: {run.stderr[-3000:]}")
 
     def test_marked_blocks_run(self):
-        blocks, markers = readme_blocks()
-        self.assertEqual(len(blocks), markers, "a <!-- test --> marker not followed by a block")
-        self.assertGreaterEqual(len(blocks), 5)
         self.servers.append(start_server(["build/mha_server", "--model_repository", "models"],
                                          self.folder, self.env))
-        for number, (lang, code, background) in enumerate(blocks, 1):
-            if background:
-                self.servers.append(start_server(["bash", "-c", "exec " + code.strip()],
-                                                 self.folder, self.env))
-            else:
-                self.run_block(number, lang, code)
+        ran = {}
+        for page in marked_pages():
+            name = os.path.relpath(page, REPO_ROOT)
+            blocks, markers = marked_blocks(page)
+            self.assertEqual(len(blocks), markers,
+                             f"{name}: a <!-- test --> marker not followed by a block")
+            for number, (lang, code, background) in enumerate(blocks, 1):
+                if background:
+                    self.servers.append(start_server(["bash", "-c", "exec " + code.strip()],
+                                                     self.folder, self.env))
+                else:
+                    self.run_block(f"{name} block {number}", lang, code)
+            ran[name] = len(blocks)
+        self.assertGreaterEqual(ran["README.md"], 5)
+        self.assertGreaterEqual(ran["docs/KSERVE.md"], 1)
 
 
 class LinkTest(unittest.TestCase):

@@ -1,0 +1,219 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "engine/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "server/attend_dispatch.h"
+#include "server/attention_service.h"
+#include "server/auth.h"
+#include "server/health_reporter.h"
+#include "server/kserve_service.h"
+#include "server/memory_budget.h"
+#include "server/metrics.h"
+#include "server/model_control.h"
+#include "server/model_repository.h"
+#include "server/reflection_v1.h"
+#include "server/scheduling/worker_pool.h"
+#include "server/session_manager.h"
+
+namespace mha::server {
+namespace {
+
+std::string HostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                              : absl::StrCat(host, ":", port);
+}
+
+std::string ModelSummary(const ModelRepository& models) {
+  std::vector<std::string> parts;
+  for (const v1::ModelInfo& info : models.Infos()) {
+    parts.push_back(
+        absl::StrCat(info.name(), info.state() == v1::ModelInfo::STATE_READY ? "" : "(failed)"));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+// What the process holds before any request: its resident memory with the
+// models loaded (their packed weights and warm-up primitives), plus what
+// the primitive caches may still add (per model version, at least the
+// allowance of one busy model: oneDNN shares the primitives of equal shapes
+// across models), plus per engine worker the workspace it keeps.
+int64_t EngineReserve(const ModelRepository& models, const WorkerPool& pool) {
+  constexpr int64_t kPrimitivesAtLeast = int64_t{32} << 20;
+  int64_t versions = 0;
+  for (const std::string& name : models.Ready()) {
+    versions += static_cast<int64_t>(models.ReadyVersions(name).size());
+  }
+  return ResidentBytes() +
+         std::max(kPrimitivesAtLeast, versions * MhaEngine::kPrimitiveCacheBytes) +
+         pool.workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
+}
+
+// --session_cache_bytes, 0 resolved against what requests could otherwise
+// have: `available`, the memory limit beyond the engines' reserve.
+int64_t SessionCacheBytes(int64_t flag, int64_t available) {
+  constexpr int64_t kDefaultCap = int64_t{512} << 20;
+  if (flag > 0) return flag;
+  return std::clamp<int64_t>(available / 4, 0, kDefaultCap);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Insecure, TLS, or mutual TLS.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert.empty() && o.tls_key.empty() && o.tls_client_ca.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (o.tls_cert.empty() || o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  grpc::SslServerCredentialsOptions options;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(o.tls_cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile(o.tls_key));
+  options.pem_key_cert_pairs.push_back(pair);
+  if (!o.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(o.tls_client_ca));
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {}
+
+Server::~Server() { Drain(); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  RETURN_IF_ERROR(server->Build());
+  return server;
+}
+
+absl::Status Server::Build() {
+  ASSIGN_OR_RETURN(const ModelControlMode mode,
+                   ParseModelControlMode(options_.model_control_mode));
+  metrics_ = std::make_unique<Metrics>();
+  const MemoryLimit limit = ResolveMemoryLimit(options_.memory_limit_bytes);
+  memory_source_ = limit.source;
+  memory_ = std::make_unique<MemoryBudget>(limit.bytes, &metrics_->memory_reserved());
+  metrics_->memory_limit().Set(static_cast<double>(limit.bytes));
+  // One pool of engine workers serves every model: threads follow the
+  // cores and --workers, never the number of models.
+  pool_ = std::make_unique<WorkerPool>(WorkerPoolOptions{
+      .workers = options_.workers, .compute_threads = options_.intra_op_threads});
+  models_ = std::make_unique<ModelRepository>(
+      options_.model_repository,
+      RepositoryOptions{.pool = pool_.get(),
+                        .force_batching_off = options_.disable_batching,
+                        .memory = memory_.get()},
+      *metrics_);
+  RETURN_IF_ERROR(LoadAtStart(*models_, mode, options_.load_models));
+  const int64_t engine_reserve = EngineReserve(*models_, *pool_);
+  const int64_t session_cache_bytes =
+      SessionCacheBytes(options_.session_cache_bytes, memory_->limit() - engine_reserve);
+  memory_->SetReserve(engine_reserve + session_cache_bytes);
+  if (memory_->capacity() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--memory_limit_bytes ", WithCommas(memory_->limit()),
+        " leaves nothing for requests beyond the engines' reserve and the session cache, ",
+        WithCommas(memory_->reserve()), " bytes"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options_));
+  ASSIGN_OR_RETURN(BearerAuth auth, BearerAuth::FromFile(options_.auth_token_file));
+
+  exposer_ = std::make_unique<prometheus::Exposer>(
+      HostPort(options_.host, options_.metrics_port));
+  exposer_->RegisterCollectable(metrics_->registry());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  health_ = std::make_unique<HealthReporter>(*models_);
+  control_ = std::make_unique<ModelControl>(
+      *models_, mode, absl::Seconds(std::max<int64_t>(1, absl::ToInt64Seconds(
+                                                           options_.repository_poll))),
+      [this] { health_->Update(); });
+  dispatcher_ = std::make_unique<AttendDispatcher>(
+      *models_, *metrics_,
+      RequestLimits{.max_tokens = options_.max_request_tokens,
+                    .max_message_bytes = options_.max_message_bytes},
+      *memory_, std::move(auth));
+  sessions_ = std::make_unique<SessionManager>(
+      SessionOptions{.cache_bytes = session_cache_bytes,
+                     .max_sessions = options_.max_sessions,
+                     .idle_timeout = options_.session_idle_timeout,
+                     .max_tokens = options_.session_max_tokens,
+                     .memory = memory_.get()},
+      metrics_->Sessions());
+  service_ = std::make_unique<AttentionServiceImpl>(*dispatcher_, *control_, *sessions_);
+  kserve_ = std::make_unique<KserveServiceImpl>(*dispatcher_, *control_);
+  reflection_v1_ = std::make_unique<ReflectionV1Service>(ServedServiceNames());
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(HostPort(options_.host, options_.port), credentials, &grpc_port_);
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(kserve_.get());
+  builder.RegisterService(reflection_v1_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || grpc_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", HostPort(options_.host, options_.port)));
+  }
+  health_->Attach(grpc_server_.get(), /*serving=*/true);
+  return absl::OkStatus();
+}
+
+std::string Server::ReadyLine() const {
+  return absl::StrFormat(
+      "mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%d "
+      "(%s; engines' reserve and session cache %s)",
+      grpc_port_, exposer_->GetListeningPorts().front(), ModelSummary(*models_),
+      memory_->limit(), memory_source_, WithCommas(memory_->reserve()));
+}
+
+void Server::StartDraining() {
+  if (draining_ || grpc_server_ == nullptr) return;
+  draining_ = true;
+  health_->StopServing();
+  dispatcher_->StartDraining();
+  sessions_->StartDraining();  // no new sessions; steps go on until the grace period ends
+}
+
+void Server::Drain() {
+  if (drained_ || grpc_server_ == nullptr) return;
+  StartDraining();
+  drained_ = true;
+  control_->Stop();  // queued loads answered UNAVAILABLE, so Shutdown does not wait for them
+  grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(options_.shutdown_grace));
+  sessions_->Stop();
+  models_->Stop();
+  grpc_server_->Wait();
+  health_->Attach(nullptr, false);
+}
+
+}  // namespace mha::server

@@ -1,0 +1,108 @@
+// The whole server as one object: what it is configured with, building and
+// starting it (models loaded, memory budgeted, ports open), and draining it.
+// main.cc only reads flags into ServerOptions.
+#ifndef MHA_SERVER_SERVER_H_
+#define MHA_SERVER_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace mha::server {
+
+class AttendDispatcher;
+class AttentionServiceImpl;
+class HealthReporter;
+class KserveServiceImpl;
+class MemoryBudget;
+class Metrics;
+class ModelControl;
+class ModelRepository;
+class ReflectionV1Service;
+class SessionManager;
+class WorkerPool;
+
+// Every setting of a server; the flags of mha_server map one to one (see
+// the README's configuration reference).
+struct ServerOptions {
+  std::string model_repository = "models";
+  std::string host = "0.0.0.0";
+  int port = 50051;          // 0: a free one
+  int metrics_port = 9464;   // 0: a free one
+  int max_message_bytes = 64 << 20;
+  int workers = 1;
+  int intra_op_threads = 0;  // 0: cores / workers
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  bool disable_batching = false;
+  int64_t max_request_tokens = int64_t{1} << 20;
+  int64_t memory_limit_bytes = 0;  // 0: from the cgroup, RLIMIT_AS or physical memory
+  std::string tls_cert, tls_key, tls_client_ca;
+  std::string model_control_mode = "none";
+  absl::Duration repository_poll = absl::Seconds(15);
+  std::vector<std::string> load_models;
+  int64_t session_cache_bytes = 0;  // 0: from the memory limit
+  int64_t max_sessions = 1024;
+  absl::Duration session_idle_timeout = absl::Seconds(60);
+  int64_t session_max_tokens = 8192;
+  std::string auth_token_file;
+};
+
+// Owns the object graph of one server: metrics, the memory budget, the
+// worker pool, the model repository and its control, the dispatcher, the
+// sessions, the gRPC services and server, the metrics endpoint. Start and
+// Drain are called from one thread (main's); the server itself serves from
+// gRPC's threads and the pool's.
+class Server {
+ public:
+  // Loads the models, sets the memory reserve, opens the ports and starts
+  // serving. An error says what is wrong (a flag, a model, a port).
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+  ~Server();  // Drain(), if not done
+
+  // The line that tells a supervisor (and the tests) the server serves.
+  std::string ReadyLine() const;
+  // Not serving from now on: health says so, new calls and sessions are
+  // refused; what is queued and in flight goes on.
+  void StartDraining();
+  // StartDraining, then up to the grace period for what is queued and in
+  // flight, then stops everything.
+  void Drain();
+
+ private:
+  explicit Server(ServerOptions options);
+  absl::Status Build();
+
+  const ServerOptions options_;
+  std::string memory_source_;  // where the memory limit came from
+  int grpc_port_ = 0;
+  bool draining_ = false, drained_ = false;
+  // In construction order (destroyed in reverse).
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<MemoryBudget> memory_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<ModelRepository> models_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HealthReporter> health_;
+  std::unique_ptr<ModelControl> control_;
+  std::unique_ptr<AttendDispatcher> dispatcher_;
+  std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<AttentionServiceImpl> service_;
+  std::unique_ptr<KserveServiceImpl> kserve_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SERVER_H_

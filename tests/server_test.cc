@@ -1,0 +1,76 @@
+// Server: the whole object graph built from ServerOptions, started on free
+// ports over the repository's demo model, answering, and drained; options
+// it cannot serve with are refused with what is wrong.
+#include "server/server.h"
+
+#include <memory>
+#include <regex>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "mha/v1/attention.grpc.pb.h"
+
+namespace mha::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+ServerOptions DemoOptions() {
+  ServerOptions options;
+  options.model_repository = MHA_DEMO_REPOSITORY;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.metrics_port = 0;
+  options.shutdown_grace = absl::Seconds(5);
+  return options;
+}
+
+TEST(ServerTest, StartsServesAndDrains) {
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(DemoOptions());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string ready = (*server)->ReadyLine();
+  std::smatch port;
+  ASSERT_TRUE(std::regex_search(ready, port, std::regex("^mha_server ready grpc_port=(\\d+) "
+                                                        "metrics_port=\\d+ models=demo ")))
+      << ready;
+  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + port[1].str(), grpc::InsecureChannelCredentials()));
+  auto list = [&](v1::ListModelsResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub->ListModels(&context, v1::ListModelsRequest(), response);
+  };
+  v1::ListModelsResponse models;
+  const grpc::Status listed = list(&models);
+  ASSERT_TRUE(listed.ok()) << listed.error_message();
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).name(), "demo");
+  EXPECT_EQ(models.models(0).state(), v1::ModelInfo::STATE_READY);
+
+  (*server)->Drain();
+  EXPECT_FALSE(list(&models).ok()) << "a drained server serves nothing";
+  (*server)->Drain();  // once is enough; again does nothing
+}
+
+TEST(ServerTest, RefusesOptionsItCannotServeWith) {
+  ServerOptions tiny = DemoOptions();
+  tiny.memory_limit_bytes = int64_t{1} << 20;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(tiny);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("--memory_limit_bytes 1,048,576 leaves nothing for requests"));
+
+  ServerOptions mode = DemoOptions();
+  mode.model_control_mode = "sometimes";
+  EXPECT_EQ(Server::Start(mode).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ServerOptions tls = DemoOptions();
+  tls.tls_cert = "/nonexistent/cert.pem";
+  server = Server::Start(tls);
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("--tls_cert and --tls_key"));
+}
+
+}  // namespace
+}  // namespace mha::server
