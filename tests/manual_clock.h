@@ -8,7 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "server/scheduling/clock.h"
 
 namespace mha::testing {
 

@@ -11,8 +11,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
-#include "server/metrics.h"
-#include "server/repository_scan.h"
+#include "server/models/repository_scan.h"
+#include "server/observability/metrics.h"
 
 namespace mha::server {
 namespace {

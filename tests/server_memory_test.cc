@@ -1,5 +1,5 @@
-// The memory budget (server/memory_budget.h), the batcher forming batches
-// within it, and admission by bytes (server/admission.h).
+// The memory budget (server/scheduling/memory_budget.h), the batcher forming batches
+// within it, and admission by bytes (server/scheduling/admission.h).
 #include <future>
 #include <memory>
 #include <string>
@@ -8,10 +8,10 @@
 #include "engine/mha_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/admission.h"
-#include "server/batcher.h"
-#include "server/request_codec.h"
-#include "server/memory_budget.h"
+#include "server/frontends/request_codec.h"
+#include "server/scheduling/admission.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/memory_budget.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
 

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "engine/mha_engine.h"
+#include "engine/wire_dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/wire_dtype.h"
-#include "server/batcher.h"
-#include "server/request_codec.h"
+#include "server/frontends/request_codec.h"
+#include "server/scheduling/batcher.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
 

@@ -3,7 +3,7 @@
 // manual clock, eviction, steps sharing the batcher's engine calls with
 // Attend requests, and steps admitted as Attend requests are (memory,
 // deadline, cancellation).
-#include "server/session_manager.h"
+#include "server/sessions/session_manager.h"
 
 #include <atomic>
 #include <future>
@@ -11,8 +11,8 @@
 
 #include "gtest/gtest.h"
 #include "prometheus/gauge.h"
-#include "server/admission.h"
-#include "server/memory_budget.h"
+#include "server/scheduling/admission.h"
+#include "server/scheduling/memory_budget.h"
 #include "tests/engine_cases.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"

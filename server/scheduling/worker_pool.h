@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "server/scheduling/clock.h"
 
 namespace mha {
 class Workspace;

@@ -12,9 +12,9 @@
 #include "engine/mha_engine.h"
 #include "engine/threads.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/admission.h"
-#include "server/kserve_codec.h"
-#include "server/request_codec.h"
+#include "server/frontends/kserve_codec.h"
+#include "server/frontends/request_codec.h"
+#include "server/scheduling/admission.h"
 #include "tests/test_models.h"
 
 namespace {

@@ -12,8 +12,8 @@
 #include "engine/kv_cache.h"
 #include "engine/mha_engine.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/session_codec.h"
-#include "server/session_manager.h"
+#include "server/frontends/session_codec.h"
+#include "server/sessions/session_manager.h"
 #include "tests/test_models.h"
 
 namespace {

@@ -1,0 +1,156 @@
+#include "server/frontends/attention_service.h"
+
+#include <utility>
+
+#include "engine/status_macros.h"
+#include "server/frontends/stream_reactor.h"
+
+namespace mha::server {
+namespace {
+
+void Fill(const ModelStatistics::Duration& d, v1::StageDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out) {
+  const ModelStatistics::Snapshot s = version.statistics->Read();
+  out->set_name(version.name);
+  out->set_version(version.version);
+  out->set_last_inference_ms(s.last_inference_ms);
+  out->set_inference_count(s.inference_count);
+  out->set_execution_count(s.execution_count);
+  Fill(s.success, out->mutable_success());
+  Fill(s.fail, out->mutable_fail());
+  Fill(s.queue, out->mutable_queue());
+  Fill(s.compute_input, out->mutable_compute_input());
+  Fill(s.compute_infer, out->mutable_compute_infer());
+  Fill(s.compute_output, out->mutable_compute_output());
+  for (const auto& [requests, stages] : s.batches) {
+    v1::BatchStatistics* batch = out->add_batches();
+    batch->set_requests(requests);
+    Fill(stages.compute_input, batch->mutable_compute_input());
+    Fill(stages.compute_infer, batch->mutable_compute_infer());
+    Fill(stages.compute_output, batch->mutable_compute_output());
+  }
+}
+
+}  // namespace
+
+void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
+                          const AttentionResult& result, v1::AttendResponse* response) {
+  response->set_model(model.name);
+  response->set_model_version(model.version);
+  EncodeTensor(result.output, layout.output_shape, layout.output_dtype,
+               response->mutable_output());
+  if (!layout.weights_shape.empty()) {
+    EncodeTensor(result.weights, layout.weights_shape, DType::kF32,
+                 response->mutable_attn_weights());
+  }
+}
+
+grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionServiceImpl::Stream(
+    grpc::CallbackServerContext* context) {
+  return new StreamReactor(context, dispatcher_, session_calls_);
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerContext* context,
+                                                       const v1::AttendRequest* request,
+                                                       v1::AttendResponse* response) {
+  auto* reactor = new CallReactor();
+  auto decode = [this, request](const ModelVersion& model) {
+    return DecodeAttendRequest(*request, model.model.dims, dispatcher_.limits());
+  };
+  auto respond = [response](const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) {
+    EncodeAttendResponse(model, layout, result, response);
+  };
+  dispatcher_.Dispatch(context, reactor, request->model(), request->model_version(), kApiMha,
+                       decode, std::move(respond));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerContext* context,
+                                                           const v1::ListModelsRequest*,
+                                                           v1::ListModelsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Status allowed = dispatcher_.Authorize(*context);
+  if (allowed.ok()) {
+    for (v1::ModelInfo& info : dispatcher_.models().Infos()) {
+      *response->add_models() = std::move(info);
+    }
+  }
+  reactor->Finish(ToGrpcStatus(allowed));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerContext* context,
+                                                         const v1::GetModelRequest* request,
+                                                         v1::ModelInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = dispatcher_.Authorize(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
+  absl::StatusOr<v1::ModelInfo> info = dispatcher_.models().Info(request->name());
+  if (info.ok()) *response = *std::move(info);
+  reactor->Finish(ToGrpcStatus(info.status()));
+  return reactor;
+}
+
+absl::Status AttentionServiceImpl::ControlAllowed(
+    const grpc::CallbackServerContext& context) const {
+  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  return control_.Allowed();
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerContext* context,
+                                                          const v1::LoadModelRequest* request,
+                                                          v1::ModelInfo* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = ControlAllowed(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
+  const ModelRepository& models = dispatcher_.models();
+  control_.Load(request->name(), [reactor, response, &models,
+                                  name = request->name()](absl::Status status) {
+    if (absl::StatusOr<v1::ModelInfo> info = models.Info(name); info.ok()) {
+      *response = *std::move(info);
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::UnloadModel(
+    grpc::CallbackServerContext* context, const v1::UnloadModelRequest* request,
+    v1::UnloadModelResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status allowed = ControlAllowed(*context); !allowed.ok()) {
+    reactor->Finish(ToGrpcStatus(allowed));
+    return reactor;
+  }
+  control_.Unload(request->name(),
+                  [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::GetModelStatistics(
+    grpc::CallbackServerContext* context, const v1::GetModelStatisticsRequest* request,
+    v1::ModelStatisticsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    absl::StatusOr<std::vector<VersionPtr>> selected =
+        dispatcher_.models().Select(request->name(), request->version());
+    status = selected.status();
+    if (selected.ok()) {
+      for (const VersionPtr& v : *selected) FillStatistics(*v, response->add_models());
+    }
+  }
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace mha::server

@@ -1,0 +1,73 @@
+// The thin gRPC layer: mha.v1.AttentionService on the callback API.
+#ifndef MHA_SERVER_FRONTENDS_ATTENTION_SERVICE_H_
+#define MHA_SERVER_FRONTENDS_ATTENTION_SERVICE_H_
+
+#include "grpcpp/grpcpp.h"
+#include "mha/v1/attention.grpc.pb.h"
+#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/session_calls.h"
+#include "server/models/model_control.h"
+#include "server/sessions/session_manager.h"
+
+namespace mha::server {
+
+// An Attend's response from its result (shared by Attend and Stream).
+void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
+                          const AttentionResult& result, v1::AttendResponse* response);
+
+// Borrows the dispatcher, the model control and the sessions (all outlive
+// the server).
+// Handlers validate, enqueue and return; they never wait for compute or for
+// a load. Thread-safe.
+class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+ public:
+  AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
+                       SessionManager& sessions)
+      : dispatcher_(dispatcher), control_(control), session_calls_(dispatcher, sessions) {}
+
+  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
+                                   const v1::AttendRequest* request,
+                                   v1::AttendResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
+                                     const v1::GetModelRequest* request,
+                                     v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* LoadModel(grpc::CallbackServerContext* context,
+                                      const v1::LoadModelRequest* request,
+                                      v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* UnloadModel(grpc::CallbackServerContext* context,
+                                        const v1::UnloadModelRequest* request,
+                                        v1::UnloadModelResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelStatistics(grpc::CallbackServerContext* context,
+                                               const v1::GetModelStatisticsRequest* request,
+                                               v1::ModelStatisticsResponse* response) override;
+  // Sessions (server/frontends/session_service.cc).
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
+                                        const v1::OpenSessionRequest* request,
+                                        v1::Session* response) override;
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
+                                   const v1::AppendRequest* request,
+                                   v1::AppendResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* Stream(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  // Why a model control call may not run (auth, mode none), or OK.
+  absl::Status ControlAllowed(const grpc::CallbackServerContext& context) const;
+
+  AttendDispatcher& dispatcher_;
+  ModelControl& control_;
+  SessionCalls session_calls_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_ATTENTION_SERVICE_H_

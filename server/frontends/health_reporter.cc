@@ -1,0 +1,39 @@
+#include "server/frontends/health_reporter.h"
+
+#include <vector>
+
+#include "grpcpp/health_check_service_interface.h"
+
+namespace mha::server {
+
+void HealthReporter::Attach(grpc::Server* server, bool serving) {
+  std::lock_guard<std::mutex> lock(mu_);
+  server_ = server;
+  serving_ = serving;
+  ReportLocked();
+}
+
+void HealthReporter::Update() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReportLocked();
+}
+
+void HealthReporter::StopServing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  serving_ = false;
+  ReportLocked();
+}
+
+void HealthReporter::ReportLocked() {
+  if (server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus("", serving_);
+  const std::vector<std::string> ready = models_.Ready();
+  const std::set<std::string> ready_set(ready.begin(), ready.end());
+  for (const v1::ModelInfo& info : models_.Infos()) named_.insert(info.name());
+  for (const std::string& name : named_) {
+    health->SetServingStatus(name, serving_ && ready_set.count(name) > 0);
+  }
+}
+
+}  // namespace mha::server

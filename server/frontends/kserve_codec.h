@@ -1,0 +1,53 @@
+// The KServe v2 / Open Inference Protocol messages to the engine's request
+// and back: ModelInfer goes through the checks, batcher and engine of
+// Attend, with errors in KServe's words. No gRPC calls here: pure message
+// conversion.
+#ifndef MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
+#define MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/attention_request.h"
+#include "engine/model_config.h"
+#include "inference/grpc_service.pb.h"
+#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/request_codec.h"
+
+namespace mha::server {
+
+// Output tensor names of ModelInfer.
+inline constexpr char kOutputName[] = "output";
+inline constexpr char kWeightsName[] = "attn_weights";
+// A KServe model_version: "" -> 0 (the newest ready one), else a positive
+// decimal number; NOT_FOUND for anything else.
+absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version);
+
+// Maps inputs by name (query, key, value, key_padding_mask, attn_mask;
+// datatypes FP32, BF16, FP16, BOOL; raw_input_contents or typed contents,
+// viewed where they are, not copied), the bool parameters is_causal /
+// need_weights / per_head_weights, and checks them against `dims` as
+// Attend does. `request` must outlive the result. `outputs` receives the
+// outputs to return, in order. Errors are INVALID_ARGUMENT (or
+// RESOURCE_EXHAUSTED above `limits`) and name KServe datatypes.
+absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
+                                                    const AttentionDims& dims,
+                                                    const RequestLimits& limits,
+                                                    std::vector<std::string>& outputs);
+
+// The response: the requested outputs, raw little-endian bytes, and the
+// version that computed them.
+void FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
+                       const std::vector<std::string>& outputs, const ResultLayout& layout,
+                       const AttentionResult& result, inference::ModelInferResponse* response);
+
+// Inputs and outputs of a model with these dimensions, and its ready
+// versions; -1 marks batch and sequence lengths.
+void DescribeModel(const std::string& name, const AttentionDims& dims,
+                   const std::vector<int64_t>& versions,
+                   inference::ModelMetadataResponse* response);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_

@@ -1,0 +1,270 @@
+#include "server/frontends/kserve_service.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/frontends/kserve_codec.h"
+#include "server/frontends/message_stream.h"
+
+#ifndef MHA_VERSION
+#define MHA_VERSION "0"
+#endif
+
+namespace mha::server {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void Fill(const ModelStatistics::Duration& d, inference::StatisticDuration* out) {
+  out->set_count(d.count);
+  out->set_ns(d.ns);
+}
+
+void FillStatistics(const ModelVersion& version, inference::ModelStatistics* out) {
+  const ModelStatistics::Snapshot s = version.statistics->Read();
+  out->set_name(version.name);
+  out->set_version(absl::StrCat(version.version));
+  out->set_last_inference(s.last_inference_ms);
+  out->set_inference_count(s.inference_count);
+  out->set_execution_count(s.execution_count);
+  inference::InferStatistics* stats = out->mutable_inference_stats();
+  Fill(s.success, stats->mutable_success());
+  Fill(s.fail, stats->mutable_fail());
+  Fill(s.queue, stats->mutable_queue());
+  Fill(s.compute_input, stats->mutable_compute_input());
+  Fill(s.compute_infer, stats->mutable_compute_infer());
+  Fill(s.compute_output, stats->mutable_compute_output());
+  for (const auto& [sequences, stages] : s.batch_sizes) {
+    inference::InferBatchStatistics* batch = out->add_batch_stats();
+    batch->set_batch_size(sequences);
+    Fill(stages.compute_input, batch->mutable_compute_input());
+    Fill(stages.compute_infer, batch->mutable_compute_infer());
+    Fill(stages.compute_output, batch->mutable_compute_output());
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<VersionPtr> KserveServiceImpl::FindVersion(const std::string& name,
+                                                           const std::string& version) const {
+  absl::StatusOr<int64_t> number = ParseModelVersion(name, version);
+  if (!number.ok()) return number.status();
+  return dispatcher_.models().Find(name, *number);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ServerLive(grpc::CallbackServerContext* context,
+                                                        const inference::ServerLiveRequest*,
+                                                        inference::ServerLiveResponse* response) {
+  response->set_live(true);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ServerReady(
+    grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
+    inference::ServerReadyResponse* response) {
+  response->set_ready(!dispatcher_.draining());  // as grpc.health.v1's overall status
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ModelReady(grpc::CallbackServerContext* context,
+                                                        const inference::ModelReadyRequest* request,
+                                                        inference::ModelReadyResponse* response) {
+  absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
+  // As Triton: a model (or version) that is unknown, unloaded or failed to
+  // load is not ready, and that is an answer, not an error.
+  if (absl::IsFailedPrecondition(model.status()) || absl::IsNotFound(model.status())) {
+    response->set_ready(false);
+    return Finish(context, absl::OkStatus());
+  }
+  if (model.ok()) response->set_ready(!dispatcher_.draining());
+  return Finish(context, model.status());
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ServerMetadata(
+    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
+  const absl::Status allowed = dispatcher_.Authorize(*context);
+  if (allowed.ok()) {
+    response->set_name("mha-serve");
+    response->set_version(MHA_VERSION);
+    // Of the protocol's optional extensions: request parameters (is_causal,
+    // need_weights, per_head_weights), Triton's model repository (with
+    // --model_control_mode poll or explicit) and statistics.
+    response->add_extensions("parameters");
+    response->add_extensions("model_repository");
+    response->add_extensions("statistics");
+  }
+  return Finish(context, allowed);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
+    status = model.status();
+    if (status.ok()) {
+      DescribeModel((*model)->name, (*model)->model.dims,
+                    dispatcher_.models().ReadyVersions(request->name()), response);
+    }
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerContext* context,
+                                                        const inference::ModelInferRequest* request,
+                                                        inference::ModelInferResponse* response) {
+  auto* reactor = new CallReactor();
+  StartInfer(context, *request, response, UnaryCompletion(context, reactor));
+  return reactor;
+}
+
+void KserveServiceImpl::StartInfer(grpc::CallbackServerContext* context,
+                                   const inference::ModelInferRequest& request,
+                                   inference::ModelInferResponse* response,
+                                   AttendDispatcher::Completion completion) {
+  auto outputs = std::make_shared<std::vector<std::string>>();
+  // An unparsable version is refused by decode, so that it is counted and
+  // answered like every other refusal.
+  const absl::StatusOr<int64_t> version =
+      ParseModelVersion(request.model_name(), request.model_version());
+  auto decode = [this, &request, outputs, version_error = version.status()](
+                    const ModelVersion& model) -> absl::StatusOr<AttentionRequest> {
+    if (!version_error.ok()) return version_error;
+    return DecodeInferRequest(request, model.model.dims, dispatcher_.limits(), *outputs);
+  };
+  auto respond = [&request, response, outputs](const ModelVersion& model,
+                                               const ResultLayout& layout,
+                                               const AttentionResult& result) {
+    FillInferResponse(request, model.version, *outputs, layout, result, response);
+  };
+  dispatcher_.Dispatch(context, std::move(completion), request.model_name(),
+                       version.value_or(0), kApiKserve, decode, std::move(respond));
+}
+
+// One ModelStreamInfer call: each request runs as ModelInfer does; an error
+// is its answer's error_message (with the request's id and model name).
+class KserveServiceImpl::InferStream final
+    : public MessageStream<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+ public:
+  InferStream(grpc::CallbackServerContext* context, KserveServiceImpl& service)
+      : context_(context), service_(service) {
+    StartReading();
+  }
+
+ private:
+  void Start(std::shared_ptr<inference::ModelInferRequest> request) override {
+    auto out = std::make_shared<Outbound>();
+    AttendDispatcher::Completion completion;
+    completion.hold = [out](std::shared_ptr<MemoryReservation> memory) {
+      out->memory = std::move(memory);
+    };
+    // `request` stays alive with the completion until the answer.
+    completion.finish = [this, out, request](const absl::Status& status, absl::Duration) {
+      if (!status.ok()) {
+        out->response.set_error_message(std::string(status.message()));
+        inference::ModelInferResponse* infer = out->response.mutable_infer_response();
+        infer->Clear();
+        infer->set_id(request->id());
+        infer->set_model_name(request->model_name());
+        infer->set_model_version(request->model_version());
+      }
+      Reply(out);
+    };
+    service_.StartInfer(context_, *request, out->response.mutable_infer_response(),
+                        std::move(completion));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  KserveServiceImpl& service_;
+};
+
+grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+KserveServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  return new InferStream(context, *this);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(
+    grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  absl::StatusOr<int64_t> version = ParseModelVersion(request->name(), request->version());
+  if (status.ok()) status = version.status();
+  if (status.ok()) {
+    absl::StatusOr<std::vector<VersionPtr>> selected =
+        dispatcher_.models().Select(request->name(), *version);
+    status = selected.status();
+    if (selected.ok()) {
+      for (const VersionPtr& v : *selected) FillStatistics(*v, response->add_model_stats());
+    }
+  }
+  return Finish(context, status);
+}
+
+absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServerContext& context,
+                                                      const std::string& repository_name,
+                                                      size_t parameters) const {
+  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  RETURN_IF_ERROR(control_.Allowed());
+  if (!repository_name.empty() && repository_name != dispatcher_.models().dir()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "repository_name: this server has one repository, '", dispatcher_.models().dir(),
+        "' (or leave it empty)"));
+  }
+  if (parameters > 0) {
+    return absl::InvalidArgumentError(
+        "parameters: model load and unload take none here (the model folder is the source)");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
+    grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(), 0);
+  if (status.ok()) {
+    for (const ModelRepository::IndexEntry& e : dispatcher_.models().Index()) {
+      if (request->ready() && !e.ready) continue;
+      auto* model = response->add_models();
+      model->set_name(e.name);
+      if (e.version > 0) model->set_version(absl::StrCat(e.version));
+      model->set_state(e.ready ? "READY" : "UNAVAILABLE");
+      model->set_reason(e.reason);
+    }
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse*) {
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(),
+                                                    request->parameters_size());
+  if (!status.ok()) return Finish(context, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  control_.Load(request->model_name(),
+                [reactor](absl::Status loaded) { reactor->Finish(ToGrpcStatus(loaded)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
+    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse*) {
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(),
+                                                    request->parameters_size());
+  if (!status.ok()) return Finish(context, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  control_.Unload(request->model_name(),
+                  [reactor](absl::Status unloaded) { reactor->Finish(ToGrpcStatus(unloaded)); });
+  return reactor;
+}
+
+}  // namespace mha::server

@@ -1,0 +1,79 @@
+// inference.GRPCInferenceService (KServe v2 / Open Inference Protocol) on the
+// same port as mha.v1: ModelInfer runs through the same dispatcher, batcher
+// and engine as Attend.
+#ifndef MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_
+#define MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_
+
+#include "grpcpp/grpcpp.h"
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/frontends/attend_dispatch.h"
+#include "server/models/model_control.h"
+
+namespace mha::server {
+
+// Borrows the dispatcher and the model control (which outlive the server). Liveness and readiness
+// RPCs stay open like grpc.health.v1; metadata and inference need the bearer
+// token when one is configured. Thread-safe.
+class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control)
+      : dispatcher_(dispatcher), control_(control) {}
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest* request,
+                                        inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest* request,
+                                           inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* ModelStatistics(
+      grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
+      inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(
+      grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
+      inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
+
+ private:
+  class InferStream;
+  // ModelInfer's work, answered through `completion` (a unary call's
+  // reactor, or a stream's message); `request` and `response` live until it
+  // finishes.
+  void StartInfer(grpc::CallbackServerContext* context, const inference::ModelInferRequest& request,
+                  inference::ModelInferResponse* response,
+                  AttendDispatcher::Completion completion);
+  // Auth, then model control on (not mode none), and no parameters (we
+  // take none), the repository name empty or ours.
+  absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,
+                                     const std::string& repository_name,
+                                     size_t parameters) const;
+  // The version named ("": the newest ready one), or why not.
+  absl::StatusOr<VersionPtr> FindVersion(const std::string& name,
+                                         const std::string& version) const;
+
+  AttendDispatcher& dispatcher_;
+  ModelControl& control_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_

@@ -1,0 +1,85 @@
+#include "server/frontends/session_calls.h"
+
+#include <utility>
+
+#include "absl/time/time.h"
+
+#include "engine/status_macros.h"
+#include "server/frontends/session_codec.h"
+
+namespace mha::server {
+
+void SessionCalls::Open(const grpc::CallbackServerContext& context,
+                        const v1::OpenSessionRequest& request,
+                        std::shared_ptr<const void> keep_alive, v1::Session* response,
+                        Done done) {
+  auto decode = [&]() -> absl::StatusOr<OpenParams> {
+    if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
+    RETURN_IF_ERROR(dispatcher_.Authorize(context));
+    ASSIGN_OR_RETURN(VersionPtr version,
+                     dispatcher_.models().Find(request.model(), request.model_version()));
+    return DecodeOpenSession(request, std::move(version), dispatcher_.limits());
+  };
+  absl::StatusOr<OpenParams> params = decode();
+  if (!params.ok()) return done(params.status());
+  if (params->memory.has_value() && keep_alive != nullptr) params->memory->KeepAlive(keep_alive);
+  sessions_.Open(*std::move(params),
+                 [response, done = std::move(done)](absl::StatusOr<SessionInfo> info) {
+                   if (info.ok()) EncodeSession(*info, response);
+                   done(info.status());
+                 });
+}
+
+void SessionCalls::Append(const grpc::CallbackServerContext& context,
+                          const v1::AppendRequest& request,
+                          std::shared_ptr<const void> keep_alive, v1::AppendResponse* response,
+                          Done done) {
+  auto decode = [&]() -> absl::StatusOr<AppendParams> {
+    RETURN_IF_ERROR(dispatcher_.Authorize(context));
+    ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
+    ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->model.engine->dims(),
+                                                       dispatcher_.limits()));
+    params.decoded_for = std::move(version);
+    params.deadline = absl::FromChrono(context.deadline());
+    params.cancelled = [&context] { return context.IsCancelled(); };
+    return params;
+  };
+  absl::StatusOr<AppendParams> params = decode();
+  if (!params.ok()) return done(params.status());
+  if (keep_alive != nullptr) params->query.KeepAlive(std::move(keep_alive));
+  const StepLayout layout = StepLayout::Of(*params);
+  sessions_.Append(*std::move(params), [response, layout, done = std::move(done)](
+                                           absl::StatusOr<AppendResult> result) {
+    if (result.ok()) EncodeAppendResult(layout, *result, response);
+    done(result.status());
+  });
+}
+
+absl::Status SessionCalls::Close(const grpc::CallbackServerContext& context,
+                                 const v1::CloseSessionRequest& request,
+                                 v1::CloseSessionResponse* response) {
+  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  ASSIGN_OR_RETURN(SessionInfo closed, sessions_.Close(request.session_id()));
+  response->set_freed_bytes(closed.bytes);
+  response->set_position(closed.position);
+  return absl::OkStatus();
+}
+
+absl::Status SessionCalls::List(const grpc::CallbackServerContext& context,
+                                const v1::ListSessionsRequest& request,
+                                v1::ListSessionsResponse* response) {
+  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  for (const SessionInfo& info : sessions_.List(request.model())) {
+    v1::SessionStatus* out = response->add_sessions();
+    out->set_session_id(info.id);
+    out->set_model(info.model);
+    out->set_model_version(info.version);
+    out->set_position(info.position);
+    out->set_bytes(info.bytes);
+    out->set_idle_ms(absl::ToInt64Milliseconds(info.idle));
+    out->set_cross(info.cross);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mha::server

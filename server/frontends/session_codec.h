@@ -1,0 +1,43 @@
+// mha.v1's session messages to the session manager's parameters and back,
+// with the same checks as Attend's codec (shapes, dtypes, finite values).
+#ifndef MHA_SERVER_FRONTENDS_SESSION_CODEC_H_
+#define MHA_SERVER_FRONTENDS_SESSION_CODEC_H_
+
+#include "absl/status/statusor.h"
+#include "mha/v1/attention.pb.h"
+#include "server/frontends/request_codec.h"
+#include "server/sessions/session_manager.h"
+
+namespace mha::server {
+
+// The longest client-chosen session id; ids are [A-Za-z0-9._:-].
+inline constexpr size_t kMaxSessionIdLength = 128;
+
+// An OpenSession for `version`. Tensors are views of `request`'s bytes: it
+// must outlive the result. Errors name the field ("memory: ...").
+absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& request,
+                                             VersionPtr version, const RequestLimits& limits);
+
+// An Append's query for a session of a model with `dims`: one sequence,
+// [1, T, E] or [T, E]. Views `request`'s bytes like DecodeOpenSession.
+absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
+                                          const AttentionDims& dims, const RequestLimits& limits);
+
+void EncodeSession(const SessionInfo& info, v1::Session* out);
+
+// What encoding a step's response needs from its request. Plain value type.
+struct StepLayout {
+  std::vector<int64_t> output_shape;  // the query's
+  DType output_dtype = DType::kF32;   // the query's
+  bool need_weights = false;
+
+  static StepLayout Of(const AppendParams& params);
+};
+// The step's output (in the query's dtype and shape) and weights ([1, T, K']
+// or [T, K'] like the query).
+void EncodeAppendResult(const StepLayout& layout, const AppendResult& result,
+                        v1::AppendResponse* out);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_SESSION_CODEC_H_

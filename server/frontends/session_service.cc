@@ -1,0 +1,40 @@
+// AttentionServiceImpl's session RPCs: each a thin wrapper of SessionCalls.
+#include "server/frontends/attention_service.h"
+
+namespace mha::server {
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::OpenSession(
+    grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request,
+    v1::Session* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  session_calls_.Open(*context, *request, nullptr, response,
+                      [reactor](const absl::Status& s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerContext* context,
+                                                       const v1::AppendRequest* request,
+                                                       v1::AppendResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  session_calls_.Append(*context, *request, nullptr, response,
+                        [reactor](const absl::Status& s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::CloseSession(
+    grpc::CallbackServerContext* context, const v1::CloseSessionRequest* request,
+    v1::CloseSessionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(session_calls_.Close(*context, *request, response)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(
+    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* request,
+    v1::ListSessionsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(session_calls_.List(*context, *request, response)));
+  return reactor;
+}
+
+}  // namespace mha::server

@@ -1,0 +1,134 @@
+// The models a server serves: the folders of a repository, each with the
+// versions its policy serves, loaded at start and (with model control)
+// loaded, reloaded and unloaded while the server runs, without failing a
+// request: a new version is loaded and warmed before it takes requests, and
+// one replaced or unloaded finishes what it holds before it is freed.
+#ifndef MHA_SERVER_MODELS_MODEL_REPOSITORY_H_
+#define MHA_SERVER_MODELS_MODEL_REPOSITORY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/model.h"
+#include "mha/v1/attention.pb.h"
+#include "server/models/repository_scan.h"
+#include "server/observability/metrics.h"
+#include "server/observability/model_statistics.h"
+#include "server/scheduling/batcher.h"
+
+namespace mha::server {
+
+// One loaded version of a model: its engine and the batcher that borrows
+// it. Immutable once loaded; shared by the repository and by every request
+// in flight on it. Whoever drops the last reference must not be one of its
+// batcher's workers (the repository keeps one until the version drained).
+struct ModelVersion {
+  std::string name;
+  int64_t version = 0;
+  uint64_t fingerprint = 0;  // what was loaded (see VersionOnDisk)
+  LoadedModel model;
+  // Both outlive the batcher, which feeds them; the series leave /metrics
+  // when the version is freed.
+  std::shared_ptr<ModelMetrics> metrics;
+  std::unique_ptr<ModelStatistics> statistics;
+  std::unique_ptr<Batcher> batcher;
+};
+using VersionPtr = std::shared_ptr<const ModelVersion>;
+
+// Settings every model's batcher shares unless its config overrides them.
+struct RepositoryOptions {
+  WorkerPool* pool = nullptr;  // the server's engine workers (borrowed)
+  bool force_batching_off = false;
+  MemoryBudget* memory = nullptr;  // the server's budget (borrowed), or none
+};
+
+// Owns the table of models and their versions, and the versions retired
+// from it until they drain. Lookups are thread-safe and never wait for a
+// load; Load, Unload, SyncAll and CollectRetired are meant for one control
+// thread (they serialize among themselves).
+class ModelRepository {
+ public:
+  ModelRepository(std::string dir, RepositoryOptions options, Metrics& metrics);
+  ~ModelRepository();  // Stop()
+
+  // (Re)loads model `name` from its folder: versions its policy serves that
+  // are new or whose bytes changed are loaded and warmed, then replace the
+  // old ones; versions it no longer serves are retired. A version that
+  // fails keeps what served before (if anything) and records the error,
+  // which is also returned. A version that failed is tried again only when
+  // its bytes changed, unless `retry_failed`.
+  absl::Status Load(const std::string& name, bool retry_failed = true);
+  // Retires every version of `name` (NOT_FOUND if it is not loaded).
+  absl::Status Unload(const std::string& name);
+  // Loads every model folder; retires models whose folder is gone.
+  void SyncAll();
+  // Frees retired versions whose requests have all finished; returns how
+  // many are still draining.
+  size_t CollectRetired();
+  // Computes what is queued everywhere and stops every batcher.
+  void Stop();
+
+  // The version a request names (0: the newest ready one). NOT_FOUND names
+  // what is served; FAILED_PRECONDITION carries a failed model's error.
+  absl::StatusOr<VersionPtr> Find(const std::string& name, int64_t version) const;
+  // Whether `name` is in the table (loaded or failed).
+  bool Has(const std::string& name) const;
+  absl::StatusOr<v1::ModelInfo> Info(const std::string& name) const;
+  std::vector<v1::ModelInfo> Infos() const;
+  // Names of models with at least one ready version.
+  std::vector<std::string> Ready() const;
+  // The ready versions of `name`, ascending (none when it is not loaded).
+  std::vector<int64_t> ReadyVersions(const std::string& name) const;
+  // Ready versions of `name` ("": every model), all of them or `version`;
+  // NOT_FOUND when a named model or version is not served.
+  absl::StatusOr<std::vector<VersionPtr>> Select(const std::string& name, int64_t version) const;
+
+  // One line of the repository's index: a version of a model in the table,
+  // or (version 0) a model folder that is not loaded.
+  struct IndexEntry {
+    std::string name;
+    int64_t version = 0;
+    bool ready = false;
+    std::string reason;  // why it is not ready
+  };
+  std::vector<IndexEntry> Index() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Entry {
+    absl::Status status;  // the model's own error (config, no version)
+    std::map<int64_t, VersionPtr> ready;
+    std::map<int64_t, std::string> errors;  // version -> its last load error
+    std::map<int64_t, uint64_t> failed_fingerprints;  // what failed, by version
+  };
+  absl::StatusOr<VersionPtr> LoadVersion(const std::string& name, const v1::ModelConfig& config,
+                                         const VersionOnDisk& on_disk);
+  // Moves `versions` out of the table into retired_ (caller holds mu_).
+  void Retire(std::vector<VersionPtr> versions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ServedNames() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  v1::ModelInfo InfoOf(const std::string& name, const Entry& entry) const;
+
+  const std::string dir_;
+  const RepositoryOptions options_;
+  Metrics& metrics_;
+  absl::Mutex control_mu_;  // one Load / Unload / SyncAll at a time
+  FingerprintCache fingerprints_ ABSL_GUARDED_BY(control_mu_);
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
+  std::vector<VersionPtr> retired_ ABSL_GUARDED_BY(mu_);
+};
+
+// The batcher settings of a config (defaults for absent fields).
+BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const RepositoryOptions& options);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_MODELS_MODEL_REPOSITORY_H_

@@ -1,0 +1,102 @@
+#include "server/scheduling/admission.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/ragged_batch.h"
+#include "server/scheduling/memory_budget.h"
+
+namespace mha::server {
+namespace {
+
+// Protobuf framing of a response beyond its tensor bytes (tags, lengths,
+// shapes, names): generously bounded.
+constexpr int64_t kResponseFraming = 4096;
+
+}  // namespace
+
+RequestCost CostOf(const AttentionRequest& request, const MhaEngine& engine, int threads) {
+  const int64_t results_f32 = (request.output_elements() + request.weights_elements()) * 4;
+  RequestCost cost;
+  cost.response_bytes =
+      request.output_elements() * static_cast<int64_t>(DTypeSize(request.output_dtype())) +
+      request.weights_elements() * 4 + kResponseFraming;
+  cost.queued_bytes = request.wire_bytes() + request.converted_bytes();
+  // A batch of several requests (or carrying session steps) copies their
+  // inputs into one (counted always, since the batch a request lands in is
+  // not known yet) and writes each one's f32 results, which are encoded
+  // into the response.
+  cost.active_bytes = engine.ScratchBytes(request.shape(), threads) +
+                      RaggedBatch::MergedBytes(request) + results_f32 + 2 * cost.response_bytes;
+  return cost;
+}
+
+RequestCost CostOfStep(const AttentionRequest& query, int64_t keys, const MhaEngine& engine,
+                       int threads) {
+  const int64_t tokens = query.q_len(), e = engine.dims().embed_dim;
+  const int64_t weights = query.need_weights() ? tokens * keys : 0;
+  RequestCost cost;
+  cost.response_bytes = tokens * e * static_cast<int64_t>(DTypeSize(query.output_dtype())) +
+                        weights * 4 + kResponseFraming;
+  cost.queued_bytes = query.wire_bytes() + query.converted_bytes();
+  // The step group's copy of the query, its copy beside Attend rows in a
+  // mixed call, the f32 output and weights, the response twice.
+  cost.active_bytes = engine.StepScratchBytes(tokens, keys, query.need_weights(), threads) +
+                      3 * tokens * e * 4 + weights * 4 + 2 * cost.response_bytes;
+  return cost;
+}
+
+absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCost& cost,
+                               int64_t max_message_bytes) {
+  if (cost.response_bytes > max_message_bytes) {
+    const std::string limit =
+        absl::StrCat("the limit is ", WithCommas(max_message_bytes), " (--max_message_bytes)");
+    const int64_t weights = request.weights_elements() * 4;
+    if (weights > max_message_bytes / 2) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "attn_weights would be ", WithCommas(weights), " bytes (",
+          ShapeString(request.weights_shape()), " FP32); ", limit,
+          ": ask without need_weights",
+          request.per_head_weights() ? ", without per_head_weights" : "",
+          " or for fewer query rows"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the response would be ", WithCommas(cost.response_bytes), " bytes (output ",
+        ShapeString(request.output_shape()), " ",
+        DTypeName(request.output_dtype(), DTypeSpelling::kKserve),
+        weights > 0 ? absl::StrCat(" + attn_weights ", ShapeString(request.weights_shape()),
+                                   " FP32")
+                    : "",
+        "); ", limit, ": send fewer query rows per request"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCost& cost,
+                                int64_t memory_capacity) {
+  if (cost.total() > memory_capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request needs ", WithCommas(cost.total()), " bytes of working memory (",
+        WithCommas(cost.queued_bytes), " for its inputs, ", WithCommas(cost.active_bytes),
+        " to compute and answer); the server's memory budget for requests is ",
+        WithCommas(memory_capacity),
+        " (--memory_limit_bytes less the engines' reserve): send fewer or shorter sequences",
+        request.need_weights() ? " or ask without need_weights" : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity) {
+  if (cost.total() > memory_capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the step needs ", WithCommas(cost.total()), " bytes of working memory (",
+        WithCommas(cost.queued_bytes), " for its query, ", WithCommas(cost.active_bytes),
+        " to compute and answer); the server's memory budget for requests is ",
+        WithCommas(memory_capacity),
+        " (--memory_limit_bytes less the engines' reserve and the session cache): send fewer "
+        "tokens per step or ask without need_weights"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mha::server

@@ -1,0 +1,47 @@
+// Admission by bytes: what a decoded request will cost, known from its
+// shapes before it takes any memory or time, and the checks made on it
+// before it is queued.
+#ifndef MHA_SERVER_SCHEDULING_ADMISSION_H_
+#define MHA_SERVER_SCHEDULING_ADMISSION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/attention_request.h"
+#include "engine/mha_engine.h"
+
+namespace mha::server {
+
+// The bytes one request costs the server, by the time they are held.
+struct RequestCost {
+  int64_t response_bytes = 0;  // the response message on the wire (tensor data + framing)
+  int64_t queued_bytes = 0;    // while it waits: the request as received, and decoded
+  int64_t active_bytes = 0;    // computing and answering: engine scratch, merged copies,
+                               // f32 results, the response and its serialized form
+  int64_t total() const { return queued_bytes + active_bytes; }
+};
+
+// From the decoded request's shapes alone; `threads` is what one engine
+// call of the model uses.
+RequestCost CostOf(const AttentionRequest& request, const MhaEngine& engine, int threads);
+// The same for a session step: `query` is the step's decoded query, `keys`
+// what it attends to (its session's position after it plus the model's
+// extra keys). Its queued bytes are known when it arrives; its active bytes
+// once its session's position is, when the scheduler takes it.
+RequestCost CostOfStep(const AttentionRequest& query, int64_t keys, const MhaEngine& engine,
+                       int threads);
+
+// RESOURCE_EXHAUSTED when the response could never be sent: above
+// `max_message_bytes`. The message names the numbers and what to change.
+absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCost& cost,
+                               int64_t max_message_bytes);
+// RESOURCE_EXHAUSTED when the request alone needs more than the memory
+// budget gives all requests in flight (`memory_capacity`).
+absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCost& cost,
+                                int64_t memory_capacity);
+// The same for a session step.
+absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SCHEDULING_ADMISSION_H_

@@ -1,0 +1,228 @@
+// Sessions: key/value caches that outlive a request, their limits (a byte
+// budget, a session count, idle expiry, tokens per session), eviction, and
+// the steps the model versions' batchers compute, many sessions per engine
+// call beside the Attend requests. No gRPC here: the service decodes and
+// encodes.
+#ifndef MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
+#define MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/attention_request.h"
+#include "engine/kv_cache.h"
+#include "server/models/model_repository.h"
+#include "server/observability/metrics.h"
+#include "server/scheduling/admission.h"
+#include "server/scheduling/batcher.h"
+#include "server/scheduling/clock.h"
+#include "server/scheduling/memory_budget.h"
+
+namespace mha::server {
+
+struct SessionOptions {
+  int64_t cache_bytes = int64_t{512} << 20;  // the block pool's budget
+  int64_t max_sessions = 1024;
+  absl::Duration idle_timeout = absl::Seconds(60);  // default per session
+  int64_t max_tokens = 8192;                        // default and cap per session
+  // How long Stop waits for queued steps before refusing them.
+  absl::Duration stop_timeout = absl::Seconds(30);
+  const Clock* clock = nullptr;                     // null: the real clock
+  // The budget steps are admitted through, as Attend requests are (null:
+  // steps are not costed). Borrowed.
+  MemoryBudget* memory = nullptr;
+};
+
+// What a session is, as OpenSession, Append and ListSessions report it.
+struct SessionInfo {
+  std::string id, model;
+  int64_t version = 0;
+  int64_t position = 0;
+  int64_t bytes = 0;
+  int64_t max_tokens = 0;
+  bool cross = false;
+  absl::Time expires_at;
+  absl::Duration idle;
+};
+
+// A decoded OpenSession. `memory` (a cross session's memory as the key of
+// an AttentionRequest with a one-token dummy query: the request's own
+// checks validate it) is absent for a self session.
+struct OpenParams {
+  VersionPtr version;
+  std::string id;  // empty: assigned
+  std::optional<AttentionRequest> memory;
+  absl::Duration idle_timeout = absl::ZeroDuration();  // zero: the default
+  int64_t max_tokens = 0;                              // 0: the default
+};
+
+// A decoded Append: the query as a one-sequence AttentionRequest, checked
+// against the dims of `decoded_for` (the version the session was open on
+// when the step was read; Append refuses the step if the session is no
+// longer on it).
+struct AppendParams {
+  std::string id;
+  AttentionRequest query;
+  std::optional<int64_t> expected_position = std::nullopt;
+  VersionPtr decoded_for = nullptr;
+  // As an Attend request's: a step past its deadline or whose caller went
+  // away is refused before it is computed.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled = nullptr;  // may be empty
+};
+
+// A step's results, views valid during the `done` call only.
+struct AppendResult {
+  absl::Span<const float> output;
+  absl::Span<const float> weights;  // [tokens, keys] when asked
+  int64_t keys = 0;
+  int64_t position = 0;
+};
+
+// Owns every session (its cache, and a reference to the model version it
+// was opened on, which stays alive with it), the block pool, the step queue
+// and an expiry thread. Borrows the metrics. It is the step source of every
+// version a session opens on: that version's batcher takes the steps into
+// its engine calls and computes cross sessions' memories. Every method is
+// thread-safe. Results come through the callbacks, on a batcher worker (or
+// at once, in the caller, when refused); only Stop, and the first Open on a
+// version (while the batcher finishes a call), wait for compute.
+class SessionManager : public StepSource {
+ public:
+  SessionManager(SessionOptions options, SessionMetrics metrics);
+  ~SessionManager() override;  // Stop()
+
+  using OpenDone = std::function<void(absl::StatusOr<SessionInfo>)>;
+  using AppendDone = std::function<void(absl::StatusOr<AppendResult>)>;
+
+  // A self session opens at once; a cross session's memory is projected on
+  // a batcher worker first. ALREADY_EXISTS for an id in use, RESOURCE_EXHAUSTED
+  // at --max_sessions or when the memory does not fit, UNAVAILABLE when
+  // draining.
+  void Open(OpenParams params, OpenDone done);
+  // Queues a step. NOT_FOUND for an unknown session says whether it was
+  // closed, evicted (and why) or expired; FAILED_PRECONDITION when
+  // expected_position is not its position; OUT_OF_RANGE past its max_tokens;
+  // RESOURCE_EXHAUSTED when the pool has no room even after evicting idle
+  // sessions, or when the memory budget cannot hold the step's query
+  // (queued) or, when it is taken, its working memory (a step does not wait
+  // for memory behind Attend requests: it is refused at once, like an Attend
+  // request that nothing running would make room for); DEADLINE_EXCEEDED
+  // and CANCELLED, never computed, when its deadline passed or its caller
+  // cancelled while it was queued.
+  void Append(AppendParams params, AppendDone done);
+  // Frees a session; returns it as it was.
+  absl::StatusOr<SessionInfo> Close(const std::string& id);
+  // The model version `id` is open on (to decode its steps), or NOT_FOUND
+  // as Append says it.
+  absl::StatusOr<VersionPtr> VersionOf(const std::string& id) const;
+  // Every session (of `model` when not empty).
+  std::vector<SessionInfo> List(const std::string& model) const;
+
+  // No new sessions from now on; steps go on.
+  void StartDraining();
+  // Refuses new calls, waits (up to stop_timeout) for the batchers to
+  // compute the queued steps, refuses what is left, joins the expiry thread
+  // and leaves the batchers. The batchers must still run.
+  void Stop();
+
+  // StepSource: one step per session, oldest first, of sessions on the
+  // version whose engine is `engine`.
+  std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) override;
+
+  int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
+
+ private:
+  struct Session;
+  struct PendingOpen;
+  struct PendingStep;
+  class Steps;
+  using SessionPtr = std::shared_ptr<Session>;
+
+  // Makes this manager the step source of `version`'s batcher, once;
+  // false when stopping.
+  bool Attach(const VersionPtr& version);
+  void ExpiryLoop();
+  // The queued steps `engine`'s next call takes (one per session, oldest
+  // first, at most `max_tokens`); refuses at once those that cannot run;
+  // `more` is set when runnable steps were left for lack of room.
+  // Admission of steps, through the memory budget as Attend requests: what
+  // a step costs at its session's position now; its query's bytes reserved
+  // when it arrives (or why not); CANCELLED or DEADLINE_EXCEEDED when nobody
+  // waits for it any more; its working memory reserved when it is taken,
+  // or why not, or `room` false (nothing refused) when it may fit once the
+  // steps already in this call are done. Each refusal is counted.
+  RequestCost CostLocked(const PendingStep& step) const;
+  absl::Status AdmitQueuedLocked(PendingStep& step);
+  absl::Status UnwantedLocked(const PendingStep& step);
+  absl::Status AdmitActiveLocked(PendingStep& step, bool batch_empty, bool& room);
+  void CountDroppedLocked(const Session& session, const std::string& reason);
+  std::vector<std::unique_ptr<PendingStep>> NextStepsLocked(
+      const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
+      bool& more);
+  // A step group's end: first the sessions are free again (and, when it
+  // failed, removed), once; then each step not yet `answered` is answered.
+  void SettleSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
+                   const absl::Status& status);
+  void AnswerSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
+                   const std::vector<int64_t>& positions, const absl::Status& status,
+                   absl::Span<const float> output, absl::Span<const float> weights,
+                   size_t& answered);
+  void RunOpen(PendingOpen& open, Workspace& ws);
+  // Whether `engine`'s version has queued steps. With mu_ held.
+  bool HasStepsLocked(const MhaEngine& engine) const;
+  // Makes room for `tokens` in `session`'s cache, evicting idle sessions
+  // least recently used first. With mu_ held.
+  absl::Status ReserveLocked(Session& session, int64_t tokens);
+  // Whether `s` is still the open session of its id (not closed, evicted,
+  // or replaced by a new session of the same id).
+  bool IsOpenLocked(const Session& s) const;
+  // Why `id` is not open (closed, evicted, expired) as NOT_FOUND.
+  absl::Status NotFoundLocked(const std::string& id) const;
+  // ABORTED: a step read for another version of the session's id.
+  absl::Status ReopenedLocked(const Session& session) const;
+  // `id` by value: it may be the removed session's own.
+  void RemoveLocked(std::string id, const std::string& reason,
+                    const std::string& metric_reason);
+  void ExpireIdleLocked();
+  SessionInfo InfoLocked(const Session& s) const;
+  std::string NewIdLocked();
+  void PublishLocked();
+  void PublishCacheBytes();  // PublishLocked under the lock
+
+  const SessionOptions options_;
+  const SessionMetrics metrics_;
+  const Clock& clock_;
+  KvBlockPool pool_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, SessionPtr> sessions_;                 // guarded by mu_
+  std::deque<std::unique_ptr<PendingStep>> steps_;             // guarded by mu_
+  std::map<std::string, std::string> gone_;                    // id -> why; guarded
+  std::deque<std::string> gone_order_;                         // guarded by mu_
+  std::map<std::string, int64_t> active_per_model_;            // guarded by mu_
+  bool draining_ = false, stopping_ = false;                   // guarded by mu_
+  uint64_t id_counter_ = 0;                                    // guarded by mu_
+  // Step groups and memory projections a batcher is computing.
+  int64_t in_flight_ = 0;                                      // guarded by mu_
+  // The versions whose batcher this manager is the step source of.
+  std::map<const ModelVersion*, std::weak_ptr<const ModelVersion>> attached_;  // guarded
+  std::thread expiry_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
