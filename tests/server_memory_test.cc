@@ -12,6 +12,7 @@
 #include "server/scheduling/admission.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/memory_budget.h"
+#include "tests/callback_call.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
 
@@ -111,13 +112,12 @@ class BudgetedBatcherTest : public ::testing::Test {
   // The outcome only: the result's views live during `done`.
   std::future<absl::Status> Submit(Batcher& b, int64_t queued, int64_t active, uint32_t seed) {
     auto promise = std::make_shared<std::promise<absl::Status>>();
-    auto p = std::make_unique<PendingRequest>(Decoded(8, seed));
+    auto p = testing::MakeCall(Decoded(8, seed), [promise](absl::StatusOr<AttentionResult> result) {
+      promise->set_value(result.status());
+    });
     p->queued_bytes = queued;
     p->active_bytes = active;
-    p->done = [promise](absl::StatusOr<AttentionResult> result) {
-      promise->set_value(result.status());
-    };
-    b.Enqueue(std::move(p));  // a refusal comes through done, at once
+    b.Enqueue(std::move(p));  // a refusal comes through Fail, at once
     return promise->get_future();
   }
 

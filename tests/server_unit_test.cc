@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/frontends/request_codec.h"
 #include "server/scheduling/batcher.h"
+#include "tests/callback_call.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
 
@@ -201,13 +202,12 @@ class BatcherTest : public ::testing::Test {
       Batcher& b, const v1::AttendRequest& r, absl::Time deadline = absl::InfiniteFuture(),
       std::function<bool()> cancelled = {}) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<Answer>>>();
-    auto p = std::make_unique<PendingRequest>(Decode(r));
+    auto p = testing::MakeCall(
+        Decode(r),
+        [promise](absl::StatusOr<AttentionResult> result) { promise->set_value(Keep(result)); },
+        std::move(cancelled));
     p->deadline = deadline;
-    p->cancelled = std::move(cancelled);
-    p->done = [promise](absl::StatusOr<AttentionResult> result) {
-      promise->set_value(Keep(result));
-    };
-    b.Enqueue(std::move(p));  // a refusal comes through done, at once
+    b.Enqueue(std::move(p));  // a refusal comes through Fail, at once
     return promise->get_future();
   }
 

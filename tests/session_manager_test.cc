@@ -13,6 +13,7 @@
 #include "prometheus/gauge.h"
 #include "server/scheduling/admission.h"
 #include "server/scheduling/memory_budget.h"
+#include "tests/callback_call.h"
 #include "tests/engine_cases.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
@@ -260,14 +261,13 @@ TEST(SessionManagerTest, StepsAndAttendRequestsShareOneEngineCall) {
   const uint64_t calls_before = calls();
 
   std::vector<float> attend_storage;
-  auto pending = std::make_unique<PendingRequest>(Query(5, 7, attend_storage));
   std::promise<std::vector<float>> attended;
-  pending->done = [&](absl::StatusOr<AttentionResult> r) {
-    EXPECT_TRUE(r.ok()) << r.status();
-    attended.set_value(r.ok() ? std::vector<float>(r->output.begin(), r->output.end())
-                              : std::vector<float>{});
-  };
-  version->batcher->Enqueue(std::move(pending));
+  version->batcher->Enqueue(
+      testing::MakeCall(Query(5, 7, attend_storage), [&](absl::StatusOr<AttentionResult> r) {
+        EXPECT_TRUE(r.ok()) << r.status();
+        attended.set_value(r.ok() ? std::vector<float>(r->output.begin(), r->output.end())
+                                  : std::vector<float>{});
+      }));
   const std::vector<float> stepped = AppendSync(sessions, id, 2, 8);
   const std::vector<float> attend_out = attended.get_future().get();
   EXPECT_EQ(calls() - calls_before, 1u) << "one engine call for both";

@@ -5,7 +5,6 @@
 #define MHA_SERVER_FRONTENDS_ATTEND_DISPATCH_H_
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "server/frontends/request_codec.h"
 #include "server/models/model_repository.h"
 #include "server/observability/metrics.h"
+#include "server/scheduling/attend_call.h"
 #include "server/scheduling/batcher.h"
 #include "server/scheduling/memory_budget.h"
 
@@ -29,7 +29,7 @@ inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
 // The one conversion from absl::Status to grpc::Status.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// The reactor of one attention call. The dispatcher finishes it exactly
+// The reactor of one unary attention call. Its call finishes it exactly
 // once; it holds the request's memory reservation until gRPC is done with
 // the call (response sent, or call cancelled), then deletes itself.
 class CallReactor : public grpc::ServerUnaryReactor {
@@ -41,6 +41,10 @@ class CallReactor : public grpc::ServerUnaryReactor {
   std::shared_ptr<MemoryReservation> memory_;
 };
 
+// Answers a unary attention call: the server-time trailer, then the status.
+void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,
+               const absl::Status& status, absl::Duration took);
+
 // The shapes a response needs, taken from the decoded request.
 struct ResultLayout {
   DType output_dtype = DType::kF32;
@@ -48,17 +52,53 @@ struct ResultLayout {
   std::vector<int64_t> weights_shape;  // empty unless weights were asked for
 };
 
+class AttendDispatcher;
+
+// An Attend call of one front end and transport (mha.v1 or KServe, unary
+// or a stream's message): it decodes its message for the model version
+// found, encodes a result into its response and sends the answer. What every
+// call shares is done here, once: it holds its version until the answer
+// (so a version replaced or unloaded meanwhile still answers it), asks its
+// gRPC context whether the client is gone, and records the outcome in the
+// metrics and statistics before sending. Owned as its AttendCall.
+class DispatchedCall : public AttendCall {
+ public:
+  // Validates the message for `model`; on the handler thread.
+  virtual absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) = 0;
+  bool Cancelled() const override { return context_ != nullptr && context_->IsCancelled(); }
+
+ protected:
+  // Fills the response from a successful result (on a worker thread).
+  virtual void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) = 0;
+  // Sends the answer: `status` OK once the response is filled. `took` is
+  // handler in to now.
+  virtual void Send(const absl::Status& status, absl::Duration took) = 0;
+  // Keeps the reservation until the answer has left (it holds the response).
+  virtual void Hold(std::shared_ptr<MemoryReservation> memory) = 0;
+
+ private:
+  friend class AttendDispatcher;
+  void Encode(const AttentionResult& result) final;
+  void Finish(const absl::Status& status) final;
+
+  // Set by AttendDispatcher::Dispatch.
+  grpc::CallbackServerContext* context_ = nullptr;
+  Metrics* metrics_ = nullptr;
+  const char* api_ = "";
+  absl::Time start_;
+  ModelMetrics* model_metrics_ = nullptr;  // null: a model the server does not have
+  ModelStatistics* statistics_ = nullptr;  // the version's, alive while version_ is
+  VersionPtr version_;
+  ResultLayout layout_;
+  int64_t sequences_ = 0;
+};
+
 // Borrows the repository and the metrics (both outlive the server) and owns
 // the auth check and the draining flag. Thread-safe; one per server, shared
 // by the front ends.
 class AttendDispatcher {
  public:
-  // Validates a call for the model version found; runs on the handler thread.
-  using Decoder = std::function<absl::StatusOr<AttentionRequest>(const ModelVersion&)>;
-  // Fills the response from a successful result; runs on a batcher worker.
-  using Responder = std::function<void(const ModelVersion&, const ResultLayout&,
-                                       const AttentionResult&)>;
-
   // `memory` (borrowed, outlives the dispatcher) is the budget the
   // batchers reserve in; admission refuses a request that alone exceeds it.
   AttendDispatcher(const ModelRepository& models, Metrics& metrics, RequestLimits limits,
@@ -78,27 +118,13 @@ class AttendDispatcher {
 
   // The call's bearer token checked against --auth_token_file.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  // Admits, finds the version (0: the newest ready one), decodes, checks
-  // what the request will cost (server/scheduling/admission.h), enqueues and returns at
-  // once; `reactor` is finished exactly once, on this thread when the call
-  // is refused, else on the worker after `respond`. The request holds its
-  // version until then, so a version replaced or unloaded meanwhile still
-  // answers it. `api` labels mha_requests_total.
-  void Dispatch(grpc::CallbackServerContext* context, CallReactor* reactor,
-                const std::string& model_name, int64_t version, const char* api,
-                const Decoder& decode, Responder respond);
-
-  // How a call that is not a unary RPC of its own (a message of a stream)
-  // is answered: `hold` keeps the request's memory reservation until its
-  // answer is sent; `finish` answers, exactly once.
-  struct Completion {
-    std::function<void(std::shared_ptr<MemoryReservation>)> hold;
-    std::function<void(const absl::Status&, absl::Duration took)> finish;
-  };
-  // Dispatch for such a call; `context` is its stream's.
-  void Dispatch(grpc::CallbackServerContext* context, Completion completion,
-                const std::string& model_name, int64_t version, const char* api,
-                const Decoder& decode, Responder respond);
+  // Admits `call`, finds the version (0: the newest ready one), decodes,
+  // checks what the request will cost (server/scheduling/admission.h),
+  // enqueues and returns at once. The call is answered exactly once: on
+  // this thread when it is refused, else on a worker. `context` is the
+  // call's (a stream's for its messages); `api` labels mha_requests_total.
+  void Dispatch(grpc::CallbackServerContext* context, std::unique_ptr<DispatchedCall> call,
+                const std::string& model_name, int64_t version, const char* api);
 
  private:
   const ModelRepository& models_;
@@ -108,11 +134,6 @@ class AttendDispatcher {
   const BearerAuth auth_;
   std::atomic<bool> draining_{false};
 };
-
-// How a unary call is answered: its reactor holds the memory and finishes
-// with the status and the server-time trailer.
-AttendDispatcher::Completion UnaryCompletion(grpc::CallbackServerContext* context,
-                                             CallReactor* reactor);
 
 }  // namespace mha::server
 

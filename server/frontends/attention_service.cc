@@ -1,5 +1,6 @@
 #include "server/frontends/attention_service.h"
 
+#include <memory>
 #include <utility>
 
 #include "engine/status_macros.h"
@@ -54,19 +55,53 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
   return new StreamReactor(context, dispatcher_, session_calls_);
 }
 
+namespace {
+
+// A unary Attend: its reactor holds the memory until the response is sent
+// and finishes with the status and the server-time trailer.
+class UnaryAttendCall final : public DispatchedCall {
+ public:
+  UnaryAttendCall(grpc::CallbackServerContext* context, CallReactor* reactor,
+                  const v1::AttendRequest* request, v1::AttendResponse* response,
+                  const AttendDispatcher& dispatcher)
+      : context_(context),
+        reactor_(reactor),
+        request_(request),
+        response_(response),
+        dispatcher_(dispatcher) {}
+
+  absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
+    return DecodeAttendRequest(*request_, model.model.dims, dispatcher_.limits());
+  }
+
+ private:
+  void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                    const AttentionResult& result) override {
+    EncodeAttendResponse(model, layout, result, response_);
+  }
+  void Send(const absl::Status& status, absl::Duration took) override {
+    SendUnary(context_, reactor_, status, took);
+  }
+  void Hold(std::shared_ptr<MemoryReservation> memory) override {
+    reactor_->Hold(std::move(memory));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  CallReactor* const reactor_;
+  const v1::AttendRequest* const request_;
+  v1::AttendResponse* const response_;
+  const AttendDispatcher& dispatcher_;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerContext* context,
                                                        const v1::AttendRequest* request,
                                                        v1::AttendResponse* response) {
   auto* reactor = new CallReactor();
-  auto decode = [this, request](const ModelVersion& model) {
-    return DecodeAttendRequest(*request, model.model.dims, dispatcher_.limits());
-  };
-  auto respond = [response](const ModelVersion& model, const ResultLayout& layout,
-                            const AttentionResult& result) {
-    EncodeAttendResponse(model, layout, result, response);
-  };
-  dispatcher_.Dispatch(context, reactor, request->model(), request->model_version(), kApiMha,
-                       decode, std::move(respond));
+  dispatcher_.Dispatch(
+      context, std::make_unique<UnaryAttendCall>(context, reactor, request, response, dispatcher_),
+      request->model(), request->model_version(), kApiMha);
   return reactor;
 }
 

@@ -119,35 +119,75 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelMetadata(
   return Finish(context, status);
 }
 
+// A ModelInfer request as a call: decoded and encoded the KServe way (the
+// outputs it asks for, in their order); how its answer leaves is the
+// transport's. `request` and `response` live until the answer is sent.
+class KserveServiceImpl::InferCall : public DispatchedCall {
+ public:
+  InferCall(const inference::ModelInferRequest& request, inference::ModelInferResponse* response,
+            const AttendDispatcher& dispatcher)
+      : request_(request),
+        response_(response),
+        dispatcher_(dispatcher),
+        version_(ParseModelVersion(request.model_name(), request.model_version())) {}
+
+  const inference::ModelInferRequest& request() const { return request_; }
+  // An unparsable version is refused by Decode, so that it is counted and
+  // answered like every other refusal.
+  int64_t version() const { return version_.value_or(0); }
+
+  absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
+    if (!version_.ok()) return version_.status();
+    return DecodeInferRequest(request_, model.model.dims, dispatcher_.limits(), outputs_);
+  }
+
+ private:
+  void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                    const AttentionResult& result) override {
+    FillInferResponse(request_, model.version, outputs_, layout, result, response_);
+  }
+
+  const inference::ModelInferRequest& request_;
+  inference::ModelInferResponse* const response_;
+  const AttendDispatcher& dispatcher_;
+  const absl::StatusOr<int64_t> version_;
+  std::vector<std::string> outputs_;  // as requested, known once decoded
+};
+
+// A unary ModelInfer, answered as mha.v1's Attend is.
+class KserveServiceImpl::UnaryInferCall final : public InferCall {
+ public:
+  UnaryInferCall(grpc::CallbackServerContext* context, CallReactor* reactor,
+                 const inference::ModelInferRequest& request,
+                 inference::ModelInferResponse* response, const AttendDispatcher& dispatcher)
+      : InferCall(request, response, dispatcher), context_(context), reactor_(reactor) {}
+
+ private:
+  void Send(const absl::Status& status, absl::Duration took) override {
+    SendUnary(context_, reactor_, status, took);
+  }
+  void Hold(std::shared_ptr<MemoryReservation> memory) override {
+    reactor_->Hold(std::move(memory));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  CallReactor* const reactor_;
+};
+
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerContext* context,
                                                         const inference::ModelInferRequest* request,
                                                         inference::ModelInferResponse* response) {
   auto* reactor = new CallReactor();
-  StartInfer(context, *request, response, UnaryCompletion(context, reactor));
+  StartInfer(context,
+             std::make_unique<UnaryInferCall>(context, reactor, *request, response, dispatcher_));
   return reactor;
 }
 
 void KserveServiceImpl::StartInfer(grpc::CallbackServerContext* context,
-                                   const inference::ModelInferRequest& request,
-                                   inference::ModelInferResponse* response,
-                                   AttendDispatcher::Completion completion) {
-  auto outputs = std::make_shared<std::vector<std::string>>();
-  // An unparsable version is refused by decode, so that it is counted and
-  // answered like every other refusal.
-  const absl::StatusOr<int64_t> version =
-      ParseModelVersion(request.model_name(), request.model_version());
-  auto decode = [this, &request, outputs, version_error = version.status()](
-                    const ModelVersion& model) -> absl::StatusOr<AttentionRequest> {
-    if (!version_error.ok()) return version_error;
-    return DecodeInferRequest(request, model.model.dims, dispatcher_.limits(), *outputs);
-  };
-  auto respond = [&request, response, outputs](const ModelVersion& model,
-                                               const ResultLayout& layout,
-                                               const AttentionResult& result) {
-    FillInferResponse(request, model.version, *outputs, layout, result, response);
-  };
-  dispatcher_.Dispatch(context, std::move(completion), request.model_name(),
-                       version.value_or(0), kApiKserve, decode, std::move(respond));
+                                   std::unique_ptr<InferCall> call) {
+  const std::string model = call->request().model_name();
+  const int64_t version = call->version();
+  dispatcher_.Dispatch(context, std::move(call), model, version, kApiKserve);
 }
 
 // One ModelStreamInfer call: each request runs as ModelInfer does; an error
@@ -161,26 +201,41 @@ class KserveServiceImpl::InferStream final
   }
 
  private:
+  // A request of the stream; it keeps its message alive until answered.
+  class Message final : public InferCall {
+   public:
+    Message(InferStream& stream, std::shared_ptr<inference::ModelInferRequest> request,
+            std::shared_ptr<Outbound> out)
+        : InferCall(*request, out->response.mutable_infer_response(),
+                    stream.service_.dispatcher_),
+          stream_(stream),
+          message_(std::move(request)),
+          out_(std::move(out)) {}
+
+   private:
+    void Send(const absl::Status& status, absl::Duration) override {
+      if (!status.ok()) {
+        out_->response.set_error_message(std::string(status.message()));
+        inference::ModelInferResponse* infer = out_->response.mutable_infer_response();
+        infer->Clear();
+        infer->set_id(message_->id());
+        infer->set_model_name(message_->model_name());
+        infer->set_model_version(message_->model_version());
+      }
+      stream_.Reply(out_);
+    }
+    void Hold(std::shared_ptr<MemoryReservation> memory) override {
+      out_->memory = std::move(memory);
+    }
+
+    InferStream& stream_;
+    const std::shared_ptr<inference::ModelInferRequest> message_;
+    const std::shared_ptr<Outbound> out_;
+  };
+
   void Start(std::shared_ptr<inference::ModelInferRequest> request) override {
     auto out = std::make_shared<Outbound>();
-    AttendDispatcher::Completion completion;
-    completion.hold = [out](std::shared_ptr<MemoryReservation> memory) {
-      out->memory = std::move(memory);
-    };
-    // `request` stays alive with the completion until the answer.
-    completion.finish = [this, out, request](const absl::Status& status, absl::Duration) {
-      if (!status.ok()) {
-        out->response.set_error_message(std::string(status.message()));
-        inference::ModelInferResponse* infer = out->response.mutable_infer_response();
-        infer->Clear();
-        infer->set_id(request->id());
-        infer->set_model_name(request->model_name());
-        infer->set_model_version(request->model_version());
-      }
-      Reply(out);
-    };
-    service_.StartInfer(context_, *request, out->response.mutable_infer_response(),
-                        std::move(completion));
+    service_.StartInfer(context_, std::make_unique<Message>(*this, std::move(request), out));
   }
 
   grpc::CallbackServerContext* const context_;

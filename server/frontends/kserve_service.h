@@ -4,6 +4,8 @@
 #ifndef MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_
 #define MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_
 
+#include <memory>
+
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/frontends/attend_dispatch.h"
@@ -54,13 +56,11 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
       inference::RepositoryModelUnloadResponse* response) override;
 
  private:
+  class InferCall;
+  class UnaryInferCall;
   class InferStream;
-  // ModelInfer's work, answered through `completion` (a unary call's
-  // reactor, or a stream's message); `request` and `response` live until it
-  // finishes.
-  void StartInfer(grpc::CallbackServerContext* context, const inference::ModelInferRequest& request,
-                  inference::ModelInferResponse* response,
-                  AttendDispatcher::Completion completion);
+  // ModelInfer's work for `call` (a unary call, or a stream's message).
+  void StartInfer(grpc::CallbackServerContext* context, std::unique_ptr<InferCall> call);
   // Auth, then model control on (not mode none), and no parameters (we
   // take none), the repository name empty or ours.
   absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,

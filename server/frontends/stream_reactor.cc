@@ -1,5 +1,6 @@
 #include "server/frontends/stream_reactor.h"
 
+#include <memory>
 #include <utility>
 
 #include "server/frontends/attention_service.h"
@@ -7,32 +8,45 @@
 
 namespace mha::server {
 
+// An attend message: decoded from the stream's message (which its tensors
+// view, so the request keeps it alive), answered on the stream.
+class StreamReactor::AttendMessage final : public DispatchedCall {
+ public:
+  AttendMessage(StreamReactor& stream, std::shared_ptr<v1::StreamRequest> request,
+                std::shared_ptr<Outbound> out)
+      : stream_(stream), request_(std::move(request)), out_(std::move(out)) {}
+
+  absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
+    absl::StatusOr<AttentionRequest> decoded =
+        DecodeAttendRequest(request_->attend(), model.model.dims, stream_.dispatcher_.limits());
+    if (decoded.ok()) decoded->KeepAlive(request_);
+    return decoded;
+  }
+
+ private:
+  void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                    const AttentionResult& result) override {
+    EncodeAttendResponse(model, layout, result, out_->response.mutable_attend());
+  }
+  void Send(const absl::Status& status, absl::Duration) override { stream_.Answer(out_, status); }
+  void Hold(std::shared_ptr<MemoryReservation> memory) override {
+    out_->memory = std::move(memory);
+  }
+
+  StreamReactor& stream_;
+  const std::shared_ptr<v1::StreamRequest> request_;
+  const std::shared_ptr<Outbound> out_;
+};
+
 void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
   auto out = std::make_shared<Outbound>();
   out->response.set_id(request->id());
   auto done = [this, out](const absl::Status& status) { Answer(out, status); };
   switch (request->message_case()) {
-    case v1::StreamRequest::kAttend: {
-      AttendDispatcher::Completion completion;
-      completion.hold = [out](std::shared_ptr<MemoryReservation> memory) {
-        out->memory = std::move(memory);
-      };
-      completion.finish = [done](const absl::Status& status, absl::Duration) { done(status); };
-      auto decode = [this, request](const ModelVersion& model) {
-        absl::StatusOr<AttentionRequest> decoded =
-            DecodeAttendRequest(request->attend(), model.model.dims, dispatcher_.limits());
-        if (decoded.ok()) decoded->KeepAlive(request);  // its tensors view the message
-        return decoded;
-      };
-      auto respond = [out](const ModelVersion& model, const ResultLayout& layout,
-                           const AttentionResult& result) {
-        EncodeAttendResponse(model, layout, result, out->response.mutable_attend());
-      };
-      dispatcher_.Dispatch(context_, std::move(completion), request->attend().model(),
-                           request->attend().model_version(), kApiMha, decode,
-                           std::move(respond));
-      return;
-    }
+    case v1::StreamRequest::kAttend:
+      return dispatcher_.Dispatch(context_, std::make_unique<AttendMessage>(*this, request, out),
+                                  request->attend().model(), request->attend().model_version(),
+                                  kApiMha);
     case v1::StreamRequest::kOpenSession:
       return sessions_.Open(*context_, request->open_session(), request,
                             out->response.mutable_session(), done);

@@ -27,6 +27,8 @@ class StreamReactor final : public MessageStream<v1::StreamRequest, v1::StreamRe
   }
 
  private:
+  class AttendMessage;  // an attend message's call
+
   void Start(std::shared_ptr<v1::StreamRequest> request) override;
   // Sets `status` as the answer's code (and error) and replies.
   void Answer(std::shared_ptr<Outbound> out, const absl::Status& status);

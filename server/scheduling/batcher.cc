@@ -49,7 +49,7 @@ Batcher::~Batcher() {
   pool_.Detach(registration_);
 }
 
-void Batcher::Enqueue(std::unique_ptr<PendingRequest> request) {
+void Batcher::Enqueue(std::unique_ptr<AttendCall> request) {
   absl::Status admitted;
   try {
     admitted = Admit(request);
@@ -57,13 +57,13 @@ void Batcher::Enqueue(std::unique_ptr<PendingRequest> request) {
     admitted = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
   }
   if (!admitted.ok()) {
-    request->done(admitted);  // outside the lock
+    request->Fail(admitted);  // outside the lock
     return;
   }
   pool_.Wake(registration_);
 }
 
-absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
+absl::Status Batcher::Admit(std::unique_ptr<AttendCall>& request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("server is shutting down");
   if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
@@ -71,11 +71,11 @@ absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", options_.max_queue_size, " requests waiting)"));
   }
-  if (queued_bytes_ + request->input.wire_bytes() > options_.max_queue_bytes) {
+  if (queued_bytes_ + request->input().wire_bytes() > options_.max_queue_bytes) {
     metrics_.CountDropped("queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this request ",
-        request->input.wire_bytes(), ", limit ", options_.max_queue_bytes, ")"));
+        request->input().wire_bytes(), ", limit ", options_.max_queue_bytes, ")"));
   }
   MemoryBudget* memory = options_.memory;
   if (memory != nullptr && !memory->TryReserveQueued(request->queued_bytes, *request->memory)) {
@@ -86,7 +86,7 @@ absl::Status Batcher::Admit(std::unique_ptr<PendingRequest>& request) {
         WithCommas(request->queued_bytes), " to wait in the queue; retry later"));
   }
   request->enqueued = clock_.Now();
-  const int64_t tokens = request->input.tokens(), bytes = request->input.wire_bytes();
+  const int64_t tokens = request->input().tokens(), bytes = request->input().wire_bytes();
   queue_.push_back(std::move(request));  // if it throws, nothing has changed
   queued_tokens_ += tokens;
   queued_bytes_ += bytes;
@@ -148,10 +148,10 @@ bool Batcher::BatchReady(bool steps) const {
 }
 
 int64_t Batcher::TokensJoiningOldest(int64_t limit) const {
-  const BatchSignature& signature = queue_.front()->signature;
+  const BatchSignature& signature = queue_.front()->signature();
   int64_t tokens = 0;
   for (const auto& r : queue_) {
-    if (r->signature == signature) tokens += r->input.tokens();
+    if (r->signature() == signature) tokens += r->input().tokens();
     if (tokens >= limit) break;
   }
   return tokens;
@@ -161,7 +161,7 @@ int64_t Batcher::TokenLimit() const {
   return pool_.StepsRecently() ? tokens_with_steps_ : max_batch_tokens_;
 }
 
-MemoryBudget::Growth Batcher::ReserveActive(PendingRequest& request) {
+MemoryBudget::Growth Batcher::ReserveActive(AttendCall& request) {
   if (options_.memory == nullptr) return MemoryBudget::Growth::kGrown;
   return options_.memory->TryGrowActive(request.active_bytes, *request.memory);
 }
@@ -204,7 +204,7 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
     return nullptr;
   }
   // The oldest request first gets the memory to compute and answer it.
-  PendingRequest& oldest = *queue_.front();
+  AttendCall& oldest = *queue_.front();
   const MemoryBudget::Growth growth = ReserveActive(oldest);
   if (growth == MemoryBudget::Growth::kGrown) {
     work->batch = TakeBatch();
@@ -212,7 +212,7 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   }
   if (work->steps) return Hand(std::move(work));  // steps do not wait for the memory
   const bool unwanted =
-      clock_.Now() > oldest.deadline || (oldest.cancelled && oldest.cancelled());
+      clock_.Now() > oldest.deadline || oldest.Cancelled();
   if (!unwanted && growth == MemoryBudget::Growth::kFullUntilActiveReturns) {
     // Batches computing or answering will give memory back.
     idle.waiting_for_memory = true;
@@ -228,8 +228,8 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
         " more to compute; retry later"));
   }
   if (options_.memory != nullptr) options_.memory->MarkLeaving(*oldest.memory);
-  queued_tokens_ -= oldest.input.tokens();
-  queued_bytes_ -= oldest.input.wire_bytes();
+  queued_tokens_ -= oldest.input().tokens();
+  queued_bytes_ -= oldest.input().wire_bytes();
   work->batch.push_back(std::move(queue_.front()));
   queue_.pop_front();
   metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
@@ -237,26 +237,26 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
 }
 
 // With mu_ held, the oldest request's active memory reserved.
-std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
+std::vector<std::unique_ptr<AttendCall>> Batcher::TakeBatch() {
   // The oldest request sets the signature; compatible ones join in order
   // while the batch has room, in tokens and in memory. Requests of another
   // signature are passed over, however large.
-  std::vector<std::unique_ptr<PendingRequest>> batch;
-  const BatchSignature signature = queue_.front()->signature;
+  std::vector<std::unique_ptr<AttendCall>> batch;
+  const BatchSignature signature = queue_.front()->signature();
   const int64_t limit = TokenLimit();
   int64_t tokens = 0;
   for (auto it = queue_.begin(); it != queue_.end();) {
-    if (!((*it)->signature == signature)) {
+    if (!((*it)->signature() == signature)) {
       ++it;
       continue;
     }
     const bool fits = batch.empty() || (options_.enabled &&
-                                        tokens + (*it)->input.tokens() <= limit);
+                                        tokens + (*it)->input().tokens() <= limit);
     if (!fits) break;
     if (!batch.empty() && ReserveActive(**it) != MemoryBudget::Growth::kGrown) break;
-    tokens += (*it)->input.tokens();
-    queued_tokens_ -= (*it)->input.tokens();
-    queued_bytes_ -= (*it)->input.wire_bytes();
+    tokens += (*it)->input().tokens();
+    queued_tokens_ -= (*it)->input().tokens();
+    queued_bytes_ -= (*it)->input().wire_bytes();
     batch.push_back(std::move(*it));
     it = queue_.erase(it);
     if (!options_.enabled) break;
@@ -267,23 +267,23 @@ std::vector<std::unique_ptr<PendingRequest>> Batcher::TakeBatch() {
 
 int Batcher::ThreadsPerCall() const { return pool_.ThreadsPerCall(); }
 
-void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps,
+void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps,
                       Workspace& ws) {
   // Drop what nobody waits for any more, before spending compute on it.
   const absl::Time now = clock_.Now();
-  std::vector<std::unique_ptr<PendingRequest>> live;
-  for (std::unique_ptr<PendingRequest>& r : batch) {
+  std::vector<std::unique_ptr<AttendCall>> live;
+  for (std::unique_ptr<AttendCall>& r : batch) {
     metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
     if (options_.statistics != nullptr) options_.statistics->Queued(now - r->enqueued);
     if (!r->refusal.ok()) {
       metrics_.CountDropped("memory");
-      r->done(r->refusal);
-    } else if (r->cancelled && r->cancelled()) {
+      r->Fail(r->refusal);
+    } else if (r->Cancelled()) {
       metrics_.CountDropped("cancelled");
-      r->done(absl::CancelledError("client cancelled the request"));
+      r->Fail(absl::CancelledError("client cancelled the request"));
     } else if (now > r->deadline) {
       metrics_.CountDropped("deadline");
-      r->done(absl::DeadlineExceededError("deadline passed while the request was queued"));
+      r->Fail(absl::DeadlineExceededError("deadline passed while the request was queued"));
     } else {
       live.push_back(std::move(r));
     }
@@ -304,7 +304,7 @@ void Batcher::Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool s
     const absl::Status status = absl::ResourceExhaustedError(
         "out of memory while computing this request's batch; retry later");
     if (group != nullptr) group->Finish(status, {}, {});
-    for (size_t i = answered; i < live.size(); ++i) live[i]->done(status);
+    for (size_t i = answered; i < live.size(); ++i) live[i]->Fail(status);
   }
 }
 
@@ -316,15 +316,15 @@ void Batcher::ReportPrimitiveCacheMisses() {
   if (now > reported) metrics_.primitive_cache_misses->Increment(static_cast<double>(now - reported));
 }
 
-void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
+void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                           std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
   int64_t tokens = 0, sequences = 0;
   for (const auto& r : live) {
-    inputs.push_back(&r->input);
-    tokens += r->input.tokens();
-    sequences += r->input.sequences();
+    inputs.push_back(&r->input());
+    tokens += r->input().tokens();
+    sequences += r->input().sequences();
   }
   // The steps' query rows go right after the requests' (one buffer, one
   // projection product, no copy in the engine).
@@ -370,17 +370,17 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& li
   for (; answered < live.size(); ++answered) {
     const size_t i = answered;
     if (!status.ok()) {
-      live[i]->done(status);
+      live[i]->Fail(status);
       continue;
     }
     const AttentionResult result{merged->OutputOf(i, all_output),
                                  merged->WeightsOf(i, all_weights)};
     if (FirstNonFinite(result.output) >= 0) {  // finite inputs that overflow f32
-      live[i]->done(absl::InvalidArgumentError(
+      live[i]->Fail(absl::InvalidArgumentError(
           "inputs too large: the attention overflows float32 (non-finite result)"));
       continue;
     }
-    live[i]->done(result);
+    live[i]->Respond(result);
   }
   if (options_.statistics != nullptr && status.ok()) {
     options_.statistics->Answered(live.size(), sequences, absl::Now() - answering);

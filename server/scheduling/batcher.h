@@ -22,6 +22,7 @@
 #include "engine/ragged_batch.h"
 #include "server/observability/metrics.h"
 #include "server/observability/model_statistics.h"
+#include "server/scheduling/attend_call.h"
 #include "server/scheduling/clock.h"
 #include "server/scheduling/memory_budget.h"
 #include "server/scheduling/worker_pool.h"
@@ -67,34 +68,6 @@ struct BatcherOptions {
   ModelStatistics* statistics = nullptr;
 };
 
-// What a computed request gets back: its f32 output and optional weights,
-// in the shapes its AttentionRequest gives, as views of the engine call's
-// outputs: valid during the `done` call only (encode them there).
-struct AttentionResult {
-  absl::Span<const float> output;
-  absl::Span<const float> weights;
-};
-
-// One request waiting for compute. `done` is called exactly once: on a
-// worker thread, or in Enqueue's caller when the batcher refuses it.
-struct PendingRequest {
-  explicit PendingRequest(AttentionRequest in)
-      : input(std::move(in)), signature(BatchSignature::Of(input)) {}
-
-  AttentionRequest input;
-  BatchSignature signature;  // which requests it may share an engine call with
-  absl::Time deadline = absl::InfiniteFuture();
-  std::function<bool()> cancelled;  // may be empty
-  std::function<void(absl::StatusOr<AttentionResult>)> done;
-  absl::Time enqueued;
-  // What it holds while queued and what computing and answering it adds
-  // (server/scheduling/admission.h), and where those bytes are reserved: shared with
-  // the call, so they come back when both the batch and the call are done.
-  int64_t queued_bytes = 0, active_bytes = 0;
-  std::shared_ptr<MemoryReservation> memory = std::make_shared<MemoryReservation>();
-  absl::Status refusal;  // set when the batcher refuses it instead of computing
-};
-
 // Session steps riding along in one of a batcher's engine calls: taken by
 // a worker (StepSource::TakeSteps), computed with that call's Attend
 // requests, answered by Finish on the same worker.
@@ -134,10 +107,11 @@ class Batcher final : public PoolQueue {
           ModelMetrics& metrics);
   ~Batcher() override;  // Stop(), then leaves the pool
 
-  // Takes the request. Every outcome arrives through its `done`: the result
-  // later, or at once, in this thread, RESOURCE_EXHAUSTED when the queue or
+  // Takes the call. It is answered exactly once: Respond (on a worker) with
+  // its result, or Fail: later on a worker (dropped, or the engine failed),
+  // or at once, in this thread, with RESOURCE_EXHAUSTED when the queue or
   // the memory budget is full and UNAVAILABLE when stopping.
-  void Enqueue(std::unique_ptr<PendingRequest> request);
+  void Enqueue(std::unique_ptr<AttendCall> request);
 
   // Stops taking requests and returns once everything queued is computed.
   void Stop();
@@ -167,19 +141,19 @@ class Batcher final : public PoolQueue {
     void Run(Workspace& ws) override;
     Batcher& batcher;
     std::vector<std::function<void(Workspace&)>> tasks;
-    std::vector<std::unique_ptr<PendingRequest>> batch;
+    std::vector<std::unique_ptr<AttendCall>> batch;
     bool steps = false;
     bool counted = false;  // in in_flight_ (set by Hand)
   };
 
   // Why the request cannot wait in the queue, or OK (then it is queued).
-  absl::Status Admit(std::unique_ptr<PendingRequest>& request);
+  absl::Status Admit(std::unique_ptr<AttendCall>& request);
   // With mu_ held: counts `work` in flight and returns it for the pool.
   std::unique_ptr<PoolWork> Hand(std::unique_ptr<Work> work);
   // Whether Stop may return: nothing queued or in flight (mu_ held).
   bool Drained() const;
   // Takes the next batch of Attend requests once BatchReady (see NextWork).
-  std::vector<std::unique_ptr<PendingRequest>> TakeBatch();
+  std::vector<std::unique_ptr<AttendCall>> TakeBatch();
   // Closes a batch early when `steps` ride along (they never wait).
   bool BatchReady(bool steps) const;
   // Query + key tokens queued that may join the oldest request's batch, up
@@ -190,13 +164,13 @@ class Batcher final : public PoolQueue {
   int64_t TokenLimit() const;
   // Reserves the active bytes of a request the next batch takes (see
   // NextWork); without a budget, always kGrown.
-  MemoryBudget::Growth ReserveActive(PendingRequest& request);
-  void Compute(std::vector<std::unique_ptr<PendingRequest>> batch, bool steps, Workspace& ws);
+  MemoryBudget::Growth ReserveActive(AttendCall& request);
+  void Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws);
   // Computes the requests and the steps in one engine call and answers
   // them (the steps first); `answered` counts the requests answered and
   // `steps` is reset once finished, so an allocation failure answers only
   // the rest.
-  void ComputeLive(const std::vector<std::unique_ptr<PendingRequest>>& live,
+  void ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                    std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered);
   // Adds the primitives the engine created since the last report (on any
   // worker) to the metric.
@@ -216,7 +190,7 @@ class Batcher final : public PoolQueue {
   std::mutex mu_;
   std::condition_variable drained_cv_;  // Stop waits on it
   int in_flight_ = 0;                   // works handed out; guarded by mu_
-  std::deque<std::unique_ptr<PendingRequest>> queue_;  // guarded by mu_
+  std::deque<std::unique_ptr<AttendCall>> queue_;  // guarded by mu_
   int64_t queued_tokens_ = 0;                          // guarded by mu_
   int64_t queued_bytes_ = 0;                           // guarded by mu_
   bool stopping_ = false;                              // guarded by mu_

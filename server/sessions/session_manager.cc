@@ -151,7 +151,10 @@ void SessionManager::Stop() {
     attached_.clear();
   }
   cv_.notify_all();
-  for (auto& step : left) step->done(absl::UnavailableError("the server is shutting down"));
+  for (auto& step : left) {
+    step->memory.Release();
+    step->done(absl::UnavailableError("the server is shutting down"));
+  }
   if (expiry_.joinable()) expiry_.join();
   for (const VersionPtr& v : attached) v->batcher->SetStepSource(nullptr);
 }
@@ -582,6 +585,7 @@ std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextSt
     --step->session->queued;
     if (options_.memory != nullptr) options_.memory->MarkLeaving(step->memory);
     refusals.push_back([step = std::shared_ptr<PendingStep>(std::move(step)), status] {
+      step->memory.Release();  // before the answer: the caller may send again at once
       step->done(status);
     });
   };

@@ -1,0 +1,101 @@
+// One Attend request as the scheduler carries it: the call object that owns
+// the decoded request, its memory reservation, its deadline and whether its
+// caller is gone, and answers exactly once.
+#ifndef MHA_SERVER_SCHEDULING_ATTEND_CALL_H_
+#define MHA_SERVER_SCHEDULING_ATTEND_CALL_H_
+
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/attention_request.h"
+#include "engine/ragged_batch.h"
+#include "server/scheduling/memory_budget.h"
+
+namespace mha::server {
+
+// What a computed request gets back: its f32 output and optional weights,
+// in the shapes its AttentionRequest gives, as views of the engine call's
+// outputs: valid during Respond only (encode them there).
+struct AttentionResult {
+  absl::Span<const float> output;
+  absl::Span<const float> weights;
+};
+
+// Owns one Attend request from the front end that decoded it to its
+// answer: the input, what it costs and where those bytes are reserved, its
+// deadline. Whoever ends it (the front end refusing it, the batcher dropping
+// or computing it) calls Respond or Fail; the first call answers, later ones
+// do nothing, so a call is answered exactly once. Subclasses (one per front
+// end and transport) say how a result is encoded and how the answer leaves.
+// Not thread-safe: one owner at a time (front end, queue, worker).
+class AttendCall {
+ public:
+  AttendCall() = default;
+  AttendCall(const AttendCall&) = delete;
+  AttendCall& operator=(const AttendCall&) = delete;
+  virtual ~AttendCall() = default;
+
+  // The decoded request, set once before the call is queued.
+  void SetInput(AttentionRequest input) {
+    input_.emplace(std::move(input));
+    signature_ = BatchSignature::Of(*input_);
+  }
+  const AttentionRequest& input() const { return *input_; }
+  // Which requests it may share an engine call with.
+  const BatchSignature& signature() const { return signature_; }
+
+  // Whether nobody waits for the answer any more (the client cancelled).
+  virtual bool Cancelled() const { return false; }
+
+  // Answers with `result`: encodes it (RESOURCE_EXHAUSTED instead when that
+  // runs out of memory) and ends the call.
+  void Respond(const AttentionResult& result) {
+    if (answered_) return;
+    answered_ = true;
+    absl::Status status;
+    try {
+      Encode(result);
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError("out of memory encoding the response; retry later");
+    }
+    Finish(status);
+  }
+  // Answers with an error (never OK).
+  void Fail(const absl::Status& status) {
+    if (answered_) return;
+    answered_ = true;
+    Finish(status.ok() ? absl::InternalError("a call failed with OK") : status);
+  }
+  bool answered() const { return answered_; }
+
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time enqueued;
+  // What it holds while queued and what computing and answering it adds
+  // (server/scheduling/admission.h), and where those bytes are reserved:
+  // shared with the transport, so they come back when both the batch and
+  // the sending of the answer are done.
+  int64_t queued_bytes = 0, active_bytes = 0;
+  std::shared_ptr<MemoryReservation> memory = std::make_shared<MemoryReservation>();
+  absl::Status refusal;  // set when the batcher refuses it instead of computing
+
+ protected:
+  // Writes `result` into the response (may throw std::bad_alloc).
+  virtual void Encode(const AttentionResult& result) = 0;
+  // Ends the call with `status` (OK after Encode); called exactly once.
+  virtual void Finish(const absl::Status& status) = 0;
+
+ private:
+  std::optional<AttentionRequest> input_;
+  BatchSignature signature_;
+  bool answered_ = false;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SCHEDULING_ATTEND_CALL_H_
