@@ -20,6 +20,7 @@
 #include "server/frontends/health_reporter.h"
 #include "server/frontends/kserve_service.h"
 #include "server/frontends/reflection_v1.h"
+#include "server/frontends/unknown_methods.h"
 #include "server/models/model_control.h"
 #include "server/models/model_repository.h"
 #include "server/observability/metrics.h"
@@ -166,6 +167,7 @@ absl::Status Server::Build() {
   service_ = std::make_unique<AttentionServiceImpl>(*dispatcher_, *control_, *sessions_);
   kserve_ = std::make_unique<KserveServiceImpl>(*dispatcher_, *control_);
   reflection_v1_ = std::make_unique<ReflectionV1Service>(ServedServiceNames());
+  unknown_methods_ = std::make_unique<UnknownMethods>();
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(HostPort(options_.host, options_.port), credentials, &grpc_port_);
@@ -178,6 +180,7 @@ absl::Status Server::Build() {
   builder.RegisterService(service_.get());
   builder.RegisterService(kserve_.get());
   builder.RegisterService(reflection_v1_.get());
+  builder.RegisterCallbackGenericService(unknown_methods_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || grpc_port_ == 0) {
     return absl::UnavailableError(

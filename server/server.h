@@ -31,6 +31,7 @@ class ModelControl;
 class ModelRepository;
 class ReflectionV1Service;
 class SessionManager;
+class UnknownMethods;
 class WorkerPool;
 
 // Every setting of a server; the flags of mha_server map one to one (see
@@ -100,6 +101,7 @@ class Server {
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<KserveServiceImpl> kserve_;
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
+  std::unique_ptr<UnknownMethods> unknown_methods_;
   std::unique_ptr<grpc::Server> grpc_server_;
 };
 

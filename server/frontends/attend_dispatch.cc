@@ -1,5 +1,6 @@
 #include "server/frontends/attend_dispatch.h"
 
+#include <algorithm>
 #include <memory>
 #include <new>
 #include <string>
@@ -11,9 +12,14 @@
 
 namespace mha::server {
 
+std::string MessageOf(const absl::Status& status) {
+  if (!status.message().empty()) return std::string(status.message());
+  return absl::StatusCodeToString(status.code());
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), MessageOf(status));
 }
 
 absl::Status AttendDispatcher::Authorize(const grpc::CallbackServerContext& context) const {
@@ -98,7 +104,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
   c.queued_bytes = cost.queued_bytes;
   c.active_bytes = cost.active_bytes;
   c.Hold(c.memory);
-  c.deadline = absl::FromChrono(context->deadline());
+  c.deadline = std::min(absl::FromChrono(context->deadline()), c.start_ + c.timeout_);
   c.layout_ = ResultLayout{input.output_dtype(), input.output_shape(), input.weights_shape()};
   model.batcher->Enqueue(std::move(call));  // answers the call, whatever happens
 }

@@ -26,8 +26,11 @@ namespace mha::server {
 // to response out.
 inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
 
-// The one conversion from absl::Status to grpc::Status.
+// The one conversion from absl::Status to grpc::Status. No error leaves
+// without a message (Triton's C++ client takes an empty one for success).
 grpc::Status ToGrpcStatus(const absl::Status& status);
+// `status`'s message, or its code's name when it has none.
+std::string MessageOf(const absl::Status& status);
 
 // The reactor of one unary attention call. Its call finishes it exactly
 // once; it holds the request's memory reservation until gRPC is done with
@@ -76,6 +79,9 @@ class DispatchedCall : public AttendCall {
   virtual void Send(const absl::Status& status, absl::Duration took) = 0;
   // Keeps the reservation until the answer has left (it holds the response).
   virtual void Hold(std::shared_ptr<MemoryReservation> memory) = 0;
+  // From Decode: the request's own time limit, from its arrival; its
+  // deadline is the earlier of this and the gRPC deadline.
+  void LimitTime(absl::Duration timeout) { timeout_ = timeout; }
 
  private:
   friend class AttendDispatcher;
@@ -92,6 +98,7 @@ class DispatchedCall : public AttendCall {
   VersionPtr version_;
   ResultLayout layout_;
   int64_t sequences_ = 0;
+  absl::Duration timeout_ = absl::InfiniteDuration();
 };
 
 // Borrows the repository and the metrics (both outlive the server) and owns

@@ -15,6 +15,12 @@ namespace mha::server {
 namespace {
 
 constexpr const char* kParameterNames[] = {"is_causal", "need_weights", "per_head_weights"};
+// Triton's request parameters about the call rather than the attention.
+constexpr char kTimeout[] = "timeout";
+constexpr char kEmptyFinalResponse[] = "triton_enable_empty_final_response";
+constexpr char kKnownParameters[] =
+    "known: is_causal, need_weights, per_head_weights (bool); timeout (int64, microseconds); "
+    "triton_enable_empty_final_response (bool)";
 constexpr const char* kInputNames[] = {"query", "key", "value", "key_padding_mask", "attn_mask"};
 
 // Where each named input's view goes.
@@ -63,10 +69,11 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
 
 absl::Status ReadParameters(const inference::ModelInferRequest& request, RequestInputs& in) {
   for (const auto& [name, value] : request.parameters()) {
+    if (name == kTimeout || name == kEmptyFinalResponse) continue;  // ReadCallParameters'
     if (std::find(std::begin(kParameterNames), std::end(kParameterNames), name) ==
         std::end(kParameterNames)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown parameter \"", name, "\" (known: is_causal, need_weights, per_head_weights)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown parameter \"", name, "\" (", kKnownParameters, ")"));
     }
     if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
       return absl::InvalidArgumentError(
@@ -166,6 +173,38 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
                    AttentionRequest::Create(dims, in, limits.max_tokens, DTypeSpelling::kKserve));
   if (!converted->empty()) decoded.KeepAlive(std::move(converted));
   return decoded;
+}
+
+absl::StatusOr<InferCallParameters> ReadCallParameters(
+    const inference::ModelInferRequest& request) {
+  InferCallParameters call;
+  const auto& parameters = request.parameters();
+  if (auto it = parameters.find(kTimeout); it != parameters.end()) {
+    const inference::InferParameter& p = it->second;
+    int64_t us = 0;
+    if (p.parameter_choice_case() == inference::InferParameter::kInt64Param) {
+      us = p.int64_param();
+    } else if (p.parameter_choice_case() == inference::InferParameter::kUint64Param &&
+               p.uint64_param() <= static_cast<uint64_t>(INT64_MAX)) {
+      us = static_cast<int64_t>(p.uint64_param());
+    } else {
+      return absl::InvalidArgumentError(
+          "parameter timeout: expected int64_param, in microseconds");
+    }
+    if (us < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter timeout: ", us, " microseconds; expected 0 (none) or more"));
+    }
+    if (us > 0) call.timeout = absl::Microseconds(us);
+  }
+  if (auto it = parameters.find(kEmptyFinalResponse); it != parameters.end()) {
+    if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", kEmptyFinalResponse, ": expected bool_param"));
+    }
+    call.final_response_flag = it->second.bool_param();
+  }
+  return call;
 }
 
 absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version) {

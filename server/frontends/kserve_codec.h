@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "engine/attention_request.h"
 #include "engine/model_config.h"
 #include "inference/grpc_service.pb.h"
@@ -23,6 +24,19 @@ inline constexpr char kWeightsName[] = "attn_weights";
 // A KServe model_version: "" -> 0 (the newest ready one), else a positive
 // decimal number; NOT_FOUND for anything else.
 absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version);
+
+// Triton's request parameters about the call itself.
+struct InferCallParameters {
+  // `timeout` (int64, microseconds; 0 or absent: none): the request's
+  // deadline is the earlier of this and the gRPC deadline.
+  absl::Duration timeout = absl::InfiniteDuration();
+  // `triton_enable_empty_final_response`: on a stream, each response says
+  // whether it is its request's last (`triton_final_response`), as Triton's
+  // streaming clients wait for. Every request here has one response.
+  bool final_response_flag = false;
+};
+absl::StatusOr<InferCallParameters> ReadCallParameters(
+    const inference::ModelInferRequest& request);
 
 // Maps inputs by name (query, key, value, key_padding_mask, attn_mask;
 // datatypes FP32, BF16, FP16, BOOL; raw_input_contents or typed contents,

@@ -129,7 +129,8 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
       : request_(request),
         response_(response),
         dispatcher_(dispatcher),
-        version_(ParseModelVersion(request.model_name(), request.model_version())) {}
+        version_(ParseModelVersion(request.model_name(), request.model_version())),
+        call_parameters_(ReadCallParameters(request)) {}
 
   const inference::ModelInferRequest& request() const { return request_; }
   // An unparsable version is refused by Decode, so that it is counted and
@@ -138,7 +139,14 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
 
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
     if (!version_.ok()) return version_.status();
+    if (!call_parameters_.ok()) return call_parameters_.status();
+    LimitTime(call_parameters_->timeout);
     return DecodeInferRequest(request_, model.model.dims, dispatcher_.limits(), outputs_);
+  }
+  // Whether each response should say it is its request's last (known
+  // before anything else, so that an early error says it too).
+  bool final_response_flag() const {
+    return call_parameters_.ok() && call_parameters_->final_response_flag;
   }
 
  private:
@@ -151,6 +159,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
   inference::ModelInferResponse* const response_;
   const AttendDispatcher& dispatcher_;
   const absl::StatusOr<int64_t> version_;
+  const absl::StatusOr<InferCallParameters> call_parameters_;
   std::vector<std::string> outputs_;  // as requested, known once decoded
 };
 
@@ -214,13 +223,16 @@ class KserveServiceImpl::InferStream final
 
    private:
     void Send(const absl::Status& status, absl::Duration) override {
+      inference::ModelInferResponse* infer = out_->response.mutable_infer_response();
       if (!status.ok()) {
-        out_->response.set_error_message(std::string(status.message()));
-        inference::ModelInferResponse* infer = out_->response.mutable_infer_response();
+        out_->response.set_error_message(MessageOf(status));
         infer->Clear();
         infer->set_id(message_->id());
         infer->set_model_name(message_->model_name());
         infer->set_model_version(message_->model_version());
+      }
+      if (final_response_flag()) {  // one response per request: the last
+        (*infer->mutable_parameters())["triton_final_response"].set_bool_param(true);
       }
       stream_.Reply(out_);
     }
@@ -264,9 +276,34 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(
   return Finish(context, status);
 }
 
+namespace {
+
+// A load takes no parameters here (the model folder is the source; Triton's
+// `config` and `file:` parameters are not taken yet). An unload takes
+// Triton's `unload_dependents` (bool), which tritonclient always sends: no
+// model here has dependents, so either value unloads just the model.
+absl::Status CheckRepositoryParameters(
+    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>& parameters,
+    bool unload) {
+  for (const auto& [name, value] : parameters) {
+    if (unload && name == "unload_dependents") {
+      if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBoolParam) {
+        return absl::InvalidArgumentError("parameter unload_dependents: expected bool_param");
+      }
+      continue;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", name, "\": ",
+        unload ? "an unload takes only unload_dependents (bool)"
+               : "a load takes none here (the model folder in the repository is the source)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServerContext& context,
-                                                      const std::string& repository_name,
-                                                      size_t parameters) const {
+                                                      const std::string& repository_name) const {
   RETURN_IF_ERROR(dispatcher_.Authorize(context));
   RETURN_IF_ERROR(control_.Allowed());
   if (!repository_name.empty() && repository_name != dispatcher_.models().dir()) {
@@ -274,17 +311,13 @@ absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServer
         "repository_name: this server has one repository, '", dispatcher_.models().dir(),
         "' (or leave it empty)"));
   }
-  if (parameters > 0) {
-    return absl::InvalidArgumentError(
-        "parameters: model load and unload take none here (the model folder is the source)");
-  }
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
     grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
-  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(), 0);
+  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
   if (status.ok()) {
     for (const ModelRepository::IndexEntry& e : dispatcher_.models().Index()) {
       if (request->ready() && !e.ready) continue;
@@ -301,8 +334,8 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
 grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
-  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(),
-                                                    request->parameters_size());
+  absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
+  if (status.ok()) status = CheckRepositoryParameters(request->parameters(), /*unload=*/false);
   if (!status.ok()) return Finish(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   control_.Load(request->model_name(),
@@ -313,8 +346,8 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
 grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
-  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name(),
-                                                    request->parameters_size());
+  absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
+  if (status.ok()) status = CheckRepositoryParameters(request->parameters(), /*unload=*/true);
   if (!status.ok()) return Finish(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   control_.Unload(request->model_name(),

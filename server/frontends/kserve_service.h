@@ -61,11 +61,10 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
   class InferStream;
   // ModelInfer's work for `call` (a unary call, or a stream's message).
   void StartInfer(grpc::CallbackServerContext* context, std::unique_ptr<InferCall> call);
-  // Auth, then model control on (not mode none), and no parameters (we
-  // take none), the repository name empty or ours.
+  // Auth, then model control on (not mode none), the repository name
+  // empty or ours.
   absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,
-                                     const std::string& repository_name,
-                                     size_t parameters) const;
+                                     const std::string& repository_name) const;
   // The version named ("": the newest ready one), or why not.
   absl::StatusOr<VersionPtr> FindVersion(const std::string& name,
                                          const std::string& version) const;

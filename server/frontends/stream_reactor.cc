@@ -66,7 +66,7 @@ void StreamReactor::Answer(std::shared_ptr<Outbound> out, const absl::Status& st
   if (!status.ok()) {
     out->response.clear_message();
     out->response.set_code(static_cast<int>(status.code()));
-    out->response.set_error_message(std::string(status.message()));
+    out->response.set_error_message(MessageOf(status));
   }
   Reply(std::move(out));
 }

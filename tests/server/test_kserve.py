@@ -283,6 +283,12 @@ class KserveTest(unittest.TestCase):
              "contents and raw_input_contents both given"),
             (changed(param("is_causal", int64_param=1)), "parameter is_causal: expected bool_param"),
             (changed(param("need_weight", bool_param=True)), 'unknown parameter "need_weight"'),
+            (changed(param("priority", uint64_param=1)),
+             "known: is_causal, need_weights, per_head_weights (bool); timeout"),
+            (changed(param("timeout", int64_param=-5)), "parameter timeout: -5 microseconds"),
+            (changed(param("timeout", bool_param=True)), "parameter timeout: expected int64_param"),
+            (changed(param("triton_enable_empty_final_response", int64_param=1)),
+             "parameter triton_enable_empty_final_response: expected bool_param"),
             (changed(lambda r: r.outputs.add(name="weights")), 'unknown output "weights"'),
             (changed(lambda r: r.outputs.add(name="output"), lambda r: r.outputs.add(name="output")),
              "output output requested twice"),
@@ -334,6 +340,55 @@ class KserveTest(unittest.TestCase):
             np.testing.assert_allclose(np.frombuffer(infer.raw_output_contents[0], "<f4"),
                                        np.frombuffer(attend.output.data, "<f4"),
                                        rtol=1e-5, atol=1e-5)
+
+    def test_triton_timeout_parameter_tightens_the_deadline(self):
+        # Triton's `timeout` (microseconds): the earlier of it and the gRPC
+        # deadline wins, and an expired request is never computed.
+        inputs = random_inputs(17, batch=1, length=4)
+        dropped = lambda: metric_value(self.server.metrics(), "mha_dropped_requests_total",  # noqa: E731
+                                       model="demo", reason="deadline")
+        before = dropped()
+        late = inputs.kserve("demo")
+        late.parameters["timeout"].int64_param = 1
+        err = self.infer_error(late)
+        self.assertEqual(err.code(), grpc.StatusCode.DEADLINE_EXCEEDED, err.details())
+        self.assertEqual(dropped() - before, 1)
+        roomy = inputs.kserve("demo")
+        roomy.parameters["timeout"].int64_param = 30_000_000
+        roomy.parameters["triton_enable_empty_final_response"].bool_param = True
+        infer = self.kserve.ModelInfer(roomy, timeout=TIMEOUT)  # unary: as without them
+        attend = self.attend.Attend(inputs.attend("demo"), timeout=TIMEOUT)
+        self.assert_same_answer(infer, attend)
+        self.assertEqual(len(infer.parameters), 0)
+
+    def test_stream_responses_say_they_are_final_when_asked(self):
+        # Triton's C++ client sets triton_enable_empty_final_response on every
+        # request and, on a stream, waits for triton_final_response.
+        ok = random_inputs(18, batch=1, length=3).kserve("demo")
+        ok.id = "ok"
+        bad = kpb.ModelInferRequest(model_name="nope", id="bad")
+        plain = random_inputs(19, batch=1, length=3).kserve("demo")
+        plain.id = "plain"
+        for r in (ok, bad):
+            r.parameters["triton_enable_empty_final_response"].bool_param = True
+        answers = {a.infer_response.id: a
+                   for a in self.kserve.ModelStreamInfer(iter([ok, bad, plain]), timeout=TIMEOUT)}
+        self.assertEqual(sorted(answers), ["bad", "ok", "plain"])
+        for key in ("ok", "bad"):
+            final = answers[key].infer_response.parameters["triton_final_response"]
+            self.assertTrue(final.bool_param, key)
+        self.assertEqual(answers["ok"].error_message, "")
+        self.assertIn("nope", answers["bad"].error_message)
+        self.assertNotIn("triton_final_response", answers["plain"].infer_response.parameters)
+
+    def test_unknown_methods_are_refused_with_a_message(self):
+        # Triton's C++ client takes an error without a message for success.
+        call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelConfig")
+        with self.assertRaises(grpc.RpcError) as e:
+            call(b"", timeout=TIMEOUT)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertIn("/inference.GRPCInferenceService/ModelConfig is not served",
+                      e.exception.details())
 
     def test_metrics_count_kserve_calls_with_api_label(self):
         before = self.server.metrics()

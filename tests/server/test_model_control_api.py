@@ -127,9 +127,17 @@ class ModelControlApiTest(unittest.TestCase):
             self.assertEqual(self.index(triton, ready=True), [("a", "2", "READY"),
                                                               ("b", "1", "READY")])
             s.stub().Attend(pb.AttendRequest(model="b", query=tensor(pb, cfg, Q)), timeout=30)
-            triton.RepositoryModelUnload(tpb.RepositoryModelUnloadRequest(model_name="a"),
-                                         timeout=60)
+            # tritonclient's unload_model() always sends unload_dependents.
+            unload = tpb.RepositoryModelUnloadRequest(model_name="a")
+            unload.parameters["unload_dependents"].bool_param = False
+            triton.RepositoryModelUnload(unload, timeout=60)
             self.assertEqual(self.index(triton), [("a", "", "UNAVAILABLE"), ("b", "1", "READY")])
+            unload = tpb.RepositoryModelUnloadRequest(model_name="b")
+            unload.parameters["unload_everything"].bool_param = True
+            with self.assertRaises(grpc.RpcError) as e:
+                triton.RepositoryModelUnload(unload, timeout=60)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("unload_dependents", e.exception.details())
             with self.assertRaises(grpc.RpcError) as e:
                 s.stub().Attend(pb.AttendRequest(model="a", query=tensor(pb, cfg, Q)), timeout=30)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
