@@ -1,7 +1,8 @@
 #!/bin/sh
 # Generates the Python stubs of the mha.v1 API and of KServe v2 from proto/:
 #   mha/v1/model_config_pb2.py, mha/v1/attention_pb2.py, mha/v1/attention_pb2_grpc.py,
-#   inference/grpc_service_pb2.py, inference/grpc_service_pb2_grpc.py
+#   inference/model_config_pb2.py, inference/grpc_service_pb2.py,
+#   inference/grpc_service_pb2_grpc.py
 # into client/python/gen/ (or OUT_DIR), where mha_client.py looks for them.
 #
 #   client/python/generate_stubs.sh [OUT_DIR]
@@ -18,4 +19,4 @@ mkdir -p "$out"
 protoc -I"$proto" --python_out="$out" --grpc_out="$out" \
   --plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin \
   "$proto/mha/v1/model_config.proto" "$proto/mha/v1/attention.proto" \
-  "$proto/inference/grpc_service.proto"
+  "$proto/inference/model_config.proto" "$proto/inference/grpc_service.proto"

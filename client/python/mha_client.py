@@ -61,10 +61,10 @@ GEN_DIR = os.path.join(HERE, "gen")
 INSTALLED_STUB_DIR = os.path.join(HERE, "mha_client_stubs")  # written by setup.py
 GENERATE_SCRIPT = os.path.join(HERE, "generate_stubs.sh")
 _PROTOS = ("mha/v1/model_config.proto", "mha/v1/attention.proto",
-           "inference/grpc_service.proto")
+           "inference/model_config.proto", "inference/grpc_service.proto")
 _STUB_FILES = ("mha/v1/model_config_pb2.py", "mha/v1/attention_pb2.py",
-               "mha/v1/attention_pb2_grpc.py", "inference/grpc_service_pb2.py",
-               "inference/grpc_service_pb2_grpc.py")
+               "mha/v1/attention_pb2_grpc.py", "inference/model_config_pb2.py",
+               "inference/grpc_service_pb2.py", "inference/grpc_service_pb2_grpc.py")
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the server's default limit
 
 # ----------------------------------------------------------------- stubs

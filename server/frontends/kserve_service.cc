@@ -7,6 +7,7 @@
 #include "engine/status_macros.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/message_stream.h"
+#include "server/frontends/triton_config.h"
 
 #ifndef MHA_VERSION
 #define MHA_VERSION "0"
@@ -114,6 +115,26 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelMetadata(
     if (status.ok()) {
       DescribeModel((*model)->name, (*model)->model.dims,
                     dispatcher_.models().ReadyVersions(request->name()), response);
+    }
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
+    // Triton: NOT_FOUND for a model that is unknown, unloaded or not ready.
+    if (absl::IsFailedPrecondition(model.status())) {
+      status = absl::NotFoundError(absl::StrCat("model '", request->name(),
+                                                "' is not ready: ", model.status().message()));
+    } else {
+      status = model.status();
+    }
+    if (status.ok()) {
+      DescribeTritonConfig(**model, dispatcher_.limits().max_tokens, response->mutable_config());
     }
   }
   return Finish(context, status);

@@ -383,11 +383,12 @@ class KserveTest(unittest.TestCase):
 
     def test_unknown_methods_are_refused_with_a_message(self):
         # Triton's C++ client takes an error without a message for success.
-        call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelConfig")
+        call = self.channel.unary_unary(
+            "/inference.GRPCInferenceService/SystemSharedMemoryStatus")
         with self.assertRaises(grpc.RpcError) as e:
             call(b"", timeout=TIMEOUT)
         self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
-        self.assertIn("/inference.GRPCInferenceService/ModelConfig is not served",
+        self.assertIn("/inference.GRPCInferenceService/SystemSharedMemoryStatus is not served",
                       e.exception.details())
 
     def test_metrics_count_kserve_calls_with_api_label(self):

@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """Model control and statistics over the API, against a real mha_server:
 
-* Triton's model_repository and statistics extensions through a client
-  generated from Triton's own message definitions (TRITON_PROTO below: the
-  messages of triton-inference-server/common protobuf/grpc_service.proto as
-  published, field names and numbers unchanged, memory_usage and cache
-  fields included), not from our copy in proto/inference/, so that a Triton
-  client reads what we send: RepositoryIndex, RepositoryModelLoad,
-  RepositoryModelUnload, ModelStatistics;
+* Triton's model_repository and statistics extensions, ModelReady,
+  ModelMetadata and ModelConfig through a client generated from Triton's own
+  message definitions (TRITON_PROTO below: the messages of
+  triton-inference-server/common protobuf/grpc_service.proto and
+  model_config.proto as published, field names and numbers unchanged,
+  memory_usage and cache fields included), not from our copy in
+  proto/inference/, so that a Triton client reads what we send:
+  RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload,
+  ModelStatistics, ModelReady, ModelMetadata, ModelConfig;
 * mha.v1 GetModelStatistics: counts and times that follow the requests made.
 
   MHA_SERVER=build/mha_server /usr/bin/python3 tests/server/test_model_control_api.py
@@ -42,6 +44,63 @@ service GRPCInferenceService {
   rpc RepositoryModelLoad(RepositoryModelLoadRequest) returns (RepositoryModelLoadResponse) {}
   rpc RepositoryModelUnload(RepositoryModelUnloadRequest)
       returns (RepositoryModelUnloadResponse) {}
+  rpc ModelReady(ModelReadyRequest) returns (ModelReadyResponse) {}
+  rpc ModelMetadata(ModelMetadataRequest) returns (ModelMetadataResponse) {}
+  rpc ModelConfig(ModelConfigRequest) returns (ModelConfigResponse) {}
+}
+message ModelReadyRequest { string name = 1; string version = 2; }
+message ModelReadyResponse { bool ready = 1; }
+message ModelMetadataRequest { string name = 1; string version = 2; }
+message ModelMetadataResponse {
+  message TensorMetadata { string name = 1; string datatype = 2; repeated int64 shape = 3; }
+  string name = 1; repeated string versions = 2; string platform = 3;
+  repeated TensorMetadata inputs = 4; repeated TensorMetadata outputs = 5;
+}
+message ModelConfigRequest { string name = 1; string version = 2; }
+message ModelConfigResponse { ModelConfig config = 1; }
+enum DataType {
+  TYPE_INVALID = 0; TYPE_BOOL = 1; TYPE_UINT8 = 2; TYPE_UINT16 = 3; TYPE_UINT32 = 4;
+  TYPE_UINT64 = 5; TYPE_INT8 = 6; TYPE_INT16 = 7; TYPE_INT32 = 8; TYPE_INT64 = 9;
+  TYPE_FP16 = 10; TYPE_FP32 = 11; TYPE_FP64 = 12; TYPE_STRING = 13; TYPE_BF16 = 14;
+}
+message ModelInstanceGroup {
+  enum Kind { KIND_AUTO = 0; KIND_GPU = 1; KIND_CPU = 2; KIND_MODEL = 3; }
+  string name = 1; Kind kind = 4; int32 count = 2; repeated int32 gpus = 3;
+  repeated string profile = 5; bool passive = 7; string host_policy = 9;
+}
+message ModelTensorReshape { repeated int64 shape = 1; }
+message ModelInput {
+  enum Format { FORMAT_NONE = 0; FORMAT_NHWC = 1; FORMAT_NCHW = 2; }
+  string name = 1; DataType data_type = 2; Format format = 3; repeated int64 dims = 4;
+  ModelTensorReshape reshape = 5; bool is_shape_tensor = 6; bool allow_ragged_batch = 7;
+  bool optional = 8;
+}
+message ModelOutput {
+  string name = 1; DataType data_type = 2; repeated int64 dims = 3;
+  ModelTensorReshape reshape = 5; string label_filename = 4; bool is_shape_tensor = 6;
+}
+message ModelVersionPolicy {
+  message Latest { uint32 num_versions = 1; }
+  message All {}
+  message Specific { repeated int64 versions = 1; }
+  oneof policy_choice { Latest latest = 1; All all = 2; Specific specific = 3; }
+}
+message ModelDynamicBatching {
+  repeated int32 preferred_batch_size = 1; uint64 max_queue_delay_microseconds = 2;
+  bool preserve_ordering = 3; uint64 priority_levels = 4; uint64 default_priority_level = 5;
+}
+message ModelSequenceBatching { uint64 max_sequence_idle_microseconds = 1; }
+message ModelParameter { string string_value = 1; }
+message ModelConfig {
+  string name = 1; string platform = 2; string backend = 17; string runtime = 25;
+  ModelVersionPolicy version_policy = 3; int32 max_batch_size = 4;
+  repeated ModelInput input = 5; repeated ModelOutput output = 6;
+  oneof scheduling_choice {
+    ModelDynamicBatching dynamic_batching = 11; ModelSequenceBatching sequence_batching = 13;
+  }
+  repeated ModelInstanceGroup instance_group = 7; string default_model_filename = 8;
+  map<string, string> cc_model_filenames = 9; map<string, string> metric_tags = 10;
+  map<string, ModelParameter> parameters = 14;
 }
 message ModelStatisticsRequest { string name = 1; string version = 2; }
 message StatisticDuration { uint64 count = 1; uint64 ns = 2; }
@@ -150,6 +209,52 @@ class ModelControlApiTest(unittest.TestCase):
             with self.assertRaises(grpc.RpcError) as e:
                 triton.RepositoryModelLoad(request, timeout=60)
             self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_model_ready_metadata_and_config_as_triton_reads_them(self):
+        with TestServer(MHA_SERVER, self.repo, ["--model_control_mode=explicit",
+                                                "--load_model=a"]) as s:
+            triton = trpc.GRPCInferenceServiceStub(s.channel())
+            ready = lambda name, version="": triton.ModelReady(  # noqa: E731
+                tpb.ModelReadyRequest(name=name, version=version), timeout=30).ready
+            self.assertTrue(ready("a"))
+            self.assertFalse(ready("b"))  # in the repository, not loaded
+            self.assertFalse(ready("nope"))
+            self.assertFalse(ready("a", "1"))  # not served by a's policy (newest only)
+            config = triton.ModelConfig(tpb.ModelConfigRequest(name="a"), timeout=30).config
+            self.assertEqual((config.name, config.platform, config.backend),
+                             ("a", "mha_onednn", "mha_onednn"))
+            self.assertEqual(config.WhichOneof("scheduling_choice"), "dynamic_batching")
+            self.assertEqual(config.dynamic_batching.max_queue_delay_microseconds, 0)
+            self.assertEqual(config.version_policy.WhichOneof("policy_choice"), "latest")
+            self.assertEqual(config.version_policy.latest.num_versions, 1)
+            self.assertGreater(config.max_batch_size, 0)
+            self.assertEqual([(g.kind, g.count) for g in config.instance_group],
+                             [(tpb.ModelInstanceGroup.KIND_CPU, 1)])
+            fp32, boolean = tpb.TYPE_FP32, tpb.TYPE_BOOL
+            self.assertEqual(
+                [(i.name, i.data_type, list(i.dims), i.optional) for i in config.input],
+                [("query", fp32, [-1, 32], False), ("key", fp32, [-1, 32], True),
+                 ("value", fp32, [-1, 32], True), ("key_padding_mask", boolean, [-1], True),
+                 ("attn_mask", boolean, [-1], True)])
+            self.assertTrue(all(i.allow_ragged_batch for i in config.input))
+            self.assertEqual([(o.name, o.data_type, list(o.dims)) for o in config.output],
+                             [("output", fp32, [-1, 32]), ("attn_weights", fp32, [-1, -1])])
+            self.assertEqual(config.parameters["embed_dim"].string_value, "32")
+            self.assertEqual(config.parameters["num_heads"].string_value, "4")
+            # With max_batch_size > 0, Triton's metadata shape is [-1] + dims.
+            meta = triton.ModelMetadata(tpb.ModelMetadataRequest(name="a"), timeout=30)
+            datatype = {fp32: "FP32", boolean: "BOOL"}
+            for declared, described in ((config.input, meta.inputs),
+                                        (config.output, meta.outputs)):
+                self.assertEqual([(t.name, datatype[t.data_type], [-1] + list(t.dims))
+                                  for t in declared],
+                                 [(t.name, t.datatype, list(t.shape)) for t in described])
+            for name, version in (("b", ""), ("nope", ""), ("a", "1")):
+                with self.assertRaises(grpc.RpcError) as e:
+                    triton.ModelConfig(tpb.ModelConfigRequest(name=name, version=version),
+                                       timeout=30)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, name)
+                self.assertTrue(e.exception.details())
 
     def test_repository_rpcs_refused_in_mode_none(self):
         with TestServer(MHA_SERVER, self.repo, []) as s:
