@@ -101,6 +101,17 @@ TEST_F(RepositoryScanTest, NoWeightsOrABadConfigIsAnError) {
   EXPECT_THAT(std::string(bad.message()), HasSubstr("config.pbtxt"));
 }
 
+TEST_F(RepositoryScanTest, DefaultPriorityLevelMustBeALevel) {
+  Write(dir_ / "1" / "weights.safetensors", "a");
+  Config("dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n");
+  EXPECT_TRUE(ScanModelFolder(dir_.string(), cache_).ok());
+  Config("dynamic_batching { priority_levels: 2 default_priority_level: 3 }\n");
+  const absl::Status bad = ScanModelFolder(dir_.string(), cache_).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()),
+              HasSubstr("default_priority_level 3 is above priority_levels 2"));
+}
+
 // A reload follows the bytes: a rewrite that keeps the size and the mtime
 // changes the fingerprint; touching the file does not.
 TEST_F(RepositoryScanTest, FingerprintsFollowContentNotTimestamps) {

@@ -491,6 +491,40 @@ TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
   EXPECT_EQ(batches.sample_sum, 240);
 }
 
+// Triton's priority levels: the queue is served highest level first (1),
+// oldest first within a level; 0 or a level above priority_levels means the
+// default level.
+TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
+  // All wait (no call fills) until Stop, then go in one call, taken and
+  // answered in queue order.
+  BatcherOptions options = Delayed(absl::Seconds(30));
+  options.max_batch_tokens = 1 << 20;
+  options.priority_levels = 3;
+  options.default_priority_level = 2;
+  Metrics metrics;
+  Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
+  std::mutex mu;
+  std::vector<std::string> order;
+  auto submit = [&](const std::string& name, uint64_t priority, uint32_t seed) {
+    auto call = testing::MakeCall(Decode(Request(20, seed)),
+                                  [&, name](absl::StatusOr<AttentionResult> r) {
+                                    EXPECT_TRUE(r.ok()) << r.status();
+                                    std::lock_guard<std::mutex> lock(mu);
+                                    order.push_back(name);
+                                  });
+    call->priority = priority;
+    batcher.Enqueue(std::move(call));
+  };
+  submit("low", 3, 1);
+  submit("default", 0, 2);
+  submit("high", 1, 3);
+  submit("above_levels", 9, 4);  // the default level, behind "default"
+  submit("high_later", 1, 5);
+  batcher.Stop();
+  EXPECT_EQ(order, (std::vector<std::string>{"high", "high_later", "default", "above_levels",
+                                             "low"}));
+}
+
 TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
   BatcherOptions options = Delayed(absl::Seconds(30));
   options.max_batch_tokens = 1 << 20;

@@ -17,10 +17,11 @@ namespace {
 constexpr const char* kParameterNames[] = {"is_causal", "need_weights", "per_head_weights"};
 // Triton's request parameters about the call rather than the attention.
 constexpr char kTimeout[] = "timeout";
+constexpr char kPriority[] = "priority";
 constexpr char kEmptyFinalResponse[] = "triton_enable_empty_final_response";
 constexpr char kKnownParameters[] =
     "known: is_causal, need_weights, per_head_weights (bool); timeout (int64, microseconds); "
-    "triton_enable_empty_final_response (bool)";
+    "priority (uint64, 1 is the highest level); triton_enable_empty_final_response (bool)";
 constexpr const char* kInputNames[] = {"query", "key", "value", "key_padding_mask", "attn_mask"};
 
 // Where each named input's view goes.
@@ -69,7 +70,9 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
 
 absl::Status ReadParameters(const inference::ModelInferRequest& request, RequestInputs& in) {
   for (const auto& [name, value] : request.parameters()) {
-    if (name == kTimeout || name == kEmptyFinalResponse) continue;  // ReadCallParameters'
+    if (name == kTimeout || name == kPriority || name == kEmptyFinalResponse) {
+      continue;  // read by ReadCallParameters
+    }
     if (std::find(std::begin(kParameterNames), std::end(kParameterNames), name) ==
         std::end(kParameterNames)) {
       return absl::InvalidArgumentError(
@@ -196,6 +199,19 @@ absl::StatusOr<InferCallParameters> ReadCallParameters(
           absl::StrCat("parameter timeout: ", us, " microseconds; expected 0 (none) or more"));
     }
     if (us > 0) call.timeout = absl::Microseconds(us);
+  }
+  if (auto it = parameters.find(kPriority); it != parameters.end()) {
+    const inference::InferParameter& p = it->second;
+    if (p.parameter_choice_case() == inference::InferParameter::kUint64Param) {
+      call.priority = p.uint64_param();
+    } else if (p.parameter_choice_case() == inference::InferParameter::kInt64Param &&
+               p.int64_param() >= 0) {
+      call.priority = static_cast<uint64_t>(p.int64_param());
+    } else {
+      return absl::InvalidArgumentError(
+          "parameter priority: expected uint64_param (1 is the highest level; 0: the model's "
+          "default)");
+    }
   }
   if (auto it = parameters.find(kEmptyFinalResponse); it != parameters.end()) {
     if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {

@@ -30,6 +30,9 @@ struct InferCallParameters {
   // `timeout` (int64, microseconds; 0 or absent: none): the request's
   // deadline is the earlier of this and the gRPC deadline.
   absl::Duration timeout = absl::InfiniteDuration();
+  // `priority` (uint64): Triton's rule, 1 is the highest level, 0 (or one
+  // above the model's priority_levels) the model's default level.
+  uint64_t priority = 0;
   // `triton_enable_empty_final_response`: on a stream, each response says
   // whether it is its request's last (`triton_final_response`), as Triton's
   // streaming clients wait for. Every request here has one response.

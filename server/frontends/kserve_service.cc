@@ -162,6 +162,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
     if (!version_.ok()) return version_.status();
     if (!call_parameters_.ok()) return call_parameters_.status();
     LimitTime(call_parameters_->timeout);
+    priority = call_parameters_->priority;
     return DecodeInferRequest(request_, model.model.dims, dispatcher_.limits(), outputs_);
   }
   // Whether each response should say it is its request's last (known

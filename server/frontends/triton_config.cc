@@ -96,8 +96,15 @@ void DescribeTritonConfig(const ModelVersion& version, int64_t max_request_token
   group->set_count(1);
   const v1::DynamicBatching& batching = config.dynamic_batching();
   if (!batching.has_enabled() || batching.enabled()) {
-    out->mutable_dynamic_batching()->set_max_queue_delay_microseconds(
+    inference::ModelDynamicBatching* dynamic = out->mutable_dynamic_batching();
+    dynamic->set_max_queue_delay_microseconds(
         static_cast<uint64_t>(std::max<int64_t>(0, batching.max_queue_delay_us())));
+    dynamic->set_priority_levels(batching.priority_levels());
+    if (batching.priority_levels() > 0) {
+      dynamic->set_default_priority_level(batching.default_priority_level() > 0
+                                              ? batching.default_priority_level()
+                                              : batching.priority_levels());
+    }
   }
   SetParameters(version, out);
 }

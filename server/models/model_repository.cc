@@ -37,6 +37,9 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   b.max_queue_delay = absl::Microseconds(std::max<int64_t>(0, db.max_queue_delay_us()));
   if (db.max_queue_size() > 0) b.max_queue_size = db.max_queue_size();
   if (db.max_queue_bytes() > 0) b.max_queue_bytes = db.max_queue_bytes();
+  b.priority_levels = db.priority_levels();
+  b.default_priority_level =
+      db.default_priority_level() > 0 ? db.default_priority_level() : db.priority_levels();
   b.pool = options.pool;
   b.memory = options.memory;
   return b;

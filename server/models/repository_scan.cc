@@ -157,6 +157,13 @@ absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintC
   if (!dims.ok()) {
     return absl::Status(dims.code(), absl::StrCat(config_path, ": ", dims.message()));
   }
+  const v1::DynamicBatching& batching = model.config.dynamic_batching();
+  if (batching.default_priority_level() > batching.priority_levels()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": dynamic_batching: default_priority_level ",
+        batching.default_priority_level(), " is above priority_levels ",
+        batching.priority_levels(), " (levels are 1 to priority_levels; 1 is the highest)"));
+  }
   absl::StatusOr<uint64_t> config_hash = cache.Of(config_path);
   if (!config_hash.ok()) return config_hash.status();
 

@@ -75,6 +75,10 @@ class AttendCall {
   bool answered() const { return answered_; }
 
   absl::Time deadline = absl::InfiniteFuture();
+  // The priority level the caller asked for (Triton's rule: 1 is the
+  // highest; 0: the model's default); the batcher makes it the level it
+  // queues at.
+  uint64_t priority = 0;
   absl::Time enqueued;
   // What it holds while queued and what computing and answering it adds
   // (server/scheduling/admission.h), and where those bytes are reserved:

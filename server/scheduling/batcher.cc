@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <new>
 #include <optional>
 #include <shared_mutex>
@@ -87,7 +88,17 @@ absl::Status Batcher::Admit(std::unique_ptr<AttendCall>& request) {
   }
   request->enqueued = clock_.Now();
   const int64_t tokens = request->input().tokens(), bytes = request->input().wire_bytes();
-  queue_.push_back(std::move(request));  // if it throws, nothing has changed
+  // Behind every request of its level or a higher one (a lower number).
+  const uint64_t levels = options_.priority_levels;
+  const uint64_t asked = request->priority;
+  request->priority = levels == 0 ? 0
+                      : (asked == 0 || asked > levels) ? options_.default_priority_level
+                                                       : asked;
+  auto behind = queue_.end();
+  while (behind != queue_.begin() && (*std::prev(behind))->priority > request->priority) {
+    --behind;
+  }
+  queue_.insert(behind, std::move(request));  // if it throws, nothing has changed
   queued_tokens_ += tokens;
   queued_bytes_ += bytes;
   metrics_.queue_depth->Set(static_cast<double>(queue_.size()));

@@ -51,6 +51,12 @@ struct BatcherOptions {
   absl::Duration max_queue_delay = absl::ZeroDuration();
   int64_t max_queue_size = 1024;     // requests waiting
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
+  // Triton's priority levels (1 is the highest; 0: none), and the level of
+  // requests that name none, 0 or one above them. The queue is kept in level
+  // order, oldest first within a level: a batch starts at the highest level
+  // waiting.
+  uint64_t priority_levels = 0;
+  uint64_t default_priority_level = 0;
   // The server's engine workers (borrowed; they must outlive the batcher).
   // Null: the batcher makes a pool of its own with `workers` threads of
   // `compute_threads` each (tests, tools).

@@ -283,8 +283,9 @@ class KserveTest(unittest.TestCase):
              "contents and raw_input_contents both given"),
             (changed(param("is_causal", int64_param=1)), "parameter is_causal: expected bool_param"),
             (changed(param("need_weight", bool_param=True)), 'unknown parameter "need_weight"'),
-            (changed(param("priority", uint64_param=1)),
+            (changed(param("priorty", uint64_param=1)),
              "known: is_causal, need_weights, per_head_weights (bool); timeout"),
+            (changed(param("priority", int64_param=-1)), "parameter priority: expected uint64"),
             (changed(param("timeout", int64_param=-5)), "parameter timeout: -5 microseconds"),
             (changed(param("timeout", bool_param=True)), "parameter timeout: expected int64_param"),
             (changed(param("triton_enable_empty_final_response", int64_param=1)),
@@ -356,6 +357,7 @@ class KserveTest(unittest.TestCase):
         roomy = inputs.kserve("demo")
         roomy.parameters["timeout"].int64_param = 30_000_000
         roomy.parameters["triton_enable_empty_final_response"].bool_param = True
+        roomy.parameters["priority"].uint64_param = 1  # demo has no levels: its one queue
         infer = self.kserve.ModelInfer(roomy, timeout=TIMEOUT)  # unary: as without them
         attend = self.attend.Attend(inputs.attend("demo"), timeout=TIMEOUT)
         self.assert_same_answer(infer, attend)
