@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <omp.h>
+
 #include "absl/strings/str_format.h"
 
 #include "engine/kv_cache.h"
@@ -51,13 +53,62 @@ void Prefill(const MhaEngine& engine, KvCache& cache, int64_t len, Workspace& ws
   }
 }
 
+// A decode step's physical limit: the machine's memory read bandwidth,
+// measured as a streaming sum over 256 MiB (far above any L3) with the
+// engine's OpenMP threads, in the same run as the steps. Median of 7, GB/s.
+double ProbeReadBandwidth() {
+  constexpr int64_t kFloats = int64_t{64} << 20;  // 256 MiB
+  std::vector<float> data(kFloats);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < kFloats; ++i) data[i] = static_cast<float>(i & 7);  // each thread's pages
+  volatile float sink = 0;
+  const double s = MedianOf(7, [&] {
+    float sum = 0;
+    // 32 independent partial sums per thread: the adds' latency must not
+    // be what limits the read (one running sum reads ~16 GB/s here).
+    constexpr int kLanes = 32;
+#pragma omp parallel reduction(+ : sum)
+    {
+      float lanes[kLanes] = {};
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < kFloats / kLanes; ++b) {
+        for (int j = 0; j < kLanes; ++j) lanes[j] += data[b * kLanes + j];
+      }
+      for (int j = 0; j < kLanes; ++j) sum += lanes[j];
+    }
+    sink = sink + sum;
+  });
+  return static_cast<double>(kFloats) * sizeof(float) / s / 1e9;
+}
+
+// The keys and values a step of one token reads from a cache of `cached`
+// tokens (fp32; E = 512 for both).
+double KvBytes(int64_t sessions, int64_t cached) {
+  return static_cast<double>(sessions) * cached * 2 * kE * sizeof(float);
+}
+
+// The probe's rate for this run (ProbeReadBandwidth, set by BenchDecode).
+double probe_gb_per_s = 0;
+
 void Print(bool json, const char* name, double ms, const char* what, double ratio,
-           double target) {
+           double target, double kv_bytes = 0) {
+  const double gb_per_s = kv_bytes > 0 ? kv_bytes / (ms * 1e-3) / 1e9 : 0;
   if (json) {
-    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %.0f}\n", name, ms,
+    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %.0f", name, ms,
                 what, ratio, target);
+    if (kv_bytes > 0) {
+      std::printf(", \"kv_bytes\": %.0f, \"kv_gb_per_s\": %.2f, \"probe_gb_per_s\": %.2f, "
+                  "\"of_probe\": %.3f",
+                  kv_bytes, gb_per_s, probe_gb_per_s, gb_per_s / probe_gb_per_s);
+    }
+    std::printf("}\n");
   } else {
-    std::printf("%-34s %10.4f ms   %s %.1fx (target >= %.0fx)\n", name, ms, what, ratio, target);
+    std::printf("%-34s %10.4f ms   %s %.1fx (target >= %.0fx)", name, ms, what, ratio, target);
+    if (kv_bytes > 0) {
+      std::printf("   K/V %.1f MiB at %.1f GB/s, %.0f %% of the probe", kv_bytes / (1 << 20),
+                  gb_per_s, 100 * gb_per_s / probe_gb_per_s);
+    }
+    std::printf("\n");
   }
   std::fflush(stdout);
 }
@@ -92,8 +143,9 @@ void BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cache
   });
   const std::string name = absl::StrFormat("decode_64x1_at%d", cached);
   Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
-        one_by_one_s / batched_s, 8);
-  Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1);
+        one_by_one_s / batched_s, 8, KvBytes(kSessions, cached));
+  Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1,
+        KvBytes(kSessions, cached));
 }
 
 // 16 sessions' steps (1 token at 256 cached) riding along in an Attend
@@ -144,6 +196,14 @@ void BenchDecode(bool json) {
   const MhaEngine& engine = **created;
   auto ws = engine.NewWorkspace();
   KvBlockPool pool(int64_t{2} << 30);
+  probe_gb_per_s = ProbeReadBandwidth();
+  if (json) {
+    std::printf("{\"name\": \"read_bandwidth_probe\", \"gb_per_s\": %.2f, \"threads\": %d}\n",
+                probe_gb_per_s, omp_get_max_threads());
+  } else {
+    std::printf("%-34s %10.1f GB/s  (streaming sum of 256 MiB, %d threads)\n",
+                "read_bandwidth_probe", probe_gb_per_s, omp_get_max_threads());
+  }
 
   // One token at cached length 4096 against a causal pass over 4097.
   constexpr int64_t kLong = 4096;
@@ -165,7 +225,7 @@ void BenchDecode(bool json) {
     Check(engine.Run(full, {absl::MakeSpan(sequence_out), {}, false}, *ws));
   });
   Print(json, "decode_append1_at4096", append_s * 1e3, "attend_causal_4097_over_append",
-        full_s / append_s, 100);
+        full_s / append_s, 100, KvBytes(1, kLong));
   Print(json, "decode_attend_causal_4097", full_s * 1e3, "ratio", 1.0, 1);
 
   // 64 sessions appending 1 token each: one batched call against 64 calls.
