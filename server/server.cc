@@ -165,7 +165,7 @@ absl::Status Server::Build() {
                      .memory = memory_.get()},
       metrics_->Sessions());
   service_ = std::make_unique<AttentionServiceImpl>(*dispatcher_, *control_, *sessions_);
-  kserve_ = std::make_unique<KserveServiceImpl>(*dispatcher_, *control_);
+  kserve_ = std::make_unique<KserveServiceImpl>(*dispatcher_, *control_, *sessions_);
   reflection_v1_ = std::make_unique<ReflectionV1Service>(ServedServiceNames());
   unknown_methods_ = std::make_unique<UnknownMethods>();
 

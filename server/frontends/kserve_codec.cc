@@ -19,9 +19,15 @@ constexpr const char* kParameterNames[] = {"is_causal", "need_weights", "per_hea
 constexpr char kTimeout[] = "timeout";
 constexpr char kPriority[] = "priority";
 constexpr char kEmptyFinalResponse[] = "triton_enable_empty_final_response";
+constexpr char kSequenceId[] = "sequence_id";
+constexpr char kSequenceStart[] = "sequence_start";
+constexpr char kSequenceEnd[] = "sequence_end";
+constexpr const char* kCallParameterNames[] = {kTimeout,    kPriority,       kEmptyFinalResponse,
+                                               kSequenceId, kSequenceStart, kSequenceEnd};
 constexpr char kKnownParameters[] =
     "known: is_causal, need_weights, per_head_weights (bool); timeout (int64, microseconds); "
-    "priority (uint64, 1 is the highest level); triton_enable_empty_final_response (bool)";
+    "priority (uint64, 1 is the highest level); triton_enable_empty_final_response (bool); "
+    "sequence_id (int64 or string), sequence_start, sequence_end (bool)";
 constexpr const char* kInputNames[] = {"query", "key", "value", "key_padding_mask", "attn_mask"};
 
 // Where each named input's view goes.
@@ -70,7 +76,8 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
 
 absl::Status ReadParameters(const inference::ModelInferRequest& request, RequestInputs& in) {
   for (const auto& [name, value] : request.parameters()) {
-    if (name == kTimeout || name == kPriority || name == kEmptyFinalResponse) {
+    if (std::find(std::begin(kCallParameterNames), std::end(kCallParameterNames), name) !=
+        std::end(kCallParameterNames)) {
       continue;  // read by ReadCallParameters
     }
     if (std::find(std::begin(kParameterNames), std::end(kParameterNames), name) ==
@@ -178,6 +185,102 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
   return decoded;
 }
 
+absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInferRequest& request,
+                                                     const AttentionDims& dims,
+                                                     const RequestLimits& limits, bool start,
+                                                     std::vector<std::string>& outputs) {
+  auto converted = std::make_shared<std::deque<std::string>>();
+  RequestInputs in;
+  RETURN_IF_ERROR(ViewInputs(request, in, *converted));
+  RETURN_IF_ERROR(ReadParameters(request, in));
+  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, in));
+  if (in.attn_mask.has_value() || in.is_causal || in.per_head_weights) {
+    return absl::InvalidArgumentError(
+        "a sequence request takes no attn_mask, is_causal or per_head_weights: its tokens "
+        "attend to every earlier token of the sequence (a cross-attention sequence's, to its "
+        "memory), as a session's Append");
+  }
+  const bool memory = in.key.has_value() || in.value.has_value() || in.key_padding_mask.has_value();
+  if (memory && !start) {
+    return absl::InvalidArgumentError(
+        "key, value and key_padding_mask go on the sequence_start request only (they are a "
+        "cross-attention sequence's memory)");
+  }
+  if (memory && !in.key.has_value()) {
+    return absl::InvalidArgumentError(
+        "value and key_padding_mask need a key (a cross-attention sequence's memory)");
+  }
+  ASSIGN_OR_RETURN(AttentionRequest query, StepQuery(dims, in.query, in.need_weights, limits,
+                                                     DTypeSpelling::kKserve));
+  if (!converted->empty()) query.KeepAlive(converted);
+  SequenceInputs decoded{std::move(query), std::nullopt};
+  if (memory) {
+    ASSIGN_OR_RETURN(AttentionRequest m, MemoryRequest(dims, in, limits, DTypeSpelling::kKserve));
+    if (!converted->empty()) m.KeepAlive(converted);
+    decoded.memory.emplace(std::move(m));
+  }
+  return decoded;
+}
+
+namespace {
+
+// sequence_id, sequence_start and sequence_end, or none when sequence_id is
+// absent, 0 or "".
+absl::Status ReadSequenceParameters(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
+    InferCallParameters& call) {
+  auto flag = [&](const char* name, bool& out) -> absl::Status {
+    auto it = parameters.find(name);
+    if (it == parameters.end()) return absl::OkStatus();
+    if (it->second.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": expected bool_param"));
+    }
+    out = it->second.bool_param();
+    return absl::OkStatus();
+  };
+  InferCallParameters::Sequence sequence;
+  RETURN_IF_ERROR(flag(kSequenceStart, sequence.start));
+  RETURN_IF_ERROR(flag(kSequenceEnd, sequence.end));
+  if (auto it = parameters.find(kSequenceId); it != parameters.end()) {
+    const inference::InferParameter& p = it->second;
+    switch (p.parameter_choice_case()) {
+      case inference::InferParameter::kInt64Param:
+        if (p.int64_param() < 0) {
+          return absl::InvalidArgumentError("parameter sequence_id: a negative number");
+        }
+        if (p.int64_param() != 0) sequence.id = absl::StrCat(p.int64_param());
+        break;
+      case inference::InferParameter::kUint64Param:
+        if (p.uint64_param() != 0) sequence.id = absl::StrCat(p.uint64_param());
+        break;
+      case inference::InferParameter::kStringParam:
+        sequence.id = p.string_param();
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            "parameter sequence_id: expected int64_param, uint64_param or string_param");
+    }
+  }
+  if (sequence.id.empty()) {
+    if (sequence.start || sequence.end) {
+      return absl::InvalidArgumentError(
+          "sequence_start and sequence_end need a sequence_id (not 0 or \"\")");
+    }
+    return absl::OkStatus();
+  }
+  if (sequence.id.size() > kMaxSessionIdLength ||
+      sequence.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                    "0123456789._:-") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter sequence_id: a number, or a string of at most ", kMaxSessionIdLength,
+        " characters of [A-Za-z0-9._:-]"));
+  }
+  call.sequence = std::move(sequence);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<InferCallParameters> ReadCallParameters(
     const inference::ModelInferRequest& request) {
   InferCallParameters call;
@@ -220,6 +323,7 @@ absl::StatusOr<InferCallParameters> ReadCallParameters(
     }
     call.final_response_flag = it->second.bool_param();
   }
+  RETURN_IF_ERROR(ReadSequenceParameters(parameters, call));
   return call;
 }
 
@@ -251,6 +355,17 @@ void FillInferResponse(const inference::ModelInferRequest& request, int64_t vers
     EncodeBytes(is_output ? result.output : result.weights, dtype,
                 *response->add_raw_output_contents());
   }
+}
+
+void FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
+                          const std::vector<std::string>& outputs, const StepLayout& layout,
+                          const AppendResult& result, inference::ModelInferResponse* response) {
+  const int64_t tokens = layout.output_shape[layout.output_shape.size() - 2];
+  std::vector<int64_t> weights_shape = {tokens, result.keys};
+  if (layout.output_shape.size() == 3) weights_shape.insert(weights_shape.begin(), 1);
+  ResultLayout as_attend{layout.output_dtype, layout.output_shape, std::move(weights_shape)};
+  FillInferResponse(request, version, outputs, as_attend,
+                    AttentionResult{result.output, result.weights}, response);
 }
 
 void DescribeModel(const std::string& name, const AttentionDims& dims,

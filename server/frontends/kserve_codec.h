@@ -5,6 +5,7 @@
 #ifndef MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
 #define MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "inference/grpc_service.pb.h"
 #include "server/frontends/attend_dispatch.h"
 #include "server/frontends/request_codec.h"
+#include "server/frontends/session_codec.h"
 
 namespace mha::server {
 
@@ -37,6 +39,14 @@ struct InferCallParameters {
   // whether it is its request's last (`triton_final_response`), as Triton's
   // streaming clients wait for. Every request here has one response.
   bool final_response_flag = false;
+  // Triton's sequence parameters: `sequence_id` (int64, uint64 or string;
+  // 0 or "": not a sequence request), `sequence_start`, `sequence_end`
+  // (bool). A sequence is a session on the model's KV cache.
+  struct Sequence {
+    std::string id;  // decimal for a number: 42 and "42" are one sequence
+    bool start = false, end = false;
+  };
+  std::optional<Sequence> sequence;
 };
 absl::StatusOr<InferCallParameters> ReadCallParameters(
     const inference::ModelInferRequest& request);
@@ -53,11 +63,33 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
                                                     const RequestLimits& limits,
                                                     std::vector<std::string>& outputs);
 
+// A sequence request's inputs: its query as a session step's ([1, T, E]
+// or [T, E]), and, on the start request of a cross-attention sequence, the
+// memory (key, with value and key_padding_mask when given). attn_mask,
+// is_causal and per_head_weights are refused (a sequence attends to every
+// earlier token of itself, or to its memory), as are key and value after
+// the start. `request` must outlive the result; `outputs` as for
+// DecodeInferRequest.
+struct SequenceInputs {
+  AttentionRequest query;
+  std::optional<AttentionRequest> memory;
+};
+absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInferRequest& request,
+                                                     const AttentionDims& dims,
+                                                     const RequestLimits& limits, bool start,
+                                                     std::vector<std::string>& outputs);
+
 // The response: the requested outputs, raw little-endian bytes, and the
 // version that computed them.
 void FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                        const std::vector<std::string>& outputs, const ResultLayout& layout,
                        const AttentionResult& result, inference::ModelInferResponse* response);
+
+// A sequence step's response: `output` in the query's dtype and shape,
+// `attn_weights` [1, T, K'] (or [T, K']) over every key the step saw.
+void FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
+                          const std::vector<std::string>& outputs, const StepLayout& layout,
+                          const AppendResult& result, inference::ModelInferResponse* response);
 
 // Inputs and outputs of a model with these dimensions, and its ready
 // versions; -1 marks batch and sequence lengths.

@@ -1,9 +1,11 @@
 #include "server/frontends/kserve_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/status_macros.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/message_stream.h"
@@ -151,7 +153,8 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
         response_(response),
         dispatcher_(dispatcher),
         version_(ParseModelVersion(request.model_name(), request.model_version())),
-        call_parameters_(ReadCallParameters(request)) {}
+        call_parameters_(ReadCallParameters(request)),
+        arrival_(absl::Now()) {}
 
   const inference::ModelInferRequest& request() const { return request_; }
   // An unparsable version is refused by Decode, so that it is counted and
@@ -171,6 +174,22 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
     return call_parameters_.ok() && call_parameters_->final_response_flag;
   }
 
+  // Triton's sequence parameters when the request names a sequence (and
+  // its parameters read well), else null.
+  const InferCallParameters* sequence_parameters() const {
+    return call_parameters_.ok() && call_parameters_->sequence.has_value() ? &*call_parameters_
+                                                                            : nullptr;
+  }
+  inference::ModelInferResponse* response() const { return response_; }
+  // The earlier of `context`'s deadline and the request's own timeout.
+  absl::Time Deadline(const grpc::CallbackServerContext& context) const {
+    return std::min(absl::FromChrono(context.deadline()),
+                    arrival_ + call_parameters_.value_or(InferCallParameters{}).timeout);
+  }
+  // Answers a sequence request, which a session step computed (not the
+  // batcher: its answer does not pass Respond or Fail).
+  void AnswerSequence(const absl::Status& status) { Send(status, absl::Now() - arrival_); }
+
  private:
   void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                     const AttentionResult& result) override {
@@ -182,6 +201,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
   const AttendDispatcher& dispatcher_;
   const absl::StatusOr<int64_t> version_;
   const absl::StatusOr<InferCallParameters> call_parameters_;
+  const absl::Time arrival_;
   std::vector<std::string> outputs_;  // as requested, known once decoded
 };
 
@@ -216,6 +236,14 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
 
 void KserveServiceImpl::StartInfer(grpc::CallbackServerContext* context,
                                    std::unique_ptr<InferCall> call) {
+  if (const InferCallParameters* sequence = call->sequence_parameters(); sequence != nullptr) {
+    // Owned by the step's callback until it has answered.
+    std::shared_ptr<InferCall> owned = std::move(call);
+    sequences_.Infer(*context, owned->request(), *sequence, owned->Deadline(*context),
+                     owned->response(),
+                     [owned](const absl::Status& status) { owned->AnswerSequence(status); });
+    return;
+  }
   const std::string model = call->request().model_name();
   const int64_t version = call->version();
   dispatcher_.Dispatch(context, std::move(call), model, version, kApiKserve);

@@ -9,17 +9,22 @@
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/frontends/attend_dispatch.h"
+#include "server/frontends/kserve_sequences.h"
 #include "server/models/model_control.h"
+#include "server/sessions/session_manager.h"
 
 namespace mha::server {
 
-// Borrows the dispatcher and the model control (which outlive the server). Liveness and readiness
+// Borrows the dispatcher, the model control and the session manager (which
+// outlive the server); requests with Triton's sequence_id are session steps
+// (kserve_sequences.h). Liveness and readiness
 // RPCs stay open like grpc.health.v1; metadata and inference need the bearer
 // token when one is configured. Thread-safe.
 class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
  public:
-  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control)
-      : dispatcher_(dispatcher), control_(control) {}
+  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
+                    SessionManager& sessions)
+      : dispatcher_(dispatcher), control_(control), sequences_(dispatcher, sessions) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -62,7 +67,8 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
   class InferCall;
   class UnaryInferCall;
   class InferStream;
-  // ModelInfer's work for `call` (a unary call, or a stream's message).
+  // ModelInfer's work for `call` (a unary call, or a stream's message): a
+  // session step when it names a sequence, else an Attend request.
   void StartInfer(grpc::CallbackServerContext* context, std::unique_ptr<InferCall> call);
   // Auth, then model control on (not mode none), the repository name
   // empty or ours.
@@ -74,6 +80,7 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
 
   AttendDispatcher& dispatcher_;
   ModelControl& control_;
+  SequenceCalls sequences_;
 };
 
 }  // namespace mha::server

@@ -60,14 +60,8 @@ absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& reque
     params.version = std::move(version);
     return params;
   }
-  const AttentionDims& dims = version->model.dims;
   RequestInputs in;
   ASSIGN_OR_RETURN(in.key, ViewTensor(request.memory(), "memory"));
-  if (in.key->shape.size() == 3 && in.key->shape[0] != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory: one sequence per session, [1, S, kdim] or [S, kdim]; got [",
-        absl::StrJoin(in.key->shape, ", "), "]"));
-  }
   if (request.has_memory_value()) {
     ASSIGN_OR_RETURN(in.value, ViewTensor(request.memory_value(), "memory_value"));
   }
@@ -75,42 +69,64 @@ absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& reque
     ASSIGN_OR_RETURN(in.key_padding_mask,
                      ViewTensor(request.memory_key_padding_mask(), "memory_key_padding_mask"));
   }
-  // A one-token zero query of the memory's rank: AttentionRequest then
-  // checks the memory as it checks an Attend's key.
-  auto dummy = std::make_shared<std::vector<float>>(static_cast<size_t>(dims.embed_dim), 0.0f);
-  in.query.dtype = DType::kF32;
-  in.query.shape = in.key->shape.size() == 3 ? std::vector<int64_t>{1, 1, dims.embed_dim}
-                                              : std::vector<int64_t>{1, dims.embed_dim};
-  in.query.bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(dummy->data()),
-                                       dummy->size() * sizeof(float));
   absl::StatusOr<AttentionRequest> memory =
-      AttentionRequest::Create(dims, in, limits.max_tokens, DTypeSpelling::kMhaV1);
+      MemoryRequest(version->model.dims, in, limits, DTypeSpelling::kMhaV1);
   if (!memory.ok()) return RenameMemoryFields(memory.status());
-  memory->KeepAlive(dummy);
   params.memory.emplace(*std::move(memory));
   params.version = std::move(version);
   return params;
 }
 
-absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
-                                          const AttentionDims& dims, const RequestLimits& limits) {
-  if (!request.has_query()) return absl::InvalidArgumentError("query: required");
-  RequestInputs in;
-  ASSIGN_OR_RETURN(in.query, ViewTensor(request.query(), "query"));
-  if (in.query.shape.size() == 3 && in.query.shape[0] != 1) {
+absl::StatusOr<AttentionRequest> MemoryRequest(const AttentionDims& dims, RequestInputs memory,
+                                               const RequestLimits& limits,
+                                               DTypeSpelling spelling) {
+  if (!memory.key.has_value()) return absl::InvalidArgumentError("key: required");
+  if (memory.key->shape.size() == 3 && memory.key->shape[0] != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key: one sequence per session, [1, S, kdim] or [S, kdim]; got [",
+        absl::StrJoin(memory.key->shape, ", "), "]"));
+  }
+  // A one-token zero query of the memory's rank: AttentionRequest then
+  // checks the memory as it checks an Attend's key.
+  auto dummy = std::make_shared<std::vector<float>>(static_cast<size_t>(dims.embed_dim), 0.0f);
+  memory.query.dtype = DType::kF32;
+  memory.query.shape = memory.key->shape.size() == 3 ? std::vector<int64_t>{1, 1, dims.embed_dim}
+                                 : std::vector<int64_t>{1, dims.embed_dim};
+  memory.query.bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(dummy->data()),
+                                           dummy->size() * sizeof(float));
+  ASSIGN_OR_RETURN(AttentionRequest request,
+                   AttentionRequest::Create(dims, memory, limits.max_tokens, spelling));
+  request.KeepAlive(dummy);
+  return request;
+}
+
+absl::StatusOr<AttentionRequest> StepQuery(const AttentionDims& dims, const TensorView& query,
+                                           bool need_weights, const RequestLimits& limits,
+                                           DTypeSpelling spelling) {
+  if (query.shape.size() == 3 && query.shape[0] != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("query: one sequence per step, [1, T, E] or [T, E]; got [",
-                     absl::StrJoin(in.query.shape, ", "), "]"));
+                     absl::StrJoin(query.shape, ", "), "]"));
   }
-  in.need_weights = request.need_weights();
+  RequestInputs in;
+  in.query = query;
+  in.need_weights = need_weights;
   // Checked as a self-attention query: a cross session's keys are its
   // memory's, whatever kdim and vdim.
   AttentionDims query_dims = dims;
   query_dims.kdim = query_dims.vdim = dims.embed_dim;
-  ASSIGN_OR_RETURN(AttentionRequest query, AttentionRequest::Create(query_dims, in,
-                                                                    limits.max_tokens,
-                                                                    DTypeSpelling::kMhaV1));
-  if (query.q_len() < 1) return absl::InvalidArgumentError("query: needs at least one token");
+  ASSIGN_OR_RETURN(AttentionRequest checked,
+                   AttentionRequest::Create(query_dims, in, limits.max_tokens, spelling));
+  if (checked.q_len() < 1) return absl::InvalidArgumentError("query: needs at least one token");
+  return checked;
+}
+
+absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
+                                          const AttentionDims& dims, const RequestLimits& limits) {
+  if (!request.has_query()) return absl::InvalidArgumentError("query: required");
+  ASSIGN_OR_RETURN(TensorView view, ViewTensor(request.query(), "query"));
+  ASSIGN_OR_RETURN(AttentionRequest query, StepQuery(dims, view, request.need_weights(), limits,
+                                                     DTypeSpelling::kMhaV1));
   AppendParams params{request.session_id(), std::move(query), std::nullopt,
                       /*decoded_for=*/nullptr};  // the caller knows the version
   if (request.has_expected_position()) params.expected_position = request.expected_position();

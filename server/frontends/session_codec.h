@@ -23,6 +23,18 @@ absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& reque
 absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
                                           const AttentionDims& dims, const RequestLimits& limits);
 
+// A cross session's memory (`memory.key`, and `value`, `key_padding_mask`
+// when given; its query is ignored) as an AttentionRequest with a one-token
+// zero query, so that the request's own checks validate it.
+absl::StatusOr<AttentionRequest> MemoryRequest(const AttentionDims& dims, RequestInputs memory,
+                                               const RequestLimits& limits,
+                                               DTypeSpelling spelling);
+// A step's query ([1, T, E] or [T, E], T >= 1), checked as a self-attention
+// query of a model with `dims`.
+absl::StatusOr<AttentionRequest> StepQuery(const AttentionDims& dims, const TensorView& query,
+                                           bool need_weights, const RequestLimits& limits,
+                                           DTypeSpelling spelling);
+
 void EncodeSession(const SessionInfo& info, v1::Session* out);
 
 // What encoding a step's response needs from its request. Plain value type.

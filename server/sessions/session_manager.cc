@@ -237,7 +237,7 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   if (!cross && !engine.CanAppendSelf()) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(
         "model ", params.version->name, " has kdim or vdim != embed_dim: it opens only "
-        "cross-attention sessions (send a memory)")));
+        "cross-attention sessions (send a memory; a sequence's start sends a key)")));
   }
   if (params.max_tokens > options_.max_tokens) {
     return refuse(absl::InvalidArgumentError(

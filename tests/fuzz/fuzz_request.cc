@@ -78,7 +78,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> outputs;
   for (Model* m : {&self, &cross}) {
     RunOn(*m, mha::server::DecodeInferRequest(infer, m->dims, kLimits, outputs));
+    // A sequence request's decoding: one sequence, a memory only at a start.
+    for (const bool start : {false, true}) {
+      absl::StatusOr<mha::server::SequenceInputs> step =
+          mha::server::DecodeSequenceRequest(infer, m->dims, kLimits, start, outputs);
+      if (!step.ok()) continue;
+      if (step->query.sequences() != 1 || step->query.q_len() < 1) __builtin_trap();
+      if (step->memory.has_value() && !start) __builtin_trap();
+    }
   }
+  (void)mha::server::ReadCallParameters(infer);
 #else
   mha::v1::AttendRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;

@@ -1,0 +1,127 @@
+#include "server/frontends/kserve_sequences.h"
+
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+
+namespace mha::server {
+
+std::string SequenceSessionId(const std::string& model, const std::string& sequence_id) {
+  return absl::StrCat("sequence/", model, "/", sequence_id);
+}
+
+// One decoded sequence request: the step, the session to open first (a
+// start), and what the response needs.
+struct SequenceCalls::Step {
+  Step(AppendParams params, std::vector<std::string> outputs)
+      : append(std::move(params)), outputs(std::move(outputs)) {}
+
+  AppendParams append;
+  std::optional<OpenParams> open;
+  std::vector<std::string> outputs;
+  StepLayout layout;
+};
+
+absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
+    const inference::ModelInferRequest& request, const std::string& id) {
+  if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
+  ASSIGN_OR_RETURN(const int64_t number,
+                   ParseModelVersion(request.model_name(), request.model_version()));
+  ASSIGN_OR_RETURN(VersionPtr version, dispatcher_.models().Find(request.model_name(), number));
+  std::vector<std::string> outputs;
+  ASSIGN_OR_RETURN(SequenceInputs in,
+                   DecodeSequenceRequest(request, version->model.dims, dispatcher_.limits(),
+                                         /*start=*/true, outputs));
+  // Triton's rule: a start on an id still open ends that sequence first.
+  (void)sessions_.Close(id);
+  OpenParams open;
+  open.version = version;
+  open.id = id;
+  open.memory = std::move(in.memory);
+  auto step = std::make_shared<Step>(
+      AppendParams{id, std::move(in.query), std::nullopt, std::move(version)},
+      std::move(outputs));
+  step->open.emplace(std::move(open));
+  return step;
+}
+
+absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
+    const inference::ModelInferRequest& request, const std::string& id,
+    const std::string& sequence_id) {
+  absl::StatusOr<VersionPtr> version = sessions_.VersionOf(id);
+  if (!version.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", sequence_id, " of model ", request.model_name(),
+                     " is not open (", version.status().message(),
+                     "): a sequence begins with a request that sets sequence_start"));
+  }
+  std::vector<std::string> outputs;
+  ASSIGN_OR_RETURN(SequenceInputs in,
+                   DecodeSequenceRequest(request, (*version)->model.dims, dispatcher_.limits(),
+                                         /*start=*/false, outputs));
+  return std::make_shared<Step>(
+      AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)},
+      std::move(outputs));
+}
+
+void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
+                          const inference::ModelInferRequest& request,
+                          const InferCallParameters& parameters, absl::Time deadline,
+                          inference::ModelInferResponse* response, Done done) {
+  const InferCallParameters::Sequence& sequence = *parameters.sequence;
+  const std::string id = SequenceSessionId(request.model_name(), sequence.id);
+  absl::StatusOr<std::shared_ptr<Step>> decoded = [&]() -> absl::StatusOr<std::shared_ptr<Step>> {
+    RETURN_IF_ERROR(dispatcher_.Authorize(context));
+    return sequence.start ? Start(request, id) : Continue(request, id, sequence.id);
+  }();
+  if (!decoded.ok()) return done(decoded.status());
+  std::shared_ptr<Step> step = *std::move(decoded);
+  step->append.deadline = deadline;
+  step->append.cancelled = [&context] { return context.IsCancelled(); };
+  step->layout = StepLayout::Of(step->append);
+  const int64_t version = step->append.decoded_for->version;
+
+  // The answer, once both the open (a start) and the step have answered:
+  // the open's error if it failed, else the step's. A start whose step
+  // failed leaves no session; an end closes it whatever happened.
+  struct Join {
+    std::mutex mu;
+    int left = 2;
+    absl::Status open, step;
+  };
+  auto join = std::make_shared<Join>();
+  if (!step->open.has_value()) join->left = 1;
+  const bool start = sequence.start, end = sequence.end;
+  auto arrived = [this, join, id, start, end, done](absl::Status status, bool is_open) {
+    {
+      std::lock_guard<std::mutex> lock(join->mu);
+      (is_open ? join->open : join->step) = std::move(status);
+      if (--join->left > 0) return;
+    }
+    const absl::Status answer = join->open.ok() ? join->step : join->open;
+    if (end || (start && !answer.ok())) (void)sessions_.Close(id);
+    done(answer);
+  };
+  if (step->open.has_value()) {
+    // The step is queued right behind the open, before the next request
+    // of a stream is read, so a sequence's steps keep their order; a
+    // cross session's step waits for its memory to be projected.
+    sessions_.Open(*std::move(step->open), [arrived](absl::StatusOr<SessionInfo> info) {
+      arrived(info.status(), /*is_open=*/true);
+    });
+  }
+  sessions_.Append(std::move(step->append),
+                   [step, arrived, &request, version, response](absl::StatusOr<AppendResult> r) {
+                     if (r.ok()) {
+                       FillSequenceResponse(request, version, step->outputs, step->layout, *r,
+                                            response);
+                     }
+                     arrived(r.status(), /*is_open=*/false);
+                   });
+}
+
+}  // namespace mha::server

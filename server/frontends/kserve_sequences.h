@@ -1,0 +1,68 @@
+// Triton's sequences on the session KV cache: a ModelInfer request with
+// sequence_id (and sequence_start / sequence_end) is a session step, in the
+// same registry, admission and metrics as mha.v1's sessions.
+#ifndef MHA_SERVER_FRONTENDS_KSERVE_SEQUENCES_H_
+#define MHA_SERVER_FRONTENDS_KSERVE_SEQUENCES_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "inference/grpc_service.pb.h"
+#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/kserve_codec.h"
+#include "server/sessions/session_manager.h"
+
+namespace mha::server {
+
+// The session a model's sequence is: "sequence/<model>/<id>". mha.v1's
+// session ids cannot hold '/', so no OpenSession takes one of these ids.
+std::string SequenceSessionId(const std::string& model, const std::string& sequence_id);
+
+// Borrows the dispatcher (auth, repository, limits, draining) and the
+// session manager, which outlive it. Thread-safe.
+//
+// A start request ends the sequence of that id if one is open (Triton's
+// rule), opens a session (a cross-attention one when it carries a key) on
+// the version it names, and appends its query; a failed start leaves no
+// session. A later request appends; an id that is not open is
+// INVALID_ARGUMENT with the reason (never opened, closed, evicted,
+// expired). The end request is computed, then the session closes, whatever
+// the step's outcome.
+class SequenceCalls {
+ public:
+  using Done = std::function<void(const absl::Status&)>;
+
+  SequenceCalls(AttendDispatcher& dispatcher, SessionManager& sessions)
+      : dispatcher_(dispatcher), sessions_(sessions) {}
+
+  // Runs `request` (read as `parameters`, whose `sequence` is set) and fills
+  // `response`; `done` is called exactly once, after that (on a worker, or
+  // at once when refused). `request` and `response` live until then;
+  // `deadline` bounds the step as an Attend request's.
+  void Infer(const grpc::CallbackServerContext& context,
+             const inference::ModelInferRequest& request,
+             const InferCallParameters& parameters, absl::Time deadline,
+             inference::ModelInferResponse* response, Done done);
+
+ private:
+  struct Step;
+  // Decodes a start request, ends an open sequence of its id and opens the
+  // session; the step to append, or why not.
+  absl::StatusOr<std::shared_ptr<Step>> Start(const inference::ModelInferRequest& request,
+                                              const std::string& id);
+  // Decodes a later request of the open session `id`.
+  absl::StatusOr<std::shared_ptr<Step>> Continue(const inference::ModelInferRequest& request,
+                                                 const std::string& id,
+                                                 const std::string& sequence_id);
+
+  AttendDispatcher& dispatcher_;
+  SessionManager& sessions_;
+};
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_KSERVE_SEQUENCES_H_
