@@ -24,7 +24,10 @@ class CallbackCall final : public server::AttendCall {
   bool Cancelled() const override { return cancelled_ && cancelled_(); }
 
  private:
-  void Encode(const server::AttentionResult& result) override { result_ = result; }
+  absl::Status Encode(const server::AttentionResult& result) override {
+    result_ = result;
+    return absl::OkStatus();
+  }
   void Finish(const absl::Status& status) override {
     if (status.ok()) {
       done_(result_);

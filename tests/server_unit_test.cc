@@ -67,11 +67,13 @@ class CountingCall final : public AttendCall {
   explicit CountingCall(bool encode_throws) : encode_throws_(encode_throws) {}
   std::vector<absl::Status> answers;
   int encoded = 0;
+  absl::Status encode_error;  // what Encode answers when it does not throw
 
  private:
-  void Encode(const AttentionResult&) override {
+  absl::Status Encode(const AttentionResult&) override {
     ++encoded;
     if (encode_throws_) throw std::bad_alloc();
+    return encode_error;
   }
   void Finish(const absl::Status& status) override { answers.push_back(status); }
   const bool encode_throws_;
@@ -99,6 +101,12 @@ TEST(AttendCallTest, AnswersExactlyOnce) {
   no_memory.Respond({});
   ASSERT_EQ(no_memory.answers.size(), 1u);
   EXPECT_EQ(no_memory.answers[0].code(), absl::StatusCode::kResourceExhausted);
+
+  CountingCall unwritable(false);  // e.g. a shared-memory output it cannot write
+  unwritable.encode_error = absl::InvalidArgumentError("region gone");
+  unwritable.Respond({});
+  ASSERT_EQ(unwritable.answers.size(), 1u);
+  EXPECT_EQ(unwritable.answers[0].code(), absl::StatusCode::kInvalidArgument);
 
   CountingCall ok_failure(false);
   ok_failure.Fail(absl::OkStatus());

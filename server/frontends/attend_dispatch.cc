@@ -37,8 +37,8 @@ void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,
   reactor->Finish(ToGrpcStatus(status));
 }
 
-void DispatchedCall::Encode(const AttentionResult& result) {
-  EncodeResult(*version_, layout_, result);
+absl::Status DispatchedCall::Encode(const AttentionResult& result) {
+  return EncodeResult(*version_, layout_, result);
 }
 
 void DispatchedCall::Finish(const absl::Status& status) {

@@ -72,7 +72,7 @@ class DispatchedCall : public AttendCall {
 
  protected:
   // Fills the response from a successful result (on a worker thread).
-  virtual void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+  virtual absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) = 0;
   // Sends the answer: `status` OK once the response is filled. `took` is
   // handler in to now.
@@ -85,7 +85,7 @@ class DispatchedCall : public AttendCall {
 
  private:
   friend class AttendDispatcher;
-  void Encode(const AttentionResult& result) final;
+  absl::Status Encode(const AttentionResult& result) final;
   void Finish(const absl::Status& status) final;
 
   // Set by AttendDispatcher::Dispatch.

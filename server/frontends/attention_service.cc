@@ -75,9 +75,10 @@ class UnaryAttendCall final : public DispatchedCall {
   }
 
  private:
-  void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
-                    const AttentionResult& result) override {
+  absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) override {
     EncodeAttendResponse(model, layout, result, response_);
+    return absl::OkStatus();
   }
   void Send(const absl::Status& status, absl::Duration took) override {
     SendUnary(context_, reactor_, status, took);

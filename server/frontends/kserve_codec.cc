@@ -74,6 +74,94 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
                                                  " only"));
 }
 
+constexpr char kShmRegion[] = "shared_memory_region";
+constexpr char kShmByteSize[] = "shared_memory_byte_size";
+constexpr char kShmOffset[] = "shared_memory_offset";
+
+// An input's or output's shared-memory slice (Triton's parameters), or none
+// when it names no region. Any other tensor parameter is refused.
+absl::StatusOr<std::optional<SharedMemorySlice>> SharedMemoryOf(
+    const google::protobuf::Map<std::string, inference::InferParameter>& parameters,
+    const SharedMemoryRegistry* registry, const std::string& what) {
+  auto number = [&](const char* name, uint64_t& out) -> absl::Status {
+    auto it = parameters.find(name);
+    if (it == parameters.end()) return absl::OkStatus();
+    const inference::InferParameter& p = it->second;
+    if (p.parameter_choice_case() == inference::InferParameter::kInt64Param &&
+        p.int64_param() >= 0) {
+      out = static_cast<uint64_t>(p.int64_param());
+    } else if (p.parameter_choice_case() == inference::InferParameter::kUint64Param) {
+      out = p.uint64_param();
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": parameter ", name, ": expected a non-negative int64_param"));
+    }
+    return absl::OkStatus();
+  };
+  for (const auto& [name, value] : parameters) {
+    if (name != kShmRegion && name != kShmByteSize && name != kShmOffset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": unknown parameter \"", name, "\" (tensors take ", kShmRegion, ", ",
+          kShmByteSize, ", ", kShmOffset, ")"));
+    }
+  }
+  auto region = parameters.find(kShmRegion);
+  if (region == parameters.end()) {
+    if (!parameters.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", kShmByteSize, " and ", kShmOffset, " need a ", kShmRegion));
+    }
+    return std::nullopt;
+  }
+  if (region->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": parameter ", kShmRegion, ": expected string_param"));
+  }
+  if (parameters.find(kShmByteSize) == parameters.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", kShmRegion, " needs ",
+                                                   kShmByteSize));
+  }
+  uint64_t byte_size = 0, offset = 0;
+  RETURN_IF_ERROR(number(kShmByteSize, byte_size));
+  RETURN_IF_ERROR(number(kShmOffset, offset));
+  if (registry == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shared memory is not served here"));
+  }
+  ASSIGN_OR_RETURN(SharedMemorySlice slice,
+                   registry->Slice(region->second.string_param(), offset, byte_size, what));
+  return slice;
+}
+
+// A shared-memory input's bytes, read into `converted`: exactly its shape's
+// bytes, at most `max_bytes`.
+absl::StatusOr<absl::Span<const uint8_t>> ReadSharedInput(const SharedMemorySlice& slice,
+                                                          const TensorView& view,
+                                                          const std::string& input,
+                                                          int64_t max_bytes,
+                                                          std::deque<std::string>& converted) {
+  uint64_t expected = DTypeSize(view.dtype);
+  for (const int64_t d : view.shape) {
+    if (d < 0 || (d > 0 && expected > static_cast<uint64_t>(max_bytes) / static_cast<uint64_t>(d))) {
+      expected = UINT64_MAX;
+      break;
+    }
+    expected *= static_cast<uint64_t>(d);
+  }
+  if (expected > static_cast<uint64_t>(max_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        input, ": a shared-memory input is bounded like a message, ", max_bytes, " bytes"));
+  }
+  if (slice.byte_size != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        input, ": ", kShmByteSize, " ", slice.byte_size, " is not the ", expected,
+        " bytes its shape and datatype take"));
+  }
+  std::string& bytes = converted.emplace_back(expected, '\0');
+  RETURN_IF_ERROR(slice.Read(absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()),
+                                            bytes.size())));
+  return Bytes(bytes.data(), bytes.size());
+}
+
 absl::Status ReadParameters(const inference::ModelInferRequest& request, RequestInputs& in) {
   for (const auto& [name, value] : request.parameters()) {
     if (std::find(std::begin(kCallParameterNames), std::end(kCallParameterNames), name) !=
@@ -98,42 +186,71 @@ absl::Status ReadParameters(const inference::ModelInferRequest& request, Request
 
 // Requested outputs in order; none requested: output, and attn_weights when
 // need_weights. Asking for attn_weights computes them whatever need_weights says.
-absl::StatusOr<std::vector<std::string>> RequestedOutputs(
-    const inference::ModelInferRequest& request, RequestInputs& in) {
-  std::vector<std::string> outputs;
+absl::StatusOr<std::vector<RequestedOutput>> RequestedOutputs(
+    const inference::ModelInferRequest& request, const SharedMemoryRegistry* shared_memory,
+    RequestInputs& in) {
+  std::vector<RequestedOutput> outputs;
+  auto named = [&outputs](const std::string& name) {
+    return std::any_of(outputs.begin(), outputs.end(),
+                       [&name](const RequestedOutput& o) { return o.name == name; });
+  };
   for (const auto& requested : request.outputs()) {
     const std::string& name = requested.name();
     if (name != kOutputName && name != kWeightsName) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown output \"", name, "\" (outputs: output, attn_weights)"));
     }
-    if (std::find(outputs.begin(), outputs.end(), name) != outputs.end()) {
+    if (named(name)) {
       return absl::InvalidArgumentError(absl::StrCat("output ", name, " requested twice"));
     }
-    if (!requested.parameters().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("output ", name, ": output parameters are not supported"));
-    }
-    outputs.push_back(name);
+    ASSIGN_OR_RETURN(std::optional<SharedMemorySlice> slice,
+                     SharedMemoryOf(requested.parameters(), shared_memory,
+                                    absl::StrCat("output ", name)));
+    outputs.push_back(RequestedOutput{name, std::move(slice)});
   }
   if (outputs.empty()) {
-    outputs.push_back(kOutputName);
-    if (in.need_weights) outputs.push_back(kWeightsName);
+    outputs.push_back(RequestedOutput{kOutputName, std::nullopt});
+    if (in.need_weights) outputs.push_back(RequestedOutput{kWeightsName, std::nullopt});
   }
-  in.need_weights = std::find(outputs.begin(), outputs.end(), kWeightsName) != outputs.end();
+  in.need_weights = named(kWeightsName);
   return outputs;
 }
 
+// Whether each shared-memory output's slice holds what it will receive.
+absl::Status CheckOutputSlices(const std::vector<RequestedOutput>& outputs,
+                               const AttentionRequest& decoded) {
+  for (const RequestedOutput& o : outputs) {
+    if (!o.shared_memory.has_value()) continue;
+    const bool is_output = o.name == kOutputName;
+    const std::vector<int64_t> shape =
+        is_output ? decoded.output_shape() : decoded.weights_shape();
+    uint64_t bytes = is_output ? DTypeSize(decoded.output_dtype()) : sizeof(float);
+    for (const int64_t d : shape) bytes *= static_cast<uint64_t>(d);
+    if (bytes > o.shared_memory->byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output ", o.name, ": ", kShmByteSize, " ", o.shared_memory->byte_size,
+          " cannot hold its ", bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The inputs as views, in the slots their names give.
-absl::Status ViewInputs(const inference::ModelInferRequest& request, RequestInputs& in,
-                        std::deque<std::string>& converted) {
+absl::Status ViewInputs(const inference::ModelInferRequest& request,
+                        const SharedMemoryRegistry* shared_memory, int64_t max_shared_bytes,
+                        RequestInputs& in, std::deque<std::string>& converted) {
   const bool raw = request.raw_input_contents_size() > 0;
-  if (raw && request.raw_input_contents_size() != request.inputs_size()) {
+  const int in_messages = static_cast<int>(
+      std::count_if(request.inputs().begin(), request.inputs().end(), [](const auto& input) {
+        return input.parameters().find(kShmRegion) == input.parameters().end();
+      }));
+  if (raw && request.raw_input_contents_size() != in_messages) {
     return absl::InvalidArgumentError(
         absl::StrCat("raw_input_contents has ", request.raw_input_contents_size(),
-                     " entries for ", request.inputs_size(), " inputs"));
+                     " entries for ", in_messages, " inputs not in shared memory"));
   }
   std::optional<TensorView> query;
+  int raw_index = 0;
   for (int i = 0; i < request.inputs_size(); ++i) {
     const auto& input = request.inputs(i);
     std::optional<TensorView>* slot = InputSlot(input.name(), in, query);
@@ -155,8 +272,17 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request, RequestInpu
           input.name(), ": contents and raw_input_contents both given; use one"));
     }
     TensorView view{*dtype, std::vector<int64_t>(input.shape().begin(), input.shape().end()), {}};
-    if (raw) {
-      const std::string& bytes = request.raw_input_contents(i);
+    ASSIGN_OR_RETURN(std::optional<SharedMemorySlice> slice,
+                     SharedMemoryOf(input.parameters(), shared_memory, input.name()));
+    if (slice.has_value()) {
+      if (input.has_contents()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            input.name(), ": contents and ", kShmRegion, " both given; use one"));
+      }
+      ASSIGN_OR_RETURN(view.bytes, ReadSharedInput(*slice, view, input.name(), max_shared_bytes,
+                                                   converted));
+    } else if (raw) {
+      const std::string& bytes = request.raw_input_contents(raw_index++);
       view.bytes = Bytes(bytes.data(), bytes.size());
     } else {
       ASSIGN_OR_RETURN(view.bytes, ContentsBytes(input.contents(), *dtype, input.name(), converted));
@@ -173,27 +299,31 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request, RequestInpu
 absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
                                                     const AttentionDims& dims,
                                                     const RequestLimits& limits,
-                                                    std::vector<std::string>& outputs) {
+                                                    const SharedMemoryRegistry* shared_memory,
+                                                    std::vector<RequestedOutput>& outputs) {
   auto converted = std::make_shared<std::deque<std::string>>();
   RequestInputs in;
-  RETURN_IF_ERROR(ViewInputs(request, in, *converted));
+  RETURN_IF_ERROR(ViewInputs(request, shared_memory, limits.max_message_bytes, in, *converted));
   RETURN_IF_ERROR(ReadParameters(request, in));
-  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, in));
+  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
   ASSIGN_OR_RETURN(AttentionRequest decoded,
                    AttentionRequest::Create(dims, in, limits.max_tokens, DTypeSpelling::kKserve));
+  RETURN_IF_ERROR(CheckOutputSlices(outputs, decoded));
   if (!converted->empty()) decoded.KeepAlive(std::move(converted));
   return decoded;
 }
 
 absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInferRequest& request,
                                                      const AttentionDims& dims,
-                                                     const RequestLimits& limits, bool start,
-                                                     std::vector<std::string>& outputs) {
+                                                     const RequestLimits& limits,
+                                                     const SharedMemoryRegistry* shared_memory,
+                                                     bool start,
+                                                     std::vector<RequestedOutput>& outputs) {
   auto converted = std::make_shared<std::deque<std::string>>();
   RequestInputs in;
-  RETURN_IF_ERROR(ViewInputs(request, in, *converted));
+  RETURN_IF_ERROR(ViewInputs(request, shared_memory, limits.max_message_bytes, in, *converted));
   RETURN_IF_ERROR(ReadParameters(request, in));
-  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, in));
+  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
   if (in.attn_mask.has_value() || in.is_causal || in.per_head_weights) {
     return absl::InvalidArgumentError(
         "a sequence request takes no attn_mask, is_causal or per_head_weights: its tokens "
@@ -338,34 +468,54 @@ absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::s
   return number;
 }
 
-void FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
-                       const std::vector<std::string>& outputs, const ResultLayout& layout,
-                       const AttentionResult& result, inference::ModelInferResponse* response) {
+absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
+                               const std::vector<RequestedOutput>& outputs,
+                               const ResultLayout& layout, const AttentionResult& result,
+                               inference::ModelInferResponse* response) {
   response->set_model_name(request.model_name());
   response->set_model_version(absl::StrCat(version));
   response->set_id(request.id());
-  for (const std::string& name : outputs) {
-    const bool is_output = name == kOutputName;
+  for (const RequestedOutput& requested : outputs) {
+    const bool is_output = requested.name == kOutputName;
     const DType dtype = is_output ? layout.output_dtype : DType::kF32;
     const std::vector<int64_t>& shape = is_output ? layout.output_shape : layout.weights_shape;
     inference::ModelInferResponse::InferOutputTensor* tensor = response->add_outputs();
-    tensor->set_name(name);
+    tensor->set_name(requested.name);
     tensor->set_datatype(DTypeName(dtype, DTypeSpelling::kKserve));
     tensor->mutable_shape()->Assign(shape.begin(), shape.end());
-    EncodeBytes(is_output ? result.output : result.weights, dtype,
-                *response->add_raw_output_contents());
+    std::string* raw = response->add_raw_output_contents();
+    const absl::Span<const float> values = is_output ? result.output : result.weights;
+    if (!requested.shared_memory.has_value()) {
+      EncodeBytes(values, dtype, *raw);
+      continue;
+    }
+    const SharedMemorySlice& slice = *requested.shared_memory;
+    if (values.size() * DTypeSize(dtype) > slice.byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output ", requested.name, ": ", kShmByteSize, " ", slice.byte_size,
+          " cannot hold its ", values.size() * DTypeSize(dtype), " bytes"));
+    }
+    if (dtype == DType::kF32) {  // straight from the engine's output
+      RETURN_IF_ERROR(slice.Write(Bytes(values.data(), values.size() * sizeof(float))));
+    } else {
+      std::string converted;
+      EncodeBytes(values, dtype, converted);
+      RETURN_IF_ERROR(slice.Write(Bytes(converted.data(), converted.size())));
+    }
   }
+  return absl::OkStatus();
 }
 
-void FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
-                          const std::vector<std::string>& outputs, const StepLayout& layout,
-                          const AppendResult& result, inference::ModelInferResponse* response) {
+absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
+                                  const std::vector<RequestedOutput>& outputs,
+                                  const StepLayout& layout, const AppendResult& result,
+                                  inference::ModelInferResponse* response) {
   const int64_t tokens = layout.output_shape[layout.output_shape.size() - 2];
   std::vector<int64_t> weights_shape = {tokens, result.keys};
   if (layout.output_shape.size() == 3) weights_shape.insert(weights_shape.begin(), 1);
   ResultLayout as_attend{layout.output_dtype, layout.output_shape, std::move(weights_shape)};
-  FillInferResponse(request, version, outputs, as_attend,
-                    AttentionResult{result.output, result.weights}, response);
+  return FillInferResponse(request, version, outputs, as_attend,
+                           AttentionResult{result.output, result.weights}, response);
 }
 
 void DescribeModel(const std::string& name, const AttentionDims& dims,

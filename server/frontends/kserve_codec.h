@@ -17,6 +17,7 @@
 #include "server/frontends/attend_dispatch.h"
 #include "server/frontends/request_codec.h"
 #include "server/frontends/session_codec.h"
+#include "server/frontends/shared_memory.h"
 
 namespace mha::server {
 
@@ -51,6 +52,13 @@ struct InferCallParameters {
 absl::StatusOr<InferCallParameters> ReadCallParameters(
     const inference::ModelInferRequest& request);
 
+// A requested output: its name, and the shared-memory slice it goes to
+// when the request placed it there (else it goes in raw_output_contents).
+struct RequestedOutput {
+  std::string name;
+  std::optional<SharedMemorySlice> shared_memory;
+};
+
 // Maps inputs by name (query, key, value, key_padding_mask, attn_mask;
 // datatypes FP32, BF16, FP16, BOOL; raw_input_contents or typed contents,
 // viewed where they are, not copied), the bool parameters is_causal /
@@ -58,10 +66,19 @@ absl::StatusOr<InferCallParameters> ReadCallParameters(
 // Attend does. `request` must outlive the result. `outputs` receives the
 // outputs to return, in order. Errors are INVALID_ARGUMENT (or
 // RESOURCE_EXHAUSTED above `limits`) and name KServe datatypes.
+//
+// Triton's shared memory: an input or requested output with the parameters
+// `shared_memory_region` (string), `shared_memory_byte_size` and
+// `shared_memory_offset` (int64) is read from (written to) that slice of a
+// region of `shared_memory` (null: none registered); an input's byte size
+// must be its shape's, at most limits.max_message_bytes, and an output's
+// slice must hold the output. raw_input_contents then has one entry per
+// input not in shared memory.
 absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
                                                     const AttentionDims& dims,
                                                     const RequestLimits& limits,
-                                                    std::vector<std::string>& outputs);
+                                                    const SharedMemoryRegistry* shared_memory,
+                                                    std::vector<RequestedOutput>& outputs);
 
 // A sequence request's inputs: its query as a session step's ([1, T, E]
 // or [T, E]), and, on the start request of a cross-attention sequence, the
@@ -76,20 +93,26 @@ struct SequenceInputs {
 };
 absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInferRequest& request,
                                                      const AttentionDims& dims,
-                                                     const RequestLimits& limits, bool start,
-                                                     std::vector<std::string>& outputs);
+                                                     const RequestLimits& limits,
+                                                     const SharedMemoryRegistry* shared_memory,
+                                                     bool start,
+                                                     std::vector<RequestedOutput>& outputs);
 
-// The response: the requested outputs, raw little-endian bytes, and the
-// version that computed them.
-void FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
-                       const std::vector<std::string>& outputs, const ResultLayout& layout,
-                       const AttentionResult& result, inference::ModelInferResponse* response);
+// The response: the requested outputs, raw little-endian bytes (an empty
+// raw entry for one written to shared memory, as Triton, so that entries
+// and outputs keep one index), and the version that computed them. Fails
+// when a shared-memory output cannot be written or does not fit its slice.
+absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
+                               const std::vector<RequestedOutput>& outputs,
+                               const ResultLayout& layout, const AttentionResult& result,
+                               inference::ModelInferResponse* response);
 
 // A sequence step's response: `output` in the query's dtype and shape,
 // `attn_weights` [1, T, K'] (or [T, K']) over every key the step saw.
-void FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
-                          const std::vector<std::string>& outputs, const StepLayout& layout,
-                          const AppendResult& result, inference::ModelInferResponse* response);
+absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
+                                  const std::vector<RequestedOutput>& outputs,
+                                  const StepLayout& layout, const AppendResult& result,
+                                  inference::ModelInferResponse* response);
 
 // Inputs and outputs of a model with these dimensions, and its ready
 // versions; -1 marks batch and sequence lengths.

@@ -17,12 +17,12 @@ std::string SequenceSessionId(const std::string& model, const std::string& seque
 // One decoded sequence request: the step, the session to open first (a
 // start), and what the response needs.
 struct SequenceCalls::Step {
-  Step(AppendParams params, std::vector<std::string> outputs)
+  Step(AppendParams params, std::vector<RequestedOutput> outputs)
       : append(std::move(params)), outputs(std::move(outputs)) {}
 
   AppendParams append;
   std::optional<OpenParams> open;
-  std::vector<std::string> outputs;
+  std::vector<RequestedOutput> outputs;
   StepLayout layout;
 };
 
@@ -32,10 +32,10 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
   ASSIGN_OR_RETURN(const int64_t number,
                    ParseModelVersion(request.model_name(), request.model_version()));
   ASSIGN_OR_RETURN(VersionPtr version, dispatcher_.models().Find(request.model_name(), number));
-  std::vector<std::string> outputs;
+  std::vector<RequestedOutput> outputs;
   ASSIGN_OR_RETURN(SequenceInputs in,
                    DecodeSequenceRequest(request, version->model.dims, dispatcher_.limits(),
-                                         /*start=*/true, outputs));
+                                         shared_memory_, /*start=*/true, outputs));
   // Triton's rule: a start on an id still open ends that sequence first.
   (void)sessions_.Close(id);
   OpenParams open;
@@ -59,10 +59,10 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
                      " is not open (", version.status().message(),
                      "): a sequence begins with a request that sets sequence_start"));
   }
-  std::vector<std::string> outputs;
+  std::vector<RequestedOutput> outputs;
   ASSIGN_OR_RETURN(SequenceInputs in,
                    DecodeSequenceRequest(request, (*version)->model.dims, dispatcher_.limits(),
-                                         /*start=*/false, outputs));
+                                         shared_memory_, /*start=*/false, outputs));
   return std::make_shared<Step>(
       AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)},
       std::move(outputs));
@@ -116,11 +116,12 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
   }
   sessions_.Append(std::move(step->append),
                    [step, arrived, &request, version, response](absl::StatusOr<AppendResult> r) {
+                     absl::Status status = r.status();
                      if (r.ok()) {
-                       FillSequenceResponse(request, version, step->outputs, step->layout, *r,
-                                            response);
+                       status = FillSequenceResponse(request, version, step->outputs,
+                                                     step->layout, *r, response);
                      }
-                     arrived(r.status(), /*is_open=*/false);
+                     arrived(std::move(status), /*is_open=*/false);
                    });
 }
 

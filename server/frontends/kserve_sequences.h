@@ -22,8 +22,8 @@ namespace mha::server {
 // session ids cannot hold '/', so no OpenSession takes one of these ids.
 std::string SequenceSessionId(const std::string& model, const std::string& sequence_id);
 
-// Borrows the dispatcher (auth, repository, limits, draining) and the
-// session manager, which outlive it. Thread-safe.
+// Borrows the dispatcher (auth, repository, limits, draining), the session
+// manager and the shared-memory registry, which outlive it. Thread-safe.
 //
 // A start request ends the sequence of that id if one is open (Triton's
 // rule), opens a session (a cross-attention one when it carries a key) on
@@ -36,8 +36,10 @@ class SequenceCalls {
  public:
   using Done = std::function<void(const absl::Status&)>;
 
-  SequenceCalls(AttendDispatcher& dispatcher, SessionManager& sessions)
-      : dispatcher_(dispatcher), sessions_(sessions) {}
+  // `shared_memory` (may be null) is the registry requests name regions of.
+  SequenceCalls(AttendDispatcher& dispatcher, SessionManager& sessions,
+                const SharedMemoryRegistry* shared_memory)
+      : dispatcher_(dispatcher), sessions_(sessions), shared_memory_(shared_memory) {}
 
   // Runs `request` (read as `parameters`, whose `sequence` is set) and fills
   // `response`; `done` is called exactly once, after that (on a worker, or
@@ -61,6 +63,7 @@ class SequenceCalls {
 
   AttendDispatcher& dispatcher_;
   SessionManager& sessions_;
+  const SharedMemoryRegistry* const shared_memory_;
 };
 
 }  // namespace mha::server

@@ -98,11 +98,16 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ServerMetadata(
     response->set_name("mha-serve");
     response->set_version(MHA_VERSION);
     // Of the protocol's optional extensions: request parameters (is_causal,
-    // need_weights, per_head_weights), Triton's model repository (with
-    // --model_control_mode poll or explicit) and statistics.
+    // need_weights, per_head_weights), and Triton's model repository (with
+    // --model_control_mode poll or explicit), statistics, ModelConfig,
+    // timeout and priority, sequences (on sessions) and system shared memory.
     response->add_extensions("parameters");
     response->add_extensions("model_repository");
     response->add_extensions("statistics");
+    response->add_extensions("model_configuration");
+    response->add_extensions("schedule_policy");
+    response->add_extensions("sequence");
+    response->add_extensions("system_shared_memory");
   }
   return Finish(context, allowed);
 }
@@ -148,10 +153,11 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelConfig(
 class KserveServiceImpl::InferCall : public DispatchedCall {
  public:
   InferCall(const inference::ModelInferRequest& request, inference::ModelInferResponse* response,
-            const AttendDispatcher& dispatcher)
+            const KserveServiceImpl& service)
       : request_(request),
         response_(response),
-        dispatcher_(dispatcher),
+        dispatcher_(service.dispatcher_),
+        shared_memory_(service.shared_memory_),
         version_(ParseModelVersion(request.model_name(), request.model_version())),
         call_parameters_(ReadCallParameters(request)),
         arrival_(absl::Now()) {}
@@ -166,7 +172,8 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
     if (!call_parameters_.ok()) return call_parameters_.status();
     LimitTime(call_parameters_->timeout);
     priority = call_parameters_->priority;
-    return DecodeInferRequest(request_, model.model.dims, dispatcher_.limits(), outputs_);
+    return DecodeInferRequest(request_, model.model.dims, dispatcher_.limits(), &shared_memory_,
+                              outputs_);
   }
   // Whether each response should say it is its request's last (known
   // before anything else, so that an early error says it too).
@@ -191,18 +198,19 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
   void AnswerSequence(const absl::Status& status) { Send(status, absl::Now() - arrival_); }
 
  private:
-  void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
-                    const AttentionResult& result) override {
-    FillInferResponse(request_, model.version, outputs_, layout, result, response_);
+  absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) override {
+    return FillInferResponse(request_, model.version, outputs_, layout, result, response_);
   }
 
   const inference::ModelInferRequest& request_;
   inference::ModelInferResponse* const response_;
   const AttendDispatcher& dispatcher_;
+  const SharedMemoryRegistry& shared_memory_;
   const absl::StatusOr<int64_t> version_;
   const absl::StatusOr<InferCallParameters> call_parameters_;
   const absl::Time arrival_;
-  std::vector<std::string> outputs_;  // as requested, known once decoded
+  std::vector<RequestedOutput> outputs_;  // as requested, known once decoded
 };
 
 // A unary ModelInfer, answered as mha.v1's Attend is.
@@ -210,8 +218,8 @@ class KserveServiceImpl::UnaryInferCall final : public InferCall {
  public:
   UnaryInferCall(grpc::CallbackServerContext* context, CallReactor* reactor,
                  const inference::ModelInferRequest& request,
-                 inference::ModelInferResponse* response, const AttendDispatcher& dispatcher)
-      : InferCall(request, response, dispatcher), context_(context), reactor_(reactor) {}
+                 inference::ModelInferResponse* response, const KserveServiceImpl& service)
+      : InferCall(request, response, service), context_(context), reactor_(reactor) {}
 
  private:
   void Send(const absl::Status& status, absl::Duration took) override {
@@ -230,7 +238,7 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
                                                         inference::ModelInferResponse* response) {
   auto* reactor = new CallReactor();
   StartInfer(context,
-             std::make_unique<UnaryInferCall>(context, reactor, *request, response, dispatcher_));
+             std::make_unique<UnaryInferCall>(context, reactor, *request, response, *this));
   return reactor;
 }
 
@@ -265,8 +273,7 @@ class KserveServiceImpl::InferStream final
    public:
     Message(InferStream& stream, std::shared_ptr<inference::ModelInferRequest> request,
             std::shared_ptr<Outbound> out)
-        : InferCall(*request, out->response.mutable_infer_response(),
-                    stream.service_.dispatcher_),
+        : InferCall(*request, out->response.mutable_infer_response(), stream.service_),
           stream_(stream),
           message_(std::move(request)),
           out_(std::move(out)) {}
@@ -403,6 +410,49 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
   control_.Unload(request->model_name(),
                   [reactor](absl::Status unloaded) { reactor->Finish(ToGrpcStatus(unloaded)); });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryStatusRequest* request,
+    inference::SystemSharedMemoryStatusResponse* response) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    absl::StatusOr<std::vector<SharedMemoryRegion>> regions =
+        shared_memory_.Status(request->name());
+    status = regions.status();
+    if (regions.ok()) {
+      for (const SharedMemoryRegion& r : *regions) {
+        auto& out = (*response->mutable_regions())[r.name];
+        out.set_name(r.name);
+        out.set_key(r.key);
+        out.set_offset(r.offset);
+        out.set_byte_size(r.byte_size);
+      }
+    }
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryRegisterRequest* request,
+    inference::SystemSharedMemoryRegisterResponse*) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    status = shared_memory_.Register(request->name(), request->key(), request->offset(),
+                                     request->byte_size());
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* context,
+    const inference::SystemSharedMemoryUnregisterRequest* request,
+    inference::SystemSharedMemoryUnregisterResponse*) {
+  const absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) shared_memory_.Unregister(request->name());
+  return Finish(context, status);
 }
 
 }  // namespace mha::server

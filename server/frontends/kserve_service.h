@@ -10,6 +10,7 @@
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/frontends/attend_dispatch.h"
 #include "server/frontends/kserve_sequences.h"
+#include "server/frontends/shared_memory.h"
 #include "server/models/model_control.h"
 #include "server/sessions/session_manager.h"
 
@@ -24,7 +25,9 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
  public:
   KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
                     SessionManager& sessions)
-      : dispatcher_(dispatcher), control_(control), sequences_(dispatcher, sessions) {}
+      : dispatcher_(dispatcher),
+        control_(control),
+        sequences_(dispatcher, sessions, &shared_memory_) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -62,6 +65,18 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
       grpc::CallbackServerContext* context,
       const inference::RepositoryModelUnloadRequest* request,
       inference::RepositoryModelUnloadResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryStatusRequest* request,
+      inference::SystemSharedMemoryStatusResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryRegisterRequest* request,
+      inference::SystemSharedMemoryRegisterResponse* response) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryUnregisterRequest* request,
+      inference::SystemSharedMemoryUnregisterResponse* response) override;
 
  private:
   class InferCall;
@@ -80,6 +95,7 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
 
   AttendDispatcher& dispatcher_;
   ModelControl& control_;
+  SharedMemoryRegistry shared_memory_;  // Triton's system shared memory
   SequenceCalls sequences_;
 };
 

@@ -24,9 +24,10 @@ class StreamReactor::AttendMessage final : public DispatchedCall {
   }
 
  private:
-  void EncodeResult(const ModelVersion& model, const ResultLayout& layout,
-                    const AttentionResult& result) override {
+  absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) override {
     EncodeAttendResponse(model, layout, result, out_->response.mutable_attend());
+    return absl::OkStatus();
   }
   void Send(const absl::Status& status, absl::Duration) override { stream_.Answer(out_, status); }
   void Hold(std::shared_ptr<MemoryReservation> memory) override {

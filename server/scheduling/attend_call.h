@@ -53,14 +53,14 @@ class AttendCall {
   // Whether nobody waits for the answer any more (the client cancelled).
   virtual bool Cancelled() const { return false; }
 
-  // Answers with `result`: encodes it (RESOURCE_EXHAUSTED instead when that
-  // runs out of memory) and ends the call.
+  // Answers with `result`: encodes it (its error instead when encoding
+  // fails, RESOURCE_EXHAUSTED when it runs out of memory) and ends the call.
   void Respond(const AttentionResult& result) {
     if (answered_) return;
     answered_ = true;
     absl::Status status;
     try {
-      Encode(result);
+      status = Encode(result);
     } catch (const std::bad_alloc&) {
       status = absl::ResourceExhaustedError("out of memory encoding the response; retry later");
     }
@@ -89,8 +89,9 @@ class AttendCall {
   absl::Status refusal;  // set when the batcher refuses it instead of computing
 
  protected:
-  // Writes `result` into the response (may throw std::bad_alloc).
-  virtual void Encode(const AttentionResult& result) = 0;
+  // Writes `result` into the response, or says why it could not (may
+  // throw std::bad_alloc).
+  virtual absl::Status Encode(const AttentionResult& result) = 0;
   // Ends the call with `status` (OK after Encode); called exactly once.
   virtual void Finish(const absl::Status& status) = 0;
 

@@ -75,13 +75,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #ifdef MHA_FUZZ_KSERVE
   inference::ModelInferRequest infer;
   if (!infer.ParseFromArray(data, static_cast<int>(size))) return 0;
-  std::vector<std::string> outputs;
+  std::vector<mha::server::RequestedOutput> outputs;
   for (Model* m : {&self, &cross}) {
-    RunOn(*m, mha::server::DecodeInferRequest(infer, m->dims, kLimits, outputs));
+    RunOn(*m, mha::server::DecodeInferRequest(infer, m->dims, kLimits, nullptr, outputs));
     // A sequence request's decoding: one sequence, a memory only at a start.
     for (const bool start : {false, true}) {
       absl::StatusOr<mha::server::SequenceInputs> step =
-          mha::server::DecodeSequenceRequest(infer, m->dims, kLimits, start, outputs);
+          mha::server::DecodeSequenceRequest(infer, m->dims, kLimits, nullptr, start, outputs);
       if (!step.ok()) continue;
       if (step->query.sequences() != 1 || step->query.q_len() < 1) __builtin_trap();
       if (step->memory.has_value() && !start) __builtin_trap();

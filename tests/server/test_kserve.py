@@ -143,7 +143,9 @@ class KserveTest(unittest.TestCase):
         meta = self.kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=TIMEOUT)
         self.assertEqual(meta.name, "mha-serve")
         self.assertRegex(meta.version, r"^\d+\.\d+\.\d+$")
-        self.assertEqual(list(meta.extensions), ["parameters", "model_repository", "statistics"])
+        self.assertEqual(list(meta.extensions),
+                         ["parameters", "model_repository", "statistics", "model_configuration",
+                          "schedule_policy", "sequence", "system_shared_memory"])
 
     def test_model_ready(self):
         ready = lambda name, version="": self.kserve.ModelReady(  # noqa: E731
@@ -386,11 +388,11 @@ class KserveTest(unittest.TestCase):
     def test_unknown_methods_are_refused_with_a_message(self):
         # Triton's C++ client takes an error without a message for success.
         call = self.channel.unary_unary(
-            "/inference.GRPCInferenceService/SystemSharedMemoryStatus")
+            "/inference.GRPCInferenceService/CudaSharedMemoryStatus")
         with self.assertRaises(grpc.RpcError) as e:
             call(b"", timeout=TIMEOUT)
         self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
-        self.assertIn("/inference.GRPCInferenceService/SystemSharedMemoryStatus is not served",
+        self.assertIn("/inference.GRPCInferenceService/CudaSharedMemoryStatus is not served",
                       e.exception.details())
 
     def test_metrics_count_kserve_calls_with_api_label(self):

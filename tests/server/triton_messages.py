@@ -25,8 +25,17 @@ service GRPCInferenceService {
   rpc ModelReady(ModelReadyRequest) returns (ModelReadyResponse) {}
   rpc ModelMetadata(ModelMetadataRequest) returns (ModelMetadataResponse) {}
   rpc ModelConfig(ModelConfigRequest) returns (ModelConfigResponse) {}
+  rpc ServerLive(ServerLiveRequest) returns (ServerLiveResponse) {}
   rpc ModelInfer(ModelInferRequest) returns (ModelInferResponse) {}
   rpc ModelStreamInfer(stream ModelInferRequest) returns (stream ModelStreamInferResponse) {}
+  rpc SystemSharedMemoryStatus(SystemSharedMemoryStatusRequest)
+      returns (SystemSharedMemoryStatusResponse) {}
+  rpc SystemSharedMemoryRegister(SystemSharedMemoryRegisterRequest)
+      returns (SystemSharedMemoryRegisterResponse) {}
+  rpc SystemSharedMemoryUnregister(SystemSharedMemoryUnregisterRequest)
+      returns (SystemSharedMemoryUnregisterResponse) {}
+  rpc CudaSharedMemoryStatus(CudaSharedMemoryStatusRequest)
+      returns (CudaSharedMemoryStatusResponse) {}
 }
 message ModelReadyRequest { string name = 1; string version = 2; }
 message ModelReadyResponse { bool ready = 1; }
@@ -156,6 +165,24 @@ message ModelInferResponse {
   map<string, InferParameter> parameters = 4;
   repeated InferOutputTensor outputs = 5;
   repeated bytes raw_output_contents = 6;
+}
+message ServerLiveRequest {}
+message ServerLiveResponse { bool live = 1; }
+message SystemSharedMemoryStatusRequest { string name = 1; }
+message SystemSharedMemoryStatusResponse {
+  message RegionStatus { string name = 1; string key = 2; uint64 offset = 3; uint64 byte_size = 4; }
+  map<string, RegionStatus> regions = 1;
+}
+message SystemSharedMemoryRegisterRequest {
+  string name = 1; string key = 2; uint64 offset = 3; uint64 byte_size = 4;
+}
+message SystemSharedMemoryRegisterResponse {}
+message SystemSharedMemoryUnregisterRequest { string name = 1; }
+message SystemSharedMemoryUnregisterResponse {}
+message CudaSharedMemoryStatusRequest { string name = 1; }
+message CudaSharedMemoryStatusResponse {
+  message RegionStatus { string name = 1; uint64 device_id = 2; uint64 byte_size = 3; }
+  map<string, RegionStatus> regions = 1;
 }
 message ModelStreamInferResponse {
   string error_message = 1; ModelInferResponse infer_response = 2;
