@@ -48,6 +48,10 @@ ABSL_FLAG(std::string, model_control_mode, "none",
           "--repository_poll_s (new, changed and removed models and versions); explicit: only "
           "the LoadModel / UnloadModel RPCs, and --load_model at start");
 ABSL_FLAG(int, repository_poll_s, 15, "seconds between reads of the repository in poll mode");
+ABSL_FLAG(std::string, upload_dir, "",
+          "where a model sent over the API (Triton's load_model with config and files; explicit "
+          "mode) is written while it loads, in a private folder removed once loaded; empty: "
+          "$TMPDIR or /tmp");
 ABSL_FLAG(std::vector<std::string>, load_model, {},
           "explicit mode: a model to load at start (repeatable, or comma-separated)");
 ABSL_FLAG(int64_t, session_cache_bytes, 0,
@@ -105,6 +109,7 @@ ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
   o.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.model_control_mode = absl::GetFlag(FLAGS_model_control_mode);
   o.repository_poll = absl::Seconds(absl::GetFlag(FLAGS_repository_poll_s));
+  o.upload_dir = absl::GetFlag(FLAGS_upload_dir);
   o.load_models = std::move(load_models);
   o.session_cache_bytes = absl::GetFlag(FLAGS_session_cache_bytes);
   o.max_sessions = absl::GetFlag(FLAGS_max_sessions);

@@ -126,7 +126,8 @@ absl::Status Server::Build() {
       options_.model_repository,
       RepositoryOptions{.pool = pool_.get(),
                         .force_batching_off = options_.disable_batching,
-                        .memory = memory_.get()},
+                        .memory = memory_.get(),
+                        .upload_dir = options_.upload_dir},
       *metrics_);
   RETURN_IF_ERROR(LoadAtStart(*models_, mode, options_.load_models));
   const int64_t engine_reserve = EngineReserve(*models_, *pool_);

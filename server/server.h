@@ -51,6 +51,8 @@ struct ServerOptions {
   std::string tls_cert, tls_key, tls_client_ca;
   std::string model_control_mode = "none";
   absl::Duration repository_poll = absl::Seconds(15);
+  // Where models sent over the API are written while they load ("": $TMPDIR or /tmp).
+  std::string upload_dir;
   std::vector<std::string> load_models;
   int64_t session_cache_bytes = 0;  // 0: from the memory limit
   int64_t max_sessions = 1024;

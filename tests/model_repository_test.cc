@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "server/models/model_upload.h"
 #include "server/models/repository_scan.h"
 #include "server/observability/metrics.h"
 
@@ -165,6 +166,42 @@ TEST(VersionMetricsTest, SeriesLeaveWhenTheLastHolderLetsGo) {
   // A new holder of the same version starts from zero.
   std::shared_ptr<ModelMetrics> reloaded = metrics.ForVersion("m", "1");
   EXPECT_THAT(Exposed(metrics), ::testing::Not(HasSubstr("version=\"1\"} 1")));
+}
+
+// A model sent over the API lands in a private folder, exactly its files;
+// a path that could land anywhere else is refused before anything is written.
+TEST(ModelUploadTest, WritesOnlyTheFilesOfAModelFolder) {
+  for (const char* ok : {"weights.safetensors", "1/weights.safetensors",
+                         "42/weights.safetensors"}) {
+    EXPECT_TRUE(CheckUploadPath(ok).ok()) << ok;
+  }
+  for (const char* bad : {"", "/weights.safetensors", "../weights.safetensors",
+                          "1/../weights.safetensors", "0/weights.safetensors",
+                          "01/weights.safetensors", "a/weights.safetensors", "config.pbtxt",
+                          "1/weights.safetensors/x", "1//weights.safetensors", "./1/x"}) {
+    EXPECT_EQ(CheckUploadPath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  const fs::path root = fs::temp_directory_path() / "mha_upload_test";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  absl::StatusOr<std::string> refused = WriteUpload(
+      root.string(), {{"1/weights.safetensors", "w"}, {"../escape", "x"}});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(fs::is_empty(root)) << "nothing written when one path is refused";
+
+  absl::StatusOr<std::string> folder = WriteUpload(
+      root.string(), {{"1/weights.safetensors", "one"}, {"2/weights.safetensors", "two"}});
+  ASSERT_TRUE(folder.ok()) << folder.status();
+  EXPECT_EQ(fs::path(*folder).parent_path(), root);
+  EXPECT_EQ(fs::status(*folder).permissions() & fs::perms::all, fs::perms::owner_all);
+  std::ifstream one(fs::path(*folder) / "1" / "weights.safetensors");
+  std::string text;
+  one >> text;
+  EXPECT_EQ(text, "one");
+  EXPECT_TRUE(fs::is_regular_file(fs::path(*folder) / "2" / "weights.safetensors"));
+  RemoveUpload(*folder);
+  EXPECT_TRUE(fs::is_empty(root));
+  fs::remove_all(root);
 }
 
 }  // namespace

@@ -141,7 +141,8 @@ absl::StatusOr<absl::Span<const uint8_t>> ReadSharedInput(const SharedMemorySlic
                                                           std::deque<std::string>& converted) {
   uint64_t expected = DTypeSize(view.dtype);
   for (const int64_t d : view.shape) {
-    if (d < 0 || (d > 0 && expected > static_cast<uint64_t>(max_bytes) / static_cast<uint64_t>(d))) {
+    const uint64_t limit = static_cast<uint64_t>(max_bytes);
+    if (d < 0 || (d > 0 && expected > limit / static_cast<uint64_t>(d))) {
       expected = UINT64_MAX;
       break;
     }

@@ -4,12 +4,16 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/status_macros.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/message_stream.h"
 #include "server/frontends/triton_config.h"
+#include "server/models/model_upload.h"
+#include "google/protobuf/util/json_util.h"
+#include "mha/v1/model_config.pb.h"
 
 #ifndef MHA_VERSION
 #define MHA_VERSION "0"
@@ -335,26 +339,73 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(
 
 namespace {
 
-// A load takes no parameters here (the model folder is the source; Triton's
-// `config` and `file:` parameters are not taken yet). An unload takes
-// Triton's `unload_dependents` (bool), which tritonclient always sends: no
-// model here has dependents, so either value unloads just the model.
-absl::Status CheckRepositoryParameters(
-    const google::protobuf::Map<std::string, inference::ModelRepositoryParameter>& parameters,
-    bool unload) {
+using RepositoryParameters =
+    google::protobuf::Map<std::string, inference::ModelRepositoryParameter>;
+
+// An unload takes Triton's `unload_dependents` (bool), which tritonclient
+// always sends: no model here has dependents, so either value unloads just
+// the model.
+absl::Status CheckUnloadParameters(const RepositoryParameters& parameters) {
   for (const auto& [name, value] : parameters) {
-    if (unload && name == "unload_dependents") {
-      if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBoolParam) {
-        return absl::InvalidArgumentError("parameter unload_dependents: expected bool_param");
-      }
-      continue;
+    if (name != "unload_dependents") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", name, "\": an unload takes only unload_dependents (bool)"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter \"", name, "\": ",
-        unload ? "an unload takes only unload_dependents (bool)"
-               : "a load takes none here (the model folder in the repository is the source)"));
+    if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBoolParam) {
+      return absl::InvalidArgumentError("parameter unload_dependents: expected bool_param");
+    }
   }
   return absl::OkStatus();
+}
+
+// A load's source from Triton's parameters: `config` (string_param, the
+// JSON mapping of our model config: {"embed_dim": 256, "num_heads": 4})
+// replaces config.pbtxt; `file:<path>` (bytes_param) are the model's files,
+// with a config. Both only in explicit mode. The source views `parameters`.
+absl::StatusOr<ModelSource> LoadSource(const RepositoryParameters& parameters,
+                                       ModelControlMode mode) {
+  ModelSource source;
+  for (const auto& [name, value] : parameters) {
+    const bool is_file = absl::StartsWith(name, "file:");
+    if (name != "config" && !is_file) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", name, "\": a load takes config (string) and file:<path> (bytes)"));
+    }
+    if (mode != ModelControlMode::kExplicit) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter \"", name, "\": a model's config or files are taken only with "
+          "--model_control_mode explicit"));
+    }
+    if (is_file) {
+      if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBytesParam) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", name, ": expected bytes_param"));
+      }
+      const std::string path = name.substr(strlen("file:"));
+      RETURN_IF_ERROR(CheckUploadPath(path));
+      source.files[path] = value.bytes_param();
+      continue;
+    }
+    if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
+      return absl::InvalidArgumentError("parameter config: expected string_param (JSON)");
+    }
+    v1::ModelConfig config;
+    const auto parsed = google::protobuf::util::JsonStringToMessage(value.string_param(), &config);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter config: not a model config in JSON: ", parsed.message().as_string()));
+    }
+    source.config = std::move(config);
+  }
+  if (!source.files.empty() && !source.config.has_value()) {
+    return absl::InvalidArgumentError(
+        "file: parameters need a config parameter with them (as Triton)");
+  }
+  if (source.files.size() > kMaxUploadFiles) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxUploadFiles, " file: parameters per load"));
+  }
+  return source;
 }
 
 }  // namespace
@@ -392,11 +443,16 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
     grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
     inference::RepositoryModelLoadResponse*) {
   absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
-  if (status.ok()) status = CheckRepositoryParameters(request->parameters(), /*unload=*/false);
+  absl::StatusOr<ModelSource> source = absl::UnknownError("");
+  if (status.ok()) source = LoadSource(request->parameters(), control_.mode());
+  if (status.ok()) status = source.status();
   if (!status.ok()) return Finish(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  control_.Load(request->model_name(),
-                [reactor](absl::Status loaded) { reactor->Finish(ToGrpcStatus(loaded)); });
+  // The request (whose files the source views) lives until Finish.
+  control_.Load(
+      request->model_name(),
+      [reactor](absl::Status loaded) { reactor->Finish(ToGrpcStatus(loaded)); },
+      *std::move(source));
   return reactor;
 }
 
@@ -404,7 +460,7 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
     grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
     inference::RepositoryModelUnloadResponse*) {
   absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
-  if (status.ok()) status = CheckRepositoryParameters(request->parameters(), /*unload=*/true);
+  if (status.ok()) status = CheckUnloadParameters(request->parameters());
   if (!status.ok()) return Finish(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   control_.Unload(request->model_name(),

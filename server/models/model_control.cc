@@ -63,8 +63,11 @@ absl::Status ModelControl::Allowed() const {
       "to load and unload models over the API");
 }
 
-void ModelControl::Load(std::string name, std::function<void(absl::Status)> done) {
-  Change([this, name] { return repository_.Load(name); }, std::move(done));
+void ModelControl::Load(std::string name, std::function<void(absl::Status)> done,
+                        ModelSource source) {
+  Change([this, name, source = std::move(source)] {
+    return repository_.Load(name, /*retry_failed=*/true, source);
+  }, std::move(done));
 }
 
 void ModelControl::Unload(std::string name, std::function<void(absl::Status)> done) {

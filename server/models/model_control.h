@@ -51,7 +51,8 @@ class ModelControl {
   // ModelRepository::Load / Unload on the control thread, then `done` with
   // the outcome, there. FAILED_PRECONDITION at once (in the caller) in mode
   // none; UNAVAILABLE when stopping.
-  void Load(std::string name, std::function<void(absl::Status)> done);
+  // `source` (Triton's config and files) must stay valid until `done`.
+  void Load(std::string name, std::function<void(absl::Status)> done, ModelSource source = {});
   void Unload(std::string name, std::function<void(absl::Status)> done);
   // Answers what is queued with UNAVAILABLE and joins the thread.
   void Stop();

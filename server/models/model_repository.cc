@@ -6,11 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/models/model_upload.h"
 #include "engine/threads.h"
 
 namespace mha::server {
@@ -88,13 +90,24 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   return VersionPtr(std::move(version));
 }
 
-absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
+absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
+                                   const ModelSource& source) {
   absl::MutexLock control(&control_mu_);
   if (!IsValidModelName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model names match [A-Za-z0-9_.-]+, at most ", kMaxModelNameBytes, " characters"));
   }
-  const std::string folder = absl::StrCat(dir_, "/", name);
+  if (!source.files.empty() && !source.config.has_value()) {
+    return absl::InvalidArgumentError("files sent over the API need a config with them");
+  }
+  std::optional<UploadFolder> upload;  // the files' private folder, removed once loaded
+  std::string folder = absl::StrCat(dir_, "/", name);
+  if (!source.files.empty()) {
+    absl::StatusOr<std::string> written = WriteUpload(options_.upload_dir, source.files);
+    if (!written.ok()) return written.status();
+    folder = *written;
+    upload.emplace(folder);
+  }
   std::error_code error;
   if (!std::filesystem::is_directory(folder, error)) {
     return absl::NotFoundError(absl::StrCat("model repository '", dir_, "' has no folder '", name,
@@ -111,7 +124,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed) {
       failed_fingerprints = it->second.failed_fingerprints;
     }
   }
-  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(folder, fingerprints_);
+  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(
+      folder, fingerprints_, source.config.has_value() ? &*source.config : nullptr);
   if (!scan.ok()) {  // what served before goes on serving
     const absl::Status failed = absl::FailedPreconditionError(
         absl::StrCat("model '", name, "' failed to load: ", scan.status().message()));

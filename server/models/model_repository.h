@@ -10,12 +10,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/model.h"
 #include "mha/v1/attention.pb.h"
@@ -48,6 +50,19 @@ struct RepositoryOptions {
   WorkerPool* pool = nullptr;  // the server's engine workers (borrowed)
   bool force_batching_off = false;
   MemoryBudget* memory = nullptr;  // the server's budget (borrowed), or none
+  // Where models sent over the API are written while they load ("": $TMPDIR
+  // or /tmp); each load's private folder is removed once it is loaded.
+  std::string upload_dir;
+};
+
+// Where a load reads a model from (Triton's load parameters): by default
+// the repository's folder of the model and its config.pbtxt; `config`
+// replaces the config.pbtxt; `files` (relative path -> bytes, valid during
+// the load) make the model exactly those files, with `config`, instead of
+// the folder.
+struct ModelSource {
+  std::optional<v1::ModelConfig> config;
+  std::map<std::string, absl::string_view> files;
 };
 
 // Owns the table of models and their versions, and the versions retired
@@ -64,8 +79,9 @@ class ModelRepository {
   // old ones; versions it no longer serves are retired. A version that
   // fails keeps what served before (if anything) and records the error,
   // which is also returned. A version that failed is tried again only when
-  // its bytes changed, unless `retry_failed`.
-  absl::Status Load(const std::string& name, bool retry_failed = true);
+  // its bytes changed, unless `retry_failed`. `source` says where from.
+  absl::Status Load(const std::string& name, bool retry_failed = true,
+                    const ModelSource& source = {});
   // Retires every version of `name` (NOT_FOUND if it is not loaded).
   absl::Status Unload(const std::string& name);
   // Loads every model folder; retires models whose folder is gone.

@@ -147,12 +147,19 @@ absl::StatusOr<uint64_t> FingerprintCache::Of(const std::string& path) {
   return hash;
 }
 
-absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintCache& cache) {
-  const std::string config_path = absl::StrCat(dir, "/", kConfigFileName);
+absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintCache& cache,
+                                            const v1::ModelConfig* config_given) {
+  const std::string config_path = config_given != nullptr
+                                      ? std::string("config (sent with the load)")
+                                      : absl::StrCat(dir, "/", kConfigFileName);
   ModelOnDisk model;
-  absl::StatusOr<v1::ModelConfig> config = ReadModelConfig(config_path);
-  if (!config.ok()) return config.status();
-  model.config = *std::move(config);
+  if (config_given != nullptr) {
+    model.config = *config_given;
+  } else {
+    absl::StatusOr<v1::ModelConfig> config = ReadModelConfig(config_path);
+    if (!config.ok()) return config.status();
+    model.config = *std::move(config);
+  }
   const absl::Status dims = ResolveDims(model.config).status();
   if (!dims.ok()) {
     return absl::Status(dims.code(), absl::StrCat(config_path, ": ", dims.message()));
@@ -164,7 +171,10 @@ absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintC
         batching.default_priority_level(), " is above priority_levels ",
         batching.priority_levels(), " (levels are 1 to priority_levels; 1 is the highest)"));
   }
-  absl::StatusOr<uint64_t> config_hash = cache.Of(config_path);
+  absl::StatusOr<uint64_t> config_hash =
+      config_given != nullptr
+          ? absl::StatusOr<uint64_t>(absl::HashOf(config_given->SerializeAsString()))
+          : cache.Of(config_path);
   if (!config_hash.ok()) return config_hash.status();
 
   std::map<int64_t, std::string> available = NumberedVersions(dir);

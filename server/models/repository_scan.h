@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "mha/v1/model_config.pb.h"
 
 namespace mha::server {
@@ -62,8 +63,10 @@ struct ModelOnDisk {
 
 // Reads the folder `dir` (config checked, weights not read beyond their
 // fingerprint). INVALID_ARGUMENT naming the file for a bad config or
-// policy; NOT_FOUND when no version has weights.
-absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintCache& cache);
+// policy; NOT_FOUND when no version has weights. `config`, when given
+// (Triton's load with a config), replaces the folder's config.pbtxt.
+absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintCache& cache,
+                                            const v1::ModelConfig* config = nullptr);
 
 }  // namespace mha::server
 

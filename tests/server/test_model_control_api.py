@@ -79,8 +79,15 @@ class ModelControlApiTest(unittest.TestCase):
                 triton.RepositoryModelLoad(tpb.RepositoryModelLoadRequest(model_name="nosuch"),
                                            timeout=60)
             self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
-            request = tpb.RepositoryModelLoadRequest(model_name="a")
+            # A config sent with the load replaces config.pbtxt (test_model_upload.py);
+            # one that makes no model fails to load, and says why.
+            request = tpb.RepositoryModelLoadRequest(model_name="b")
             request.parameters["config"].string_param = "{}"
+            with self.assertRaises(grpc.RpcError) as e:
+                triton.RepositoryModelLoad(request, timeout=60)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("embed_dim", e.exception.details())
+            request.parameters["mode"].string_param = "fast"
             with self.assertRaises(grpc.RpcError) as e:
                 triton.RepositoryModelLoad(request, timeout=60)
             self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)

@@ -1,0 +1,104 @@
+#include "server/models/model_upload.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace mha::server {
+namespace {
+
+constexpr char kWeights[] = "weights.safetensors";
+
+bool IsVersionFolder(absl::string_view s) {
+  if (s.empty() || s.size() > 18 || s[0] == '0') return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("writing ", path, ": ", std::strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = errno;
+      close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("writing ", path, ": ", std::strerror(error)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (close(fd) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("writing ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckUploadPath(const std::string& path) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
+  const bool ok = (parts.size() == 1 && parts[0] == kWeights) ||
+                  (parts.size() == 2 && IsVersionFolder(parts[0]) && parts[1] == kWeights);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "file \"", path, "\": a model sent over the API holds ", kWeights,
+      " or <version>/", kWeights, " (version a positive number), nothing else"));
+}
+
+absl::StatusOr<std::string> WriteUpload(const std::string& root,
+                                        const std::map<std::string, absl::string_view>& files) {
+  if (files.empty()) return absl::InvalidArgumentError("no files");
+  if (files.size() > kMaxUploadFiles) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.size(), " files; a model sent over the API has at most ",
+                     kMaxUploadFiles));
+  }
+  for (const auto& [path, bytes] : files) {
+    if (absl::Status s = CheckUploadPath(path); !s.ok()) return s;
+  }
+  std::string base = root;
+  if (base.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    base = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
+  }
+  std::string folder = absl::StrCat(base, "/mha-upload-XXXXXX");
+  if (mkdtemp(folder.data()) == nullptr) {  // mode 0700
+    return absl::InternalError(
+        absl::StrCat("cannot make a folder in ", base, ": ", std::strerror(errno)));
+  }
+  UploadFolder cleanup(folder);
+  for (const auto& [path, bytes] : files) {
+    const size_t slash = path.find('/');
+    if (slash != std::string::npos) {
+      const std::string version = absl::StrCat(folder, "/", path.substr(0, slash));
+      if (mkdir(version.c_str(), 0700) != 0 && errno != EEXIST) {
+        return absl::InternalError(absl::StrCat("mkdir ", version, ": ", std::strerror(errno)));
+      }
+    }
+    if (absl::Status s = WriteFile(absl::StrCat(folder, "/", path), bytes); !s.ok()) return s;
+  }
+  return cleanup.Release();  // kept: the load reads it, then removes it
+}
+
+void RemoveUpload(const std::string& folder) {
+  std::error_code error;
+  std::filesystem::remove_all(folder, error);
+}
+
+}  // namespace mha::server
