@@ -511,4 +511,33 @@ grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryUnregister(
   return Finish(context, status);
 }
 
+grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
+    inference::CudaSharedMemoryStatusResponse*) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok() && !request->name().empty()) {
+    status = absl::NotFoundError(absl::StrCat("no CUDA shared-memory region ", request->name(),
+                                              " is registered (no GPU here)"));
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryRegister(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
+    inference::CudaSharedMemoryRegisterResponse*) {
+  absl::Status status = dispatcher_.Authorize(*context);
+  if (status.ok()) {
+    status = absl::UnimplementedError(
+        "CUDA shared memory is not served: this server computes on the CPU (use system shared "
+        "memory)");
+  }
+  return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryUnregister(
+    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+    inference::CudaSharedMemoryUnregisterResponse*) {
+  return Finish(context, dispatcher_.Authorize(*context));  // none registered: done
+}
+
 }  // namespace mha::server

@@ -388,11 +388,11 @@ class KserveTest(unittest.TestCase):
     def test_unknown_methods_are_refused_with_a_message(self):
         # Triton's C++ client takes an error without a message for success.
         call = self.channel.unary_unary(
-            "/inference.GRPCInferenceService/CudaSharedMemoryStatus")
+            "/inference.GRPCInferenceService/Trace")
         with self.assertRaises(grpc.RpcError) as e:
             call(b"", timeout=TIMEOUT)
         self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
-        self.assertIn("/inference.GRPCInferenceService/CudaSharedMemoryStatus is not served",
+        self.assertIn("/inference.GRPCInferenceService/Trace is not served",
                       e.exception.details())
 
     def test_metrics_count_kserve_calls_with_api_label(self):

@@ -184,10 +184,19 @@ class SharedMemoryTest(unittest.TestCase):
         status = self.triton.SystemSharedMemoryStatus(tpb.SystemSharedMemoryStatusRequest(),
                                                       timeout=TIMEOUT)
         self.assertEqual(len(status.regions), 0)
-        # CUDA shared memory is not served, and says so.
-        self.assertIn("CudaSharedMemoryStatus", self.refused(
-            self.triton.CudaSharedMemoryStatus, tpb.CudaSharedMemoryStatusRequest(),
-            grpc.StatusCode.UNIMPLEMENTED))
+        # No GPU: nothing to register, so Triton's clients that clear every
+        # region at start (system, then CUDA) go on; registering says why not.
+        self.triton.CudaSharedMemoryUnregister(tpb.CudaSharedMemoryUnregisterRequest(),
+                                               timeout=TIMEOUT)
+        cuda = self.triton.CudaSharedMemoryStatus(tpb.CudaSharedMemoryStatusRequest(),
+                                                  timeout=TIMEOUT)
+        self.assertEqual(len(cuda.regions), 0)
+        self.assertIn("CPU", self.refused(
+            self.triton.CudaSharedMemoryRegister, tpb.CudaSharedMemoryRegisterRequest(
+                name="g", byte_size=16), grpc.StatusCode.UNIMPLEMENTED))
+        # Trace settings are not served, and say so.
+        self.assertIn("Trace", self.refused(self.triton.Trace, tpb.TraceRequest(),
+                                            grpc.StatusCode.UNIMPLEMENTED))
 
     def test_bad_slices_are_refused(self):
         q = randn(np.random.default_rng(2), 1, 4, DEMO_E)

@@ -36,6 +36,11 @@ service GRPCInferenceService {
       returns (SystemSharedMemoryUnregisterResponse) {}
   rpc CudaSharedMemoryStatus(CudaSharedMemoryStatusRequest)
       returns (CudaSharedMemoryStatusResponse) {}
+  rpc CudaSharedMemoryRegister(CudaSharedMemoryRegisterRequest)
+      returns (CudaSharedMemoryRegisterResponse) {}
+  rpc CudaSharedMemoryUnregister(CudaSharedMemoryUnregisterRequest)
+      returns (CudaSharedMemoryUnregisterResponse) {}
+  rpc Trace(TraceRequest) returns (TraceResponse) {}
 }
 message ModelReadyRequest { string name = 1; string version = 2; }
 message ModelReadyResponse { bool ready = 1; }
@@ -183,6 +188,20 @@ message CudaSharedMemoryStatusRequest { string name = 1; }
 message CudaSharedMemoryStatusResponse {
   message RegionStatus { string name = 1; uint64 device_id = 2; uint64 byte_size = 3; }
   map<string, RegionStatus> regions = 1;
+}
+message CudaSharedMemoryRegisterRequest {
+  string name = 1; bytes raw_handle = 2; int64 device_id = 3; uint64 byte_size = 4;
+}
+message CudaSharedMemoryRegisterResponse {}
+message CudaSharedMemoryUnregisterRequest { string name = 1; }
+message CudaSharedMemoryUnregisterResponse {}
+message TraceRequest {
+  message SettingValue { repeated string value = 3; }
+  map<string, SettingValue> settings = 1; string model_name = 2; bool clear_setting = 3;
+}
+message TraceResponse {
+  message SettingValue { repeated string value = 3; }
+  map<string, SettingValue> settings = 1;
 }
 message ModelStreamInferResponse {
   string error_message = 1; ModelInferResponse infer_response = 2;
