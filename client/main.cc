@@ -7,7 +7,9 @@
 //                     [--is_causal] [--need_weights] [--per_head_weights] [--bf16]
 //                     [--out FILE]
 //   mha_client session --model NAME [--steps 32] [--step_tokens 1] [--kv_len S]
-//                      (a cross session over a random memory of S tokens)
+//                      [--fork_at K]
+//                      (a cross session over a random memory of S tokens; a fork
+//                      after K steps that continues another way, checked too)
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX]
@@ -76,6 +78,9 @@ ABSL_FLAG(bool, per_head_weights, false, "attend: weights per head");
 ABSL_FLAG(int64_t, steps, 32, "session: steps to append");
 ABSL_FLAG(int64_t, step_tokens, 1, "session: tokens per step");
 ABSL_FLAG(bool, quiet, false, "session: no line per step");
+ABSL_FLAG(int64_t, fork_at, 0,
+          "session: fork after this many steps; the fork appends another random continuation, "
+          "checked against one Attend over its own whole sequence (0: no fork)");
 ABSL_FLAG(int, sessions, 0,
           "load: this many sessions stepping at once (--steps, --step_tokens), over unary calls "
           "and then over one Stream each, instead of Attend calls");
@@ -477,6 +482,7 @@ int main(int argc, char** argv) {
                 .steps = std::max<int64_t>(1, absl::GetFlag(FLAGS_steps)),
                 .step_tokens = std::max<int64_t>(1, absl::GetFlag(FLAGS_step_tokens)),
                 .memory_len = absl::GetFlag(FLAGS_kv_len),
+                .fork_at = std::max<int64_t>(0, absl::GetFlag(FLAGS_fork_at)),
                 .seed = absl::GetFlag(FLAGS_seed),
                 .quiet = absl::GetFlag(FLAGS_quiet),
                 .context = [] { return mha::client::Context(); }});

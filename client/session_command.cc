@@ -28,6 +28,25 @@ double Ms(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
 }
 
+float MaxDiff(const std::vector<float>& want, const std::vector<float>& got) {
+  float max_diff = want.size() == got.size() ? 0.0f : INFINITY;
+  for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
+    const float d = std::fabs(want[i] - got[i]);
+    max_diff = std::isnan(d) ? INFINITY : std::max(max_diff, d);
+  }
+  return max_diff;
+}
+
+// `sequence`'s tokens [first, first + count) with `tail`'s after them
+// replacing the rest: a fork's whole sequence.
+v1::Tensor Spliced(const v1::Tensor& sequence, const v1::Tensor& tail, int64_t keep,
+                   int64_t width) {
+  v1::Tensor out = sequence;
+  out.mutable_data()->replace(keep * width * 4, std::string::npos,
+                              tail.data().substr(keep * width * 4));
+  return out;
+}
+
 }  // namespace
 
 int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o) {
@@ -67,7 +86,18 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   std::vector<float> outputs;
   std::vector<double> step_ms;
   int64_t position = session.position();
+  v1::Session fork;  // with --fork_at: the branch made after that many steps
+  std::vector<float> fork_outputs;
   for (int64_t step = 0; step < o.steps; ++step) {
+    if (o.fork_at > 0 && step == o.fork_at) {
+      v1::ForkSessionRequest request;
+      request.set_session_id(session.session_id());
+      request.set_new_session_id(id + "-fork");
+      status = stub.ForkSession(session_context().get(), request, &fork);
+      if (!status.ok()) return ReportError(status);
+      std::printf("forked %s at position %lld\n", fork.session_id().c_str(),
+                  static_cast<long long>(fork.position()));
+    }
     v1::AppendRequest append;
     append.set_session_id(session.session_id());
     *append.mutable_query() = Rows(sequence, step * o.step_tokens, o.step_tokens, e);
@@ -87,6 +117,21 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
                   static_cast<long long>(position), step_ms.back());
     }
   }
+  // The fork's own continuation, from the fork point on.
+  const v1::Tensor fork_sequence =
+      fork.session_id().empty()
+          ? sequence
+          : Spliced(sequence, RandomTensor({1, total, e}, gen), o.fork_at * o.step_tokens, e);
+  for (int64_t step = o.fork_at; !fork.session_id().empty() && step < o.steps; ++step) {
+    v1::AppendRequest append;
+    append.set_session_id(fork.session_id());
+    *append.mutable_query() = Rows(fork_sequence, step * o.step_tokens, o.step_tokens, e);
+    v1::AppendResponse response;
+    status = stub.Append(session_context().get(), append, &response);
+    if (!status.ok()) return ReportError(status);
+    const std::vector<float> out = TensorValues(response.output());
+    fork_outputs.insert(fork_outputs.end(), out.begin(), out.end());
+  }
   // The same sequence in one Attend: causal over itself, or over the memory.
   v1::AttendRequest attend;
   attend.set_model(o.model);
@@ -104,21 +149,35 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   const double full_ms = Ms(std::chrono::steady_clock::now() - sent);
   if (!status.ok()) return ReportError(status);
   const std::vector<float> want = TensorValues(full.output());
-  float max_diff = want.size() == outputs.size() ? 0.0f : INFINITY;
-  for (size_t i = 0; i < std::min(want.size(), outputs.size()); ++i) {
-    const float d = std::fabs(want[i] - outputs[i]);
-    max_diff = std::isnan(d) ? INFINITY : std::max(max_diff, d);
-  }
+  const float max_diff = MaxDiff(want, outputs);
   std::vector<double> sorted = step_ms;
   std::sort(sorted.begin(), sorted.end());
   std::printf("%lld steps: median %.3f ms, max %.3f ms; one Attend over all %lld tokens: "
               "%.3f ms\n",
               static_cast<long long>(o.steps), sorted[sorted.size() / 2], sorted.back(),
               static_cast<long long>(total), full_ms);
-  const bool ok = max_diff <= kSessionCheckTolerance;
+  bool ok = max_diff <= kSessionCheckTolerance;
   std::printf("check against one Attend%s: max |diff| %.3g %s\n",
               o.memory_len > 0 ? " over the memory" : " with is_causal", max_diff,
               ok ? "OK" : "MISMATCH");
+  if (!fork.session_id().empty()) {
+    *attend.mutable_query() = fork_sequence;
+    status = stub.Attend(o.context().get(), attend, &full);
+    if (!status.ok()) return ReportError(status);
+    // The fork answered the steps from the fork point on.
+    std::vector<float> want_fork = TensorValues(full.output());
+    want_fork.erase(want_fork.begin(), want_fork.begin() + o.fork_at * o.step_tokens * e);
+    const float fork_diff = MaxDiff(want_fork, fork_outputs);
+    const bool fork_ok = fork_diff <= kSessionCheckTolerance;
+    std::printf("fork's continuation against one Attend over its whole sequence: max |diff| "
+                "%.3g %s\n", fork_diff, fork_ok ? "OK" : "MISMATCH");
+    ok = ok && fork_ok;
+    v1::CloseSessionRequest close;
+    close.set_session_id(fork.session_id());
+    v1::CloseSessionResponse closed;
+    status = stub.CloseSession(session_context().get(), close, &closed);
+    if (!status.ok()) return ReportError(status);
+  }
   v1::CloseSessionRequest close;
   close.set_session_id(session.session_id());
   v1::CloseSessionResponse closed;

@@ -1,6 +1,8 @@
 // mha_client session: opens a session, appends a random sequence step by
 // step (printing each step's time), checks the outputs against one Attend
-// over the whole sequence, and closes it.
+// over the whole sequence, and closes it. With --fork_at K, the session is
+// forked after K steps and the fork appends another random continuation,
+// checked against one Attend over its own whole sequence.
 #ifndef MHA_CLIENT_SESSION_COMMAND_H_
 #define MHA_CLIENT_SESSION_COMMAND_H_
 
@@ -19,6 +21,7 @@ struct SessionCommandOptions {
   int64_t steps = 32;
   int64_t step_tokens = 1;
   int64_t memory_len = 0;  // > 0: a cross session over a random memory
+  int64_t fork_at = 0;     // > 0: fork after this many steps
   uint32_t seed = 1;
   bool quiet = false;  // no line per step
   // A new context per call (deadline, token).

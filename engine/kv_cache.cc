@@ -1,6 +1,8 @@
 #include "engine/kv_cache.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -51,35 +53,91 @@ int64_t KvBlockPool::bytes_held() const {
   return held_;
 }
 
-KvCache::~KvCache() {
-  for (uint8_t* block : blocks_) pool_.Release(block, layout_.block_bytes());
+KvCache::~KvCache() = default;  // each block goes back with its last owner
+
+KvCache::BlockPtr KvCache::NewBlock() {
+  uint8_t* block = pool_.Acquire(layout_.block_bytes());
+  if (block == nullptr) return nullptr;
+  KvBlockPool* pool = &pool_;
+  const int64_t bytes = layout_.block_bytes();
+  try {
+    return BlockPtr(block, [pool, bytes](uint8_t* b) { pool->Release(b, bytes); });
+  } catch (const std::bad_alloc&) {  // the deleter ran
+    return nullptr;
+  }
+}
+
+absl::Status KvCache::UnshareLastBlock() {
+  const int64_t used = length_ % KvLayout::kBlockTokens;
+  const size_t last = static_cast<size_t>(length_ / KvLayout::kBlockTokens);
+  if (used == 0 || last >= blocks_.size() || blocks_[last].use_count() == 1) {
+    return absl::OkStatus();
+  }
+  BlockPtr copy = NewBlock();
+  if (copy == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session cache full: ", layout_.block_bytes(), " more bytes needed to copy a shared "
+        "block, ", pool_.bytes_in_use(), " of ", pool_.budget(), " in use"));
+  }
+  // Only the valid tokens: another cache may be appending past them.
+  const BlockPtr& from = blocks_[last];
+  const int64_t key_row = layout_.qk_head_dim * layout_.elem_bytes;
+  const int64_t value_row = layout_.v_head_dim * layout_.elem_bytes;
+  for (int64_t h = 0; h < layout_.heads; ++h) {
+    const int64_t k = h * KvLayout::kBlockTokens * key_row;
+    const int64_t v = layout_.key_bytes() + h * KvLayout::kBlockTokens * value_row;
+    std::memcpy(copy.get() + k, from.get() + k, static_cast<size_t>(used * key_row));
+    std::memcpy(copy.get() + v, from.get() + v, static_cast<size_t>(used * value_row));
+  }
+  blocks_[last] = std::move(copy);
+  return absl::OkStatus();
+}
+
+std::unique_ptr<KvCache> KvCache::Fork(int64_t length) const {
+  auto fork = std::make_unique<KvCache>(layout_, pool_);
+  const size_t shared = static_cast<size_t>(layout_.BlocksFor(length));
+  fork->blocks_.assign(blocks_.begin(), blocks_.begin() + static_cast<ptrdiff_t>(shared));
+  fork->length_ = length;
+  fork->key_padding_ = key_padding_;
+  return fork;
+}
+
+int64_t KvCache::BlocksToReserve(int64_t tokens) const {
+  const int64_t fresh = std::max<int64_t>(0, layout_.BlocksFor(tokens) - num_blocks());
+  const size_t last = static_cast<size_t>(length_ / KvLayout::kBlockTokens);
+  const bool copy = tokens > length_ && length_ % KvLayout::kBlockTokens != 0 &&
+                    last < blocks_.size() && blocks_[last].use_count() > 1;
+  return fresh + (copy ? 1 : 0);
+}
+
+int64_t KvCache::exclusive_bytes() const {
+  int64_t blocks = 0;
+  for (const BlockPtr& b : blocks_) blocks += b.use_count() == 1 ? 1 : 0;
+  return blocks * layout_.block_bytes();
 }
 
 absl::Status KvCache::Reserve(int64_t tokens) {
+  if (tokens > length_) {
+    if (absl::Status s = UnshareLastBlock(); !s.ok()) return s;
+  }
   const int64_t had = num_blocks();
   const int64_t needed = layout_.BlocksFor(tokens);
   while (num_blocks() < needed) {
-    uint8_t* block = pool_.Acquire(layout_.block_bytes());
+    BlockPtr block = NewBlock();
     if (block == nullptr) {
-      while (num_blocks() > had) {
-        pool_.Release(blocks_.back(), layout_.block_bytes());
-        blocks_.pop_back();
-      }
+      blocks_.resize(static_cast<size_t>(had));
       return absl::ResourceExhaustedError(absl::StrCat(
           "session cache full: ", (needed - had) * layout_.block_bytes(), " more bytes needed, ",
           pool_.bytes_in_use(), " of ", pool_.budget(), " in use"));
     }
-    blocks_.push_back(block);
+    blocks_.push_back(std::move(block));
   }
   return absl::OkStatus();
 }
 
 void KvCache::ReleaseUnused() {
   const int64_t keep = layout_.BlocksFor(length_);
-  while (num_blocks() > keep) {
-    pool_.Release(blocks_.back(), layout_.block_bytes());
-    blocks_.pop_back();
-  }
+  while (num_blocks() > keep) blocks_.pop_back();
 }
 
 }  // namespace mha

@@ -1,6 +1,7 @@
 // Server-side key/value caches of attention sessions: projected keys and
 // values per head, in fixed-size blocks from one byte-budgeted pool, so a
-// session grows without copying what it holds.
+// session grows without copying what it holds, and a fork shares its
+// parent's blocks copy-on-write.
 #ifndef MHA_ENGINE_KV_CACHE_H_
 #define MHA_ENGINE_KV_CACHE_H_
 
@@ -68,8 +69,14 @@ class KvBlockPool {
 
 // One session's projected keys and values: `length()` tokens in blocks from
 // a pool (borrowed; must outlive the cache), plus, for a cross-attention
-// memory, its key padding as an additive f32 mask. Not thread-safe: one
-// caller at a time (the session's owner serialises its steps).
+// memory, its key padding as an additive f32 mask. Blocks are shared with
+// forks: a block goes back to the pool when its last cache lets go. Tokens
+// are only ever appended, so full blocks are never written again; the one
+// partly filled last block is copied (its valid part) before a cache
+// appends into it while another cache shares it. Not thread-safe: one
+// caller at a time (the session's owner serialises its steps); Fork may
+// run while the parent's step writes, since it reads nothing past
+// `length`.
 class KvCache {
  public:
   KvCache(const KvLayout& layout, KvBlockPool& pool) : layout_(layout), pool_(pool) {}
@@ -87,19 +94,29 @@ class KvCache {
   // Makes room for `tokens` tokens in all. RESOURCE_EXHAUSTED when the pool
   // cannot give the blocks; the cache then keeps only what it had.
   absl::Status Reserve(int64_t tokens);
+  // Blocks Reserve(tokens) would take from the pool: new ones, plus a copy
+  // of a shared, partly filled last block.
+  int64_t BlocksToReserve(int64_t tokens) const;
   // Gives back the blocks beyond length().
   void ReleaseUnused();
+  // A new cache of `length` tokens (at most length(), e.g. the length of
+  // the last finished step) sharing this cache's blocks up to there, and
+  // its key padding. Takes no block from the pool.
+  std::unique_ptr<KvCache> Fork(int64_t length) const;
+  // Bytes of the blocks no other cache shares: what dropping this cache
+  // gives back to the pool.
+  int64_t exclusive_bytes() const;
   // Set by the engine once it has written the keys and values up to `n`.
   void set_length(int64_t n) { length_ = n; }
 
   // Keys [tokens in block, qk_head_dim] and values [tokens in block,
   // v_head_dim] of `head` in block `block`.
   uint8_t* keys(int64_t block, int64_t head) const {
-    return blocks_[static_cast<size_t>(block)] +
+    return blocks_[static_cast<size_t>(block)].get() +
            head * KvLayout::kBlockTokens * layout_.qk_head_dim * layout_.elem_bytes;
   }
   uint8_t* values(int64_t block, int64_t head) const {
-    return blocks_[static_cast<size_t>(block)] + layout_.key_bytes() +
+    return blocks_[static_cast<size_t>(block)].get() + layout_.key_bytes() +
            head * KvLayout::kBlockTokens * layout_.v_head_dim * layout_.elem_bytes;
   }
 
@@ -109,9 +126,16 @@ class KvCache {
   void set_key_padding(std::vector<float> mask) { key_padding_ = std::move(mask); }
 
  private:
+  using BlockPtr = std::shared_ptr<uint8_t>;  // released to the pool by the last owner
+  // A block from the pool, or null when it has no room.
+  BlockPtr NewBlock();
+  // Copies the partly filled last block before appending into it when
+  // another cache shares it. RESOURCE_EXHAUSTED when the pool has no room.
+  absl::Status UnshareLastBlock();
+
   const KvLayout layout_;
   KvBlockPool& pool_;
-  std::vector<uint8_t*> blocks_;
+  std::vector<BlockPtr> blocks_;
   int64_t length_ = 0;
   std::vector<float> key_padding_;
 };

@@ -415,3 +415,89 @@ TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
 
 }  // namespace
 }  // namespace mha::server
+
+namespace mha::server {
+namespace {
+
+// The outputs of `steps` (tokens, seed) appended one engine call each to a
+// private cache: what a session fed the same steps must answer.
+std::vector<std::vector<float>> PrivateSteps(
+    const ModelVersion& version, const std::vector<std::pair<int64_t, uint32_t>>& steps) {
+  KvBlockPool pool(int64_t{16} << 20);
+  KvCache cache(version.model.engine->kv_layout(), pool);
+  auto ws = version.model.engine->NewWorkspace();
+  std::vector<std::vector<float>> outputs;
+  for (const auto& [tokens, seed] : steps) {
+    std::vector<float> query = RandomVector(tokens * kE, seed), out(tokens * kE);
+    EXPECT_TRUE(cache.Reserve(cache.length() + tokens).ok());
+    EXPECT_TRUE(version.model.engine
+                    ->Append({query, {{&cache, tokens}}}, {absl::MakeSpan(out), {}}, *ws)
+                    .ok());
+    outputs.push_back(std::move(out));
+  }
+  return outputs;
+}
+
+void ExpectPoolBlocks(const SessionManager& sessions, int64_t blocks, int64_t block_bytes,
+                      const char* when) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);  // step groups let go just after
+  while (sessions.pool_bytes_in_use() != blocks * block_bytes && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(sessions.pool_bytes_in_use(), blocks * block_bytes) << when;
+}
+
+// A fork shares its parent's blocks: no cache bytes until one of them
+// appends into the shared, partly filled block (copied, valid tokens only)
+// or beyond; each branch then equals its own sequence computed alone; a
+// shared block goes back only with its last session.
+TEST(SessionManagerTest, ForksShareBlocksCopyOnWriteAndBranchCorrectly) {
+  const VersionPtr version = MakeVersion();
+  const int64_t block = version->model.engine->kv_layout().block_bytes();
+  SessionManager sessions({}, {});
+  for (const int64_t prefix : {40, 64}) {  // a partly filled last block, then a full one
+    SCOPED_TRACE(prefix);
+    const std::string parent = OpenSync(sessions, version);
+    const std::vector<float> first = AppendSync(sessions, parent, prefix, 7);
+    const int64_t prefix_blocks = (prefix + 31) / 32;
+    ExpectPoolBlocks(sessions, prefix_blocks, block, "the prefix");
+    absl::StatusOr<SessionInfo> child = sessions.Fork(parent, "child");
+    ASSERT_TRUE(child.ok()) << child.status();
+    EXPECT_EQ(child->position, prefix);
+    EXPECT_EQ(child->version, 1);
+    ExpectPoolBlocks(sessions, prefix_blocks, block, "a fork takes no block");
+    EXPECT_EQ(sessions.Fork(parent, "child").status().code(), absl::StatusCode::kAlreadyExists);
+
+    const std::vector<float> parent_next = AppendSync(sessions, parent, 5, 11);
+    const std::vector<float> child_next = AppendSync(sessions, "child", 5, 12);
+    const std::vector<float> child_more = AppendSync(sessions, "child", 30, 13);
+    // The parent reads its own tail again: the child's steps left it alone.
+    const std::vector<float> parent_last = AppendSync(sessions, parent, 1, 14);
+    const auto want_parent = PrivateSteps(*version, {{prefix, 7}, {5, 11}, {1, 14}});
+    const auto want_child = PrivateSteps(*version, {{prefix, 7}, {5, 12}, {30, 13}});
+    EXPECT_LE(MaxAbsDiff(first.data(), want_parent[0].data(), first.size()), 1e-5f);
+    ASSERT_EQ(parent_next.size(), want_parent[1].size());
+    EXPECT_LE(MaxAbsDiff(parent_next.data(), want_parent[1].data(), parent_next.size()), 1e-5f);
+    ASSERT_EQ(parent_last.size(), want_parent[2].size());
+    EXPECT_LE(MaxAbsDiff(parent_last.data(), want_parent[2].data(), parent_last.size()), 1e-5f);
+    ASSERT_EQ(child_next.size(), want_child[1].size());
+    EXPECT_LE(MaxAbsDiff(child_next.data(), want_child[1].data(), child_next.size()), 1e-5f);
+    ASSERT_EQ(child_more.size(), want_child[2].size());
+    EXPECT_LE(MaxAbsDiff(child_more.data(), want_child[2].data(), child_more.size()), 1e-5f);
+
+    // Full blocks stay shared; each branch holds its own tail.
+    const int64_t full = prefix / 32;
+    const int64_t parent_own = (prefix + 6 + 31) / 32 - full;
+    const int64_t child_own = (prefix + 35 + 31) / 32 - full;
+    ExpectPoolBlocks(sessions, full + parent_own + child_own, block, "after both appended");
+    absl::StatusOr<SessionInfo> closed = sessions.Close(parent);
+    ASSERT_TRUE(closed.ok());
+    ExpectPoolBlocks(sessions, full + child_own, block, "the shared blocks stay with the child");
+    ASSERT_TRUE(sessions.Close("child").ok());
+    ExpectPoolBlocks(sessions, 0, block, "the last session lets go");
+  }
+  EXPECT_EQ(sessions.Fork("nosuch", "x").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace mha::server

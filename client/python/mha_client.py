@@ -427,9 +427,21 @@ class Session:
             return output, from_tensor(response.attn_weights)
         return output
 
+    def fork(self, session_id=""):
+        """A new Session at this one's position sharing its cache on the
+        server copy-on-write (beam search, sampling several continuations):
+        no cache bytes until one of them appends past the shared blocks.
+        `session_id` "" lets the server choose. Close each branch."""
+        pb = self._client._pb
+        info = self._client._session_call(
+            self._client._stub.ForkSession,
+            pb.ForkSessionRequest(session_id=self.id, new_session_id=session_id), self.id)
+        return Session(self._client, info)
+
     def close(self):
-        """Frees the session on the server; returns the bytes it held (0
-        when it was already gone)."""
+        """Frees the session on the server; returns the bytes that freed (0
+        when it was already gone; blocks shared with a fork stay until
+        their last session closes)."""
         if self.id is None:
             return 0
         pb = self._client._pb

@@ -50,6 +50,9 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
                                    const v1::AppendRequest* request,
                                    v1::AppendResponse* response) override;
+  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
+                                        const v1::ForkSessionRequest* request,
+                                        v1::Session* response) override;
   grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
                                          const v1::CloseSessionRequest* request,
                                          v1::CloseSessionResponse* response) override;

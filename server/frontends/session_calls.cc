@@ -55,12 +55,25 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
   });
 }
 
+absl::Status SessionCalls::Fork(const grpc::CallbackServerContext& context,
+                                const v1::ForkSessionRequest& request, v1::Session* response) {
+  if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  if (!request.new_session_id().empty()) {
+    RETURN_IF_ERROR(CheckSessionId(request.new_session_id(), "new_session_id"));
+  }
+  ASSIGN_OR_RETURN(SessionInfo fork,
+                   sessions_.Fork(request.session_id(), request.new_session_id()));
+  EncodeSession(fork, response);
+  return absl::OkStatus();
+}
+
 absl::Status SessionCalls::Close(const grpc::CallbackServerContext& context,
                                  const v1::CloseSessionRequest& request,
                                  v1::CloseSessionResponse* response) {
   RETURN_IF_ERROR(dispatcher_.Authorize(context));
   ASSIGN_OR_RETURN(SessionInfo closed, sessions_.Close(request.session_id()));
-  response->set_freed_bytes(closed.bytes);
+  response->set_freed_bytes(closed.own_bytes);
   response->set_position(closed.position);
   return absl::OkStatus();
 }
@@ -78,6 +91,7 @@ absl::Status SessionCalls::List(const grpc::CallbackServerContext& context,
     out->set_bytes(info.bytes);
     out->set_idle_ms(absl::ToInt64Milliseconds(info.idle));
     out->set_cross(info.cross);
+    out->set_own_bytes(info.own_bytes);
   }
   return absl::OkStatus();
 }

@@ -29,6 +29,8 @@ class SessionCalls {
             std::shared_ptr<const void> keep_alive, v1::Session* response, Done done);
   void Append(const grpc::CallbackServerContext& context, const v1::AppendRequest& request,
               std::shared_ptr<const void> keep_alive, v1::AppendResponse* response, Done done);
+  absl::Status Fork(const grpc::CallbackServerContext& context,
+                    const v1::ForkSessionRequest& request, v1::Session* response);
   absl::Status Close(const grpc::CallbackServerContext& context,
                      const v1::CloseSessionRequest& request, v1::CloseSessionResponse* response);
   absl::Status List(const grpc::CallbackServerContext& context,

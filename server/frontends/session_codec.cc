@@ -39,6 +39,12 @@ absl::Status RenameMemoryFields(const absl::Status& status) {
 
 }  // namespace
 
+absl::Status CheckSessionId(const std::string& id, const char* field) {
+  if (!id.empty() && ValidSessionId(id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": 1 to ", kMaxSessionIdLength, " characters of [A-Za-z0-9._:-]"));
+}
+
 absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& request,
                                              VersionPtr version, const RequestLimits& limits) {
   if (!ValidSessionId(request.session_id())) {

@@ -13,6 +13,10 @@ namespace mha::server {
 // The longest client-chosen session id; ids are [A-Za-z0-9._:-].
 inline constexpr size_t kMaxSessionIdLength = 128;
 
+// INVALID_ARGUMENT naming `field` unless `id` is 1-128 characters of
+// [A-Za-z0-9._:-].
+absl::Status CheckSessionId(const std::string& id, const char* field);
+
 // An OpenSession for `version`. Tensors are views of `request`'s bytes: it
 // must outlive the result. Errors name the field ("memory: ...").
 absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& request,

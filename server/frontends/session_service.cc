@@ -21,6 +21,14 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerConte
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AttentionServiceImpl::ForkSession(
+    grpc::CallbackServerContext* context, const v1::ForkSessionRequest* request,
+    v1::Session* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(session_calls_.Fork(*context, *request, response)));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AttentionServiceImpl::CloseSession(
     grpc::CallbackServerContext* context, const v1::CloseSessionRequest* request,
     v1::CloseSessionResponse* response) {

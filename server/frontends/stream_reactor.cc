@@ -54,12 +54,16 @@ void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
     case v1::StreamRequest::kAppend:
       return sessions_.Append(*context_, request->append(), request,
                               out->response.mutable_append(), done);
+    case v1::StreamRequest::kForkSession:
+      return done(sessions_.Fork(*context_, request->fork_session(),
+                                 out->response.mutable_session()));
     case v1::StreamRequest::kCloseSession:
       return done(sessions_.Close(*context_, request->close_session(),
                                   out->response.mutable_close_session()));
     default:
       return done(absl::InvalidArgumentError(
-          "stream message: set one of attend, open_session, append, close_session"));
+          "stream message: set one of attend, open_session, append, close_session, "
+          "fork_session"));
   }
 }
 

@@ -199,6 +199,7 @@ SessionInfo SessionManager::InfoLocked(const Session& s) const {
   info.version = s.version->version;
   info.position = s.position;
   info.bytes = s.cache->bytes();
+  info.own_bytes = s.cache->exclusive_bytes();
   info.max_tokens = s.max_tokens;
   info.cross = s.cross;
   info.expires_at = s.last_used + s.idle_timeout;
@@ -402,6 +403,45 @@ absl::Status SessionManager::ReopenedLocked(const Session& session) const {
       "' version ", session.version->version, ") while this step was read; send it again"));
 }
 
+absl::StatusOr<SessionInfo> SessionManager::Fork(const std::string& id,
+                                                 const std::string& new_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (draining_ || stopping_) {
+    return absl::UnavailableError("the server is shutting down: no new sessions");
+  }
+  ExpireIdleLocked();
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFoundLocked(id);
+  const Session& parent = *it->second;
+  if (parent.cross && parent.position == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id, " is still projecting its memory: fork it once open"));
+  }
+  if (!new_id.empty() && sessions_.count(new_id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("session ", new_id, " is open"));
+  }
+  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_sessions, " sessions are open (--max_sessions): close one first"));
+  }
+  auto fork = std::make_shared<Session>();
+  fork->id = new_id.empty() ? NewIdLocked() : new_id;
+  fork->version = parent.version;
+  // The parent's position, not its cache's length: a step of the parent
+  // may be writing past it right now.
+  fork->cache = parent.cache->Fork(parent.position);
+  fork->cross = parent.cross;
+  fork->max_tokens = parent.max_tokens;
+  fork->idle_timeout = parent.idle_timeout;
+  fork->last_used = clock_.Now();
+  fork->position = parent.position;
+  gone_.erase(fork->id);
+  sessions_[fork->id] = fork;
+  ++active_per_model_[fork->version->name];
+  PublishLocked();
+  return InfoLocked(*fork);
+}
+
 absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   ExpireIdleLocked();
@@ -481,11 +521,16 @@ absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {
   for (const auto& [id, s] : sessions_) {
     if (s.get() != &session && !s->busy && s->queued == 0) idle.push_back(s.get());
   }
-  // Evict nobody when even all of them would not make room.
+  // Evict nobody when even all of them would not make room. Blocks shared
+  // with a fork come back only with their last session: an idle session
+  // frees its own blocks alone, and one that frees nothing is not evicted.
+  idle.erase(std::remove_if(idle.begin(), idle.end(),
+                            [](const Session* s) { return s->cache->exclusive_bytes() == 0; }),
+             idle.end());
   const KvLayout& layout = session.cache->layout();
   int64_t room = pool_.budget() - pool_.bytes_in_use();
-  for (const Session* s : idle) room += s->cache->bytes();
-  if (room < (layout.BlocksFor(tokens) - session.cache->num_blocks()) * layout.block_bytes()) {
+  for (const Session* s : idle) room += s->cache->exclusive_bytes();
+  if (room < session.cache->BlocksToReserve(tokens) * layout.block_bytes()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         status.message(), "; evicting every idle session would not make room "
         "(--session_cache_bytes)"));

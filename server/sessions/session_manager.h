@@ -50,7 +50,8 @@ struct SessionInfo {
   std::string id, model;
   int64_t version = 0;
   int64_t position = 0;
-  int64_t bytes = 0;
+  int64_t bytes = 0;      // of the blocks it holds
+  int64_t own_bytes = 0;  // of those, the ones no fork shares
   int64_t max_tokens = 0;
   bool cross = false;
   absl::Time expires_at;
@@ -123,7 +124,16 @@ class SessionManager : public StepSource {
   // and CANCELLED, never computed, when its deadline passed or its caller
   // cancelled while it was queued.
   void Append(AppendParams params, AppendDone done);
-  // Frees a session; returns it as it was.
+  // A new session `new_id` ("": assigned) at `id`'s position (as of its
+  // last finished step), on the same version, sharing its cache blocks
+  // copy-on-write: it takes no cache bytes until one of them appends into
+  // a shared, partly filled block (that one is copied) or beyond. Each then
+  // goes its own way. NOT_FOUND as Append says; FAILED_PRECONDITION while a
+  // cross session's memory is being projected; ALREADY_EXISTS,
+  // RESOURCE_EXHAUSTED (--max_sessions) and UNAVAILABLE as Open.
+  absl::StatusOr<SessionInfo> Fork(const std::string& id, const std::string& new_id);
+  // Frees a session; returns it as it was. Blocks it shares with a fork
+  // stay until their last session lets go.
   absl::StatusOr<SessionInfo> Close(const std::string& id);
   // The model version `id` is open on (to decode its steps), or NOT_FOUND
   // as Append says it.

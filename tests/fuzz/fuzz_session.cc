@@ -1,9 +1,9 @@
 // libFuzzer target: a mha.v1 StreamRequest decoded from fuzz bytes. Its
 // OpenSession and Append messages go through the session codec's checks
 // and, when valid, through the engine's session paths (memory projection,
-// self and cross steps) of a small self-attention model and a small
-// cross-attention model with bias_kv and zero_attn; CloseSession ids through
-// the manager. What the codec accepts must compute.
+// self and cross steps, a fork's copy-on-write) of a small self-attention
+// model and a small cross-attention model with bias_kv and zero_attn;
+// ForkSession and CloseSession ids through the manager. What the codec accepts must compute.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -85,6 +85,10 @@ void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
   if (engine.CanAppendSelf()) {
     Step(engine, cache, /*cross=*/false, params->query, ws);  // empty cache
     Step(engine, cache, /*cross=*/false, params->query, ws);  // then with a prefix
+    // A fork, then both branches appending: the shared last block is copied.
+    std::unique_ptr<mha::KvCache> fork = cache.Fork(cache.length());
+    Step(engine, *fork, /*cross=*/false, params->query, ws);
+    Step(engine, cache, /*cross=*/false, params->query, ws);
   }
   mha::KvCache memory(engine.kv_layout(), pool);  // a 3-token memory of zeros
   const std::vector<float> zeros(3 * engine.dims().kdim, 0.0f);
@@ -116,6 +120,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (request.has_append()) {
     OnAppend(request.append(), self, *ws);
     OnAppend(request.append(), cross, *cross_ws);
+  } else if (request.has_fork_session()) {
+    // No session is open here: NOT_FOUND with a message, never a crash.
+    const auto& fork = request.fork_session();
+    if (sessions.Fork(fork.session_id(), fork.new_session_id()).ok()) __builtin_trap();
   } else if (request.has_close_session()) {
     // Any id: NOT_FOUND with a message, never a crash.
     if (sessions.Close(request.close_session().session_id()).ok()) __builtin_trap();

@@ -147,6 +147,82 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         self.assert_close(out, np.broadcast_to(bias, out.shape), "output bias")
         self.assertTrue(np.isfinite(out).all())
 
+    def check_forks(self, model, width, prefix, tails):
+        """A session of `prefix` tokens forked once per tail after the first;
+        each branch appends its tail in two steps and must equal one causal
+        pass over its own whole sequence (outputs and weights)."""
+        rng = np.random.default_rng(prefix + len(tails))
+        head = randn(rng, 1, prefix, width)
+        extra = 2 if model == "extras" else 0
+        parent = self.client.open_session(model)
+        parent.append(head)
+        branches = [parent] + [parent.fork() for _ in tails[1:]]
+        self.assertEqual([b.position for b in branches], [prefix] * len(tails))
+        for branch, tail in zip(branches, tails):
+            x = np.concatenate([head, randn(rng, 1, tail, width)], axis=1)
+            want, want_w = reference(self.models[model], x, is_causal=True)
+            pos, outs = prefix, []
+            for t in (1, tail - 1):
+                out, w = branch.append(x[:, pos:pos + t], need_weights=True)
+                what = f"{model} fork {branch.id}: tokens {pos}..{pos + t}"
+                self.assertEqual(w.shape, (1, t, pos + t + extra), what)
+                self.assert_close(w[..., :pos + t], want_w[:, pos:pos + t, :pos + t], what)
+                outs.append(out)
+                pos += t
+            self.assert_close(np.concatenate(outs, axis=1), want[:, prefix:], model)
+        for branch in branches:
+            branch.close()
+
+    def test_forks_branch_like_their_own_causal_pass(self):
+        self.check_forks("demo", DEMO_E, 40, [5, 9, 3])   # a shared, partly filled block
+        self.check_forks("demo", DEMO_E, 64, [2, 33])     # whole blocks only
+        self.check_forks("extras", EXTRAS_E, 13, [4, 4])
+        self.check_forks("post", 32, 20, [3, 6])
+
+    def test_a_cross_fork_attends_to_the_same_memory(self):
+        rng = np.random.default_rng(12)
+        memory, value = randn(rng, 1, 11, CROSS_KDIM), randn(rng, 1, 11, CROSS_VDIM)
+        q = randn(rng, 1, 4, CROSS_E)
+        want, _ = reference(self.models["cross"], q, memory, value)
+        with self.client.open_session("cross", memory=memory, memory_value=value) as session:
+            session.append(q[:, :1])
+            with session.fork("cross-branch") as branch:
+                self.assertEqual((branch.id, branch.position, branch.cross),
+                                 ("cross-branch", 11, True))
+                self.assert_close(branch.append(q[:, 1:]), want[:, 1:], "the fork")
+            self.assert_close(session.append(q[:, 2:]), want[:, 2:], "the parent")
+
+    def test_forks_share_blocks_until_they_diverge(self):
+        def cache_bytes():
+            return metric_value(self.server.metrics(), "mha_session_cache_bytes")
+
+        rng = np.random.default_rng(13)
+        base = cache_bytes()
+        parent = self.client.open_session("demo")
+        parent.append(randn(rng, 1, 64, DEMO_E))     # two whole blocks
+        self.assertEqual(cache_bytes() - base, 2 * DEMO_BLOCK_BYTES)
+        forks = [parent.fork(f"beam-{i}") for i in range(8)]
+        self.assertEqual(cache_bytes() - base, 2 * DEMO_BLOCK_BYTES, "forks take no block")
+        listed = {s.session_id: s for s in self.client.list_sessions("demo")}
+        self.assertEqual((listed["beam-3"].bytes, listed["beam-3"].own_bytes),
+                         (2 * DEMO_BLOCK_BYTES, 0))
+        for f in forks:
+            f.append(randn(rng, 1, 3, DEMO_E))       # one block of its own each
+        self.assertEqual(cache_bytes() - base, 10 * DEMO_BLOCK_BYTES)
+        self.assertEqual(parent.close(), 0, "its blocks are shared: closing frees nothing")
+        for f in forks[:-1]:
+            self.assertEqual(f.close(), DEMO_BLOCK_BYTES)
+        self.assertEqual(forks[-1].close(), 3 * DEMO_BLOCK_BYTES, "the last one lets go")
+        wait_for(lambda: cache_bytes() == base, what="the cache back to where it was")
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.client._stub.ForkSession(pb.ForkSessionRequest(
+                session_id="nobody", new_session_id="x"), timeout=30)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.client._stub.ForkSession(pb.ForkSessionRequest(
+                session_id="nobody", new_session_id="bad id"), timeout=30)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
     def test_many_clients_step_their_sessions_at_once(self):
         length, sessions = 24, 16
         rng = np.random.default_rng(9)
@@ -181,6 +257,14 @@ class SessionParityTest(unittest.TestCase, SessionServer):
                 self.assertRegex(run.stdout, r"max \|diff\| \S+ OK")
                 self.assertIn("bytes freed", run.stdout)
                 self.assertEqual(run.stdout.count("step "), int(args[1].split("=")[1]))
+        # A fork after 4 steps continues another way, checked against its own Attend.
+        run = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "session",
+                              "--model=demo", "--steps=7", "--step_tokens=5", "--fork_at=4",
+                              "--quiet"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertRegex(run.stdout, r"forked \S+-fork at position 20")
+        self.assertRegex(run.stdout, r"fork's continuation against one Attend over its whole "
+                                     r"sequence: max \|diff\| \S+ OK")
 
     def test_stream_carries_every_message_and_answers_errors_in_place(self):
         rng = np.random.default_rng(10)
@@ -193,6 +277,8 @@ class SessionParityTest(unittest.TestCase, SessionServer):
                 session_id="streamed", query=mha_client.to_tensor(x[:, a:b]),
                 expected_position=a)))
         messages += [
+            pb.StreamRequest(id="fork", fork_session=pb.ForkSessionRequest(
+                session_id="streamed", new_session_id="streamed-fork")),
             pb.StreamRequest(id="lost", append=pb.AppendRequest(
                 session_id="nobody", query=mha_client.to_tensor(x[:, :1]))),
             pb.StreamRequest(id="empty"),
@@ -221,6 +307,13 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         self.assert_close(np.concatenate(outs, axis=1), want, "streamed steps")
         self.assert_close(mha_client.from_tensor(answers["full"].attend.output), want,
                           "streamed attend")
+        # The fork is read after the steps were queued: it is at the position
+        # of the last answered step then, whichever that was.
+        self.assertEqual(answers["fork"].code, 0, answers["fork"].error_message)
+        self.assertEqual(answers["fork"].session.session_id, "streamed-fork")
+        self.assertIn(answers["fork"].session.position, (0, 1, 5, 9))
+        self.client._stub.CloseSession(pb.CloseSessionRequest(session_id="streamed-fork"),
+                                       timeout=30)
         self.assertEqual(answers["lost"].code, grpc.StatusCode.NOT_FOUND.value[0])
         self.assertIn("session nobody is not open", answers["lost"].error_message)
         self.assertEqual(answers["empty"].code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
