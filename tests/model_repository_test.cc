@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "server/models/content_hash.h"
 #include "server/models/model_upload.h"
 #include "server/models/repository_scan.h"
 #include "server/observability/metrics.h"
@@ -202,6 +203,37 @@ TEST(ModelUploadTest, WritesOnlyTheFilesOfAModelFolder) {
   RemoveUpload(*folder);
   EXPECT_TRUE(fs::is_empty(root));
   fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace mha::server
+
+namespace mha::server {
+namespace {
+
+// The hash that identifies a model version across servers: pieces do not
+// matter, every byte does, and its value is fixed (a change would make
+// servers of two builds disagree about the same files).
+TEST(ContentHashTest, StableAndSensitiveToEveryByte) {
+  std::string data(1000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + 3);
+  const uint64_t whole = HashBytes(data);
+  for (const size_t cut : {1, 31, 32, 33, 500, 999}) {
+    ContentHash pieces;
+    pieces.Update(absl::string_view(data).substr(0, cut));
+    pieces.Update(absl::string_view(data).substr(cut));
+    EXPECT_EQ(pieces.Finish(), whole) << cut;
+  }
+  for (const size_t at : {0, 17, 511, 992, 999}) {
+    std::string changed = data;
+    changed[at] ^= 1;
+    EXPECT_NE(HashBytes(changed), whole) << at;
+  }
+  EXPECT_NE(HashBytes(data.substr(0, 999)), whole);
+  EXPECT_NE(HashBytes(data, 1), whole);
+  EXPECT_NE(CombineHashes(1, 2), CombineHashes(2, 1));
+  EXPECT_EQ(HashBytes("mha-serve"), uint64_t{3006346188108175024u});
+  EXPECT_EQ(HashBytes(""), HashBytes("", 0));
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <system_error>
 
-#include "absl/hash/hash.h"
+#include "server/models/content_hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -136,15 +136,14 @@ absl::StatusOr<uint64_t> FingerprintCache::Of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   std::vector<char> chunk(size_t{1} << 20);
-  uint64_t hash = now.size;
+  ContentHash hash(now.size);  // the same on every server: versions are compared across them
   while (in) {
     in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    const absl::string_view bytes(chunk.data(), static_cast<size_t>(in.gcount()));
-    hash = absl::HashOf(hash, bytes);
+    hash.Update(absl::string_view(chunk.data(), static_cast<size_t>(in.gcount())));
   }
-  now.hash = hash;
+  now.hash = hash.Finish();
   entries_[path] = now;
-  return hash;
+  return now.hash;
 }
 
 absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintCache& cache,
@@ -173,7 +172,7 @@ absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintC
   }
   absl::StatusOr<uint64_t> config_hash =
       config_given != nullptr
-          ? absl::StatusOr<uint64_t>(absl::HashOf(config_given->SerializeAsString()))
+          ? absl::StatusOr<uint64_t>(HashBytes(config_given->SerializeAsString()))
           : cache.Of(config_path);
   if (!config_hash.ok()) return config_hash.status();
 
@@ -189,7 +188,7 @@ absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintC
   for (const int64_t v : *chosen) {
     absl::StatusOr<uint64_t> weights_hash = cache.Of(available[v]);
     if (!weights_hash.ok()) return weights_hash.status();
-    model.versions.push_back({v, available[v], absl::HashOf(*config_hash, *weights_hash)});
+    model.versions.push_back({v, available[v], CombineHashes(*config_hash, *weights_hash)});
   }
   if (model.versions.empty() && model.missing.empty()) {
     return absl::NotFoundError(absl::StrCat(dir, ": no ", kWeightsFileName,
