@@ -13,6 +13,8 @@
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX]
+//   mha_client export_session ID FILE | import_session FILE [NEW_ID]
+//                   (a session to and from a file, e.g. between two servers)
 //   mha_client load --sessions N [--steps K] [--step_tokens T] [--json]
 //                   (N sessions stepping at once: unary calls, then one Stream each)
 #include <unistd.h>
@@ -41,6 +43,7 @@
 #include "engine/status_macros.h"
 #include "client/load_generator.h"
 #include "client/session_command.h"
+#include "client/session_file.h"
 #include "client/session_load.h"
 #include "client/tensor_files.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -426,8 +429,8 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "mha_client {health [--model NAME] | models | info NAME | attend | session | load | "
-      "load_model NAME "
-      "| unload_model NAME} [--target "
+      "load_model NAME | unload_model NAME | export_session ID FILE | import_session FILE "
+      "[NEW_ID]} [--target "
       "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token_file FILE]");
   mha::client::RecordGivenFlags(argc, argv);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -459,6 +462,19 @@ int main(int argc, char** argv) {
   const std::shared_ptr<grpc::Channel> channel = *made;
   auto stub = mha::v1::AttentionService::NewStub(channel);
   const bool named = command == "info" || command == "load_model" || command == "unload_model";
+  if (command == "export_session" || command == "import_session") {
+    const bool out = command == "export_session";
+    if (args.size() < (out ? 4u : 3u) || args.size() > 4) {
+      std::fprintf(stderr, "usage: mha_client export_session ID FILE | import_session FILE "
+                           "[NEW_ID]\n");
+      return 2;
+    }
+    return out ? mha::client::ExportSessionToFile(*stub, args[2], args[3],
+                                                  mha::client::Context())
+               : mha::client::ImportSessionFromFile(*stub, args[2],
+                                                    args.size() > 3 ? args[3] : "",
+                                                    mha::client::Context());
+  }
   const size_t expected_args = named ? 3 : 2;
   if (named && args.size() < 3) {
     std::fprintf(stderr, "%s: expected a model name, e.g. mha_client %s demo\n",

@@ -102,6 +102,30 @@ std::unique_ptr<KvCache> KvCache::Fork(int64_t length) const {
   return fork;
 }
 
+void KvCache::ReadBlock(int64_t block, uint8_t* out) const {
+  const int64_t first = block * KvLayout::kBlockTokens;
+  const int64_t valid = std::clamp<int64_t>(length_ - first, 0, KvLayout::kBlockTokens);
+  const uint8_t* from = blocks_[static_cast<size_t>(block)].get();
+  if (valid == KvLayout::kBlockTokens) {
+    std::memcpy(out, from, static_cast<size_t>(layout_.block_bytes()));
+    return;
+  }
+  std::memset(out, 0, static_cast<size_t>(layout_.block_bytes()));
+  const int64_t key_row = layout_.qk_head_dim * layout_.elem_bytes;
+  const int64_t value_row = layout_.v_head_dim * layout_.elem_bytes;
+  for (int64_t h = 0; h < layout_.heads; ++h) {
+    const int64_t k = h * KvLayout::kBlockTokens * key_row;
+    const int64_t v = layout_.key_bytes() + h * KvLayout::kBlockTokens * value_row;
+    std::memcpy(out + k, from + k, static_cast<size_t>(valid * key_row));
+    std::memcpy(out + v, from + v, static_cast<size_t>(valid * value_row));
+  }
+}
+
+void KvCache::WriteBlock(int64_t block, const uint8_t* in) {
+  std::memcpy(blocks_[static_cast<size_t>(block)].get(), in,
+              static_cast<size_t>(layout_.block_bytes()));
+}
+
 int64_t KvCache::BlocksToReserve(int64_t tokens) const {
   const int64_t fresh = std::max<int64_t>(0, layout_.BlocksFor(tokens) - num_blocks());
   const size_t last = static_cast<size_t>(length_ / KvLayout::kBlockTokens);

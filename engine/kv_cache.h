@@ -106,6 +106,12 @@ class KvCache {
   // Bytes of the blocks no other cache shares: what dropping this cache
   // gives back to the pool.
   int64_t exclusive_bytes() const;
+  // Block `block` as it travels (export, spill): block_bytes() bytes into
+  // `out`, the valid tokens' keys and values, zeros past length().
+  void ReadBlock(int64_t block, uint8_t* out) const;
+  // Block `block`'s bytes from `in` (block_bytes() of them); the block must
+  // be reserved and not shared.
+  void WriteBlock(int64_t block, const uint8_t* in);
   // Set by the engine once it has written the keys and values up to `n`.
   void set_length(int64_t n) { length_ = n; }
 

@@ -378,6 +378,20 @@ class MhaClient:
                 _mask_tensor(memory_key_padding_mask, "memory_key_padding_mask"))
         return Session(self, self._session_call(self._stub.OpenSession, request, session_id))
 
+    def import_session(self, data, session_id=None):
+        """A Session made from `data`, the bytes Session.export() returned (or
+        a session file of --session_spill_dir), on this server, which must
+        serve the same model version (FAILED_PRECONDITION naming both
+        fingerprints otherwise). `session_id` replaces the exported id."""
+        chunks = list(_session_chunks(self._pb, data))
+        if session_id is not None and chunks and chunks[0].HasField("header"):
+            chunks[0].header.session_id = session_id
+        sid = chunks[0].header.session_id if chunks and chunks[0].HasField("header") else ""
+        metadata = list(self._metadata or []) + [("x-session-id", sid)]
+        info = self._stub.ImportSession(iter(chunks), timeout=self.timeout, metadata=metadata,
+                                        wait_for_ready=self.wait_for_ready)
+        return Session(self, info)
+
     def list_sessions(self, model=""):
         """[mha.v1.SessionStatus] of the sessions open on the server."""
         request = self._pb.ListSessionsRequest(model=model)
@@ -389,6 +403,27 @@ class MhaClient:
         metadata = list(self._metadata or []) + [("x-session-id", session_id)]
         return method(request, timeout=self.timeout, metadata=metadata,
                       wait_for_ready=self.wait_for_ready)
+
+
+SESSION_FILE_MAGIC = b"MHASESS1"
+
+
+def _session_chunks(pb, data):
+    """The SessionChunk messages of session bytes (Session.export, a spill
+    file); ValueError when they are not that format."""
+    if data[:8] != SESSION_FILE_MAGIC:
+        raise ValueError("not a session file (no MHASESS1 header)")
+    pos = 8
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError("truncated session data")
+        size = int.from_bytes(data[pos:pos + 4], "little")
+        if pos + 4 + size > len(data):
+            raise ValueError("truncated session data")
+        chunk = pb.SessionChunk()
+        chunk.ParseFromString(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+        yield chunk
 
 
 class Session:
@@ -426,6 +461,22 @@ class Session:
         if need_weights:
             return output, from_tensor(response.attn_weights)
         return output
+
+    def export(self):
+        """The session as bytes (the format of --session_spill_dir files: a
+        header naming the model version and its fingerprint, the cache
+        blocks, a checksum), for MhaClient.import_session on this server or
+        another serving the same version. The session stays open here."""
+        pb = self._client._pb
+        metadata = list(self._client._metadata or []) + [("x-session-id", self.id)]
+        chunks = self._client._stub.ExportSession(
+            pb.ExportSessionRequest(session_id=self.id), timeout=self._client.timeout,
+            metadata=metadata, wait_for_ready=self._client.wait_for_ready)
+        out = [SESSION_FILE_MAGIC]
+        for chunk in chunks:
+            data = chunk.SerializeToString()
+            out += [len(data).to_bytes(4, "little"), data]
+        return b"".join(out)
 
     def fork(self, session_id=""):
         """A new Session at this one's position sharing its cache on the

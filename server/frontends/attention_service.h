@@ -23,7 +23,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
  public:
   AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
                        SessionManager& sessions)
-      : dispatcher_(dispatcher), control_(control), session_calls_(dispatcher, sessions) {}
+      : dispatcher_(dispatcher),
+        control_(control),
+        sessions_(sessions),
+        session_calls_(dispatcher, sessions) {}
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -53,6 +56,10 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
                                         const v1::ForkSessionRequest* request,
                                         v1::Session* response) override;
+  grpc::ServerWriteReactor<v1::SessionChunk>* ExportSession(
+      grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) override;
+  grpc::ServerReadReactor<v1::SessionChunk>* ImportSession(grpc::CallbackServerContext* context,
+                                                           v1::Session* response) override;
   grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
                                          const v1::CloseSessionRequest* request,
                                          v1::CloseSessionResponse* response) override;
@@ -68,6 +75,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
 
   AttendDispatcher& dispatcher_;
   ModelControl& control_;
+  SessionManager& sessions_;
   SessionCalls session_calls_;
 };
 

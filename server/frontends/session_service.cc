@@ -1,5 +1,6 @@
 // AttentionServiceImpl's session RPCs: each a thin wrapper of SessionCalls.
 #include "server/frontends/attention_service.h"
+#include "server/frontends/session_transfer.h"
 
 namespace mha::server {
 
@@ -27,6 +28,16 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ForkSession(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(session_calls_.Fork(*context, *request, response)));
   return reactor;
+}
+
+grpc::ServerWriteReactor<v1::SessionChunk>* AttentionServiceImpl::ExportSession(
+    grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) {
+  return StartExportSession(context, *request, dispatcher_, sessions_);
+}
+
+grpc::ServerReadReactor<v1::SessionChunk>* AttentionServiceImpl::ImportSession(
+    grpc::CallbackServerContext* context, v1::Session* response) {
+  return StartImportSession(context, response, dispatcher_, sessions_);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::CloseSession(

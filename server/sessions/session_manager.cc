@@ -1,4 +1,5 @@
 #include "server/sessions/session_manager.h"
+#include "server/sessions/session_internal.h"
 
 #include <algorithm>
 #include <random>
@@ -30,21 +31,6 @@ int64_t StepKeys(const MhaEngine& engine, int64_t position, int64_t tokens, bool
 
 }  // namespace
 
-struct SessionManager::Session {
-  std::string id;
-  VersionPtr version;
-  std::unique_ptr<KvCache> cache;
-  bool cross = false;
-  int64_t max_tokens = 0;
-  absl::Duration idle_timeout;
-  absl::Time last_used;
-  bool busy = false;   // a step (or its memory's projection) is computing
-  int64_t queued = 0;  // steps waiting
-  // The cache's length as of the last finished step: what other threads
-  // read (the batcher worker computing its step writes the cache's own
-  // length outside mu_).
-  int64_t position = 0;
-};
 
 struct SessionManager::PendingOpen {
   OpenParams params;
@@ -493,12 +479,16 @@ void SessionManager::RemoveLocked(std::string id, const std::string& reason,
     metrics_.evictions->Add({{"model", model}, {"reason", metric_reason}}).Increment();
   }
   sessions_.erase(it);  // the cache's blocks go back unless a step still runs
-  if (gone_.emplace(id, reason).second) gone_order_.push_back(id);
+  RememberGoneLocked(id, reason);
+  PublishLocked();
+}
+
+void SessionManager::RememberGoneLocked(const std::string& id, const std::string& why) {
+  if (gone_.emplace(id, why).second) gone_order_.push_back(id);
   while (gone_order_.size() > kRememberedGone) {
     gone_.erase(gone_order_.front());
     gone_order_.pop_front();
   }
-  PublishLocked();
 }
 
 void SessionManager::ExpireIdleLocked() {

@@ -84,6 +84,30 @@ struct AppendParams {
   std::function<bool()> cancelled = nullptr;  // may be empty
 };
 
+// A session as it leaves (ExportSession, a spill at shutdown): what it is,
+// and a fork of its cache at its position, which keeps the blocks alive
+// whatever the session does next.
+struct SessionSnapshot {
+  SessionInfo info;
+  VersionPtr version;
+  absl::Duration idle_timeout, idle_left;
+  std::unique_ptr<KvCache> cache;
+};
+
+// A session arriving (ImportSession, a restart): checked against `version`
+// by whoever decoded it; `blocks` are `BlocksFor(position)` blocks of the
+// version's layout (the valid tokens of each; the rest is ignored).
+struct SessionImport {
+  VersionPtr version;
+  std::string id;
+  int64_t position = 0;
+  bool cross = false;
+  int64_t max_tokens = 0;
+  absl::Duration idle_timeout, idle_left;
+  std::vector<float> key_padding;  // a cross memory's, additive; empty: none
+  std::vector<std::string> blocks;
+};
+
 // A step's results, views valid during the `done` call only.
 struct AppendResult {
   absl::Span<const float> output;
@@ -132,6 +156,21 @@ class SessionManager : public StepSource {
   // cross session's memory is being projected; ALREADY_EXISTS,
   // RESOURCE_EXHAUSTED (--max_sessions) and UNAVAILABLE as Open.
   absl::StatusOr<SessionInfo> Fork(const std::string& id, const std::string& new_id);
+  // `id` as it is now (its last answered step), to send elsewhere.
+  // NOT_FOUND as Append says; FAILED_PRECONDITION while a cross session's
+  // memory is being projected.
+  absl::StatusOr<SessionSnapshot> Snapshot(const std::string& id);
+  // Every open session's id (for a spill).
+  std::vector<std::string> Ids() const;
+  // Adds a session made elsewhere, whole or not at all: its blocks are
+  // reserved (evicting idle sessions as a step would), filled, then it
+  // is added. ALREADY_EXISTS, RESOURCE_EXHAUSTED (cache, --max_sessions)
+  // and UNAVAILABLE as Open; INVALID_ARGUMENT when the blocks or the
+  // padding do not fit the position; OUT_OF_RANGE past --session_max_tokens.
+  absl::StatusOr<SessionInfo> Import(SessionImport session);
+  // Records why `id` is not here (e.g. it could not come back after a
+  // restart), for its next call's NOT_FOUND.
+  void MarkGone(const std::string& id, const std::string& why);
   // Frees a session; returns it as it was. Blocks it shares with a fork
   // stay until their last session lets go.
   absl::StatusOr<SessionInfo> Close(const std::string& id);
@@ -153,6 +192,7 @@ class SessionManager : public StepSource {
   std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) override;
 
   int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
+  int64_t cache_budget() const { return pool_.budget(); }
 
  private:
   struct Session;
@@ -206,6 +246,7 @@ class SessionManager : public StepSource {
   // `id` by value: it may be the removed session's own.
   void RemoveLocked(std::string id, const std::string& reason,
                     const std::string& metric_reason);
+  void RememberGoneLocked(const std::string& id, const std::string& why);
   void ExpireIdleLocked();
   SessionInfo InfoLocked(const Session& s) const;
   std::string NewIdLocked();

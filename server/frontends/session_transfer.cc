@@ -1,0 +1,98 @@
+#include "server/frontends/session_transfer.h"
+
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "server/frontends/session_codec.h"
+#include "server/sessions/session_stream.h"
+
+namespace mha::server {
+namespace {
+
+class ExportReactor final : public grpc::ServerWriteReactor<v1::SessionChunk> {
+ public:
+  ExportReactor(grpc::CallbackServerContext* context, const v1::ExportSessionRequest& request,
+                AttendDispatcher& dispatcher, SessionManager& sessions) {
+    absl::Status status = dispatcher.Authorize(*context);
+    absl::StatusOr<SessionSnapshot> snapshot =
+        status.ok() ? sessions.Snapshot(request.session_id()) : status;
+    if (!snapshot.ok()) {
+      Finish(ToGrpcStatus(snapshot.status()));
+      return;
+    }
+    writer_.emplace(*std::move(snapshot));
+    WriteNext();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (writer_->Next(chunk_)) return StartWrite(&chunk_);
+    writer_.reset();
+    Finish(grpc::Status::OK);
+  }
+
+  std::optional<SessionChunkWriter> writer_;
+  v1::SessionChunk chunk_;
+};
+
+class ImportReactor final : public grpc::ServerReadReactor<v1::SessionChunk> {
+ public:
+  ImportReactor(grpc::CallbackServerContext* context, v1::Session* response,
+                AttendDispatcher& dispatcher, SessionManager& sessions)
+      : response_(response),
+        sessions_(sessions),
+        reader_(dispatcher.models(), sessions.cache_budget()) {
+    absl::Status status = dispatcher.draining()
+                              ? absl::UnavailableError("server is shutting down")
+                              : dispatcher.Authorize(*context);
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    StartRead(&chunk_);
+  }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      if (absl::Status s = reader_.Add(chunk_); !s.ok()) return Finish(ToGrpcStatus(s));
+      return StartRead(&chunk_);
+    }
+    absl::StatusOr<SessionImport> session = reader_.Finish();
+    if (!session.ok()) return Finish(ToGrpcStatus(session.status()));
+    if (absl::Status s = CheckSessionId(session->id, "session_id"); !s.ok()) {
+      return Finish(ToGrpcStatus(s));
+    }
+    session->idle_left = session->idle_timeout;  // brought here on purpose: a fresh timer
+    absl::StatusOr<SessionInfo> info = sessions_.Import(*std::move(session));
+    if (info.ok()) EncodeSession(*info, response_);
+    Finish(ToGrpcStatus(info.status()));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  v1::Session* const response_;
+  SessionManager& sessions_;
+  SessionChunkReader reader_;
+  v1::SessionChunk chunk_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::SessionChunk>* StartExportSession(
+    grpc::CallbackServerContext* context, const v1::ExportSessionRequest& request,
+    AttendDispatcher& dispatcher, SessionManager& sessions) {
+  return new ExportReactor(context, request, dispatcher, sessions);
+}
+
+grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(
+    grpc::CallbackServerContext* context, v1::Session* response, AttendDispatcher& dispatcher,
+    SessionManager& sessions) {
+  return new ImportReactor(context, response, dispatcher, sessions);
+}
+
+}  // namespace mha::server

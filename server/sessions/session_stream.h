@@ -1,0 +1,80 @@
+// A session as a stream of chunks (mha.v1 SessionChunk): what ExportSession
+// sends, ImportSession reads, and --session_spill_dir files hold. The
+// format is versioned (SessionHeader.format_version) and checked as it is
+// read: the model version by its fingerprint, the sizes by the header,
+// the blocks by the trailer's checksum.
+#ifndef MHA_SERVER_SESSIONS_SESSION_STREAM_H_
+#define MHA_SERVER_SESSIONS_SESSION_STREAM_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "mha/v1/attention.pb.h"
+#include "server/models/content_hash.h"
+#include "server/models/model_repository.h"
+#include "server/sessions/session_manager.h"
+
+namespace mha::server {
+
+inline constexpr uint32_t kSessionFormatVersion = 1;
+// The first 8 bytes of a session file.
+inline constexpr char kSessionFileMagic[] = "MHASESS1";
+
+// Gives a snapshot's chunks one at a time: the header, each block, the
+// trailer. Owns the snapshot (its blocks stay alive until it is done).
+// Not thread-safe.
+class SessionChunkWriter {
+ public:
+  explicit SessionChunkWriter(SessionSnapshot snapshot);
+  // The next chunk into `out`; false once the trailer was given.
+  bool Next(v1::SessionChunk& out);
+
+ private:
+  SessionSnapshot snapshot_;
+  int64_t next_block_ = -1;  // -1: the header is next
+  ContentHash checksum_;
+  bool done_ = false;
+};
+
+// Reads a session's chunks back, checking each as it comes, so a bad
+// stream is refused before it is read whole. Borrows the repository (the
+// header's version must be served, with the same fingerprint). Not
+// thread-safe.
+class SessionChunkReader {
+ public:
+  // `max_bytes`: the most block bytes a header may announce (the cache).
+  SessionChunkReader(const ModelRepository& models, int64_t max_bytes)
+      : models_(models), max_bytes_(max_bytes) {}
+
+  // FAILED_PRECONDITION for another fingerprint (naming both), NOT_FOUND
+  // for a version not served, INVALID_ARGUMENT for anything malformed or
+  // out of order, DATA_LOSS for a checksum that does not match,
+  // RESOURCE_EXHAUSTED for a session larger than `max_bytes`.
+  absl::Status Add(const v1::SessionChunk& chunk);
+  // Once the stream ended: the session to import (with the header's idle
+  // time left), or INVALID_ARGUMENT when it stopped short.
+  absl::StatusOr<SessionImport> Finish();
+
+ private:
+  absl::Status AddHeader(const v1::SessionHeader& header);
+
+  const ModelRepository& models_;
+  const int64_t max_bytes_;
+  std::optional<SessionImport> session_;
+  int64_t blocks_expected_ = 0;
+  ContentHash checksum_;
+  bool trailer_seen_ = false;
+};
+
+// `snapshot` as a file at `path` (written to a temporary name, then renamed).
+absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot);
+// The session in the file at `path`, read through `reader`.
+absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path,
+                                              SessionChunkReader& reader);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_SESSIONS_SESSION_STREAM_H_
