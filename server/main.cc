@@ -59,6 +59,10 @@ ABSL_FLAG(int64_t, session_cache_bytes, 0,
           "when full, idle sessions are evicted least recently used first. 0: a quarter of "
           "what the memory limit leaves beyond the engines' reserve, at most 512 MiB");
 ABSL_FLAG(int64_t, max_sessions, 1024, "sessions open at once");
+ABSL_FLAG(std::string, session_spill_dir, "",
+          "keep sessions across restarts: on SIGTERM, after the grace period's steps, write every "
+          "session to this folder; at start, bring back those whose model version still serves "
+          "(empty: sessions end with the process)");
 ABSL_FLAG(int, session_idle_timeout_s, 60,
           "seconds after its last use a session expires (OpenSession may ask for another)");
 ABSL_FLAG(int64_t, session_max_tokens, 8192,
@@ -113,6 +117,7 @@ ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
   o.load_models = std::move(load_models);
   o.session_cache_bytes = absl::GetFlag(FLAGS_session_cache_bytes);
   o.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.session_spill_dir = absl::GetFlag(FLAGS_session_spill_dir);
   o.session_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_session_idle_timeout_s));
   o.session_max_tokens = absl::GetFlag(FLAGS_session_max_tokens);
   o.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "engine/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -27,6 +29,7 @@
 #include "server/scheduling/memory_budget.h"
 #include "server/scheduling/worker_pool.h"
 #include "server/sessions/session_manager.h"
+#include "server/sessions/session_spill.h"
 
 namespace mha::server {
 namespace {
@@ -165,6 +168,18 @@ absl::Status Server::Build() {
                      .max_tokens = options_.session_max_tokens,
                      .memory = memory_.get()},
       metrics_->Sessions());
+  if (!options_.session_spill_dir.empty()) {
+    const absl::Time start = absl::Now();
+    const SpillCounts restored =
+        RestoreSessions(*sessions_, *models_, options_.session_spill_dir);
+    if (restored.sessions + restored.failed > 0) {
+      std::fprintf(stderr, "mha_server: %lld sessions restored from %s in %.0f ms (%lld could not "
+                   "come back)\n", static_cast<long long>(restored.sessions),
+                   options_.session_spill_dir.c_str(),
+                   absl::ToDoubleMilliseconds(absl::Now() - start),
+                   static_cast<long long>(restored.failed));
+    }
+  }
   service_ = std::make_unique<AttentionServiceImpl>(*dispatcher_, *control_, *sessions_);
   kserve_ = std::make_unique<KserveServiceImpl>(*dispatcher_, *control_, *sessions_);
   reflection_v1_ = std::make_unique<ReflectionV1Service>(ServedServiceNames());
@@ -215,6 +230,12 @@ void Server::Drain() {
   grpc_server_->Shutdown(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(options_.shutdown_grace));
   sessions_->Stop();
+  if (!options_.session_spill_dir.empty()) {  // after the grace period's steps
+    const SpillCounts spilled = SpillSessions(*sessions_, options_.session_spill_dir);
+    std::fprintf(stderr, "mha_server: %lld sessions written to %s (%lld failed)\n",
+                 static_cast<long long>(spilled.sessions), options_.session_spill_dir.c_str(),
+                 static_cast<long long>(spilled.failed));
+  }
   models_->Stop();
   grpc_server_->Wait();
   health_->Attach(nullptr, false);

@@ -55,6 +55,8 @@ struct ServerOptions {
   std::string upload_dir;
   std::vector<std::string> load_models;
   int64_t session_cache_bytes = 0;  // 0: from the memory limit
+  // Where sessions are written at shutdown and read back at start ("": not kept).
+  std::string session_spill_dir;
   int64_t max_sessions = 1024;
   absl::Duration session_idle_timeout = absl::Seconds(60);
   int64_t session_max_tokens = 8192;

@@ -65,6 +65,7 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
 }
 
 absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
+  header_id_ = h.session_id();
   if (h.format_version() != kSessionFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session format version ", h.format_version(), "; this server reads ",

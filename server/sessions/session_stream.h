@@ -57,6 +57,8 @@ class SessionChunkReader {
   // Once the stream ended: the session to import (with the header's idle
   // time left), or INVALID_ARGUMENT when it stopped short.
   absl::StatusOr<SessionImport> Finish();
+  // The header's session id, once a header arrived (even a refused one).
+  const std::string& session_id() const { return header_id_; }
 
  private:
   absl::Status AddHeader(const v1::SessionHeader& header);
@@ -67,6 +69,7 @@ class SessionChunkReader {
   int64_t blocks_expected_ = 0;
   ContentHash checksum_;
   bool trailer_seen_ = false;
+  std::string header_id_;
 };
 
 // `snapshot` as a file at `path` (written to a temporary name, then renamed).

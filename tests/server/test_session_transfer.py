@@ -11,10 +11,14 @@ the server left as it was.
 - Another fingerprint (other weights under the same name) is
   FAILED_PRECONDITION naming both; truncated, corrupt, reordered and
   oversized streams are refused; nothing is left behind (no session, no
-  cache bytes).
+  cache bytes). The CLI moves a session through a file.
+- --session_spill_dir: sessions written at SIGTERM come back at the next
+  start with their positions and go on as PyTorch; one whose model is gone
+  answers NOT_FOUND saying it was not restored, and why.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,6 +212,54 @@ class SessionTransferTest(unittest.TestCase):
             list(self.clients[0]._stub.ExportSession(pb.ExportSessionRequest(
                 session_id="nobody"), timeout=30))
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+
+class SpillAndRestartTest(unittest.TestCase):
+    """--session_spill_dir across a real SIGTERM and restart."""
+
+    def test_sessions_survive_a_restart_and_those_that_cannot_say_why(self):
+        rng = np.random.default_rng(5)
+        x = randn(rng, 1, 50, DEMO_E)
+        memory, value = randn(rng, 1, 9, CROSS_KDIM), randn(rng, 1, 9, CROSS_VDIM)
+        with tempfile.TemporaryDirectory() as repo, tempfile.TemporaryDirectory() as spill:
+            models = make_repository(repo, ("demo", "cross"))
+            want, _ = reference(models["demo"], x, is_causal=True)
+            flags = [f"--session_spill_dir={spill}", "--session_idle_timeout_s=600"]
+            with TestServer(MHA_SERVER, repo, flags) as first:
+                client = mha_client.MhaClient(first.target(), timeout=60)
+                keep = client.open_session("demo", session_id="keep")
+                keep.append(x[:, :45])
+                client.open_session("cross", session_id="keep-cross", memory=memory,
+                                    memory_value=value)
+                for i in range(30):  # more sessions, so the restart restores a few dozen
+                    client.open_session("demo", session_id=f"extra-{i}").append(x[:, :i + 1])
+                client.close()
+                first.stop()
+                self.assertIn("32 sessions written", first.stderr())
+            self.assertEqual(len([f for f in os.listdir(spill) if f.endswith(".mhasession")]),
+                             32)
+            # The cross model is gone from the repository at the restart.
+            shutil.rmtree(os.path.join(repo, "cross"))
+            with TestServer(MHA_SERVER, repo, flags) as second:
+                self.assertIn("31 sessions restored", second.stderr())
+                self.assertEqual(os.listdir(spill), [], "the files are consumed")
+                client = mha_client.MhaClient(second.target(), timeout=60)
+                listed = {s.session_id: s for s in client.list_sessions()}
+                self.assertEqual(listed["keep"].position, 45)
+                self.assertEqual(listed["extra-29"].position, 30)
+                response = client._stub.Append(pb.AppendRequest(
+                    session_id="keep", query=mha_client.to_tensor(x[:, 45:]),
+                    expected_position=45), timeout=60)
+                np.testing.assert_allclose(mha_client.from_tensor(response.output),
+                                           want[:, 45:], rtol=TOL, atol=TOL)
+                with self.assertRaises(grpc.RpcError) as e:
+                    client._stub.Append(pb.AppendRequest(
+                        session_id="keep-cross",
+                        query=mha_client.to_tensor(randn(rng, 1, CROSS_E))), timeout=60)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+                self.assertIn("not restored after a restart", e.exception.details())
+                self.assertIn("cross", e.exception.details())
+                client.close()
 
 
 if __name__ == "__main__":

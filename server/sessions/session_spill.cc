@@ -1,0 +1,76 @@
+#include "server/sessions/session_spill.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "server/models/content_hash.h"
+#include "server/sessions/session_stream.h"
+
+namespace mha::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kExtension[] = ".mhasession";
+
+void Log(const std::string& line) { std::fprintf(stderr, "mha_server: %s\n", line.c_str()); }
+
+}  // namespace
+
+SpillCounts SpillSessions(SessionManager& sessions, const std::string& dir) {
+  SpillCounts counts;
+  std::error_code error;
+  fs::create_directories(dir, error);
+  for (const std::string& id : sessions.Ids()) {
+    absl::StatusOr<SessionSnapshot> snapshot = sessions.Snapshot(id);
+    absl::Status status = snapshot.status();
+    if (snapshot.ok()) {
+      // Ids may hold ':' or '/' (sequences): the file is named by a hash.
+      const std::string path =
+          absl::StrFormat("%s/%016x%s", dir, HashBytes(id), kExtension);
+      status = WriteSessionFile(path, *std::move(snapshot));
+    }
+    if (status.ok()) {
+      ++counts.sessions;
+    } else {
+      ++counts.failed;
+      Log(absl::StrCat("session ", id, " not spilled: ", status.message()));
+    }
+  }
+  return counts;
+}
+
+SpillCounts RestoreSessions(SessionManager& sessions, const ModelRepository& models,
+                            const std::string& dir) {
+  SpillCounts counts;
+  std::error_code error;
+  std::vector<fs::path> files;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    if (it->path().extension() == kExtension) files.push_back(it->path());
+  }
+  for (const fs::path& file : files) {
+    SessionChunkReader reader(models, sessions.cache_budget());
+    absl::StatusOr<SessionImport> session = ReadSessionFile(file.string(), reader);
+    absl::Status status = session.status();
+    if (session.ok()) status = sessions.Import(*std::move(session)).status();
+    if (status.ok()) {
+      ++counts.sessions;
+    } else {
+      ++counts.failed;
+      const std::string& id = reader.session_id();
+      Log(absl::StrCat("session ", id.empty() ? file.filename().string() : id,
+                       " not restored: ", status.message()));
+      if (!id.empty()) {
+        sessions.MarkGone(id, absl::StrCat("not restored after a restart: ", status.message()));
+      }
+    }
+    fs::remove(file, error);
+  }
+  return counts;
+}
+
+}  // namespace mha::server
