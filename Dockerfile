@@ -30,7 +30,8 @@ RUN apt-get update \
       libgrpc29 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
  && groupadd --system --gid 10001 mha \
- && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin mha
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin mha \
+ && mkdir /sessions && chown 10001:10001 /sessions
 COPY --from=build /src/build/mha_server /src/build/mha_client /usr/local/bin/
 COPY models /models
 USER 10001

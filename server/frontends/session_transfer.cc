@@ -4,6 +4,8 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
+
 #include "server/frontends/session_codec.h"
 #include "server/sessions/session_stream.h"
 
@@ -64,7 +66,10 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::SessionChunk> {
     }
     absl::StatusOr<SessionImport> session = reader_.Finish();
     if (!session.ok()) return Finish(ToGrpcStatus(session.status()));
-    if (absl::Status s = CheckSessionId(session->id, "session_id"); !s.ok()) {
+    // A Triton sequence's session ("sequence/<model>/<id>") may move too.
+    const bool sequence = absl::StartsWith(session->id, "sequence/") &&
+                          session->id.size() <= 2 * kMaxSessionIdLength + 16;
+    if (absl::Status s = CheckSessionId(session->id, "session_id"); !s.ok() && !sequence) {
       return Finish(ToGrpcStatus(s));
     }
     session->idle_left = session->idle_timeout;  // brought here on purpose: a fresh timer

@@ -170,6 +170,36 @@ done
   fail "version 2 was not served after it was copied into the mounted repository"
 [ "$(docker inspect -f '{{.State.StartedAt}}' "$(docker-compose -p "$project" ps -q mha)")" = "$started_at" ] ||
   fail "the server restarted"
+
+step "compose: a session lives through a container restart (--session_spill_dir volume)"
+# open: a session of 20 tokens; resume: it is back at 20 and its next step
+# equals one Attend over the 21 tokens with is_causal.
+session_phase() {
+  PYTHONPATH="$root/client/python" python3 - "$MHA_GRPC_PORT" "$1" <<'PY'
+import sys
+import numpy as np
+from mha_client import MhaClient, from_tensor, to_tensor
+port, phase = sys.argv[1], sys.argv[2]
+x = np.random.default_rng(7).standard_normal((1, 21, 256)).astype(np.float32)
+with MhaClient(f"127.0.0.1:{port}", timeout=60, wait_for_ready=True) as c:
+    if phase == "open":
+        c.open_session("demo", session_id="compose-restart", idle_timeout_s=600).append(x[:, :20])
+        sys.exit(0)
+    listed = [s for s in c.list_sessions() if s.session_id == "compose-restart"]
+    assert listed and listed[0].position == 20, f"not back at position 20: {listed}"
+    step = c._stub.Append(c._pb.AppendRequest(session_id="compose-restart", query=to_tensor(x[:, 20:]),
+                                              expected_position=20), timeout=60)
+    full, _ = c.attend("demo", x, is_causal=True)
+    diff = float(np.abs(from_tensor(step.output) - full[:, 20:]).max())
+    assert diff < 1e-5, f"the step after the restart differs from Attend by {diff}"
+    print(f"the session came back at position 20; its next step equals Attend (max |diff| {diff:.2g})")
+PY
+}
+session_phase open || fail "could not open the session"
+quiet docker-compose -p "$project" restart mha
+for _ in $(seq 60); do "$client" health --target "127.0.0.1:$MHA_GRPC_PORT" >/dev/null 2>&1 && break; sleep 1; done
+docker-compose -p "$project" logs mha 2>&1 | grep -E "sessions (written|restored)" || true
+session_phase resume || fail "the session did not live through the restart"
 quiet docker-compose -p "$project" down -v
 rm -rf "$models"
 unset MHA_MODELS MHA_REPOSITORY_POLL_S
