@@ -49,7 +49,7 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::SessionChunk> {
                 AttendDispatcher& dispatcher, SessionManager& sessions)
       : response_(response),
         sessions_(sessions),
-        reader_(dispatcher.models(), sessions.cache_budget()) {
+        reader_(LookupIn(dispatcher.models()), sessions.cache_budget()) {
     absl::Status status = dispatcher.draining()
                               ? absl::UnavailableError("server is shutting down")
                               : dispatcher.Authorize(*context);

@@ -53,7 +53,7 @@ SpillCounts RestoreSessions(SessionManager& sessions, const ModelRepository& mod
     if (it->path().extension() == kExtension) files.push_back(it->path());
   }
   for (const fs::path& file : files) {
-    SessionChunkReader reader(models, sessions.cache_budget());
+    SessionChunkReader reader(LookupIn(models), sessions.cache_budget());
     absl::StatusOr<SessionImport> session = ReadSessionFile(file.string(), reader);
     absl::Status status = session.status();
     if (session.ok()) status = sessions.Import(*std::move(session)).status();

@@ -19,6 +19,12 @@ std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
 }  // namespace
 
+VersionLookup LookupIn(const ModelRepository& models) {
+  return [&models](const std::string& model, int64_t version) {
+    return models.Find(model, version);
+  };
+}
+
 SessionChunkWriter::SessionChunkWriter(SessionSnapshot snapshot)
     : snapshot_(std::move(snapshot)) {}
 
@@ -47,7 +53,7 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
     h.set_blocks(blocks);
     h.set_block_bytes(layout.block_bytes());
     const std::vector<float>& padding = cache.key_padding();
-    h.set_key_padding(padding.data(), padding.size() * sizeof(float));
+    if (!padding.empty()) h.set_key_padding(padding.data(), padding.size() * sizeof(float));
     next_block_ = 0;
     return true;
   }
@@ -71,7 +77,7 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
         "session format version ", h.format_version(), "; this server reads ",
         kSessionFormatVersion));
   }
-  absl::StatusOr<VersionPtr> found = models_.Find(h.model(), h.model_version());
+  absl::StatusOr<VersionPtr> found = lookup_(h.model(), h.model_version());
   if (!found.ok()) {
     return absl::NotFoundError(absl::StrCat("session ", h.session_id(), " was made on model ",
                                             h.model(), " version ", h.model_version(),
@@ -95,7 +101,11 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
         h.v_head_dim(), ", ", h.cache_dtype(), ", blocks of ", h.block_bytes(),
         " bytes do not match the model's cache layout"));
   }
-  if (h.position() < 0 || h.blocks() != layout.BlocksFor(h.position())) {
+  if (h.position() < (h.cross() ? 1 : 0) || (!h.cross() && h.position() > h.max_tokens())) {
+    return absl::InvalidArgumentError(absl::StrCat("session header: position ", h.position(),
+                                                   " with max_tokens ", h.max_tokens()));
+  }
+  if (h.blocks() != layout.BlocksFor(h.position())) {
     return absl::InvalidArgumentError(absl::StrCat("session header: ", h.blocks(),
                                                    " blocks for position ", h.position()));
   }
@@ -119,7 +129,7 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
   in.idle_timeout = absl::Milliseconds(std::max<int64_t>(0, h.idle_timeout_ms()));
   in.idle_left = absl::Milliseconds(std::max<int64_t>(0, h.idle_left_ms()));
   in.key_padding.resize(padding.size() / sizeof(float));
-  std::memcpy(in.key_padding.data(), padding.data(), padding.size());
+  if (!padding.empty()) std::memcpy(in.key_padding.data(), padding.data(), padding.size());
   for (const float p : in.key_padding) {
     if (!(p == 0.0f || (std::isinf(p) && p < 0))) {
       return absl::InvalidArgumentError("session header: key_padding holds 0 or -inf only");

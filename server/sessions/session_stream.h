@@ -7,8 +7,10 @@
 #define MHA_SERVER_SESSIONS_SESSION_STREAM_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,15 +41,19 @@ class SessionChunkWriter {
   bool done_ = false;
 };
 
+// The version a header names, as ModelRepository::Find answers.
+using VersionLookup =
+    std::function<absl::StatusOr<VersionPtr>(const std::string& model, int64_t version)>;
+VersionLookup LookupIn(const ModelRepository& models);  // borrows `models`
+
 // Reads a session's chunks back, checking each as it comes, so a bad
-// stream is refused before it is read whole. Borrows the repository (the
-// header's version must be served, with the same fingerprint). Not
-// thread-safe.
+// stream is refused before it is read whole. The header's version must be
+// served (`lookup`), with the same fingerprint. Not thread-safe.
 class SessionChunkReader {
  public:
   // `max_bytes`: the most block bytes a header may announce (the cache).
-  SessionChunkReader(const ModelRepository& models, int64_t max_bytes)
-      : models_(models), max_bytes_(max_bytes) {}
+  SessionChunkReader(VersionLookup lookup, int64_t max_bytes)
+      : lookup_(std::move(lookup)), max_bytes_(max_bytes) {}
 
   // FAILED_PRECONDITION for another fingerprint (naming both), NOT_FOUND
   // for a version not served, INVALID_ARGUMENT for anything malformed or
@@ -63,7 +69,7 @@ class SessionChunkReader {
  private:
   absl::Status AddHeader(const v1::SessionHeader& header);
 
-  const ModelRepository& models_;
+  const VersionLookup lookup_;
   const int64_t max_bytes_;
   std::optional<SessionImport> session_;
   int64_t blocks_expected_ = 0;

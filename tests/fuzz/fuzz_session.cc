@@ -3,9 +3,12 @@
 // and, when valid, through the engine's session paths (memory projection,
 // self and cross steps, a fork's copy-on-write) of a small self-attention
 // model and a small cross-attention model with bias_kv and zero_attn;
-// ForkSession and CloseSession ids through the manager. What the codec accepts must compute.
+// ForkSession and CloseSession ids through the manager. Inputs that start
+// with "MHASESS1" are a session file instead: its chunks go through the
+// import checks, and a session they accept must compute its next step. What the codec accepts must compute.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "server/frontends/session_codec.h"
 #include "server/sessions/session_manager.h"
+#include "server/sessions/session_stream.h"
 #include "tests/test_models.h"
 
 namespace {
@@ -99,6 +103,53 @@ void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
   Step(engine, memory, /*cross=*/true, params->query, ws);
 }
 
+// A session file's chunks through the import checks; what they accept is
+// built into a cache and must compute a step (self, or cross over it).
+void OnSessionFile(const uint8_t* data, size_t size, const VersionPtr& version,
+                   mha::Workspace& ws) {
+  mha::server::SessionChunkReader reader(
+      [&version](const std::string& model, int64_t number) -> absl::StatusOr<VersionPtr> {
+        if (model != version->name || (number != 0 && number != version->version)) {
+          return absl::NotFoundError("no such model version");
+        }
+        return version;
+      },
+      kPoolBytes);
+  size_t pos = 8;
+  mha::v1::SessionChunk chunk;
+  while (pos + 4 <= size) {
+    const uint32_t n = data[pos] | (data[pos + 1] << 8) | (data[pos + 2] << 16) |
+                       (static_cast<uint32_t>(data[pos + 3]) << 24);
+    pos += 4;
+    if (n > size - pos || !chunk.ParseFromArray(data + pos, static_cast<int>(n))) return;
+    pos += n;
+    if (!reader.Add(chunk).ok()) return;
+  }
+  absl::StatusOr<mha::server::SessionImport> session = reader.Finish();
+  if (!session.ok()) return;
+  const mha::MhaEngine& engine = *version->model.engine;
+  mha::KvBlockPool pool(kPoolBytes);
+  mha::KvCache cache(engine.kv_layout(), pool);
+  if (!cache.Reserve(session->position).ok()) return;
+  for (size_t b = 0; b < session->blocks.size(); ++b) {
+    cache.WriteBlock(static_cast<int64_t>(b),
+                     reinterpret_cast<const uint8_t*>(session->blocks[b].data()));
+  }
+  cache.set_length(session->position);
+  if (!session->key_padding.empty()) cache.set_key_padding(std::move(session->key_padding));
+  std::vector<float> storage(2 * engine.dims().embed_dim, 0.5f);
+  mha::RequestInputs in;
+  in.query = mha::TensorView{mha::DType::kF32, {1, 2, engine.dims().embed_dim},
+                             absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
+                                                 storage.size() * sizeof(float))};
+  mha::AttentionDims query_dims = engine.dims();
+  query_dims.kdim = query_dims.vdim = query_dims.embed_dim;
+  absl::StatusOr<mha::AttentionRequest> query =
+      mha::AttentionRequest::Create(query_dims, in, 1 << 20, mha::DTypeSpelling::kMhaV1);
+  if (!query.ok()) __builtin_trap();
+  if (session->cross || engine.CanAppendSelf()) Step(engine, cache, session->cross, *query, ws);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -112,6 +163,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static std::unique_ptr<mha::Workspace> ws = self->model.engine->NewWorkspace();
   static std::unique_ptr<mha::Workspace> cross_ws = cross->model.engine->NewWorkspace();
   static mha::server::SessionManager sessions({}, {});
+  if (size >= 8 && std::memcmp(data, mha::server::kSessionFileMagic, 8) == 0) {
+    OnSessionFile(data, size, self, *ws);
+    OnSessionFile(data, size, cross, *cross_ws);
+    return 0;
+  }
   mha::v1::StreamRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   if (request.has_open_session()) {

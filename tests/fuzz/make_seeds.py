@@ -126,6 +126,65 @@ def session_seeds():
     write("fuzz_session", "append", append.SerializeToString())
     close = pb.StreamRequest(id="4", close_session=pb.CloseSessionRequest(session_id="s"))
     write("fuzz_session", "close", close.SerializeToString())
+    fork = pb.StreamRequest(id="5", fork_session=pb.ForkSessionRequest(
+        session_id="s", new_session_id="t"))
+    write("fuzz_session", "fork", fork.SerializeToString())
+    # Session files the import path accepts: a self session of the fuzzer's
+    # self model (E = 8, h = 2) and a cross one of its cross model (kdim 6,
+    # the same head dims), with their checksums.
+    block_bytes = 2 * 32 * (4 + 4) * 4
+    for name, cross, position in (("import_self", False, 3), ("import_cross", True, 5)):
+        block = np.zeros(block_bytes // 4, np.float32)
+        block[:] = randn(block.size)
+        header = pb.SessionHeader(
+            format_version=1, session_id=name, model="m", model_version=1, fingerprint=0,
+            heads=2, qk_head_dim=4, v_head_dim=4, cache_dtype="FP32", position=position,
+            cross=cross, max_tokens=64, idle_timeout_ms=1000, idle_left_ms=1000, blocks=1,
+            block_bytes=block_bytes,
+            key_padding=np.array([0, 0, 0, -np.inf, 0], np.float32).tobytes() if cross else b"")
+        chunks = [pb.SessionChunk(header=header), pb.SessionChunk(block=block.tobytes()),
+                  pb.SessionChunk(trailer=pb.SessionTrailer(
+                      checksum=content_hash(block.tobytes())))]
+        data = b"MHASESS1" + b"".join(
+            len(c.SerializeToString()).to_bytes(4, "little") + c.SerializeToString()
+            for c in chunks)
+        write("fuzz_session", name, data)
+
+
+M64 = (1 << 64) - 1
+MUL_A, MUL_B = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F
+
+
+def content_hash(data, seed=0):
+    """server/models/content_hash.cc in Python (a check: "mha-serve" ->
+    3006346188108175024), for checksums of seed session files."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & M64
+
+    def mix(lane, word):
+        return (rotl((lane + word * MUL_B) & M64, 31) * MUL_A) & M64
+
+    def avalanche(h):
+        h ^= h >> 33
+        h = (h * 0xFF51AFD7ED558CCD) & M64
+        h ^= h >> 33
+        h = (h * 0xC4CEB9FE1A85EC53) & M64
+        return h ^ (h >> 33)
+
+    lanes = [(seed + MUL_A + MUL_B) & M64, (seed + MUL_B) & M64, seed & M64,
+             (seed - MUL_A) & M64]
+    full = len(data) // 32 * 32
+    for pos in range(0, full, 32):
+        for i in range(4):
+            word = int.from_bytes(data[pos + 8 * i:pos + 8 * i + 8], "little")
+            lanes[i] = mix(lanes[i], word)
+    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & M64
+    for i in range(4):
+        h = (((h ^ mix(0, lanes[i])) * MUL_A) + MUL_B) & M64
+    h = (h + len(data)) & M64
+    for byte in data[full:]:
+        h = (rotl(h ^ ((byte * MUL_B) & M64), 11) * MUL_A) & M64
+    return avalanche(h)
 
 
 if __name__ == "__main__":
