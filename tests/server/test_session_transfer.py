@@ -185,9 +185,11 @@ class SessionTransferTest(unittest.TestCase):
         big = [type(c)() for c in good]
         for c, g in zip(big, good):
             c.CopyFrom(g)
-        big[0].header.position = 1 << 40
+        big[0].header.position = big[0].header.max_tokens = 1 << 40
         big[0].header.blocks = (1 << 40) // 32
         refused(big, grpc.StatusCode.RESOURCE_EXHAUSTED, "more than the cache holds")
+        big[0].header.max_tokens = 64
+        refused(big, invalid, "with max_tokens 64")
         future = [type(c)() for c in good]
         for c, g in zip(future, good):
             c.CopyFrom(g)
