@@ -499,5 +499,34 @@ TEST(SessionManagerTest, ForksShareBlocksCopyOnWriteAndBranchCorrectly) {
   EXPECT_EQ(sessions.Fork("nosuch", "x").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Eviction frees only blocks no live session needs: idle sessions whose
+// blocks a fork shares free nothing, so they are not evicted for room they
+// cannot give; once the fork is gone, the parent's blocks are its own again.
+TEST(SessionManagerTest, EvictionSkipsSessionsWhoseBlocksAForkShares) {
+  testing::ManualClock clock;
+  SessionOptions options;
+  options.clock = &clock;
+  const VersionPtr version = MakeVersion();
+  const int64_t block = version->model.engine->kv_layout().block_bytes();
+  options.cache_bytes = 3 * block;
+  SessionManager sessions(options, {});
+  const std::string parent = OpenSync(sessions, version, {}, "parent");
+  AppendSync(sessions, parent, 64, 1);  // two whole blocks
+  ASSERT_TRUE(sessions.Fork(parent, "child").ok());
+  ExpectPoolBlocks(sessions, 2, block, "shared");
+  clock.Advance(absl::Seconds(5));
+  const std::string other = OpenSync(sessions, version, {}, "other");
+  absl::Status status;
+  AppendSync(sessions, other, 40, 2, &status);  // needs 2 blocks, 1 is free
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("would not make room"), std::string::npos) << status;
+  EXPECT_TRUE(sessions.VersionOf(parent).ok()) << "not evicted for nothing";
+  EXPECT_TRUE(sessions.VersionOf("child").ok());
+  ASSERT_TRUE(sessions.Close("child").ok());
+  AppendSync(sessions, other, 40, 2, &status);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(sessions.VersionOf(parent).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace mha::server

@@ -2,6 +2,10 @@
 #include "server/frontends/attention_service.h"
 #include "server/frontends/session_transfer.h"
 
+#include <string>
+
+#include "absl/time/clock.h"
+
 namespace mha::server {
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::OpenSession(
@@ -25,8 +29,12 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* AttentionServiceImpl::ForkSession(
     grpc::CallbackServerContext* context, const v1::ForkSessionRequest* request,
     v1::Session* response) {
+  const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(session_calls_.Fork(*context, *request, response)));
+  const absl::Status status = session_calls_.Fork(*context, *request, response);
+  context->AddTrailingMetadata(std::string(kServerTimeMetadata),
+                               std::to_string(absl::ToInt64Microseconds(absl::Now() - start)));
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
