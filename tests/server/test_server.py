@@ -647,7 +647,8 @@ class SharedServerTest(ServerTestCase):
         methods = {m.name for s in files["mha/v1/attention.proto"].service for m in s.method}
         self.assertEqual(methods, {"Attend", "ListModels", "GetModel", "LoadModel", "UnloadModel",
                                    "GetModelStatistics", "OpenSession", "Append",
-                                   "CloseSession", "ListSessions", "Stream"})
+                                   "CloseSession", "ListSessions", "ForkSession",
+                                   "ExportSession", "ImportSession", "Stream"})
 
     def test_reflection_v1_describes_every_service_health_included(self):
         # What a reflection-only tool does: list, fetch descriptors, build
