@@ -151,8 +151,10 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
     for (int64_t head = 0; head < h; ++head) {
-      std::memcpy(cache.keys(block, head) + slot * dqk * eb, k + (t * ldk + head * dqk) * eb,
-                  dqk * eb);
+      // Keys transposed, [dqk, 32]: element c of this token at c * 32 + slot.
+      uint8_t* kt = cache.keys(block, head) + slot * eb;
+      const uint8_t* key = k + (t * ldk + head * dqk) * eb;
+      for (int64_t c = 0; c < dqk; ++c) std::memcpy(kt + c * bt * eb, key + c * eb, eb);
       std::memcpy(cache.values(block, head) + slot * dv * eb, v + (t * ldv + head * dv) * eb,
                   dv * eb);
     }
@@ -283,6 +285,8 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
   }
 }
 
+static_assert(KvLayout::kBlockTokens == 32, "BlockScores reads blocks of 32 tokens");
+
 void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const {
   const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim, bt = KvLayout::kBlockTokens;
   const bool bf16 = act_dt_ == dt::bf16;
@@ -304,14 +308,13 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
       const int64_t limit = limit_of(r0 + r);
       for (int64_t b = 0; b * bt < limit; ++b) {
         const int64_t n = std::min(bt, limit - b * bt);
-        const uint8_t* k = cache.keys(b, item.head);
+        const uint8_t* kt = cache.keys(b, item.head);
         if (bf16) {
-          SmallScoresBf16(reinterpret_cast<const uint16_t*>(q),
-                          reinterpret_cast<const uint16_t*>(k), row + b * bt, 1, 1, n, dqk,
-                          Scale());
+          BlockScoresBf16(reinterpret_cast<const uint16_t*>(q),
+                          reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale());
         } else {
-          SmallScores(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(k),
-                      row + b * bt, 1, 1, n, dqk, Scale());
+          BlockScores(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kt),
+                      row + b * bt, n, dqk, Scale());
         }
       }
       int64_t col = keys;

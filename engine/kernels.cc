@@ -440,6 +440,36 @@ void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, 
   }
 }
 
+// kBlockTokens (32) scores per block: the sums stay in registers (two
+// AVX-512 or four AVX2 vectors) while the d rows stream by.
+constexpr int64_t kBlockScoreTokens = 32;
+
+MHA_MULTIVERSION
+void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
+                 float scale) {
+  float sums[kBlockScoreTokens] = {};
+  for (int64_t c = 0; c < d; ++c) {
+    const float qc = q[c];
+    const float* row = kt + c * kBlockScoreTokens;
+#pragma omp simd
+    for (int64_t j = 0; j < kBlockScoreTokens; ++j) sums[j] += qc * row[j];
+  }
+  for (int64_t j = 0; j < n; ++j) out[j] = sums[j] * scale;
+}
+
+MHA_MULTIVERSION
+void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
+                     float scale) {
+  float sums[kBlockScoreTokens] = {};
+  for (int64_t c = 0; c < d; ++c) {
+    const float qc = Bf16Bits(q[c]);
+    const uint16_t* row = kt + c * kBlockScoreTokens;
+#pragma omp simd
+    for (int64_t j = 0; j < kBlockScoreTokens; ++j) sums[j] += qc * Bf16Bits(row[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) out[j] = sums[j] * scale;
+}
+
 MHA_MULTIVERSION
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
                        int64_t dv) {

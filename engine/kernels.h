@@ -112,6 +112,15 @@ void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, 
 
 // acc[c] += sum over j < cols of probs[j] * v[j, c]: one query row's
 // context over one block of keys (v [cols, dv], f32 or bf16).
+// The scores of one query row against one cache block's keys, stored
+// transposed (kt [d, KvLayout::kBlockTokens], the token index fastest):
+// out[j] = scale * q . key_j for the block's first n (<= 32) tokens. Every
+// token slot is read (the others may hold anything); only n are written.
+void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
+                 float scale);
+void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
+                     float scale);
+
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
                        int64_t dv);
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,

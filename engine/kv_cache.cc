@@ -80,17 +80,22 @@ absl::Status KvCache::UnshareLastBlock() {
         "block, ", pool_.bytes_in_use(), " of ", pool_.budget(), " in use"));
   }
   // Only the valid tokens: another cache may be appending past them.
-  const BlockPtr& from = blocks_[last];
-  const int64_t key_row = layout_.qk_head_dim * layout_.elem_bytes;
-  const int64_t value_row = layout_.v_head_dim * layout_.elem_bytes;
-  for (int64_t h = 0; h < layout_.heads; ++h) {
-    const int64_t k = h * KvLayout::kBlockTokens * key_row;
-    const int64_t v = layout_.key_bytes() + h * KvLayout::kBlockTokens * value_row;
-    std::memcpy(copy.get() + k, from.get() + k, static_cast<size_t>(used * key_row));
-    std::memcpy(copy.get() + v, from.get() + v, static_cast<size_t>(used * value_row));
-  }
+  CopyValidTokens(blocks_[last].get(), used, copy.get());
   blocks_[last] = std::move(copy);
   return absl::OkStatus();
+}
+
+void KvCache::CopyValidTokens(const uint8_t* from, int64_t used, uint8_t* to) const {
+  const int64_t eb = layout_.elem_bytes, bt = KvLayout::kBlockTokens;
+  const int64_t value_row = layout_.v_head_dim * eb;
+  for (int64_t h = 0; h < layout_.heads; ++h) {
+    for (int64_t c = 0; c < layout_.qk_head_dim; ++c) {  // keys: token index fastest
+      const int64_t at = (h * layout_.qk_head_dim + c) * bt * eb;
+      std::memcpy(to + at, from + at, static_cast<size_t>(used * eb));
+    }
+    const int64_t v = layout_.key_bytes() + h * bt * value_row;
+    std::memcpy(to + v, from + v, static_cast<size_t>(used * value_row));
+  }
 }
 
 std::unique_ptr<KvCache> KvCache::Fork(int64_t length) const {
@@ -111,14 +116,7 @@ void KvCache::ReadBlock(int64_t block, uint8_t* out) const {
     return;
   }
   std::memset(out, 0, static_cast<size_t>(layout_.block_bytes()));
-  const int64_t key_row = layout_.qk_head_dim * layout_.elem_bytes;
-  const int64_t value_row = layout_.v_head_dim * layout_.elem_bytes;
-  for (int64_t h = 0; h < layout_.heads; ++h) {
-    const int64_t k = h * KvLayout::kBlockTokens * key_row;
-    const int64_t v = layout_.key_bytes() + h * KvLayout::kBlockTokens * value_row;
-    std::memcpy(out + k, from + k, static_cast<size_t>(valid * key_row));
-    std::memcpy(out + v, from + v, static_cast<size_t>(valid * value_row));
-  }
+  CopyValidTokens(from, valid, out);
 }
 
 void KvCache::WriteBlock(int64_t block, const uint8_t* in) {

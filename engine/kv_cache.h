@@ -16,9 +16,10 @@
 namespace mha {
 
 // Where one model's keys and values sit in a block: for kBlockTokens tokens,
-// keys [heads, kBlockTokens, qk_head_dim] then values [heads, kBlockTokens,
-// v_head_dim], elements of `elem_bytes` (the model's compute type). Plain
-// value type.
+// keys [heads, qk_head_dim, kBlockTokens] (transposed: a step's scores are
+// then broadcast-multiply-adds over the block's tokens, with no horizontal
+// sums) then values [heads, kBlockTokens, v_head_dim], elements of
+// `elem_bytes` (the model's compute type). Plain value type.
 struct KvLayout {
   static constexpr int64_t kBlockTokens = 32;
 
@@ -115,8 +116,8 @@ class KvCache {
   // Set by the engine once it has written the keys and values up to `n`.
   void set_length(int64_t n) { length_ = n; }
 
-  // Keys [tokens in block, qk_head_dim] and values [tokens in block,
-  // v_head_dim] of `head` in block `block`.
+  // Keys [qk_head_dim, kBlockTokens] (the token index fastest) and values
+  // [kBlockTokens, v_head_dim] of `head` in block `block`.
   uint8_t* keys(int64_t block, int64_t head) const {
     return blocks_[static_cast<size_t>(block)].get() +
            head * KvLayout::kBlockTokens * layout_.qk_head_dim * layout_.elem_bytes;
@@ -135,6 +136,8 @@ class KvCache {
   using BlockPtr = std::shared_ptr<uint8_t>;  // released to the pool by the last owner
   // A block from the pool, or null when it has no room.
   BlockPtr NewBlock();
+  // The first `used` tokens' keys and values of block `from` into `to`.
+  void CopyValidTokens(const uint8_t* from, int64_t used, uint8_t* to) const;
   // Copies the partly filled last block before appending into it when
   // another cache shares it. RESOURCE_EXHAUSTED when the pool has no room.
   absl::Status UnshareLastBlock();

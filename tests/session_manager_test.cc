@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "prometheus/gauge.h"
 #include "server/scheduling/admission.h"
@@ -35,8 +36,9 @@ Metrics& TestMetrics() {
 
 // A version with its batcher, as the repository makes them.
 VersionPtr MakeVersion(BatcherOptions options = {}, int64_t embed_dim = kE,
-                       const std::string& name = "m") {
-  const AttentionDims d = MakeDims(embed_dim, 4);
+                       const std::string& name = "m", bool bf16 = false) {
+  AttentionDims d = MakeDims(embed_dim, 4);
+  d.bf16 = bf16;  // computed in bf16 where the CPU can (its cache then bf16 too)
   auto version = std::make_shared<ModelVersion>();
   version->name = name;
   version->version = 1;
@@ -451,12 +453,12 @@ void ExpectPoolBlocks(const SessionManager& sessions, int64_t blocks, int64_t bl
 // appends into the shared, partly filled block (copied, valid tokens only)
 // or beyond; each branch then equals its own sequence computed alone; a
 // shared block goes back only with its last session.
-TEST(SessionManagerTest, ForksShareBlocksCopyOnWriteAndBranchCorrectly) {
-  const VersionPtr version = MakeVersion();
+void CheckForks(bool bf16) {
+  const VersionPtr version = MakeVersion({}, kE, "m", bf16);
   const int64_t block = version->model.engine->kv_layout().block_bytes();
   SessionManager sessions({}, {});
   for (const int64_t prefix : {40, 64}) {  // a partly filled last block, then a full one
-    SCOPED_TRACE(prefix);
+    SCOPED_TRACE(absl::StrCat(bf16 ? "bf16 " : "fp32 ", prefix));
     const std::string parent = OpenSync(sessions, version);
     const std::vector<float> first = AppendSync(sessions, parent, prefix, 7);
     const int64_t prefix_blocks = (prefix + 31) / 32;
@@ -497,6 +499,11 @@ TEST(SessionManagerTest, ForksShareBlocksCopyOnWriteAndBranchCorrectly) {
     ExpectPoolBlocks(sessions, 0, block, "the last session lets go");
   }
   EXPECT_EQ(sessions.Fork("nosuch", "x").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SessionManagerTest, ForksShareBlocksCopyOnWriteAndBranchCorrectly) {
+  CheckForks(/*bf16=*/false);
+  CheckForks(/*bf16=*/true);  // 2-byte elements where the CPU computes in bf16
 }
 
 // Eviction frees only blocks no live session needs: idle sessions whose

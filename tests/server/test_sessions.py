@@ -292,6 +292,9 @@ class SessionParityTest(unittest.TestCase, SessionServer):
             answers[answer.id] = answer
             if len(answers) == len(messages):
                 break
+        # The fork first: blocks it shares stay until it closes too.
+        self.client._stub.CloseSession(pb.CloseSessionRequest(session_id="streamed-fork"),
+                                       timeout=30)
         # Closing after the steps were answered (the stream answers in
         # completion order; a session's steps run in the order sent).
         closed = list(stub.Stream(iter([pb.StreamRequest(id="close", close_session=pb.CloseSessionRequest(
@@ -312,8 +315,6 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         self.assertEqual(answers["fork"].code, 0, answers["fork"].error_message)
         self.assertEqual(answers["fork"].session.session_id, "streamed-fork")
         self.assertIn(answers["fork"].session.position, (0, 1, 5, 9))
-        self.client._stub.CloseSession(pb.CloseSessionRequest(session_id="streamed-fork"),
-                                       timeout=30)
         self.assertEqual(answers["lost"].code, grpc.StatusCode.NOT_FOUND.value[0])
         self.assertIn("session nobody is not open", answers["lost"].error_message)
         self.assertEqual(answers["empty"].code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
