@@ -287,6 +287,17 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
 
 static_assert(KvLayout::kBlockTokens == 32, "BlockScores reads blocks of 32 tokens");
 
+namespace {
+
+// The next block's first cache lines, fetched while this block is read:
+// blocks lie apart in memory, and the hardware prefetcher starts afresh at
+// each one.
+inline void StartReading(const uint8_t* block) {
+  for (int line = 0; line < 8; ++line) __builtin_prefetch(block + 64 * line);
+}
+
+}  // namespace
+
 void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const {
   const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim, bt = KvLayout::kBlockTokens;
   const bool bf16 = act_dt_ == dt::bf16;
@@ -309,6 +320,7 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
       for (int64_t b = 0; b * bt < limit; ++b) {
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* kt = cache.keys(b, item.head);
+        if ((b + 1) * bt < limit) StartReading(cache.keys(b + 1, item.head));
         if (bf16) {
           BlockScoresBf16(reinterpret_cast<const uint16_t*>(q),
                           reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale());
@@ -348,6 +360,7 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
       for (int64_t b = 0; b * bt < limit; ++b) {
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* v = cache.values(b, item.head);
+        if ((b + 1) * bt < limit) StartReading(cache.values(b + 1, item.head));
         if (bf16) {
           AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv);
         } else {
