@@ -20,6 +20,10 @@ struct AttentionDims {
   bool add_bias_kv = false;
   bool add_zero_attn = false;
   bool bf16 = false;
+  // Session caches in bf16 whatever the compute type (half the bytes of an
+  // fp32 model's cache; keys and values rounded to bf16 as they are
+  // written). A bf16 model's caches are bf16 anyway.
+  bool kv_cache_bf16 = false;
   bool post_norm = false;
   float norm_eps = 1e-5f;
 
@@ -27,6 +31,8 @@ struct AttentionDims {
   int64_t v_width() const { return num_heads * v_head_dim; }
   // Extra key positions appended to every sequence (bias_kv, zero_attn).
   int64_t extra_keys() const { return (add_bias_kv ? 1 : 0) + (add_zero_attn ? 1 : 0); }
+  // Bytes of one cached key or value element.
+  int64_t kv_elem_bytes() const { return bf16 || kv_cache_bf16 ? 2 : 4; }
 };
 
 // Largest width accepted for any dimension; bounds memory a config can ask for.

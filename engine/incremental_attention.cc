@@ -12,6 +12,7 @@
 #include "engine/engine_impl.h"
 #include "engine/kernels.h"
 #include "engine/status_macros.h"
+#include "engine/tensor.h"
 
 namespace mha {
 namespace {
@@ -43,7 +44,7 @@ KvLayout EngineImpl::kv_layout() const {
   layout.heads = dims_.num_heads;
   layout.qk_head_dim = dims_.qk_head_dim;
   layout.v_head_dim = dims_.v_head_dim;
-  layout.elem_bytes = act_dt_ == dt::bf16 ? 2 : 4;
+  layout.elem_bytes = dims_.kv_elem_bytes();
   return layout;
 }
 
@@ -148,15 +149,27 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
                             int64_t tokens, int64_t first, KvCache& cache) const {
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t eb = cache.layout().elem_bytes, bt = KvLayout::kBlockTokens;
+  const int64_t in_eb = act_dt_ == dt::bf16 ? 2 : 4;  // k and v as projected
+  const bool round = in_eb != eb;  // an fp32 model's bf16 cache
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
     for (int64_t head = 0; head < h; ++head) {
       // Keys transposed, [dqk, 32]: element c of this token at c * 32 + slot.
       uint8_t* kt = cache.keys(block, head) + slot * eb;
-      const uint8_t* key = k + (t * ldk + head * dqk) * eb;
+      const uint8_t* key = k + (t * ldk + head * dqk) * in_eb;
+      uint8_t* value = cache.values(block, head) + slot * dv * eb;
+      const uint8_t* v_in = v + (t * ldv + head * dv) * in_eb;
+      if (round) {
+        const auto* key_f = reinterpret_cast<const float*>(key);
+        auto* kt16 = reinterpret_cast<uint16_t*>(kt);
+        for (int64_t c = 0; c < dqk; ++c) kt16[c * bt] = FloatToBf16(key_f[c]);
+        const auto* v_f = reinterpret_cast<const float*>(v_in);
+        auto* v16 = reinterpret_cast<uint16_t*>(value);
+        for (int64_t c = 0; c < dv; ++c) v16[c] = FloatToBf16(v_f[c]);
+        continue;
+      }
       for (int64_t c = 0; c < dqk; ++c) std::memcpy(kt + c * bt * eb, key + c * eb, eb);
-      std::memcpy(cache.values(block, head) + slot * dv * eb, v + (t * ldv + head * dv) * eb,
-                  dv * eb);
+      std::memcpy(value, v_in, dv * eb);
     }
   }
 }
@@ -300,9 +313,10 @@ inline void StartReading(const uint8_t* block) {
 
 void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const {
   const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim, bt = KvLayout::kBlockTokens;
-  const bool bf16 = act_dt_ == dt::bf16;
+  const bool bf16 = act_dt_ == dt::bf16;  // the query, bias_kv and the context
   const int64_t eb = bf16 ? 2 : 4;
   const KvCache& cache = *item.cache;
+  const bool kv16 = cache.layout().elem_bytes == 2;  // bf16 keys and values
   const int64_t keys = item.cross ? cache.length() : item.first + item.tokens;
   const int64_t cols = keys + dims_.extra_keys();
   const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / cols, 1, item.tokens);
@@ -324,6 +338,10 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
         if (bf16) {
           BlockScoresBf16(reinterpret_cast<const uint16_t*>(q),
                           reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale());
+        } else if (kv16) {  // an fp32 model's bf16 cache
+          BlockScoresF32Bf16(reinterpret_cast<const float*>(q),
+                             reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk,
+                             Scale());
         } else {
           BlockScores(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kt),
                       row + b * bt, n, dqk, Scale());
@@ -361,7 +379,7 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* v = cache.values(b, item.head);
         if ((b + 1) * bt < limit) StartReading(cache.values(b + 1, item.head));
-        if (bf16) {
+        if (kv16) {
           AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv);
         } else {
           AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv);

@@ -440,84 +440,150 @@ void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, 
   }
 }
 
-// kBlockTokens (32) scores per block: the sums stay in registers (two
-// AVX-512 or four AVX2 vectors) while the d rows stream by.
+// 16 floats as one vector of the clone's width (one AVX-512 register, two
+// AVX2 ones); loads and stores need no alignment.
+typedef float Floats16 __attribute__((vector_size(64), aligned(4)));
+
+inline float ValueAsFloat(float x) { return x; }
+inline float ValueAsFloat(uint16_t x) { return Bf16Bits(x); }
+
+__attribute__((always_inline)) inline void AddFloats16(Floats16& sum, float p,
+                                                        const float* values) {
+  sum += p * *reinterpret_cast<const Floats16*>(values);
+}
+// sum += p * (16 bf16 values widened to f32: their bits in the high half).
+// By reference, inlined: a 64-byte vector never crosses a call.
+typedef uint16_t Bf16x16 __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t Bits16 __attribute__((vector_size(64)));
+__attribute__((always_inline)) inline void AddBf16x16(Floats16& sum, float p,
+                                                       const uint16_t* values) {
+  const Bits16 wide =
+      __builtin_convertvector(*reinterpret_cast<const Bf16x16*>(values), Bits16) << 16;
+  sum += p * (Floats16)wide;  // the same bits, seen as floats
+}
+
+// kBlockTokens (32) scores per block, [d, 32] keys: four pairs of vector
+// sums (four independent chains of multiply-adds, so their latency
+// overlaps), added at the end.
 constexpr int64_t kBlockScoreTokens = 32;
+
+template <typename Key, typename AddRow>
+__attribute__((always_inline)) inline void BlockScoresWith(const float* q_f32,
+                                                            const uint16_t* q_bf16,
+                                                            const Key* kt, float* out, int64_t n,
+                                                            int64_t d, float scale,
+                                                            AddRow add_row) {
+  Floats16 l0 = {}, l1 = {}, l2 = {}, l3 = {}, h0 = {}, h1 = {}, h2 = {}, h3 = {};
+  auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16Bits(q_bf16[c]); };
+  int64_t c = 0;
+  for (; c + 4 <= d; c += 4) {
+    const Key* r = kt + c * kBlockScoreTokens;
+    add_row(l0, h0, qc(c), r);
+    add_row(l1, h1, qc(c + 1), r + kBlockScoreTokens);
+    add_row(l2, h2, qc(c + 2), r + 2 * kBlockScoreTokens);
+    add_row(l3, h3, qc(c + 3), r + 3 * kBlockScoreTokens);
+  }
+  for (; c < d; ++c) add_row(l0, h0, qc(c), kt + c * kBlockScoreTokens);
+  const Floats16 lo = (l0 + l1) + (l2 + l3), hi = (h0 + h1) + (h2 + h3);
+  float sums[kBlockScoreTokens];
+  std::memcpy(sums, &lo, sizeof lo);
+  std::memcpy(sums + 16, &hi, sizeof hi);
+  for (int64_t j = 0; j < n; ++j) out[j] = sums[j] * scale;
+}
 
 MHA_MULTIVERSION
 void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
                  float scale) {
-  float sums[kBlockScoreTokens] = {};
-  for (int64_t c = 0; c < d; ++c) {
-    const float qc = q[c];
-    const float* row = kt + c * kBlockScoreTokens;
-#pragma omp simd
-    for (int64_t j = 0; j < kBlockScoreTokens; ++j) sums[j] += qc * row[j];
-  }
-  for (int64_t j = 0; j < n; ++j) out[j] = sums[j] * scale;
+  BlockScoresWith(q, nullptr, kt, out, n, d, scale,
+                  [](Floats16& lo, Floats16& hi, float qc, const float* row) {
+                    AddFloats16(lo, qc, row);
+                    AddFloats16(hi, qc, row + 16);
+                  });
+}
+
+MHA_MULTIVERSION
+void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
+                        float scale) {
+  BlockScoresWith(q, nullptr, kt, out, n, d, scale,
+                  [](Floats16& lo, Floats16& hi, float qc, const uint16_t* row) {
+                    AddBf16x16(lo, qc, row);
+                    AddBf16x16(hi, qc, row + 16);
+                  });
 }
 
 MHA_MULTIVERSION
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                      float scale) {
-  float sums[kBlockScoreTokens] = {};
-  for (int64_t c = 0; c < d; ++c) {
-    const float qc = Bf16Bits(q[c]);
-    const uint16_t* row = kt + c * kBlockScoreTokens;
-#pragma omp simd
-    for (int64_t j = 0; j < kBlockScoreTokens; ++j) sums[j] += qc * Bf16Bits(row[j]);
-  }
-  for (int64_t j = 0; j < n; ++j) out[j] = sums[j] * scale;
+  BlockScoresWith(static_cast<const float*>(nullptr), q, kt, out, n, d, scale,
+                  [](Floats16& lo, Floats16& hi, float qc, const uint16_t* row) {
+                    AddBf16x16(lo, qc, row);
+                    AddBf16x16(hi, qc, row + 16);
+                  });
 }
 
-// 16 floats as one vector of the clone's width (one AVX-512 register, two
-// AVX2 ones); loads and stores need no alignment.
-typedef float Floats16 __attribute__((vector_size(64), aligned(4)));
 
-MHA_MULTIVERSION
-void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
-                       int64_t dv) {
+// acc[c] += sum_j probs[j] * v[j][c] over `cols` rows of `dv` values:
+// 64 columns at a time, their sums in registers while the rows stream by,
+// two rows at a time into two sets of sums (independent chains of
+// multiply-adds), added at the end. `add` is one row's 16 values into a sum.
+template <typename Value, typename Add>
+__attribute__((always_inline)) inline void AccumulateContextWith(const float* probs,
+                                                                  const Value* v, float* acc,
+                                                                  int64_t cols, int64_t dv,
+                                                                  Add add) {
   int64_t c0 = 0;
-  // 64 columns at a time, their sums in registers while the rows stream by.
   for (; c0 + 64 <= dv; c0 += 64) {
     Floats16 a0 = *reinterpret_cast<const Floats16*>(acc + c0);
     Floats16 a1 = *reinterpret_cast<const Floats16*>(acc + c0 + 16);
     Floats16 a2 = *reinterpret_cast<const Floats16*>(acc + c0 + 32);
     Floats16 a3 = *reinterpret_cast<const Floats16*>(acc + c0 + 48);
-    for (int64_t j = 0; j < cols; ++j) {
-      const float p = probs[j];
-      if (p == 0.0f) continue;  // masked keys (causal future, padding)
-      const float* vj = v + j * dv + c0;
-      a0 += p * *reinterpret_cast<const Floats16*>(vj);
-      a1 += p * *reinterpret_cast<const Floats16*>(vj + 16);
-      a2 += p * *reinterpret_cast<const Floats16*>(vj + 32);
-      a3 += p * *reinterpret_cast<const Floats16*>(vj + 48);
+    Floats16 b0 = {}, b1 = {}, b2 = {}, b3 = {};
+    int64_t j = 0;
+    for (; j + 2 <= cols; j += 2) {
+      const Value* x = v + j * dv + c0;
+      const Value* y = x + dv;
+      add(a0, probs[j], x);
+      add(a1, probs[j], x + 16);
+      add(a2, probs[j], x + 32);
+      add(a3, probs[j], x + 48);
+      add(b0, probs[j + 1], y);
+      add(b1, probs[j + 1], y + 16);
+      add(b2, probs[j + 1], y + 32);
+      add(b3, probs[j + 1], y + 48);
     }
-    *reinterpret_cast<Floats16*>(acc + c0) = a0;
-    *reinterpret_cast<Floats16*>(acc + c0 + 16) = a1;
-    *reinterpret_cast<Floats16*>(acc + c0 + 32) = a2;
-    *reinterpret_cast<Floats16*>(acc + c0 + 48) = a3;
+    if (j < cols) {
+      const Value* x = v + j * dv + c0;
+      add(a0, probs[j], x);
+      add(a1, probs[j], x + 16);
+      add(a2, probs[j], x + 32);
+      add(a3, probs[j], x + 48);
+    }
+    *reinterpret_cast<Floats16*>(acc + c0) = a0 + b0;
+    *reinterpret_cast<Floats16*>(acc + c0 + 16) = a1 + b1;
+    *reinterpret_cast<Floats16*>(acc + c0 + 32) = a2 + b2;
+    *reinterpret_cast<Floats16*>(acc + c0 + 48) = a3 + b3;
   }
   if (c0 == dv) return;
   for (int64_t j = 0; j < cols; ++j) {
     const float p = probs[j];
-    if (p == 0.0f) continue;
-    const float* vj = v + j * dv;
-#pragma omp simd
-    for (int64_t c = c0; c < dv; ++c) acc[c] += p * vj[c];
+    const Value* vj = v + j * dv;
+    for (int64_t c = c0; c < dv; ++c) acc[c] += p * ValueAsFloat(vj[c]);
   }
+}
+
+MHA_MULTIVERSION
+void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
+                       int64_t dv) {
+  AccumulateContextWith(probs, v, acc, cols, dv,
+                        [](Floats16& sum, float p, const float* x) { AddFloats16(sum, p, x); });
 }
 
 MHA_MULTIVERSION
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
                            int64_t dv) {
-  for (int64_t j = 0; j < cols; ++j) {
-    const float p = probs[j];
-    if (p == 0.0f) continue;
-    const uint16_t* vj = v + j * dv;
-#pragma omp simd
-    for (int64_t c = 0; c < dv; ++c) acc[c] += p * Bf16Bits(vj[c]);
-  }
+  AccumulateContextWith(probs, v, acc, cols, dv, [](Floats16& sum, float p, const uint16_t* x) {
+    AddBf16x16(sum, p, x);
+  });
 }
 
 void AccumulateHeadMean(const float* probs, int64_t heads, int64_t total_heads, int64_t rows,

@@ -120,6 +120,9 @@ void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t
                  float scale);
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                      float scale);
+// An fp32 query against a bf16 cache's keys.
+void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
+                        float scale);
 
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
                        int64_t dv);

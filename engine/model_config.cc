@@ -107,6 +107,24 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
           "config: compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
           v1::DataType_Name(config.compute_dtype())));
   }
+  switch (config.kv_cache_dtype()) {
+    case v1::DATA_TYPE_UNSPECIFIED:
+      break;
+    case v1::DATA_TYPE_FP32:
+      if (d.bf16) {
+        return absl::InvalidArgumentError(
+            "config: kv_cache_dtype DATA_TYPE_FP32 needs compute_dtype DATA_TYPE_FP32 (a bf16 "
+            "model's cache is bf16)");
+      }
+      break;
+    case v1::DATA_TYPE_BF16:
+      d.kv_cache_bf16 = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: kv_cache_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
+          v1::DataType_Name(config.kv_cache_dtype())));
+  }
   if (config.warmup_lengths_size() > kMaxWarmupLengths) {
     return absl::InvalidArgumentError(absl::StrCat("config: at most ", kMaxWarmupLengths,
                                                    " warmup_lengths, got ",

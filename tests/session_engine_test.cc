@@ -211,6 +211,35 @@ TEST(SessionBf16Test, ChunksAndMixedCallsStayWithinBf16Tolerance) {
       d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31, tolerance);
 }
 
+// An fp32 model with a bf16 cache (kv_cache_dtype BF16): half the bytes
+// on every CPU, its keys and values rounded to bf16 as written, so the
+// steps stay within bf16's rounding of Run's fp32 pass (measured: up to
+// 3.3e-4 on this model; the bound leaves 6x), for self chunks and calls
+// mixing self and cross steps.
+TEST(SessionBf16CacheTest, AnFp32ModelsBf16CacheStaysWithinBf16Rounding) {
+  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.kv_cache_bf16 = true; });
+  const auto engine = MakeEngine(d, RandomWeights(d, 11));
+  EXPECT_FALSE(engine->dims().bf16);
+  EXPECT_EQ(engine->kv_layout().elem_bytes, 2);
+  EXPECT_EQ(engine->kv_layout().block_bytes() * 2,
+            MakeEngine(Dims(24, 3), RandomWeights(d, 11))->kv_layout().block_bytes());
+  constexpr float kTolerance = 2e-3f;
+  const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
+  const Built b = Build(c, 21);
+  const RunResult full = FullRun(*engine, c, b);
+  for (const std::vector<int64_t>& chunks :
+       std::vector<std::vector<int64_t>>{{1}, {5, 1, 31, 2, 17}}) {
+    ExpectChunkedMatchesFull(*engine, engine->dims(), b.query, full, chunks, kTolerance);
+  }
+  ExpectMixedCallEqualsSeparateCalls(
+      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31,
+      kTolerance);
+  // Attend (Run) keeps the model's fp32 numbers: only sessions round.
+  const auto fp32 = MakeEngine(Dims(24, 3), RandomWeights(d, 11));
+  const RunResult exact = FullRun(*fp32, c, b);
+  EXPECT_LE(MaxAbsDiff(full.output.data(), exact.output.data(), full.output.size()), 1e-6f);
+}
+
 // A cross session's step equals Run with key = memory (and its value and
 // padding mask), for every chunking of the queries.
 TEST(SessionCrossTest, StepsEqualRunOverTheMemory) {

@@ -92,6 +92,7 @@ absl::Status SessionCalls::List(const grpc::CallbackServerContext& context,
     out->set_idle_ms(absl::ToInt64Milliseconds(info.idle));
     out->set_cross(info.cross);
     out->set_own_bytes(info.own_bytes);
+    out->set_cache_dtype(info.cache_dtype);
   }
   return absl::OkStatus();
 }

@@ -82,9 +82,9 @@ double ProbeReadBandwidth() {
 }
 
 // The keys and values a step of one token reads from a cache of `cached`
-// tokens (fp32; E = 512 for both).
-double KvBytes(int64_t sessions, int64_t cached) {
-  return static_cast<double>(sessions) * cached * 2 * kE * sizeof(float);
+// tokens (E = 512 for both; 4-byte elements, or 2 in a bf16 cache).
+double KvBytes(int64_t sessions, int64_t cached, int64_t elem_bytes = 4) {
+  return static_cast<double>(sessions) * cached * 2 * kE * elem_bytes;
 }
 
 // The probe's rate for this run (ProbeReadBandwidth, set by BenchDecode).
@@ -113,9 +113,10 @@ void Print(bool json, const char* name, double ms, const char* what, double rati
   std::fflush(stdout);
 }
 
-// 64 sessions at `cached` tokens each, appending 1 token each.
-void BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cached, bool json,
-                       Workspace& ws) {
+// 64 sessions at `cached` tokens each, appending 1 token each; returns the
+// batched call's seconds.
+double BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cached, bool json,
+                         Workspace& ws) {
   constexpr int64_t kSessions = 64;
   std::vector<std::unique_ptr<KvCache>> caches;
   for (int64_t s = 0; s < kSessions; ++s) {
@@ -141,11 +142,14 @@ void BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cache
     }
     rewind();
   });
-  const std::string name = absl::StrFormat("decode_64x1_at%d", cached);
+  const int64_t eb = engine.kv_layout().elem_bytes;
+  const std::string name =
+      absl::StrFormat("decode_64x1_at%d%s", cached, eb == 2 ? "_bf16cache" : "");
   Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
-        one_by_one_s / batched_s, 8, KvBytes(kSessions, cached));
+        one_by_one_s / batched_s, 8, KvBytes(kSessions, cached, eb));
   Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1,
-        KvBytes(kSessions, cached));
+        KvBytes(kSessions, cached, eb));
+  return batched_s;
 }
 
 // 16 sessions' steps (1 token at 256 cached) riding along in an Attend
@@ -243,9 +247,17 @@ void BenchDecode(bool json) {
   // 64 sessions appending 1 token each: one batched call against 64 calls.
   // The shape is cached length 1024; at 64 the cache reads are
   // small and what batching saves (per-call cost, weight reads) shows alone.
-  for (const int64_t cached : {int64_t{1024}, int64_t{64}}) {
-    BenchBatchedSteps(engine, pool, cached, json, *ws);
-  }
+  const double fp32_s = BenchBatchedSteps(engine, pool, 1024, json, *ws);
+  BenchBatchedSteps(engine, pool, 64, json, *ws);
+  // The same steps over a bf16 cache (kv_cache_dtype BF16): half the bytes.
+  AttentionDims bf16_cache = engine.dims();
+  bf16_cache.kv_cache_bf16 = true;
+  absl::StatusOr<std::unique_ptr<MhaEngine>> created16 =
+      MhaEngine::Create(bf16_cache, testing::RandomWeights(bf16_cache, 1));
+  Check(created16.status());
+  const double bf16_s = BenchBatchedSteps(**created16, pool, 1024, json, *ws);
+  Print(json, "decode_64x1_at1024_bf16cache_speedup", bf16_s * 1e3, "fp32_cache_over_bf16",
+        fp32_s / bf16_s, 1.7);
   // Steps riding along in an Attend call, against a call of their own:
   // a large batch and a small one.
   BenchMixedCall(engine, pool, 8, 128, json, *ws);
