@@ -385,11 +385,13 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
           AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv);
         }
       }
+      if (kv16) MergeSplitContext(acc, dv);  // back in column order
       if (dims_.add_bias_kv) {  // the zero_attn position adds nothing
         const uint8_t* bias_v = bias_v_.data() + item.head * dv * eb;
         if (bf16) {
-          AccumulateContextBf16(probs + keys, reinterpret_cast<const uint16_t*>(bias_v), acc, 1,
-                                dv);
+          const float p = probs[keys];
+          const auto* b16 = reinterpret_cast<const uint16_t*>(bias_v);
+          for (int64_t c = 0; c < dv; ++c) acc[c] += p * Bf16ToFloat(b16[c]);
         } else {
           AccumulateContext(probs + keys, reinterpret_cast<const float*>(bias_v), acc, 1, dv);
         }

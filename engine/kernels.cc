@@ -501,26 +501,52 @@ void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t
                   });
 }
 
+// 32 bf16 values as 16 words: the even-indexed values are the low halves
+// (shifted up, they are floats), the odd-indexed ones the high halves
+// (masked). One load and two bit operations, no shuffle across lanes.
+typedef uint32_t Words16 __attribute__((vector_size(64), aligned(2)));
+constexpr uint32_t kHighHalf = 0xFFFF0000u;
+
+// Scores of a bf16 block, the even tokens' sums in `even`, the odd ones'
+// in `odd` (four chains each), interleaved back at the end.
+__attribute__((always_inline)) inline void Bf16BlockScores(const float* q_f32,
+                                                           const uint16_t* q_bf16,
+                                                           const uint16_t* kt, float* out,
+                                                           int64_t n, int64_t d, float scale) {
+  Floats16 e0 = {}, e1 = {}, e2 = {}, e3 = {}, o0 = {}, o1 = {}, o2 = {}, o3 = {};
+  auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16Bits(q_bf16[c]); };
+  auto add = [](Floats16& even, Floats16& odd, float q, const uint16_t* row) {
+    const Words16 w = *reinterpret_cast<const Words16*>(row);
+    even += q * (Floats16)(w << 16);
+    odd += q * (Floats16)(w & kHighHalf);
+  };
+  int64_t c = 0;
+  for (; c + 4 <= d; c += 4) {
+    const uint16_t* r = kt + c * kBlockScoreTokens;
+    add(e0, o0, qc(c), r);
+    add(e1, o1, qc(c + 1), r + kBlockScoreTokens);
+    add(e2, o2, qc(c + 2), r + 2 * kBlockScoreTokens);
+    add(e3, o3, qc(c + 3), r + 3 * kBlockScoreTokens);
+  }
+  for (; c < d; ++c) add(e0, o0, qc(c), kt + c * kBlockScoreTokens);
+  const Floats16 even = (e0 + e1) + (e2 + e3), odd = (o0 + o1) + (o2 + o3);
+  float ev[16], od[16];
+  std::memcpy(ev, &even, sizeof ev);
+  std::memcpy(od, &odd, sizeof od);
+  for (int64_t j = 0; j < n; ++j) out[j] = ((j & 1) != 0 ? od[j / 2] : ev[j / 2]) * scale;
+}
+
 MHA_MULTIVERSION
 void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                         float scale) {
-  BlockScoresWith(q, nullptr, kt, out, n, d, scale,
-                  [](Floats16& lo, Floats16& hi, float qc, const uint16_t* row) {
-                    AddBf16x16(lo, qc, row);
-                    AddBf16x16(hi, qc, row + 16);
-                  });
+  Bf16BlockScores(q, nullptr, kt, out, n, d, scale);
 }
 
 MHA_MULTIVERSION
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                      float scale) {
-  BlockScoresWith(static_cast<const float*>(nullptr), q, kt, out, n, d, scale,
-                  [](Floats16& lo, Floats16& hi, float qc, const uint16_t* row) {
-                    AddBf16x16(lo, qc, row);
-                    AddBf16x16(hi, qc, row + 16);
-                  });
+  Bf16BlockScores(nullptr, q, kt, out, n, d, scale);
 }
-
 
 // acc[c] += sum_j probs[j] * v[j][c] over `cols` rows of `dv` values:
 // 64 columns at a time, their sums in registers while the rows stream by,
@@ -581,9 +607,57 @@ void AccumulateContext(const float* probs, const float* v, float* acc, int64_t c
 MHA_MULTIVERSION
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
                            int64_t dv) {
-  AccumulateContextWith(probs, v, acc, cols, dv, [](Floats16& sum, float p, const uint16_t* x) {
-    AddBf16x16(sum, p, x);
-  });
+  int64_t c0 = 0;
+  // 64 columns at a time as even and odd columns (Words16), so a row is two
+  // loads, into sums kept split the same way in `acc` (see
+  // MergeSplitContext): [even 0..30, odd 1..31, even 32..62, odd 33..63].
+  for (; c0 + 64 <= dv; c0 += 64) {
+    Floats16 e0 = *reinterpret_cast<const Floats16*>(acc + c0);
+    Floats16 o0 = *reinterpret_cast<const Floats16*>(acc + c0 + 16);
+    Floats16 e1 = *reinterpret_cast<const Floats16*>(acc + c0 + 32);
+    Floats16 o1 = *reinterpret_cast<const Floats16*>(acc + c0 + 48);
+    Floats16 f0 = {}, p0 = {}, f1 = {}, p1 = {};  // the odd rows' sums
+    auto add = [](Floats16& even, Floats16& odd, float p, const uint16_t* x) {
+      const Words16 w = *reinterpret_cast<const Words16*>(x);
+      even += p * (Floats16)(w << 16);
+      odd += p * (Floats16)(w & kHighHalf);
+    };
+    int64_t j = 0;
+    for (; j + 2 <= cols; j += 2) {
+      const uint16_t* x = v + j * dv + c0;
+      add(e0, o0, probs[j], x);
+      add(e1, o1, probs[j], x + 32);
+      add(f0, p0, probs[j + 1], x + dv);
+      add(f1, p1, probs[j + 1], x + dv + 32);
+    }
+    if (j < cols) {
+      const uint16_t* x = v + j * dv + c0;
+      add(e0, o0, probs[j], x);
+      add(e1, o1, probs[j], x + 32);
+    }
+    *reinterpret_cast<Floats16*>(acc + c0) = e0 + f0;
+    *reinterpret_cast<Floats16*>(acc + c0 + 16) = o0 + p0;
+    *reinterpret_cast<Floats16*>(acc + c0 + 32) = e1 + f1;
+    *reinterpret_cast<Floats16*>(acc + c0 + 48) = o1 + p1;
+  }
+  for (int64_t j = 0; j < cols && c0 < dv; ++j) {  // the rest, in order
+    const float p = probs[j];
+    const uint16_t* vj = v + j * dv;
+    for (int64_t c = c0; c < dv; ++c) acc[c] += p * Bf16Bits(vj[c]);
+  }
+}
+
+void MergeSplitContext(float* acc, int64_t dv) {
+  float split[64];
+  for (int64_t c0 = 0; c0 + 64 <= dv; c0 += 64) {
+    std::memcpy(split, acc + c0, sizeof split);
+    for (int i = 0; i < 16; ++i) {
+      acc[c0 + 2 * i] = split[i];
+      acc[c0 + 2 * i + 1] = split[16 + i];
+      acc[c0 + 32 + 2 * i] = split[32 + i];
+      acc[c0 + 32 + 2 * i + 1] = split[48 + i];
+    }
+  }
 }
 
 void AccumulateHeadMean(const float* probs, int64_t heads, int64_t total_heads, int64_t rows,

@@ -128,6 +128,10 @@ void AccumulateContext(const float* probs, const float* v, float* acc, int64_t c
                        int64_t dv);
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
                            int64_t dv);
+// AccumulateContextBf16 keeps each 64 columns' sums split, even columns
+// then odd ones (32 + 32); this puts them back in order, once, after the
+// last block.
+void MergeSplitContext(float* acc, int64_t dv);
 
 // weights[r, c] (+)= sum over `heads` of probs[h, r, c] / total_heads:
 // the mean over all heads when they come in several chunks (`first`

@@ -194,8 +194,18 @@ INSTANTIATE_TEST_SUITE_P(
 // A bf16 model's sessions: bf16 caches and loops where the CPU computes in
 // bf16 (AVX-512), within bf16's tolerance of Run's oneDNN bf16 products;
 // where it cannot, the model computes in fp32 (then to 1e-5).
+void ExpectBf16SessionsWithinTolerance(const AttentionDims& d);
+
 TEST(SessionBf16Test, ChunksAndMixedCallsStayWithinBf16Tolerance) {
-  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.bf16 = true; });
+  ExpectBf16SessionsWithinTolerance(With(Dims(24, 3), [](AttentionDims& x) { x.bf16 = true; }));
+  // Heads of 64 (the step loops' 64-column path, its split bf16 sums) with
+  // bias_kv and zero_attn (the bias value added after the split sums merge).
+  ExpectBf16SessionsWithinTolerance(With(Dims(128, 2), [](AttentionDims& x) {
+    x.bf16 = true, x.add_bias_kv = true, x.add_zero_attn = true;
+  }));
+}
+
+void ExpectBf16SessionsWithinTolerance(const AttentionDims& d) {
   const auto engine = MakeEngine(d, RandomWeights(d, 11));
   EXPECT_EQ(engine->dims().bf16, CpuCanComputeBf16());
   const float tolerance = engine->dims().bf16 ? 3e-2f : 1e-5f;
@@ -216,13 +226,24 @@ TEST(SessionBf16Test, ChunksAndMixedCallsStayWithinBf16Tolerance) {
 // steps stay within bf16's rounding of Run's fp32 pass (measured: up to
 // 3.3e-4 on this model; the bound leaves 6x), for self chunks and calls
 // mixing self and cross steps.
+void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims);
+
 TEST(SessionBf16CacheTest, AnFp32ModelsBf16CacheStaysWithinBf16Rounding) {
-  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) { x.kv_cache_bf16 = true; });
+  ExpectBf16CacheWithinRounding(Dims(24, 3));
+  // Heads of 64 (the 64-column path) with bias_kv and zero_attn.
+  ExpectBf16CacheWithinRounding(With(Dims(128, 2), [](AttentionDims& x) {
+    x.add_bias_kv = true, x.add_zero_attn = true;
+  }));
+}
+
+void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims) {
+  AttentionDims d = fp32_dims;
+  d.kv_cache_bf16 = true;
   const auto engine = MakeEngine(d, RandomWeights(d, 11));
   EXPECT_FALSE(engine->dims().bf16);
   EXPECT_EQ(engine->kv_layout().elem_bytes, 2);
   EXPECT_EQ(engine->kv_layout().block_bytes() * 2,
-            MakeEngine(Dims(24, 3), RandomWeights(d, 11))->kv_layout().block_bytes());
+            MakeEngine(fp32_dims, RandomWeights(d, 11))->kv_layout().block_bytes());
   constexpr float kTolerance = 2e-3f;
   const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
   const Built b = Build(c, 21);
@@ -235,7 +256,7 @@ TEST(SessionBf16CacheTest, AnFp32ModelsBf16CacheStaysWithinBf16Rounding) {
       d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31,
       kTolerance);
   // Attend (Run) keeps the model's fp32 numbers: only sessions round.
-  const auto fp32 = MakeEngine(Dims(24, 3), RandomWeights(d, 11));
+  const auto fp32 = MakeEngine(fp32_dims, RandomWeights(d, 11));
   const RunResult exact = FullRun(*fp32, c, b);
   EXPECT_LE(MaxAbsDiff(full.output.data(), exact.output.data(), full.output.size()), 1e-6f);
 }
