@@ -165,8 +165,7 @@ absl::Status Server::Build() {
       SessionOptions{.cache_bytes = session_cache_bytes,
                      .max_sessions = options_.max_sessions,
                      .idle_timeout = options_.session_idle_timeout,
-                     .max_tokens = options_.session_max_tokens,
-                     .memory = memory_.get()},
+                     .max_tokens = options_.session_max_tokens},
       metrics_->Sessions());
   if (!options_.session_spill_dir.empty()) {
     const absl::Time start = absl::Now();

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/frontends/request_codec.h"
 #include "server/scheduling/batcher.h"
+#include "server/scheduling/task.h"
 #include "tests/callback_call.h"
 #include "tests/manual_clock.h"
 #include "tests/test_models.h"
@@ -226,6 +227,50 @@ absl::StatusOr<Answer> Keep(const absl::StatusOr<AttentionResult>& result) {
                 {result->weights.begin(), result->weights.end()}};
 }
 
+// A session step as the scheduler sees one, on a cache of its own: starts
+// at once, appends `tokens` random rows, and records its answer and how
+// many engine calls `calls` counted when it was answered.
+class TestStep final : public StepTask {
+ public:
+  TestStep(const MhaEngine& engine, int64_t tokens, std::function<double()> calls)
+      : pool_(int64_t{4} << 20),
+        cache_(engine.kv_layout(), pool_),
+        query_(testing::RandomVector(tokens * engine.dims().embed_dim, 5)),
+        tokens_(tokens),
+        calls_(std::move(calls)) {}
+  std::future<absl::Status> answer() { return answer_.get_future(); }
+  // Outlive the step (the batcher destroys it once answered).
+  std::shared_ptr<double> calls_at_answer = std::make_shared<double>(-1);
+  std::function<bool()> cancelled;
+
+  bool Cancelled() const override { return cancelled && cancelled(); }
+  const void* session() const override { return this; }
+  int64_t tokens() const override { return tokens_; }
+  void CountDropped(const ModelMetrics&, const char*) override {}
+  Start Begin(StepPlan& plan, absl::Status&) override {
+    plan.step = AppendStep{&cache_, tokens_, false};
+    plan.query = query_;
+    plan.keys = cache_.length() + tokens_;
+    return Start::kRun;
+  }
+  absl::Status Allocate() override { return cache_.Reserve(cache_.length() + tokens_); }
+  void Abandon() override {}
+  void Finish(const absl::Status& status, absl::Span<const float>,
+              absl::Span<const float>) override {
+    *calls_at_answer = calls_();
+    answer_.set_value(status);
+  }
+  void Fail(const absl::Status& status) override { answer_.set_value(status); }
+
+ private:
+  KvBlockPool pool_;
+  KvCache cache_;
+  std::vector<float> query_;
+  const int64_t tokens_;
+  std::function<double()> calls_;
+  std::promise<absl::Status> answer_;
+};
+
 // An engine, metrics and decoded requests for batcher tests.
 class BatcherTest : public ::testing::Test {
  protected:
@@ -266,6 +311,19 @@ class BatcherTest : public ::testing::Test {
 
   double BatchCount() {
     return metrics_.ForModel("m").batch_requests->Collect().histogram.sample_count;
+  }
+
+  // Queues a step of `tokens`; its answer comes through the future.
+  std::future<absl::Status> Step(Batcher& b, Metrics& metrics, int64_t tokens = 1,
+                                 std::shared_ptr<double>* calls_at_answer = nullptr) {
+    ModelMetrics& m = metrics.ForModel("m");
+    auto step = std::make_unique<TestStep>(*engine_, tokens, [&m] {
+      return static_cast<double>(m.compute_duration->Collect().histogram.sample_count);
+    });
+    std::future<absl::Status> answer = step->answer();
+    if (calls_at_answer != nullptr) *calls_at_answer = step->calls_at_answer;
+    b.Enqueue(std::move(step));
+    return answer;
   }
 
   // Options whose queue delay only the test's clock can end.
@@ -478,11 +536,10 @@ TEST_F(BatcherTest, LoneRequestWithWeightsMatchesTheEngineAlone) {
 
 TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
   // Six requests of 40 tokens (L = 20, query + key), held by a delay only
-  // Stop ends. A step (no source: the call carries no steps) marks the
-  // pool's sessions as stepping: calls then take at most 100 tokens, two
-  // requests each, and close when they have them without waiting for the
-  // delay (a step waits at most for one such call). The last two do not
-  // fill a call: Stop sends them.
+  // Stop ends. A step marks the pool's sessions as stepping: calls then
+  // take at most 100 tokens, two requests each, and close when they have
+  // them without waiting for the delay (a step waits at most for one such
+  // call). The last two do not fill a call: Stop sends them.
   BatcherOptions options = Delayed(absl::Seconds(30));
   options.max_batch_tokens = 1 << 20;
   options.max_batch_tokens_with_steps = 100;
@@ -490,7 +547,7 @@ TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
   std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(20, i)));
-  batcher.StepsQueued();
+  EXPECT_TRUE(Step(batcher, metrics).get().ok());
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(results[i].get().ok());  // the cap closed them
   batcher.Stop();
   for (int i = 4; i < 6; ++i) EXPECT_TRUE(results[i].get().ok());
@@ -539,13 +596,57 @@ TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
   options.max_batch_tokens_with_steps = 100;
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
-  batcher.StepsQueued();
+  EXPECT_TRUE(Step(batcher, metrics).get().ok());
   clock_.Advance(WorkerPool::kStepsRecent + absl::Milliseconds(1));
   std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 6; ++i) results.push_back(Submit(batcher, Request(20, i)));
   batcher.Stop();
   for (auto& r : results) EXPECT_TRUE(r.get().ok());
   EXPECT_EQ(metrics.ForModel("m").batch_requests->Collect().histogram.sample_count, 1);
+}
+
+// Steps go first: a step queued behind a run of Attend requests waits at
+// most for the call in progress, then rides in the next one (capped). Its
+// steps are refused, like Attend requests, when their deadline passed or
+// their caller cancelled, before anything is computed.
+TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
+  BatcherOptions options = Delayed(absl::Seconds(30));
+  options.max_batch_tokens = 1 << 20;
+  options.max_batch_tokens_with_steps = 100;
+  Metrics metrics;
+  Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
+  ASSERT_TRUE(Step(batcher, metrics).get().ok());  // sessions step: the cap holds
+  std::vector<std::future<absl::StatusOr<Answer>>> results;
+  for (int i = 0; i < 20; ++i) results.push_back(Submit(batcher, Request(20, i)));
+  const double calls_before =
+      metrics.ForModel("m").compute_duration->Collect().histogram.sample_count;
+  std::shared_ptr<double> calls_at_answer;
+  std::future<absl::Status> answer = Step(batcher, metrics, 1, &calls_at_answer);
+  ASSERT_TRUE(answer.get().ok());
+  // The call computing when it arrived, then its own.
+  EXPECT_LE(*calls_at_answer, calls_before + 2);
+  batcher.Stop();
+  for (auto& r : results) EXPECT_TRUE(r.get().ok());
+  // 20 requests, two per capped call; the two steps rode along or alone.
+  EXPECT_EQ(metrics.ForModel("m").batch_requests->Collect().histogram.sample_count, 10);
+}
+
+TEST_F(BatcherTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
+  Metrics metrics;
+  Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
+  auto late = std::make_unique<TestStep>(*engine_, 1, [] { return 0.0; });
+  late->deadline = clock_.Now() - absl::Milliseconds(1);
+  std::future<absl::Status> late_answer = late->answer();
+  batcher.Enqueue(std::move(late));
+  EXPECT_EQ(late_answer.get().code(), absl::StatusCode::kDeadlineExceeded);
+  auto gone = std::make_unique<TestStep>(*engine_, 1, [] { return 0.0; });
+  gone->cancelled = [] { return true; };
+  std::future<absl::Status> gone_answer = gone->answer();
+  batcher.Enqueue(std::move(gone));
+  EXPECT_EQ(gone_answer.get().code(), absl::StatusCode::kCancelled);
+  batcher.Stop();
+  EXPECT_EQ(metrics.ForModel("m").compute_duration->Collect().histogram.sample_count, 0)
+      << "nothing computed";
 }
 
 // A queue that hands out `pending` works, each logging its name when it

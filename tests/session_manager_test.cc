@@ -342,7 +342,9 @@ TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
   SessionOptions options;
   options.clock = &clock;
   SessionManager sessions(options, metrics.Sessions());
-  const VersionPtr version = MakeVersion();
+  BatcherOptions scheduler;  // deadlines are the scheduler's: the same clock
+  scheduler.clock = &clock;
+  const VersionPtr version = MakeVersion(scheduler);
   const std::string id = OpenSync(sessions, version);
   AppendSync(sessions, id, 2, 1);
 
@@ -369,7 +371,7 @@ TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
 }
 
 // Steps take their memory from the budget Attend requests take theirs
-// from: a step that alone needs more than the budget is refused, so is one
+// from (their batcher's, the scheduler's one admission path): a step that alone needs more than the budget is refused, so is one
 // that finds the budget held; a step that fits gives its memory back once
 // it is answered.
 TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
@@ -383,8 +385,11 @@ TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
 
   {  // Too large for the whole budget: refused at once.
     MemoryBudget budget(cost.total() - 1);
-    SessionManager sessions(SessionOptions{.memory = &budget}, metrics.Sessions());
-    const std::string id = OpenSync(sessions, version);
+    BatcherOptions budgeted;
+    budgeted.memory = &budget;
+    const VersionPtr on_budget = MakeVersion(budgeted);
+    SessionManager sessions({}, metrics.Sessions());
+    const std::string id = OpenSync(sessions, on_budget);
     absl::Status status;
     AppendSync(sessions, id, 1, 1, &status);
     EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
@@ -395,8 +400,11 @@ TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
     MemoryBudget budget(cost.total());
     MemoryReservation queued_request;
     ASSERT_TRUE(budget.TryReserveQueued(cost.active_bytes, queued_request));
-    SessionManager sessions(SessionOptions{.memory = &budget}, metrics.Sessions());
-    const std::string id = OpenSync(sessions, version);
+    BatcherOptions budgeted;
+    budgeted.memory = &budget;
+    const VersionPtr on_budget = MakeVersion(budgeted);
+    SessionManager sessions({}, metrics.Sessions());
+    const std::string id = OpenSync(sessions, on_budget);
     absl::Status status;
     AppendSync(sessions, id, 1, 1, &status);
     EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;

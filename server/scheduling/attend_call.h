@@ -1,6 +1,5 @@
-// One Attend request as the scheduler carries it: the call object that owns
-// the decoded request, its memory reservation, its deadline and whether its
-// caller is gone, and answers exactly once.
+// One Attend request as the scheduler carries it: the task that owns the
+// decoded request and answers exactly once.
 #ifndef MHA_SERVER_SCHEDULING_ATTEND_CALL_H_
 #define MHA_SERVER_SCHEDULING_ATTEND_CALL_H_
 
@@ -15,7 +14,7 @@
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
 #include "engine/ragged_batch.h"
-#include "server/scheduling/memory_budget.h"
+#include "server/scheduling/task.h"
 
 namespace mha::server {
 
@@ -34,24 +33,19 @@ struct AttentionResult {
 // do nothing, so a call is answered exactly once. Subclasses (one per front
 // end and transport) say how a result is encoded and how the answer leaves.
 // Not thread-safe: one owner at a time (front end, queue, worker).
-class AttendCall {
+class AttendCall : public Task {
  public:
-  AttendCall() = default;
-  AttendCall(const AttendCall&) = delete;
-  AttendCall& operator=(const AttendCall&) = delete;
-  virtual ~AttendCall() = default;
+  AttendCall() : Task(Kind::kAttend) {}
 
   // The decoded request, set once before the call is queued.
   void SetInput(AttentionRequest input) {
     input_.emplace(std::move(input));
     signature_ = BatchSignature::Of(*input_);
+    wire_bytes = input_->wire_bytes();
   }
   const AttentionRequest& input() const { return *input_; }
   // Which requests it may share an engine call with.
   const BatchSignature& signature() const { return signature_; }
-
-  // Whether nobody waits for the answer any more (the client cancelled).
-  virtual bool Cancelled() const { return false; }
 
   // Answers with `result`: encodes it (its error instead when encoding
   // fails, RESOURCE_EXHAUSTED when it runs out of memory) and ends the call.
@@ -67,26 +61,15 @@ class AttendCall {
     Finish(status);
   }
   // Answers with an error (never OK).
-  void Fail(const absl::Status& status) {
+  void Fail(const absl::Status& status) final {
     if (answered_) return;
     answered_ = true;
     Finish(status.ok() ? absl::InternalError("a call failed with OK") : status);
   }
   bool answered() const { return answered_; }
-
-  absl::Time deadline = absl::InfiniteFuture();
-  // The priority level the caller asked for (Triton's rule: 1 is the
-  // highest; 0: the model's default); the batcher makes it the level it
-  // queues at.
-  uint64_t priority = 0;
-  absl::Time enqueued;
-  // What it holds while queued and what computing and answering it adds
-  // (server/scheduling/admission.h), and where those bytes are reserved:
-  // shared with the transport, so they come back when both the batch and
-  // the sending of the answer are done.
-  int64_t queued_bytes = 0, active_bytes = 0;
-  std::shared_ptr<MemoryReservation> memory = std::make_shared<MemoryReservation>();
-  absl::Status refusal;  // set when the batcher refuses it instead of computing
+  void CountDropped(const ModelMetrics& model, const char* reason) final {
+    model.CountDropped(reason);
+  }
 
  protected:
   // Writes `result` into the response, or says why it could not (may

@@ -7,12 +7,12 @@
 #include <iterator>
 #include <new>
 #include <optional>
-#include <shared_mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/mha_engine.h"
 #include "engine/threads.h"
+#include "server/scheduling/admission.h"
 
 namespace mha::server {
 
@@ -50,59 +50,104 @@ Batcher::~Batcher() {
   pool_.Detach(registration_);
 }
 
-void Batcher::Enqueue(std::unique_ptr<AttendCall> request) {
+void Batcher::Enqueue(std::unique_ptr<Task> task) {
+  const bool step = task->kind() == Task::Kind::kStep;
   absl::Status admitted;
   try {
-    admitted = Admit(request);
+    admitted = Admit(task);
   } catch (const std::bad_alloc&) {  // the queue could not grow: nothing changed
     admitted = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
   }
   if (!admitted.ok()) {
-    request->Fail(admitted);  // outside the lock
+    task->Fail(admitted);  // outside the lock
     return;
   }
-  pool_.Wake(registration_);
+  pool_.Wake(registration_, step);
 }
 
-absl::Status Batcher::Admit(std::unique_ptr<AttendCall>& request) {
+namespace {
+
+const char* Noun(const Task& task) {
+  switch (task.kind()) {
+    case Task::Kind::kAttend: return "request";
+    case Task::Kind::kStep: return "step";
+    case Task::Kind::kProjection: return "session memory";
+  }
+  return "task";
+}
+
+}  // namespace
+
+absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("server is shutting down");
-  if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
-    metrics_.CountDropped("queue_full");
+  const int64_t waiting =
+      static_cast<int64_t>(queue_.size() + steps_.size() + projections_.size());
+  if (waiting >= options_.max_queue_size) {
+    task->CountDropped(metrics_, "queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
         "model '", model_, "': queue full (", options_.max_queue_size, " requests waiting)"));
   }
-  if (queued_bytes_ + request->input().wire_bytes() > options_.max_queue_bytes) {
-    metrics_.CountDropped("queue_full");
+  if (queued_bytes_ + task->wire_bytes > options_.max_queue_bytes) {
+    task->CountDropped(metrics_, "queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
-        "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this request ",
-        request->input().wire_bytes(), ", limit ", options_.max_queue_bytes, ")"));
+        "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this ",
+        Noun(*task), " ", task->wire_bytes, ", limit ", options_.max_queue_bytes, ")"));
   }
   MemoryBudget* memory = options_.memory;
-  if (memory != nullptr && !memory->TryReserveQueued(request->queued_bytes, *request->memory)) {
-    metrics_.CountDropped("memory");
+  if (memory != nullptr && task->kind() == Task::Kind::kStep) {
+    // Its working memory as of its session's position now (an Attend
+    // request's front end checked its own).
+    const RequestCost cost{.queued_bytes = task->queued_bytes, .active_bytes = task->active_bytes};
+    if (absl::Status fits = CheckStepMemory(cost, memory->capacity()); !fits.ok()) {
+      task->CountDropped(metrics_, "memory");
+      return fits;
+    }
+  }
+  if (memory != nullptr && !memory->TryReserveQueued(task->queued_bytes, *task->memory)) {
+    task->CountDropped(metrics_, "memory");
     return absl::ResourceExhaustedError(absl::StrCat(
         "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
-        " of ", WithCommas(memory->capacity()), " bytes and this one needs ",
-        WithCommas(request->queued_bytes), " to wait in the queue; retry later"));
+        " of ", WithCommas(memory->capacity()), " bytes and this ", Noun(*task), " needs ",
+        WithCommas(task->queued_bytes), " to wait in the queue; retry later"));
   }
-  request->enqueued = clock_.Now();
-  const int64_t tokens = request->input().tokens(), bytes = request->input().wire_bytes();
-  // Behind every request of its level or a higher one (a lower number).
-  const uint64_t levels = options_.priority_levels;
-  const uint64_t asked = request->priority;
-  request->priority = levels == 0 ? 0
-                      : (asked == 0 || asked > levels) ? options_.default_priority_level
-                                                       : asked;
-  auto behind = queue_.end();
-  while (behind != queue_.begin() && (*std::prev(behind))->priority > request->priority) {
-    --behind;
-  }
-  queue_.insert(behind, std::move(request));  // if it throws, nothing has changed
-  queued_tokens_ += tokens;
-  queued_bytes_ += bytes;
-  metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+  task->enqueued = clock_.Now();
+  Queue(task);  // if it throws, nothing has changed
+  PublishDepth();
   return absl::OkStatus();
+}
+
+void Batcher::Queue(std::unique_ptr<Task>& task) {
+  // Each lane makes room first, so that a throw leaves `task` with the
+  // caller, which answers it.
+  const int64_t bytes = task->wire_bytes;
+  switch (task->kind()) {
+    case Task::Kind::kStep:
+      steps_.emplace_back();
+      steps_.back().reset(static_cast<StepTask*>(task.release()));
+      steps_ready_ = true;
+      break;
+    case Task::Kind::kProjection:
+      projections_.emplace_back();
+      projections_.back().reset(static_cast<ProjectionTask*>(task.release()));
+      break;
+    case Task::Kind::kAttend: {
+      // Behind every request of its level or a higher one (a lower number).
+      const uint64_t levels = options_.priority_levels;
+      const uint64_t asked = task->priority;
+      const uint64_t level = levels == 0 ? 0
+                             : (asked == 0 || asked > levels) ? options_.default_priority_level
+                                                              : asked;
+      auto behind = queue_.end();
+      while (behind != queue_.begin() && (*std::prev(behind))->priority > level) --behind;
+      auto slot = queue_.emplace(behind);
+      slot->reset(static_cast<AttendCall*>(task.release()));
+      (*slot)->priority = level;
+      queued_tokens_ += (*slot)->input().tokens();
+      break;
+    }
+  }
+  queued_bytes_ += bytes;
 }
 
 void Batcher::Stop() {
@@ -115,35 +160,26 @@ void Batcher::Stop() {
   drained_cv_.wait(lock, [this] { return Drained(); });
 }
 
+void Batcher::PublishDepth() {
+  metrics_.queue_depth->Set(
+      static_cast<double>(queue_.size() + steps_.size() + projections_.size()));
+}
+
 bool Batcher::Drained() const {
-  return queue_.empty() && tasks_.empty() && !steps_queued_ && in_flight_ == 0;
+  return queue_.empty() && steps_.empty() && projections_.empty() && in_flight_ == 0;
 }
 
-void Batcher::SetStepSource(StepSource* source) {
-  {
-    std::shared_lock<std::shared_mutex> lock(source_mu_);
-    if (source_ == source) return;
+absl::Status Batcher::Unwanted(Task& task, absl::Time now) const {
+  if (task.Cancelled()) {
+    task.CountDropped(metrics_, "cancelled");
+    return absl::CancelledError("client cancelled the request");
   }
-  std::unique_lock<std::shared_mutex> lock(source_mu_);
-  source_ = source;
-}
-
-void Batcher::StepsQueued() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    steps_queued_ = true;
+  if (now > task.deadline) {
+    task.CountDropped(metrics_, "deadline");
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline passed while the ", Noun(task), " was queued"));
   }
-  pool_.Wake(registration_, /*steps=*/true);
-}
-
-bool Batcher::RunOnWorker(std::function<void(Workspace&)> task) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return false;
-    tasks_.push_back(std::move(task));
-  }
-  pool_.Wake(registration_);
-  return true;
+  return absl::OkStatus();
 }
 
 // A batch may close: it is full, its oldest request waited long enough, or
@@ -172,9 +208,9 @@ int64_t Batcher::TokenLimit() const {
   return pool_.StepsRecently() ? tokens_with_steps_ : max_batch_tokens_;
 }
 
-MemoryBudget::Growth Batcher::ReserveActive(AttendCall& request) {
+MemoryBudget::Growth Batcher::ReserveActive(Task& task) {
   if (options_.memory == nullptr) return MemoryBudget::Growth::kGrown;
-  return options_.memory->TryGrowActive(request.active_bytes, *request.memory);
+  return options_.memory->TryGrowActive(task.active_bytes, *task.memory);
 }
 
 std::unique_ptr<PoolWork> Batcher::Hand(std::unique_ptr<Work> work) {
@@ -193,7 +229,7 @@ Batcher::Work::~Work() {
 }
 
 void Batcher::Work::Run(Workspace& ws) {
-  for (auto& task : tasks) task(ws);
+  if (!projections.empty()) batcher.RunProjections(std::move(projections), ws);
   if (!batch.empty() || steps) batcher.Compute(std::move(batch), steps, ws);
 }
 
@@ -201,12 +237,16 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   std::lock_guard<std::mutex> lock(mu_);
   // Made first: once requests leave the queue, nothing allocates.
   auto work = std::make_unique<Work>(*this);
-  if (!tasks_.empty()) {
-    work->tasks.swap(tasks_);
+  if (!projections_.empty()) {
+    for (auto& p : projections_) {
+      queued_bytes_ -= p->wire_bytes;
+      work->projections.push_back(std::move(p));
+    }
+    projections_.clear();
     return Hand(std::move(work));
   }
-  if (steps_queued_) {
-    steps_queued_ = false;
+  if (steps_ready_) {
+    steps_ready_ = false;
     work->steps = true;
   }
   if (!BatchReady(work->steps)) {
@@ -222,8 +262,7 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
     return Hand(std::move(work));
   }
   if (work->steps) return Hand(std::move(work));  // steps do not wait for the memory
-  const bool unwanted =
-      clock_.Now() > oldest.deadline || oldest.Cancelled();
+  const bool unwanted = clock_.Now() > oldest.deadline || oldest.Cancelled();
   if (!unwanted && growth == MemoryBudget::Growth::kFullUntilActiveReturns) {
     // Batches computing or answering will give memory back.
     idle.waiting_for_memory = true;
@@ -243,7 +282,7 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   queued_bytes_ -= oldest.input().wire_bytes();
   work->batch.push_back(std::move(queue_.front()));
   queue_.pop_front();
-  metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+  PublishDepth();
   return Hand(std::move(work));
 }
 
@@ -272,11 +311,130 @@ std::vector<std::unique_ptr<AttendCall>> Batcher::TakeBatch() {
     it = queue_.erase(it);
     if (!options_.enabled) break;
   }
-  metrics_.queue_depth->Set(static_cast<double>(queue_.size()));
+  PublishDepth();
   return batch;
 }
 
 int Batcher::ThreadsPerCall() const { return pool_.ThreadsPerCall(); }
+
+void Batcher::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections,
+                             Workspace& ws) {
+  const absl::Time now = clock_.Now();
+  for (auto& p : projections) {
+    if (absl::Status unwanted = Unwanted(*p, now); !unwanted.ok()) {
+      p->Fail(unwanted);
+    } else {
+      p->Run(ws);
+    }
+    p.reset();  // its memory comes back before the next one runs
+  }
+  WakeLeftSteps(/*ran_some=*/true, /*more=*/false);
+}
+
+Batcher::StepTaken Batcher::TryStartStep(std::unique_ptr<StepTask>& step, bool call_empty,
+                                         StepPlan& plan) {
+  absl::Status why;
+  switch (step->Begin(plan, why)) {
+    case StepTask::Start::kWait: return StepTaken::kBusy;
+    case StepTask::Start::kRefused:
+      step->refusal = std::move(why);
+      return StepTaken::kRefused;
+    case StepTask::Start::kRun: break;
+  }
+  MemoryBudget* memory = options_.memory;
+  if (memory != nullptr) {
+    const RequestCost cost{.queued_bytes = step->queued_bytes, .active_bytes = step->active_bytes};
+    absl::Status fits = CheckStepMemory(cost, memory->capacity());
+    if (fits.ok() && ReserveActive(*step) != MemoryBudget::Growth::kGrown) {
+      if (!call_empty) {  // it may fit once the steps of this call are done
+        step->Abandon();
+        return StepTaken::kNoRoom;
+      }
+      // A step does not wait for memory behind Attend requests.
+      fits = absl::ResourceExhaustedError(absl::StrCat(
+          "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
+          " of ", WithCommas(memory->capacity()), " bytes and this step needs ",
+          WithCommas(step->active_bytes), " more to compute; retry later"));
+    }
+    if (!fits.ok()) {
+      step->CountDropped(metrics_, "memory");
+      step->refusal = std::move(fits);
+      return StepTaken::kRefused;
+    }
+  }
+  if (absl::Status room = step->Allocate(); !room.ok()) {
+    step->refusal = std::move(room);
+    return StepTaken::kRefused;
+  }
+  return StepTaken::kTaken;
+}
+
+std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr<Task>>& refused,
+                                                     bool& more) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_.Now();
+  std::vector<StartedStep> started;
+  std::vector<const void*> blocked;  // sessions whose later steps wait
+  auto is_blocked = [&](const void* session) {
+    return std::find(blocked.begin(), blocked.end(), session) != blocked.end();
+  };
+  int64_t tokens = 0;
+  for (auto it = steps_.begin(); it != steps_.end();) {
+    StepTask& step = **it;
+    if (is_blocked(step.session())) {
+      ++it;
+      continue;
+    }
+    auto remove = [&] {
+      if (options_.memory != nullptr) options_.memory->MarkLeaving(*step.memory);
+      queued_bytes_ -= step.wire_bytes;
+      refused.push_back(std::move(*it));
+      it = steps_.erase(it);
+    };
+    if (absl::Status unwanted = Unwanted(step, now); !unwanted.ok()) {
+      step.refusal = std::move(unwanted);
+      remove();
+      continue;
+    }
+    blocked.push_back(step.session());  // one step per session and call
+    if (!started.empty() && tokens + step.tokens() > max_batch_tokens_) {
+      more = true;
+      ++it;
+      continue;
+    }
+    StepPlan plan;
+    switch (TryStartStep(*it, started.empty(), plan)) {
+      case StepTaken::kBusy:
+        ++it;
+        continue;
+      case StepTaken::kNoRoom:
+        more = true;
+        ++it;
+        continue;
+      case StepTaken::kRefused:
+        remove();
+        continue;
+      case StepTaken::kTaken:
+        break;
+    }
+    tokens += step.tokens();
+    queued_bytes_ -= step.wire_bytes;
+    started.push_back({std::move(*it), plan});
+    it = steps_.erase(it);
+  }
+  PublishDepth();
+  return started;
+}
+
+void Batcher::WakeLeftSteps(bool ran_some, bool more) {
+  if (!ran_some && !more) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (steps_.empty()) return;
+    steps_ready_ = true;
+  }
+  pool_.Wake(registration_, /*steps=*/true);
+}
 
 void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps,
                       Workspace& ws) {
@@ -287,36 +445,40 @@ void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps
     metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
     if (options_.statistics != nullptr) options_.statistics->Queued(now - r->enqueued);
     if (!r->refusal.ok()) {
-      metrics_.CountDropped("memory");
+      r->CountDropped(metrics_, "memory");
       r->Fail(r->refusal);
-    } else if (r->Cancelled()) {
-      metrics_.CountDropped("cancelled");
-      r->Fail(absl::CancelledError("client cancelled the request"));
-    } else if (now > r->deadline) {
-      metrics_.CountDropped("deadline");
-      r->Fail(absl::DeadlineExceededError("deadline passed while the request was queued"));
+    } else if (absl::Status unwanted = Unwanted(*r, now); !unwanted.ok()) {
+      r->Fail(unwanted);
     } else {
       live.push_back(std::move(r));
     }
   }
-  // The source stays while its steps compute (SetStepSource waits).
-  std::shared_lock<std::shared_mutex> source_lock(source_mu_, std::defer_lock);
-  std::unique_ptr<StepGroup> group;
-  size_t answered = 0;
-  try {
-    if (steps) {
-      source_lock.lock();
-      if (source_ != nullptr) group = source_->TakeSteps(engine_, max_batch_tokens_);
-      if (group == nullptr) source_lock.unlock();
-    }
-    if (live.empty() && group == nullptr) return;
-    ComputeLive(live, group, ws, answered);
-  } catch (const std::bad_alloc&) {  // the batch fails, the server goes on
-    const absl::Status status = absl::ResourceExhaustedError(
-        "out of memory while computing this request's batch; retry later");
-    if (group != nullptr) group->Finish(status, {}, {});
-    for (size_t i = answered; i < live.size(); ++i) live[i]->Fail(status);
+  std::vector<StartedStep> started;
+  bool more = false;
+  if (steps) {
+    std::vector<std::unique_ptr<Task>> refused;
+    started = TakeSteps(refused, more);
+    for (auto& step : refused) step->Fail(step->refusal);  // outside the lock
   }
+  size_t answered = 0;
+  if (!live.empty() || !started.empty()) {
+    try {
+      ComputeLive(live, started, ws, answered);
+    } catch (const std::bad_alloc&) {  // the call fails, the server goes on
+      const absl::Status status = absl::ResourceExhaustedError(
+          "out of memory while computing this request's batch; retry later");
+      for (size_t i = answered; i < started.size() + live.size(); ++i) {
+        if (i < started.size()) {
+          started[i].task->Finish(status, {}, {});
+        } else {
+          live[i - started.size()]->Fail(status);
+        }
+      }
+    }
+  }
+  const bool ran_steps = !started.empty();
+  started.clear();  // their memory and sessions' blocks come back first
+  WakeLeftSteps(ran_steps, more);
 }
 
 void Batcher::ReportPrimitiveCacheMisses() {
@@ -328,7 +490,7 @@ void Batcher::ReportPrimitiveCacheMisses() {
 }
 
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
-                          std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered) {
+                          std::vector<StartedStep>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
   int64_t tokens = 0, sequences = 0;
@@ -339,18 +501,25 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   }
   // The steps' query rows go right after the requests' (one buffer, one
   // projection product, no copy in the engine).
-  std::optional<RaggedBatch> merged;
+  std::vector<float> step_query;
   AppendBatch step_batch;
-  if (steps != nullptr) step_batch = steps->batch();
+  bool step_weights_wanted = false;
+  for (const StartedStep& s : steps) {
+    step_query.insert(step_query.end(), s.plan.query.begin(), s.plan.query.end());
+    step_batch.steps.push_back(s.plan.step);
+    step_weights_wanted |= s.plan.need_weights;
+  }
+  step_batch.query = step_query;
+  std::optional<RaggedBatch> merged;
   if (!live.empty()) {
     merged.emplace(inputs, step_batch.query);
-    if (steps != nullptr) step_batch.query = merged->rows_after();
+    if (!steps.empty()) step_batch.query = merged->rows_after();
   }
   static const AttentionBatch kNoSequences;
   const int64_t request_elements = merged ? merged->output_elements() : 0;
   const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
   const int64_t step_weights_elements =
-      steps != nullptr && steps->need_weights() ? engine_.AppendWeightsElements(step_batch) : 0;
+      step_weights_wanted ? engine_.AppendWeightsElements(step_batch) : 0;
   // Every element is written by the engine: no zero-fill.
   const std::unique_ptr<float[]> output(new float[request_elements + step_elements]);
   const std::unique_ptr<float[]> weights(new float[merged ? merged->weights_elements() : 0]);
@@ -365,9 +534,20 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
       engine_.Run(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   ReportPrimitiveCacheMisses();
-  if (steps != nullptr) {  // if an answer throws, Compute has Finish answer the rest
-    steps->Finish(status, out.output.subspan(request_elements), out.step_weights);
-    steps.reset();
+  // The steps first (if an answer throws, Compute answers the rest).
+  const int64_t e = engine_.dims().embed_dim;
+  int64_t row = 0, w_off = 0;
+  for (; answered < steps.size(); ++answered) {
+    const StartedStep& s = steps[answered];
+    const int64_t t = s.plan.step.tokens;
+    const int64_t w = step_weights_wanted ? t * s.plan.keys : 0;
+    const absl::Span<const float> step_out = out.output.subspan(request_elements + row * e, t * e);
+    const absl::Span<const float> step_w = s.plan.need_weights
+                                               ? absl::Span<const float>(out.step_weights).subspan(w_off, w)
+                                               : absl::Span<const float>();
+    row += t;
+    w_off += w;
+    s.task->Finish(status, step_out, step_w);
   }
   if (live.empty()) return;
   metrics_.batch_requests->Observe(static_cast<double>(live.size()));
@@ -378,20 +558,21 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   if (options_.statistics != nullptr && status.ok()) {
     options_.statistics->Executed(live.size(), sequences, start - merging, answering - start);
   }
-  for (; answered < live.size(); ++answered) {
-    const size_t i = answered;
+  for (; answered < steps.size() + live.size(); ++answered) {
+    AttendCall& call = *live[answered - steps.size()];
     if (!status.ok()) {
-      live[i]->Fail(status);
+      call.Fail(status);
       continue;
     }
+    const size_t i = answered - steps.size();
     const AttentionResult result{merged->OutputOf(i, all_output),
                                  merged->WeightsOf(i, all_weights)};
     if (FirstNonFinite(result.output) >= 0) {  // finite inputs that overflow f32
-      live[i]->Fail(absl::InvalidArgumentError(
+      call.Fail(absl::InvalidArgumentError(
           "inputs too large: the attention overflows float32 (non-finite result)"));
       continue;
     }
-    live[i]->Respond(result);
+    call.Respond(result);
   }
   if (options_.statistics != nullptr && status.ok()) {
     options_.statistics->Answered(live.size(), sequences, absl::Now() - answering);

@@ -6,18 +6,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <shared_mutex>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "engine/append_batch.h"
 #include "engine/attention_request.h"
 #include "engine/ragged_batch.h"
 #include "server/observability/metrics.h"
@@ -25,6 +21,7 @@
 #include "server/scheduling/attend_call.h"
 #include "server/scheduling/clock.h"
 #include "server/scheduling/memory_budget.h"
+#include "server/scheduling/task.h"
 #include "server/scheduling/worker_pool.h"
 
 namespace mha {
@@ -74,90 +71,73 @@ struct BatcherOptions {
   ModelStatistics* statistics = nullptr;
 };
 
-// Session steps riding along in one of a batcher's engine calls: taken by
-// a worker (StepSource::TakeSteps), computed with that call's Attend
-// requests, answered by Finish on the same worker.
-class StepGroup {
- public:
-  virtual ~StepGroup() = default;
-  virtual const AppendBatch& batch() const = 0;
-  virtual bool need_weights() const = 0;
-  // Answers every step: with the call's status and, when OK, the steps'
-  // outputs and weights (views valid during the call only). Called again
-  // (with an error) when an answer threw: answers only the rest.
-  virtual void Finish(const absl::Status& status, absl::Span<const float> output,
-                      absl::Span<const float> weights) = 0;
-};
-
-// What gives a batcher session steps (SessionManager). Thread-safe.
-class StepSource {
- public:
-  virtual ~StepSource() = default;
-  // The steps `engine`'s next call may carry, at most `max_tokens` new
-  // tokens; null when none can run now.
-  virtual std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) = 0;
-};
-
-// Owns one model version's queue: forms its engine calls, which the
+// Owns one model version's queue of tasks (Attend requests, session steps,
+// cross memories' projections) and forms its engine calls, which the
 // server's worker pool runs (a PoolQueue of it). Borrows the engine, the
-// pool, the metrics and the clock, which must outlive it, and the step
-// source, which must leave first (SetStepSource(nullptr)). Owns the queued
-// tasks too. Its engine calls carry Attend requests and session steps
-// together. Every method is thread-safe; Enqueue, StepsQueued and
-// RunOnWorker never block on compute; SetStepSource waits for the step
-// groups of the old source; Stop waits for the pool to compute what is
-// queued, so it must not run on a pool worker.
+// pool, the metrics and the clock, which must outlive it. Every task enters
+// through Enqueue (one admission path: queue limits, the memory budget,
+// priority) and leaves answered exactly once; expired and cancelled tasks
+// are refused before compute, whatever their kind. A call takes, in this
+// order: projections (alone, before the call), then waiting steps (one per
+// session, each started through its session's owner, which allocates its
+// cache blocks), then Attend requests, capped while sessions step. Every
+// method is thread-safe; Enqueue never blocks on compute; Stop waits for the
+// pool to compute what is queued, so it must not run on a pool worker.
 class Batcher final : public PoolQueue {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,
           ModelMetrics& metrics);
   ~Batcher() override;  // Stop(), then leaves the pool
 
-  // Takes the call. It is answered exactly once: Respond (on a worker) with
-  // its result, or Fail: later on a worker (dropped, or the engine failed),
-  // or at once, in this thread, with RESOURCE_EXHAUSTED when the queue or
-  // the memory budget is full and UNAVAILABLE when stopping.
-  void Enqueue(std::unique_ptr<AttendCall> request);
+  // Takes the task. It is answered exactly once: on a worker (computed,
+  // dropped, or the engine failed), or at once, in this thread, with
+  // RESOURCE_EXHAUSTED when the queue or the memory budget is full and
+  // UNAVAILABLE when stopping.
+  void Enqueue(std::unique_ptr<Task> task);
 
-  // Stops taking requests and returns once everything queued is computed.
+  // Stops taking tasks and returns once everything queued is computed.
   void Stop();
-
-  // Sessions. The source whose steps this batcher's calls carry (borrowed;
-  // null: none). Returns once no worker uses the previous one.
-  void SetStepSource(StepSource* source);
-  // Wakes a worker: the source has steps for this model.
-  void StepsQueued();
-  // Runs `task` on a worker, between engine calls, with its workspace
-  // (a cross session's memory projection); false when stopping.
-  bool RunOnWorker(std::function<void(Workspace&)> task);
 
   // Threads of one engine call.
   int ThreadsPerCall() const;
 
-  // PoolQueue: the next work when it may run now (tasks, then a batch).
+  // PoolQueue: the next work when it may run now (projections, then a
+  // call).
   std::unique_ptr<PoolWork> Poll(Idle& idle) override;
 
  private:
-  // What a worker does next: tasks, then a batch of Attend requests and,
-  // when `steps`, session steps from the source. Counted in flight from
-  // Poll until destroyed (Stop waits for it).
+  // What a worker does next: projections, then a batch of Attend requests
+  // and, when `steps`, the waiting session steps that may start. Counted in
+  // flight from Poll until destroyed (Stop waits for it).
   struct Work final : PoolWork {
     explicit Work(Batcher& b) : batcher(b) {}
     ~Work() override;
     void Run(Workspace& ws) override;
     Batcher& batcher;
-    std::vector<std::function<void(Workspace&)>> tasks;
+    std::vector<std::unique_ptr<ProjectionTask>> projections;
     std::vector<std::unique_ptr<AttendCall>> batch;
     bool steps = false;
     bool counted = false;  // in in_flight_ (set by Hand)
   };
+  // A step the next call carries, started.
+  struct StartedStep {
+    std::unique_ptr<StepTask> task;
+    StepPlan plan;
+  };
 
-  // Why the request cannot wait in the queue, or OK (then it is queued).
-  absl::Status Admit(std::unique_ptr<AttendCall>& request);
+  // Why the task cannot wait in the queue, or OK (then it is queued).
+  absl::Status Admit(std::unique_ptr<Task>& task);
+  // With mu_ held: puts an admitted task in its kind's lane.
+  void Queue(std::unique_ptr<Task>& task);
   // With mu_ held: counts `work` in flight and returns it for the pool.
   std::unique_ptr<PoolWork> Hand(std::unique_ptr<Work> work);
+  // The queue depth gauge: tasks of every kind waiting (mu_ held).
+  void PublishDepth();
   // Whether Stop may return: nothing queued or in flight (mu_ held).
   bool Drained() const;
+  // Why nobody wants `task` computed any more (cancelled, deadline passed,
+  // counted), or OK.
+  absl::Status Unwanted(Task& task, absl::Time now) const;
   // Takes the next batch of Attend requests once BatchReady (see NextWork).
   std::vector<std::unique_ptr<AttendCall>> TakeBatch();
   // Closes a batch early when `steps` ride along (they never wait).
@@ -168,16 +148,29 @@ class Batcher final : public PoolQueue {
   // The Attend tokens of the next call: max_batch_tokens_, or the cap with
   // steps while sessions step on the server.
   int64_t TokenLimit() const;
-  // Reserves the active bytes of a request the next batch takes (see
-  // NextWork); without a budget, always kGrown.
-  MemoryBudget::Growth ReserveActive(AttendCall& request);
+  // Reserves the active bytes of a task the next call takes; without a
+  // budget, always kGrown.
+  MemoryBudget::Growth ReserveActive(Task& task);
+  // The waiting steps that start now, oldest first, one per session, at
+  // most max_batch_tokens_ tokens; those refused go to `refused` (their
+  // `refusal` set). `more`: some were left for lack of room.
+  std::vector<StartedStep> TakeSteps(std::vector<std::unique_ptr<Task>>& refused, bool& more);
+  // Starts one waiting step (mu_ held): kTaken (its memory reserved, its
+  // blocks allocated, `plan` set), kBusy (its session computes another
+  // step), kNoRoom (its memory may fit once this call is done), or kRefused
+  // (its `refusal` set; the caller moves it out).
+  enum class StepTaken { kTaken, kBusy, kNoRoom, kRefused };
+  StepTaken TryStartStep(std::unique_ptr<StepTask>& step, bool call_empty, StepPlan& plan);
+  void RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections, Workspace& ws);
   void Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws);
   // Computes the requests and the steps in one engine call and answers
-  // them (the steps first); `answered` counts the requests answered and
-  // `steps` is reset once finished, so an allocation failure answers only
-  // the rest.
+  // them (the steps first); `answered` counts the requests and steps
+  // answered, so an allocation failure answers only the rest.
   void ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
-                   std::unique_ptr<StepGroup>& steps, Workspace& ws, size_t& answered);
+                   std::vector<StartedStep>& steps, Workspace& ws, size_t& answered);
+  // After a call that ran steps or projections: steps left waiting may
+  // start now (their sessions are free again): wake a worker.
+  void WakeLeftSteps(bool ran_some, bool more);
   // Adds the primitives the engine created since the last report (on any
   // worker) to the metric.
   void ReportPrimitiveCacheMisses();
@@ -196,15 +189,15 @@ class Batcher final : public PoolQueue {
   std::mutex mu_;
   std::condition_variable drained_cv_;  // Stop waits on it
   int in_flight_ = 0;                   // works handed out; guarded by mu_
-  std::deque<std::unique_ptr<AttendCall>> queue_;  // guarded by mu_
-  int64_t queued_tokens_ = 0;                          // guarded by mu_
-  int64_t queued_bytes_ = 0;                           // guarded by mu_
-  bool stopping_ = false;                              // guarded by mu_
-  bool steps_queued_ = false;                          // guarded by mu_
-  std::vector<std::function<void(Workspace&)>> tasks_;  // guarded by mu_
-  // Held shared by a worker from TakeSteps to Finish.
-  std::shared_mutex source_mu_;
-  StepSource* source_ = nullptr;  // guarded by source_mu_
+  // The lanes, each oldest first (Attend requests in priority level order).
+  std::deque<std::unique_ptr<AttendCall>> queue_;            // guarded by mu_
+  std::deque<std::unique_ptr<StepTask>> steps_;              // guarded by mu_
+  std::deque<std::unique_ptr<ProjectionTask>> projections_;  // guarded by mu_
+  int64_t queued_tokens_ = 0;                                // Attend's; guarded by mu_
+  int64_t queued_bytes_ = 0;                                 // guarded by mu_
+  bool stopping_ = false;                                    // guarded by mu_
+  // Steps may start: a worker takes them into its next call.
+  bool steps_ready_ = false;                                 // guarded by mu_
   std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };
 

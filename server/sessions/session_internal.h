@@ -1,5 +1,6 @@
-// SessionManager's record of one session, shared by its .cc files (the
-// registry and steps; the transfers). Not part of the module's interface.
+// SessionManager's record of one session and the tasks it gives the
+// batchers, shared by its .cc files (the registry; the steps; the
+// transfers). Not part of the module's interface.
 #ifndef MHA_SERVER_SESSIONS_SESSION_INTERNAL_H_
 #define MHA_SERVER_SESSIONS_SESSION_INTERNAL_H_
 
@@ -23,12 +24,89 @@ struct SessionManager::Session {
   int64_t max_tokens = 0;
   absl::Duration idle_timeout;
   absl::Time last_used;
-  bool busy = false;   // a step (or its memory's projection) is computing
-  int64_t queued = 0;  // steps waiting
+  bool busy = false;   // a step (or its memory's projection) started
+  int64_t queued = 0;  // steps waiting in its batcher
   // The cache's length as of the last finished step: what other threads
   // read (the batcher worker computing its step writes the cache's own
   // length outside mu_).
   int64_t position = 0;
+};
+
+// One Append as its batcher carries it: owns the decoded step, its answer
+// callback and a reference to its session; the manager decides, under its
+// lock, when it starts (BeginStep) and what its answer is. Answered exactly
+// once (Finish or Fail). Not thread-safe: one owner at a time.
+class SessionManager::StepCall final : public StepTask {
+ public:
+  StepCall(SessionManager& manager, SessionPtr session, AppendParams params, AppendDone done)
+      : manager_(manager),
+        session_(std::move(session)),
+        params_(std::move(params)),
+        done_(std::move(done)) {}
+  // Its memory and its session (whose blocks may go back to the pool) are
+  // let go before the manager hears it is gone.
+  ~StepCall() override;
+
+  const void* session() const override { return session_.get(); }
+  int64_t tokens() const override { return params_.query.q_len(); }
+  bool Cancelled() const override { return params_.cancelled && params_.cancelled(); }
+  void CountDropped(const ModelMetrics& model, const char* reason) override;
+  Start Begin(StepPlan& plan, absl::Status& why) override {
+    return manager_.BeginStep(*this, plan, why);
+  }
+  absl::Status Allocate() override { return manager_.AllocateStep(*this); }
+  void Abandon() override { manager_.AbandonStep(*this); }
+  void Finish(const absl::Status& status, absl::Span<const float> output,
+              absl::Span<const float> weights) override {
+    if (!answered_) manager_.FinishStep(*this, status, output, weights);
+  }
+  void Fail(const absl::Status& status) override {
+    if (!answered_) manager_.FailStep(*this, status.ok() ? absl::InternalError("failed with OK") : status);
+  }
+
+ private:
+  friend class SessionManager;
+  SessionManager& manager_;
+  SessionPtr session_;
+  AppendParams params_;
+  AppendDone done_;
+  bool started_ = false;   // Begin said kRun, not yet undone; guarded by manager_.mu_
+  bool answered_ = false;
+  int64_t position_after_ = 0;  // set by Begin
+};
+
+// A cross session's memory as its batcher carries it: owns the open's
+// parameters, its answer callback and the session being opened (busy until
+// projected). Answered exactly once (Run or Fail). Not thread-safe.
+class SessionManager::MemoryProjection final : public ProjectionTask {
+ public:
+  MemoryProjection(SessionManager& manager, OpenParams params, OpenDone done, SessionPtr session)
+      : manager_(manager),
+        params_(std::move(params)),
+        done_(std::move(done)),
+        session_(std::move(session)) {}
+  ~MemoryProjection() override;
+
+  void Run(Workspace& ws) override {
+    answered_ = true;
+    manager_.RunOpen(*this, ws);
+  }
+  void Fail(const absl::Status& status) override {
+    if (answered_) return;
+    answered_ = true;
+    manager_.FailOpen(*this, status.ok() ? absl::InternalError("failed with OK") : status);
+  }
+  void CountDropped(const ModelMetrics& model, const char* reason) override {
+    model.CountDropped(reason);
+  }
+
+ private:
+  friend class SessionManager;
+  SessionManager& manager_;
+  OpenParams params_;
+  OpenDone done_;
+  SessionPtr session_;
+  bool answered_ = false;
 };
 
 }  // namespace mha::server

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/mha_engine.h"
+#include "server/scheduling/admission.h"
 
 namespace mha::server {
 namespace {
@@ -23,81 +24,8 @@ std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.0f s", absl::ToDoubleSeconds(d));
 }
 
-// What a step of `tokens` attends to: the session's cached keys after it
-// (a cross session's memory does not grow) and the model's extra keys.
-int64_t StepKeys(const MhaEngine& engine, int64_t position, int64_t tokens, bool cross) {
-  return position + (cross ? 0 : tokens) + engine.dims().extra_keys();
-}
-
 }  // namespace
 
-
-struct SessionManager::PendingOpen {
-  OpenParams params;
-  OpenDone done;
-  SessionPtr session;
-};
-
-struct SessionManager::PendingStep {
-  explicit PendingStep(AppendParams p) : params(std::move(p)) {}
-  AppendParams params;
-  AppendDone done;
-  SessionPtr session;
-  absl::Time enqueued;
-  // Its query's bytes while queued, and its working memory once taken;
-  // given back when the step is answered and destroyed.
-  MemoryReservation memory;
-  int64_t tokens() const { return params.query.q_len(); }
-};
-
-// One engine call's steps as a batcher carries them: their queries back to
-// back, and each session's position after the step. Finish settles the
-// sessions once and answers each step once, also when it is called again
-// after an answer threw (the batcher then finishes the rest with an error).
-class SessionManager::Steps : public StepGroup {
- public:
-  // Takes `steps` only once the copies are made: if they throw, the caller
-  // still has them.
-  Steps(SessionManager& manager, std::vector<std::unique_ptr<PendingStep>>&& steps)
-      : manager_(manager) {
-    for (const auto& step : steps) {  // the sessions are busy: their caches are ours
-      const absl::Span<const float> q = step->params.query.batch().query;
-      query_.insert(query_.end(), q.begin(), q.end());
-      KvCache* cache = step->session->cache.get();
-      batch_.steps.push_back({cache, step->tokens(), step->session->cross});
-      positions_.push_back(cache->length() + (step->session->cross ? 0 : step->tokens()));
-      weights_ |= step->params.query.need_weights();
-    }
-    batch_.query = query_;
-    steps_ = std::move(steps);
-  }
-  // A session closed while its step computed frees its blocks only here.
-  ~Steps() override {
-    steps_.clear();
-    manager_.PublishCacheBytes();
-  }
-
-  const AppendBatch& batch() const override { return batch_; }
-  bool need_weights() const override { return weights_; }
-  void Finish(const absl::Status& status, absl::Span<const float> output,
-              absl::Span<const float> weights) override {
-    if (!settled_) {
-      settled_ = true;
-      manager_.SettleSteps(steps_, status);
-    }
-    manager_.AnswerSteps(steps_, positions_, status, output, weights, answered_);
-  }
-
- private:
-  SessionManager& manager_;
-  std::vector<std::unique_ptr<PendingStep>> steps_;
-  std::vector<float> query_;
-  AppendBatch batch_;
-  std::vector<int64_t> positions_;  // after the step
-  bool weights_ = false;
-  bool settled_ = false;
-  size_t answered_ = 0;
-};
 
 SessionManager::SessionManager(SessionOptions options, SessionMetrics metrics)
     : options_(options),
@@ -115,57 +43,27 @@ void SessionManager::StartDraining() {
 }
 
 void SessionManager::Stop() {
-  std::vector<std::unique_ptr<PendingStep>> left;
-  std::vector<VersionPtr> attached;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_ && !expiry_.joinable()) return;
     stopping_ = true;
-    // The batchers compute what is queued; a step group or a memory
-    // projection they hold is always finished (it points back here).
+    // The batchers compute what is queued, then refuse what is left; a
+    // task they hold always ends (it points back here).
     cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.stop_timeout),
-                 [this] { return steps_.empty(); });
-    for (auto& step : steps_) {
-      --step->session->queued;
-      left.push_back(std::move(step));
-    }
-    steps_.clear();
-    cv_.wait(lock, [this] { return in_flight_ == 0; });
-    for (const auto& [key, version] : attached_) {
-      if (VersionPtr v = version.lock()) attached.push_back(std::move(v));
-    }
-    attached_.clear();
+                 [this] { return tasks_ == 0; });
+    refusing_ = true;
+    cv_.wait(lock, [this] { return tasks_ == 0; });
   }
   cv_.notify_all();
-  for (auto& step : left) {
-    step->memory.Release();
-    step->done(absl::UnavailableError("the server is shutting down"));
-  }
   if (expiry_.joinable()) expiry_.join();
-  for (const VersionPtr& v : attached) v->batcher->SetStepSource(nullptr);
 }
 
-bool SessionManager::Attach(const VersionPtr& version) {
+void SessionManager::TaskGone() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = attached_.begin(); it != attached_.end();) {
-      it = it->second.expired() ? attached_.erase(it) : std::next(it);
-    }
-    if (stopping_) return false;
-    if (attached_.count(version.get()) != 0) return true;
+    --tasks_;
   }
-  // Not under mu_: SetStepSource waits for the batcher's step groups,
-  // which finish under mu_.
-  version->batcher->SetStepSource(this);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stopping_) {
-      attached_[version.get()] = version;
-      return true;
-    }
-  }
-  version->batcher->SetStepSource(nullptr);  // Stop came first: it will not detach us
-  return false;
+  cv_.notify_all();
 }
 
 std::string SessionManager::NewIdLocked() {
@@ -211,13 +109,12 @@ void SessionManager::PublishLocked() {
 }
 
 void SessionManager::Open(OpenParams params, OpenDone done) {
-  const bool attached = Attach(params.version);
   std::unique_lock<std::mutex> lock(mu_);
   auto refuse = [&](absl::Status status) {
     lock.unlock();
     done(std::move(status));
   };
-  if (draining_ || stopping_ || !attached) {
+  if (draining_ || stopping_) {
     return refuse(absl::UnavailableError("the server is shutting down: no new sessions"));
   }
   const MhaEngine& engine = *params.version->model.engine;
@@ -258,128 +155,23 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   sessions_[session->id] = session;
   ++active_per_model_[session->version->name];
   PublishLocked();
-  if (cross) {  // its memory is projected on a worker of its version's batcher
-    auto open = std::make_shared<PendingOpen>();
-    open->params = std::move(params);
-    open->done = std::move(done);
-    open->session = session;
-    ++in_flight_;
+  if (cross) {  // its memory is projected by its version's batcher: a task
+    const VersionPtr version = params.version;
+    const RequestCost cost =
+        CostOf(*params.memory, engine, version->batcher->ThreadsPerCall());
+    const int64_t wire_bytes = params.memory->wire_bytes();
+    auto open = std::make_unique<MemoryProjection>(*this, std::move(params), std::move(done),
+                                                   session);
+    ++tasks_;
+    open->queued_bytes = cost.total();  // held from arrival: it runs alone, soon
+    open->wire_bytes = wire_bytes;
     lock.unlock();
-    const VersionPtr& version = open->params.version;
-    absl::Status queued = absl::UnavailableError("the server is shutting down: no new sessions");
-    try {
-      if (version->batcher->RunOnWorker([this, open](Workspace& ws) { RunOpen(*open, ws); })) {
-        return;
-      }
-    } catch (const std::bad_alloc&) {
-      queued = absl::ResourceExhaustedError("out of memory opening the session; retry later");
-    }
-    lock.lock();
-    --in_flight_;
-    if (IsOpenLocked(*session)) {
-      RemoveLocked(session->id, absl::StrCat("not opened: ", queued.message()), "");
-    }
-    lock.unlock();
-    cv_.notify_all();
-    open->done(queued);
+    version->batcher->Enqueue(std::move(open));
     return;
   }
   const SessionInfo info = InfoLocked(*session);
   lock.unlock();
   done(info);
-}
-
-void SessionManager::Append(AppendParams params, AppendDone done) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto refuse = [&](absl::Status status) {
-    lock.unlock();
-    done(std::move(status));
-  };
-  if (stopping_) return refuse(absl::UnavailableError("the server is shutting down"));
-  ExpireIdleLocked();
-  auto it = sessions_.find(params.id);
-  if (it == sessions_.end() || it->second->version != params.decoded_for) {
-    return refuse(it == sessions_.end() ? NotFoundLocked(params.id)
-                                        : ReopenedLocked(*it->second));
-  }
-  auto step = std::make_unique<PendingStep>(std::move(params));
-  step->session = it->second;
-  if (absl::Status admitted = AdmitQueuedLocked(*step); !admitted.ok()) {
-    return refuse(std::move(admitted));
-  }
-  step->enqueued = clock_.Now();
-  step->done = std::move(done);
-  ++step->session->queued;
-  // Once unlocked the step may be refused and its session closed: this
-  // reference keeps the batcher alive (the repository holds the version
-  // too, so it is never the last one).
-  const VersionPtr version = step->session->version;
-  steps_.push_back(std::move(step));
-  lock.unlock();
-  version->batcher->StepsQueued();
-}
-
-RequestCost SessionManager::CostLocked(const PendingStep& step) const {
-  const Session& s = *step.session;
-  const MhaEngine& engine = *s.version->model.engine;
-  return CostOfStep(step.params.query, StepKeys(engine, s.position, step.tokens(), s.cross),
-                    engine, s.version->batcher->ThreadsPerCall());
-}
-
-absl::Status SessionManager::AdmitQueuedLocked(PendingStep& step) {
-  MemoryBudget* memory = options_.memory;
-  if (memory == nullptr) return absl::OkStatus();
-  const RequestCost cost = CostLocked(step);
-  absl::Status status = CheckStepMemory(cost, memory->capacity());
-  if (status.ok() && !memory->TryReserveQueued(cost.queued_bytes, step.memory)) {
-    status = absl::ResourceExhaustedError(absl::StrCat(
-        "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
-        " of ", WithCommas(memory->capacity()), " bytes and this step needs ",
-        WithCommas(cost.queued_bytes), " to wait in the queue; retry later"));
-  }
-  if (!status.ok()) CountDroppedLocked(*step.session, "memory");
-  return status;
-}
-
-void SessionManager::CountDroppedLocked(const Session& session, const std::string& reason) {
-  if (metrics_.steps_dropped == nullptr) return;
-  metrics_.steps_dropped->Add({{"model", session.version->name}, {"reason", reason}}).Increment();
-}
-
-absl::Status SessionManager::UnwantedLocked(const PendingStep& step) {
-  const AppendParams& p = step.params;
-  if (p.cancelled && p.cancelled()) {
-    CountDroppedLocked(*step.session, "cancelled");
-    return absl::CancelledError("client cancelled the request");
-  }
-  if (clock_.Now() > p.deadline) {
-    CountDroppedLocked(*step.session, "deadline");
-    return absl::DeadlineExceededError("deadline passed while the step was queued");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SessionManager::AdmitActiveLocked(PendingStep& step, bool batch_empty, bool& room) {
-  room = true;
-  MemoryBudget* memory = options_.memory;
-  if (memory == nullptr) return absl::OkStatus();
-  const RequestCost cost = CostLocked(step);
-  if (absl::Status fits = CheckStepMemory(cost, memory->capacity()); !fits.ok()) {
-    CountDroppedLocked(*step.session, "memory");
-    return fits;
-  }
-  if (memory->TryGrowActive(cost.active_bytes, step.memory) == MemoryBudget::Growth::kGrown) {
-    return absl::OkStatus();
-  }
-  if (!batch_empty) {  // it may fit once the steps of this call are done
-    room = false;
-    return absl::OkStatus();
-  }
-  CountDroppedLocked(*step.session, "memory");
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
-      " of ", WithCommas(memory->capacity()), " bytes and this step needs ",
-      WithCommas(cost.active_bytes), " more to compute; retry later"));
 }
 
 absl::Status SessionManager::ReopenedLocked(const Session& session) const {
@@ -545,212 +337,6 @@ void SessionManager::ExpiryLoop() {
   while (!stopping_) {
     clock_.WaitUntil(cv_, lock, clock_.Now() + kExpiryTick);
     ExpireIdleLocked();
-  }
-}
-
-void SessionManager::RunOpen(PendingOpen& open, Workspace& ws) {
-  Session& s = *open.session;
-  const AttentionBatch& memory = open.params.memory->batch();
-  const absl::Status projected = s.version->model.engine->ProjectMemory(
-      memory.key, memory.value, open.params.memory->kv_len(), memory.key_padding_mask,
-      *s.cache, ws);
-  MhaEngine::ReleaseLargeWorkspace(ws);
-  std::unique_lock<std::mutex> lock(mu_);
-  s.busy = false;
-  s.last_used = clock_.Now();
-  s.position = s.cache->length();
-  --in_flight_;
-  cv_.notify_all();
-  // Steps sent before the open answered wait for it: they run now, or are
-  // refused (NOT_FOUND, saying why) when it failed.
-  const bool queued = HasStepsLocked(*s.version->model.engine);
-  if (!projected.ok()) {
-    if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
-    lock.unlock();
-    if (queued) s.version->batcher->StepsQueued();
-    open.done(projected);
-    return;
-  }
-  const SessionInfo info = InfoLocked(s);
-  PublishLocked();
-  lock.unlock();
-  if (queued) s.version->batcher->StepsQueued();
-  open.done(info);
-}
-
-std::unique_ptr<StepGroup> SessionManager::TakeSteps(const MhaEngine& engine,
-                                                     int64_t max_tokens) {
-  std::vector<std::function<void()>> refusals;
-  std::vector<std::unique_ptr<PendingStep>> steps;
-  bool more = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    steps = NextStepsLocked(engine, max_tokens, refusals, more);
-    if (!steps.empty()) ++in_flight_;
-  }
-  if (!refusals.empty()) cv_.notify_all();  // Stop waits for the queue to empty
-  for (auto& refuse : refusals) refuse();
-  if (steps.empty()) return nullptr;
-  if (more) steps.front()->session->version->batcher->StepsQueued();
-  try {
-    return std::make_unique<Steps>(*this, std::move(steps));
-  } catch (const std::bad_alloc&) {  // `steps` is still ours
-    const absl::Status status =
-        absl::ResourceExhaustedError("out of memory while computing this step; retry later");
-    SettleSteps(steps, status);
-    size_t answered = 0;
-    AnswerSteps(steps, {}, status, {}, {}, answered);
-    return nullptr;
-  }
-}
-
-bool SessionManager::HasStepsLocked(const MhaEngine& engine) const {
-  return std::any_of(steps_.begin(), steps_.end(), [&](const auto& step) {
-    return step->session->version->model.engine.get() == &engine;
-  });
-}
-
-std::vector<std::unique_ptr<SessionManager::PendingStep>> SessionManager::NextStepsLocked(
-    const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
-    bool& more) {
-  ExpireIdleLocked();
-  std::vector<std::unique_ptr<PendingStep>> batch;
-  std::set<const Session*> taken;  // in the batch, or with an earlier step left queued
-  int64_t tokens = 0;
-  auto refuse = [&](std::unique_ptr<PendingStep> step, absl::Status status) {
-    --step->session->queued;
-    if (options_.memory != nullptr) options_.memory->MarkLeaving(step->memory);
-    refusals.push_back([step = std::shared_ptr<PendingStep>(std::move(step)), status] {
-      step->memory.Release();  // before the answer: the caller may send again at once
-      step->done(status);
-    });
-  };
-  for (auto it = steps_.begin(); it != steps_.end();) {
-    Session& s = *(*it)->session;
-    if (!IsOpenLocked(s)) {  // closed or evicted meanwhile
-      absl::Status missing = NotFoundLocked(s.id);
-      refuse(std::move(*it), std::move(missing));
-      it = steps_.erase(it);
-      continue;
-    }
-    if (s.version->model.engine.get() != &engine) {  // another batcher's
-      ++it;
-      continue;
-    }
-    if (absl::Status unwanted = UnwantedLocked(**it); !unwanted.ok()) {
-      refuse(std::move(*it), std::move(unwanted));
-      it = steps_.erase(it);
-      continue;
-    }
-    const int64_t t = (*it)->tokens();
-    const bool fits = batch.empty() || tokens + t <= max_tokens;
-    if (taken.count(&s) != 0 || s.busy || !fits) {
-      more |= !fits && taken.count(&s) == 0 && !s.busy;
-      taken.insert(&s);  // its later steps wait behind this one
-      ++it;
-      continue;
-    }
-    const int64_t position = s.position;
-    const std::optional<int64_t>& expected = (*it)->params.expected_position;
-    absl::Status status;
-    if (expected.has_value() && *expected != position) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "session ", s.id, " is at position ", position, ", not at expected_position ",
-          *expected));
-    } else if (!s.cross && position + t > s.max_tokens) {
-      status = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position,
-                                                  " tokens; ", t, " more would pass its max_tokens ",
-                                                  s.max_tokens));
-    } else {
-      bool room = true;
-      status = AdmitActiveLocked(**it, batch.empty(), room);
-      if (status.ok() && !room) {  // waits for the next call
-        more = true;
-        taken.insert(&s);
-        ++it;
-        continue;
-      }
-      if (status.ok() && !s.cross) status = ReserveLocked(s, position + t);
-    }
-    if (!status.ok()) {
-      refuse(std::move(*it), std::move(status));
-      it = steps_.erase(it);
-      continue;
-    }
-    s.busy = true;
-    --s.queued;
-    taken.insert(&s);
-    tokens += t;
-    batch.push_back(std::move(*it));
-    it = steps_.erase(it);
-  }
-  return batch;
-}
-
-void SessionManager::SettleSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
-                                 const absl::Status& status) {
-  const VersionPtr version = steps.front()->session->version;
-  const MhaEngine& engine = *version->model.engine;
-  const absl::Time now = clock_.Now();
-  bool queued = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // First what cannot throw: the sessions are free again, the group done.
-    for (const auto& step : steps) {
-      Session& s = *step->session;
-      s.busy = false;
-      s.last_used = now;
-      s.position = s.cache->length();
-    }
-    --in_flight_;
-    queued = HasStepsLocked(engine);
-    if (!status.ok()) {  // a failed step leaves its cache unknown
-      for (const auto& step : steps) {
-        Session& s = *step->session;
-        if (IsOpenLocked(s)) {
-          RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
-        }
-      }
-    }
-    PublishLocked();
-  }
-  cv_.notify_all();
-  if (queued) version->batcher->StepsQueued();
-}
-
-void SessionManager::AnswerSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
-                                 const std::vector<int64_t>& positions,
-                                 const absl::Status& status, absl::Span<const float> output,
-                                 absl::Span<const float> attn, size_t& answered) {
-  const MhaEngine& engine = *steps.front()->session->version->model.engine;
-  const int64_t e = engine.dims().embed_dim, extra = engine.dims().extra_keys();
-  const absl::Time now = clock_.Now();
-  int64_t row = 0, w_off = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    PendingStep& step = *steps[i];
-    const int64_t t = step.tokens();
-    const int64_t keys = status.ok() ? positions[i] + extra : 0;
-    if (i >= answered) {
-      if (status.ok()) {
-        AppendResult result;
-        result.output = output.subspan(row * e, t * e);
-        if (step.params.query.need_weights()) result.weights = attn.subspan(w_off, t * keys);
-        result.keys = keys;
-        result.position = positions[i];
-        if (metrics_.append_tokens != nullptr) {
-          metrics_.append_tokens->Increment(static_cast<double>(t));
-        }
-        if (metrics_.append_duration != nullptr) {
-          metrics_.append_duration->Observe(absl::ToDoubleSeconds(now - step.enqueued));
-        }
-        step.done(result);
-      } else {
-        step.done(status);
-      }
-      answered = i + 1;
-    }
-    row += t;
-    w_off += attn.empty() ? 0 : t * keys;
   }
 }
 

@@ -1,8 +1,9 @@
 // Sessions: key/value caches that outlive a request, their limits (a byte
-// budget, a session count, idle expiry, tokens per session), eviction, and
-// the steps the model versions' batchers compute, many sessions per engine
-// call beside the Attend requests. No gRPC here: the service decodes and
-// encodes.
+// budget, a session count, idle expiry, tokens per session) and eviction:
+// a registry and a KV-block allocator. Steps and memory projections are
+// tasks of the model versions' batchers (the scheduler), which ask this
+// manager whether a step may start and for its blocks. No gRPC here: the
+// service decodes and encodes.
 #ifndef MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
 #define MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
 
@@ -27,6 +28,7 @@
 #include "server/observability/metrics.h"
 #include "server/scheduling/admission.h"
 #include "server/scheduling/batcher.h"
+#include "server/scheduling/task.h"
 #include "server/scheduling/clock.h"
 #include "server/scheduling/memory_budget.h"
 
@@ -40,9 +42,6 @@ struct SessionOptions {
   // How long Stop waits for queued steps before refusing them.
   absl::Duration stop_timeout = absl::Seconds(30);
   const Clock* clock = nullptr;                     // null: the real clock
-  // The budget steps are admitted through, as Attend requests are (null:
-  // steps are not costed). Borrowed.
-  MemoryBudget* memory = nullptr;
 };
 
 // What a session is, as OpenSession, Append and ListSessions report it.
@@ -118,17 +117,19 @@ struct AppendResult {
 };
 
 // Owns every session (its cache, and a reference to the model version it
-// was opened on, which stays alive with it), the block pool, the step queue
-// and an expiry thread. Borrows the metrics. It is the step source of every
-// version a session opens on: that version's batcher takes the steps into
-// its engine calls and computes cross sessions' memories. Every method is
-// thread-safe. Results come through the callbacks, on a batcher worker (or
-// at once, in the caller, when refused); only Stop, and the first Open on a
-// version (while the batcher finishes a call), wait for compute.
-class SessionManager : public StepSource {
+// was opened on, which stays alive with it), the block pool and an expiry
+// thread. Borrows the metrics. Steps and cross sessions' memory projections
+// are tasks it gives the session's version's batcher, which admits them
+// (memory, deadline, cancellation) with the Attend requests, asks here
+// whether a step may start (its session free, its position and limits) and
+// for its cache blocks (evicting idle sessions when the pool is full), and
+// answers them. Every method is thread-safe. Results come through the
+// callbacks, on a batcher worker (or at once, in the caller, when refused);
+// only Stop waits for compute.
+class SessionManager {
  public:
   SessionManager(SessionOptions options, SessionMetrics metrics);
-  ~SessionManager() override;  // Stop()
+  ~SessionManager();  // Stop()
 
   using OpenDone = std::function<void(absl::StatusOr<SessionInfo>)>;
   using AppendDone = std::function<void(absl::StatusOr<AppendResult>)>;
@@ -184,56 +185,36 @@ class SessionManager : public StepSource {
   // No new sessions from now on; steps go on.
   void StartDraining();
   // Refuses new calls, waits (up to stop_timeout) for the batchers to
-  // compute the queued steps, refuses what is left, joins the expiry thread
-  // and leaves the batchers. The batchers must still run.
+  // compute the queued steps, has them refuse what is left, and joins the
+  // expiry thread. The batchers must still run.
   void Stop();
-
-  // StepSource: one step per session, oldest first, of sessions on the
-  // version whose engine is `engine`.
-  std::unique_ptr<StepGroup> TakeSteps(const MhaEngine& engine, int64_t max_tokens) override;
 
   int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
   int64_t cache_budget() const { return pool_.budget(); }
 
  private:
   struct Session;
-  struct PendingOpen;
-  struct PendingStep;
-  class Steps;
+  class StepCall;
+  class MemoryProjection;
   using SessionPtr = std::shared_ptr<Session>;
 
-  // Makes this manager the step source of `version`'s batcher, once;
-  // false when stopping.
-  bool Attach(const VersionPtr& version);
   void ExpiryLoop();
-  // The queued steps `engine`'s next call takes (one per session, oldest
-  // first, at most `max_tokens`); refuses at once those that cannot run;
-  // `more` is set when runnable steps were left for lack of room.
-  // Admission of steps, through the memory budget as Attend requests: what
-  // a step costs at its session's position now; its query's bytes reserved
-  // when it arrives (or why not); CANCELLED or DEADLINE_EXCEEDED when nobody
-  // waits for it any more; its working memory reserved when it is taken,
-  // or why not, or `room` false (nothing refused) when it may fit once the
-  // steps already in this call are done. Each refusal is counted.
-  RequestCost CostLocked(const PendingStep& step) const;
-  absl::Status AdmitQueuedLocked(PendingStep& step);
-  absl::Status UnwantedLocked(const PendingStep& step);
-  absl::Status AdmitActiveLocked(PendingStep& step, bool batch_empty, bool& room);
-  void CountDroppedLocked(const Session& session, const std::string& reason);
-  std::vector<std::unique_ptr<PendingStep>> NextStepsLocked(
-      const MhaEngine& engine, int64_t max_tokens, std::vector<std::function<void()>>& refusals,
-      bool& more);
-  // A step group's end: first the sessions are free again (and, when it
-  // failed, removed), once; then each step not yet `answered` is answered.
-  void SettleSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
-                   const absl::Status& status);
-  void AnswerSteps(const std::vector<std::unique_ptr<PendingStep>>& steps,
-                   const std::vector<int64_t>& positions, const absl::Status& status,
-                   absl::Span<const float> output, absl::Span<const float> weights,
-                   size_t& answered);
-  void RunOpen(PendingOpen& open, Workspace& ws);
-  // Whether `engine`'s version has queued steps. With mu_ held.
-  bool HasStepsLocked(const MhaEngine& engine) const;
+  // What a step costs at its session's position now (mu_ held).
+  RequestCost CostLocked(const Session& s, const AttentionRequest& query) const;
+  // A step's life as its batcher asks (StepTask): whether it may start
+  // (its session free, open, at the expected position, within max_tokens),
+  // its blocks, back to waiting, answered.
+  StepTask::Start BeginStep(StepCall& step, StepPlan& plan, absl::Status& why);
+  absl::Status AllocateStep(StepCall& step);
+  void AbandonStep(StepCall& step);
+  void FinishStep(StepCall& step, const absl::Status& status, absl::Span<const float> output,
+                  absl::Span<const float> weights);
+  void FailStep(StepCall& step, const absl::Status& status);
+  void CountDropped(const std::string& model, const char* reason);
+  // A task of this manager ends (Stop waits for every one).
+  void TaskGone();
+  void RunOpen(MemoryProjection& open, Workspace& ws);
+  void FailOpen(MemoryProjection& open, const absl::Status& status);
   // Makes room for `tokens` in `session`'s cache, evicting idle sessions
   // least recently used first. With mu_ held.
   absl::Status ReserveLocked(Session& session, int64_t tokens);
@@ -262,16 +243,15 @@ class SessionManager : public StepSource {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, SessionPtr> sessions_;                 // guarded by mu_
-  std::deque<std::unique_ptr<PendingStep>> steps_;             // guarded by mu_
   std::map<std::string, std::string> gone_;                    // id -> why; guarded
   std::deque<std::string> gone_order_;                         // guarded by mu_
   std::map<std::string, int64_t> active_per_model_;            // guarded by mu_
   bool draining_ = false, stopping_ = false;                   // guarded by mu_
+  // Set by Stop once its wait is over: steps still queued are refused.
+  bool refusing_ = false;                                      // guarded by mu_
   uint64_t id_counter_ = 0;                                    // guarded by mu_
-  // Step groups and memory projections a batcher is computing.
-  int64_t in_flight_ = 0;                                      // guarded by mu_
-  // The versions whose batcher this manager is the step source of.
-  std::map<const ModelVersion*, std::weak_ptr<const ModelVersion>> attached_;  // guarded
+  // Steps and memory projections given to a batcher and not yet destroyed.
+  int64_t tasks_ = 0;                                          // guarded by mu_
   std::thread expiry_;
 };
 

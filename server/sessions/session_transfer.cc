@@ -76,8 +76,6 @@ absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
                                               " exceeds the server's limit of ",
                                               options_.max_tokens, " (--session_max_tokens)"));
   }
-  // Its version's batcher takes its steps from here on.
-  if (!Attach(in.version)) return absl::UnavailableError("the server is shutting down");
   auto session = std::make_shared<Session>();
   session->id = in.id;
   session->version = in.version;

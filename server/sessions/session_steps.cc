@@ -1,0 +1,224 @@
+// SessionManager's side of the tasks it gives the batchers: an Append
+// becomes a StepCall, which the batcher admits and, as it forms a call,
+// starts here (BeginStep), gives blocks (AllocateStep) and answers
+// (FinishStep / FailStep); a cross session's memory becomes a
+// MemoryProjection.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/mha_engine.h"
+#include "server/scheduling/admission.h"
+#include "server/sessions/session_internal.h"
+#include "server/sessions/session_manager.h"
+
+namespace mha::server {
+namespace {
+
+// What a step of `tokens` attends to: the session's cached keys after it
+// (a cross session's memory does not grow) and the model's extra keys.
+int64_t StepKeys(const MhaEngine& engine, int64_t position, int64_t tokens, bool cross) {
+  return position + (cross ? 0 : tokens) + engine.dims().extra_keys();
+}
+
+}  // namespace
+
+SessionManager::StepCall::~StepCall() {
+  memory->Release();
+  session_.reset();  // a closed session's blocks go back to the pool here
+  manager_.PublishCacheBytes();
+  manager_.TaskGone();
+}
+
+void SessionManager::StepCall::CountDropped(const ModelMetrics&, const char* reason) {
+  manager_.CountDropped(session_->version->name, reason);
+}
+
+SessionManager::MemoryProjection::~MemoryProjection() {
+  memory->Release();
+  session_.reset();
+  params_.memory.reset();
+  manager_.TaskGone();
+}
+
+void SessionManager::CountDropped(const std::string& model, const char* reason) {
+  if (metrics_.steps_dropped == nullptr) return;
+  metrics_.steps_dropped->Add({{"model", model}, {"reason", reason}}).Increment();
+}
+
+RequestCost SessionManager::CostLocked(const Session& s, const AttentionRequest& query) const {
+  const MhaEngine& engine = *s.version->model.engine;
+  return CostOfStep(query, StepKeys(engine, s.position, query.q_len(), s.cross), engine,
+                    s.version->batcher->ThreadsPerCall());
+}
+
+void SessionManager::Append(AppendParams params, AppendDone done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto refuse = [&](absl::Status status) {
+    lock.unlock();
+    done(std::move(status));
+  };
+  if (stopping_) return refuse(absl::UnavailableError("the server is shutting down"));
+  ExpireIdleLocked();
+  auto it = sessions_.find(params.id);
+  if (it == sessions_.end() || it->second->version != params.decoded_for) {
+    return refuse(it == sessions_.end() ? NotFoundLocked(params.id)
+                                        : ReopenedLocked(*it->second));
+  }
+  Session& session = *it->second;
+  // Its cost as of the position now: the batcher checks it against the
+  // whole budget at once, and again when the step starts.
+  const RequestCost cost = CostLocked(session, params.query);
+  const absl::Time deadline = params.deadline;
+  const int64_t wire_bytes = params.query.wire_bytes();
+  auto step = std::make_unique<StepCall>(*this, it->second, std::move(params), std::move(done));
+  step->deadline = deadline;
+  step->wire_bytes = wire_bytes;
+  step->queued_bytes = cost.queued_bytes;
+  step->active_bytes = cost.active_bytes;
+  ++session.queued;
+  ++tasks_;
+  // The step's session holds its version (and so the batcher) alive.
+  Batcher& batcher = *session.version->batcher;
+  lock.unlock();
+  batcher.Enqueue(std::move(step));
+}
+
+StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session& s = *step.session_;
+  if (refusing_) {
+    why = absl::UnavailableError("the server is shutting down");
+    return StepTask::Start::kRefused;
+  }
+  if (!IsOpenLocked(s)) {  // closed or evicted meanwhile
+    why = NotFoundLocked(s.id);
+    return StepTask::Start::kRefused;
+  }
+  if (s.busy) return StepTask::Start::kWait;
+  const int64_t position = s.position, t = step.tokens();
+  const std::optional<int64_t>& expected = step.params_.expected_position;
+  if (expected.has_value() && *expected != position) {
+    why = absl::FailedPreconditionError(absl::StrCat("session ", s.id, " is at position ",
+                                                     position, ", not at expected_position ",
+                                                     *expected));
+    return StepTask::Start::kRefused;
+  }
+  if (!s.cross && position + t > s.max_tokens) {
+    why = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position, " tokens; ",
+                                             t, " more would pass its max_tokens ",
+                                             s.max_tokens));
+    return StepTask::Start::kRefused;
+  }
+  step.active_bytes = CostLocked(s, step.params_.query).active_bytes;
+  s.busy = true;
+  --s.queued;
+  step.started_ = true;
+  step.position_after_ = position + (s.cross ? 0 : t);
+  plan.step = AppendStep{s.cache.get(), t, s.cross};
+  plan.query = step.params_.query.batch().query;
+  plan.need_weights = step.params_.query.need_weights();
+  plan.keys = step.position_after_ + s.version->model.engine->dims().extra_keys();
+  return StepTask::Start::kRun;
+}
+
+absl::Status SessionManager::AllocateStep(StepCall& step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session& s = *step.session_;
+  if (s.cross) return absl::OkStatus();  // it reads its memory, appends nothing
+  return ReserveLocked(s, s.position + step.tokens());
+}
+
+void SessionManager::AbandonStep(StepCall& step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session& s = *step.session_;
+  s.busy = false;
+  ++s.queued;
+  step.started_ = false;
+}
+
+void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
+                                absl::Span<const float> output, absl::Span<const float> weights) {
+  Session& s = *step.session_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.busy = false;
+    s.last_used = clock_.Now();
+    s.position = s.cache->length();
+    step.started_ = false;
+    if (!status.ok() && IsOpenLocked(s)) {  // a failed step leaves its cache unknown
+      RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
+    }
+    PublishLocked();
+  }
+  cv_.notify_all();
+  step.answered_ = true;
+  if (!status.ok()) {
+    step.done_(status);
+    return;
+  }
+  const int64_t t = step.tokens();
+  AppendResult result;
+  result.output = output;
+  result.weights = weights;
+  result.position = step.position_after_;
+  result.keys = step.position_after_ + s.version->model.engine->dims().extra_keys();
+  if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
+  if (metrics_.append_duration != nullptr) {
+    metrics_.append_duration->Observe(absl::ToDoubleSeconds(clock_.Now() - step.enqueued));
+  }
+  step.done_(result);
+}
+
+void SessionManager::FailStep(StepCall& step, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Session& s = *step.session_;
+    if (step.started_) {
+      s.busy = false;
+      step.started_ = false;
+    } else {
+      --s.queued;
+    }
+  }
+  cv_.notify_all();
+  step.answered_ = true;
+  step.memory->Release();  // before the answer: the caller may send again at once
+  step.done_(status);
+}
+
+void SessionManager::RunOpen(MemoryProjection& open, Workspace& ws) {
+  Session& s = *open.session_;
+  const AttentionBatch& memory = open.params_.memory->batch();
+  const absl::Status projected = s.version->model.engine->ProjectMemory(
+      memory.key, memory.value, open.params_.memory->kv_len(), memory.key_padding_mask, *s.cache,
+      ws);
+  MhaEngine::ReleaseLargeWorkspace(ws);
+  std::unique_lock<std::mutex> lock(mu_);
+  s.busy = false;
+  s.last_used = clock_.Now();
+  s.position = s.cache->length();
+  // Steps sent before the open answered wait for it: the batcher starts
+  // them next, or they are refused (NOT_FOUND, saying why) when it failed.
+  if (!projected.ok()) {
+    if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
+    lock.unlock();
+    open.done_(projected);
+    return;
+  }
+  const SessionInfo info = InfoLocked(s);
+  PublishLocked();
+  lock.unlock();
+  open.done_(info);
+}
+
+void SessionManager::FailOpen(MemoryProjection& open, const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Session& s = *open.session_;
+    s.busy = false;
+    if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", status.message()), "");
+  }
+  open.done_(status);
+}
+
+}  // namespace mha::server
