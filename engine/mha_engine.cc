@@ -196,6 +196,8 @@ int64_t MhaEngine::StepScratchBytes(int64_t tokens, int64_t keys, bool need_weig
 
 uint64_t MhaEngine::PrimitiveCacheMisses() const { return impl_->PrimitiveCacheMisses(); }
 
+int64_t MhaEngine::WeightBytes() const { return impl_->WeightBytes(); }
+
 const AttentionDims& MhaEngine::dims() const { return impl_->dims(); }
 
 int64_t EngineImpl::ScoreCap() const {

@@ -128,6 +128,9 @@ class MhaEngine {
   // oneDNN primitives created since Create because a cache had none for
   // the shape (including those WarmUp made).
   uint64_t PrimitiveCacheMisses() const;
+  // What the engine's packed weights hold (every layer it packed), for a
+  // server's memory reserve.
+  int64_t WeightBytes() const;
 
   // The dims the engine computes with: those it was created with, except
   // bf16 = false when this CPU cannot compute in bf16 (CpuCanComputeBf16).

@@ -139,6 +139,10 @@ class LinearLayer {
               onednn::dt dst_dt);
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
+  // What its packed weights and bias hold.
+  int64_t bytes() const {
+    return static_cast<int64_t>(weights_.get_desc().get_size() + bias_.get_desc().get_size());
+  }
   // Primitives created since construction (per number of rows).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 

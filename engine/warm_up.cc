@@ -47,4 +47,12 @@ uint64_t EngineImpl::PrimitiveCacheMisses() const {
   return misses;
 }
 
+int64_t EngineImpl::WeightBytes() const {
+  int64_t bytes = 0;
+  for (const auto* layer : {&qkv_, &q_, &kv_, &k_, &v_, &out_}) {
+    if (*layer != nullptr) bytes += (*layer)->bytes();
+  }
+  return bytes;
+}
+
 }  // namespace mha

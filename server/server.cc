@@ -41,27 +41,29 @@ std::string HostPort(const std::string& host, int port) {
 
 std::string ModelSummary(const ModelRepository& models) {
   std::vector<std::string> parts;
-  for (const v1::ModelInfo& info : models.Infos()) {
-    parts.push_back(
-        absl::StrCat(info.name(), info.state() == v1::ModelInfo::STATE_READY ? "" : "(failed)"));
+  for (const ModelStatus& status : models.Statuses()) {
+    parts.push_back(absl::StrCat(status.name, status.ready ? "" : "(failed)"));
   }
   return absl::StrJoin(parts, ",");
 }
 
-// What the process holds before any request: its resident memory with the
-// models loaded (their packed weights and warm-up primitives), plus what
-// the primitive caches may still add (per model version, at least the
+// What the loaded model versions hold: their packed weights, and what
+// their primitive caches may add past warm-up (per version, at least the
 // allowance of one busy model: oneDNN shares the primitives of equal shapes
-// across models), plus per engine worker the workspace it keeps.
-int64_t EngineReserve(const ModelRepository& models, const WorkerPool& pool) {
+// across models).
+struct ModelsNeed {
+  int64_t weights = 0, primitives = 0;
+};
+ModelsNeed NeedOf(const ModelRepository& models) {
   constexpr int64_t kPrimitivesAtLeast = int64_t{32} << 20;
+  ModelsNeed need;
   int64_t versions = 0;
-  for (const std::string& name : models.Ready()) {
-    versions += static_cast<int64_t>(models.ReadyVersions(name).size());
+  if (absl::StatusOr<std::vector<VersionPtr>> all = models.Select("", 0); all.ok()) {
+    for (const VersionPtr& v : *all) need.weights += v->model.engine->WeightBytes();
+    versions = static_cast<int64_t>(all->size());
   }
-  return ResidentBytes() +
-         std::max(kPrimitivesAtLeast, versions * MhaEngine::kPrimitiveCacheBytes) +
-         pool.workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
+  need.primitives = std::max(kPrimitivesAtLeast, versions * MhaEngine::kPrimitiveCacheBytes);
+  return need;
 }
 
 // --session_cache_bytes, 0 resolved against what requests could otherwise
@@ -133,10 +135,18 @@ absl::Status Server::Build() {
                         .upload_dir = options_.upload_dir},
       *metrics_);
   RETURN_IF_ERROR(LoadAtStart(*models_, mode, options_.load_models));
-  const int64_t engine_reserve = EngineReserve(*models_, *pool_);
-  const int64_t session_cache_bytes =
+  // The engines' reserve follows the models: the process as it is now
+  // without its models' weights (counted per version), each worker's kept
+  // workspace, then per version its weights and primitive allowance, again
+  // after every load and unload (UpdateReserve).
+  const ModelsNeed need = NeedOf(*models_);
+  process_reserve_ = std::max<int64_t>(0, ResidentBytes() - need.weights) +
+                     pool_->workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);
+  const int64_t engine_reserve = process_reserve_ + need.weights + need.primitives;
+  session_cache_bytes_ =
       SessionCacheBytes(options_.session_cache_bytes, memory_->limit() - engine_reserve);
-  memory_->SetReserve(engine_reserve + session_cache_bytes);
+  memory_->SetReserve(engine_reserve + session_cache_bytes_);
+  metrics_->memory_engine_reserve().Set(static_cast<double>(memory_->reserve()));
   if (memory_->capacity() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--memory_limit_bytes ", WithCommas(memory_->limit()),
@@ -155,14 +165,17 @@ absl::Status Server::Build() {
   control_ = std::make_unique<ModelControl>(
       *models_, mode, absl::Seconds(std::max<int64_t>(1, absl::ToInt64Seconds(
                                                            options_.repository_poll))),
-      [this] { health_->Update(); });
+      [this] {
+        health_->Update();
+        UpdateReserve();
+      });
   dispatcher_ = std::make_unique<AttendDispatcher>(
       *models_, *metrics_,
       RequestLimits{.max_tokens = options_.max_request_tokens,
                     .max_message_bytes = options_.max_message_bytes},
       *memory_, std::move(auth));
   sessions_ = std::make_unique<SessionManager>(
-      SessionOptions{.cache_bytes = session_cache_bytes,
+      SessionOptions{.cache_bytes = session_cache_bytes_,
                      .max_sessions = options_.max_sessions,
                      .idle_timeout = options_.session_idle_timeout,
                      .max_tokens = options_.session_max_tokens},
@@ -203,6 +216,18 @@ absl::Status Server::Build() {
   }
   health_->Attach(grpc_server_.get(), /*serving=*/true);
   return absl::OkStatus();
+}
+
+void Server::UpdateReserve() {
+  const ModelsNeed need = NeedOf(*models_);
+  memory_->SetReserve(process_reserve_ + need.weights + need.primitives + session_cache_bytes_);
+  metrics_->memory_engine_reserve().Set(static_cast<double>(memory_->reserve()));
+  if (memory_->capacity() <= 0) {
+    std::fprintf(stderr,
+                 "mha_server: the models loaded leave no memory for requests: reserve %s of "
+                 "--memory_limit_bytes %s; every request is refused until models are unloaded\n",
+                 WithCommas(memory_->reserve()).c_str(), WithCommas(memory_->limit()).c_str());
+  }
 }
 
 std::string Server::ReadyLine() const {

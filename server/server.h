@@ -87,9 +87,14 @@ class Server {
  private:
   explicit Server(ServerOptions options);
   absl::Status Build();
+  // Sets the memory budget's reserve for the models loaded now (after a
+  // load or an unload).
+  void UpdateReserve();
 
   const ServerOptions options_;
   std::string memory_source_;  // where the memory limit came from
+  // The reserve's parts that do not follow the models (set by Build).
+  int64_t process_reserve_ = 0, session_cache_bytes_ = 0;
   int grpc_port_ = 0;
   bool draining_ = false, drained_ = false;
   // In construction order (destroyed in reverse).

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "engine/status_macros.h"
+#include "engine/weights.h"
 #include "server/frontends/stream_reactor.h"
 
 namespace mha::server {
@@ -34,6 +35,33 @@ void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out
     Fill(stages.compute_infer, batch->mutable_compute_infer());
     Fill(stages.compute_output, batch->mutable_compute_output());
   }
+}
+
+// ListModels' and GetModel's description of a model in the table.
+v1::ModelInfo ToModelInfo(const ModelStatus& status) {
+  v1::ModelInfo info;
+  info.set_name(status.name);
+  info.set_error(status.error);
+  for (const ModelStatus::Version& v : status.versions) {
+    v1::ModelVersionStatus* version = info.add_versions();
+    version->set_version(v.version);
+    version->set_state(v.ready ? v1::ModelInfo::STATE_READY : v1::ModelInfo::STATE_FAILED);
+    version->set_error(v.error);
+  }
+  if (status.newest == nullptr) {
+    info.set_state(v1::ModelInfo::STATE_FAILED);
+    return info;
+  }
+  const LoadedModel& newest = status.newest->model;
+  info.set_state(v1::ModelInfo::STATE_READY);
+  *info.mutable_config() = newest.config;
+  info.set_weight_layout(WeightLayoutName(newest.layout));
+  info.set_parameter_count(newest.parameter_count);
+  info.set_embed_dim(newest.dims.embed_dim);
+  info.set_num_heads(newest.dims.num_heads);
+  info.set_kdim(newest.dims.kdim);
+  info.set_vdim(newest.dims.vdim);
+  return info;
 }
 
 }  // namespace
@@ -112,8 +140,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerC
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status allowed = dispatcher_.Authorize(*context);
   if (allowed.ok()) {
-    for (v1::ModelInfo& info : dispatcher_.models().Infos()) {
-      *response->add_models() = std::move(info);
+    for (const ModelStatus& status : dispatcher_.models().Statuses()) {
+      *response->add_models() = ToModelInfo(status);
     }
   }
   reactor->Finish(ToGrpcStatus(allowed));
@@ -128,9 +156,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
     reactor->Finish(ToGrpcStatus(allowed));
     return reactor;
   }
-  absl::StatusOr<v1::ModelInfo> info = dispatcher_.models().Info(request->name());
-  if (info.ok()) *response = *std::move(info);
-  reactor->Finish(ToGrpcStatus(info.status()));
+  absl::StatusOr<ModelStatus> status = dispatcher_.models().Status(request->name());
+  if (status.ok()) *response = ToModelInfo(*status);
+  reactor->Finish(ToGrpcStatus(status.status()));
   return reactor;
 }
 
@@ -151,8 +179,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerCo
   const ModelRepository& models = dispatcher_.models();
   control_.Load(request->name(), [reactor, response, &models,
                                   name = request->name()](absl::Status status) {
-    if (absl::StatusOr<v1::ModelInfo> info = models.Info(name); info.ok()) {
-      *response = *std::move(info);
+    if (absl::StatusOr<ModelStatus> model = models.Status(name); model.ok()) {
+      *response = ToModelInfo(*model);
     }
     reactor->Finish(ToGrpcStatus(status));
   });

@@ -30,7 +30,7 @@ void HealthReporter::ReportLocked() {
   health->SetServingStatus("", serving_);
   const std::vector<std::string> ready = models_.Ready();
   const std::set<std::string> ready_set(ready.begin(), ready.end());
-  for (const v1::ModelInfo& info : models_.Infos()) named_.insert(info.name());
+  for (const ModelStatus& status : models_.Statuses()) named_.insert(status.name);
   for (const std::string& name : named_) {
     health->SetServingStatus(name, serving_ && ready_set.count(name) > 0);
   }

@@ -310,50 +310,38 @@ bool ModelRepository::Has(const std::string& name) const {
   return models_.count(name) > 0;
 }
 
-v1::ModelInfo ModelRepository::InfoOf(const std::string& name, const Entry& entry) const {
-  v1::ModelInfo info;
-  info.set_name(name);
-  if (!entry.status.ok()) info.set_error(std::string(entry.status.message()));
+ModelStatus ModelRepository::StatusOf(const std::string& name, const Entry& entry) const {
+  ModelStatus status;
+  status.name = name;
+  if (!entry.status.ok()) status.error = std::string(entry.status.message());
   std::set<int64_t, std::greater<>> versions;
   for (const auto& [v, ptr] : entry.ready) versions.insert(v);
   for (const auto& [v, error] : entry.errors) versions.insert(v);
   for (const int64_t v : versions) {
-    v1::ModelVersionStatus* status = info.add_versions();
-    status->set_version(v);
-    status->set_state(entry.ready.count(v) > 0 ? v1::ModelInfo::STATE_READY
-                                               : v1::ModelInfo::STATE_FAILED);
-    if (auto e = entry.errors.find(v); e != entry.errors.end()) status->set_error(e->second);
+    ModelStatus::Version& version = status.versions.emplace_back();
+    version.version = v;
+    version.ready = entry.ready.count(v) > 0;
+    if (auto e = entry.errors.find(v); e != entry.errors.end()) version.error = e->second;
   }
-  if (entry.ready.empty()) {
-    info.set_state(v1::ModelInfo::STATE_FAILED);
-    return info;
-  }
-  const ModelVersion& newest = *entry.ready.rbegin()->second;
-  info.set_state(v1::ModelInfo::STATE_READY);
-  *info.mutable_config() = newest.model.config;
-  info.set_weight_layout(WeightLayoutName(newest.model.layout));
-  info.set_parameter_count(newest.model.parameter_count);
-  info.set_embed_dim(newest.model.dims.embed_dim);
-  info.set_num_heads(newest.model.dims.num_heads);
-  info.set_kdim(newest.model.dims.kdim);
-  info.set_vdim(newest.model.dims.vdim);
-  return info;
+  status.ready = !entry.ready.empty();
+  if (status.ready) status.newest = entry.ready.rbegin()->second;
+  return status;
 }
 
-absl::StatusOr<v1::ModelInfo> ModelRepository::Info(const std::string& name) const {
+absl::StatusOr<ModelStatus> ModelRepository::Status(const std::string& name) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
     return absl::NotFoundError(
         absl::StrCat("model '", name, "' not found; this server has: ", ServedNames()));
   }
-  return InfoOf(name, it->second);
+  return StatusOf(name, it->second);
 }
 
-std::vector<v1::ModelInfo> ModelRepository::Infos() const {
+std::vector<ModelStatus> ModelRepository::Statuses() const {
   absl::ReaderMutexLock lock(&mu_);
-  std::vector<v1::ModelInfo> all;
-  for (const auto& [name, entry] : models_) all.push_back(InfoOf(name, entry));
+  std::vector<ModelStatus> all;
+  for (const auto& [name, entry] : models_) all.push_back(StatusOf(name, entry));
   return all;
 }
 

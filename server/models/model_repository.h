@@ -20,7 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/model.h"
-#include "mha/v1/attention.pb.h"
+#include "mha/v1/model_config.pb.h"
 #include "server/models/repository_scan.h"
 #include "server/observability/metrics.h"
 #include "server/observability/model_statistics.h"
@@ -44,6 +44,24 @@ struct ModelVersion {
   std::unique_ptr<Batcher> batcher;
 };
 using VersionPtr = std::shared_ptr<const ModelVersion>;
+
+// What a model in the table is: its state, its versions (newest first:
+// ready ones and those that failed) and its newest ready version, which the
+// front ends describe (config, layout, dims).
+struct ModelStatus {
+  struct Version {
+    int64_t version = 0;
+    bool ready = false;
+    // Why it failed to load; for a ready version, why its last reload
+    // failed (it serves what it had).
+    std::string error;
+  };
+  std::string name;
+  bool ready = false;  // some version serves
+  std::string error;   // the model's own error (config, no version)
+  std::vector<Version> versions;
+  VersionPtr newest;   // null when none is ready
+};
 
 // Settings every model's batcher shares unless its config overrides them.
 struct RepositoryOptions {
@@ -97,8 +115,8 @@ class ModelRepository {
   absl::StatusOr<VersionPtr> Find(const std::string& name, int64_t version) const;
   // Whether `name` is in the table (loaded or failed).
   bool Has(const std::string& name) const;
-  absl::StatusOr<v1::ModelInfo> Info(const std::string& name) const;
-  std::vector<v1::ModelInfo> Infos() const;
+  absl::StatusOr<ModelStatus> Status(const std::string& name) const;
+  std::vector<ModelStatus> Statuses() const;
   // Names of models with at least one ready version.
   std::vector<std::string> Ready() const;
   // The ready versions of `name`, ascending (none when it is not loaded).
@@ -130,7 +148,7 @@ class ModelRepository {
   // Moves `versions` out of the table into retired_ (caller holds mu_).
   void Retire(std::vector<VersionPtr> versions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string ServedNames() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  v1::ModelInfo InfoOf(const std::string& name, const Entry& entry) const;
+  ModelStatus StatusOf(const std::string& name, const Entry& entry) const;
 
   const std::string dir_;
   const RepositoryOptions options_;

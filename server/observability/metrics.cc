@@ -85,7 +85,14 @@ Metrics::Metrics()
                            .Help("Working memory reserved by requests in flight "
                                  "(queued, computing, answering)")
                            .Register(*registry_)
-                           .Add({})) {}
+                           .Add({})),
+      memory_set_aside_(BuildGauge().Name("mha_memory_engine_reserve_bytes")
+                            .Help("Memory set aside from the limit before requests: the "
+                                  "process, the models' packed weights and primitive "
+                                  "allowance, the workers' workspaces and the session cache; "
+                                  "follows loads and unloads")
+                            .Register(*registry_)
+                            .Add({})) {}
 
 ModelMetrics* Metrics::Create(const std::string& model, const std::string& version) {
   const prometheus::Labels labels = {{"model", model}, {"version", version}};

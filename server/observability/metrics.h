@@ -82,6 +82,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   prometheus::Gauge& memory_limit() { return memory_; }
   prometheus::Gauge& memory_reserved() { return memory_reserved_; }
+  prometheus::Gauge& memory_engine_reserve() { return memory_set_aside_; }
 
  private:
   ModelMetrics* Create(const std::string& model, const std::string& version);
@@ -103,6 +104,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& primitive_cache_misses_;
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;
+  prometheus::Gauge& memory_set_aside_;
   std::mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_;  // version "", guarded
   std::map<std::pair<std::string, std::string>, std::weak_ptr<ModelMetrics>> versions_;

@@ -65,7 +65,8 @@ class MemoryBudget {
   // `reserved_gauge` (may be null) follows the bytes reserved.
   MemoryBudget(int64_t limit, prometheus::Gauge* reserved_gauge = nullptr);
 
-  // Set once, after the models are loaded and before serving.
+  // Set after the models are loaded, and again after each load or unload:
+  // what requests may hold follows what the models hold.
   void SetReserve(int64_t reserve) { reserve_ = reserve; }
   int64_t limit() const { return limit_; }
   int64_t reserve() const { return reserve_; }

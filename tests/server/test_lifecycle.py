@@ -33,7 +33,7 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mha_test_server import (REPO_ROOT, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
-                             metric_value, tensor, to_numpy, wait_for)
+                             metric_sample, metric_value, tensor, to_numpy, wait_for)
 from mha_export import export  # noqa: E402
 import mha_client  # noqa: E402
 
@@ -285,10 +285,14 @@ class LifecycleTest(unittest.TestCase):
         write_version(os.path.join(self.repo, "small"), 1, layer(42))
         with self.server("--model_control_mode=explicit", "--load_model=small") as s:
             stub = s.stub()
-            rss_without = rss(s.process.pid)
+            reserve = lambda: metric_sample(s.metrics(), "mha_memory_engine_reserve_bytes")
+            rss_without, reserve_without = rss(s.process.pid), reserve()
             stub.LoadModel(pb.LoadModelRequest(name="big"), timeout=60)
-            rss_with = rss(s.process.pid)
+            rss_with, reserve_with = rss(s.process.pid), reserve()
             self.assertGreater(rss_with - rss_without, 30 << 20)
+            # The reserve follows the models: big's packed weights (in_proj,
+            # out_proj, and the layers packed for cross calls) come in.
+            self.assertGreaterEqual(reserve_with - reserve_without, 16 << 20)
             load = Load(s.stub(), "small", {1: [layer(42)]})
             try:
                 wait_for(lambda: load.seen(1) > 20, what="answers")
@@ -313,6 +317,9 @@ class LifecycleTest(unittest.TestCase):
             wait_for(lambda: series(s.metrics(), "big", "1") == [],
                      what="big version 1's series to leave /metrics")
             text = s.metrics()
+            # ... and goes with them (small was unloaded too).
+            self.assertLess(metric_sample(text, "mha_memory_engine_reserve_bytes"),
+                            reserve_without)
             self.assertEqual(metric_value(text, "mha_model_loaded", model="big"), 0)
             self.assertEqual(series(text, "big", "1"), [])
             with self.assertRaises(grpc.RpcError) as e:
