@@ -242,12 +242,22 @@ class TestStep final : public StepTask {
   // Outlive the step (the batcher destroys it once answered).
   std::shared_ptr<double> calls_at_answer = std::make_shared<double>(-1);
   std::function<bool()> cancelled;
+  // Which session it steps (default: its own); a refusal Begin gives; a
+  // gate its Finish waits for (holding the worker), after `finishing`.
+  const void* session_key = nullptr;
+  absl::Status refuse_with;
+  std::shared_future<void> gate;
+  std::promise<void>* finishing = nullptr;
 
   bool Cancelled() const override { return cancelled && cancelled(); }
-  const void* session() const override { return this; }
+  const void* session() const override { return session_key ? session_key : this; }
   int64_t tokens() const override { return tokens_; }
   void CountDropped(const ModelMetrics&, const char*) override {}
-  Start Begin(StepPlan& plan, absl::Status&) override {
+  Start Begin(StepPlan& plan, absl::Status& why) override {
+    if (!refuse_with.ok()) {
+      why = refuse_with;
+      return Start::kRefused;
+    }
     plan.step = AppendStep{&cache_, tokens_, false};
     plan.query = query_;
     plan.keys = cache_.length() + tokens_;
@@ -258,6 +268,8 @@ class TestStep final : public StepTask {
   void Finish(const absl::Status& status, absl::Span<const float>,
               absl::Span<const float>) override {
     *calls_at_answer = calls_();
+    if (finishing != nullptr) finishing->set_value();
+    if (gate.valid()) gate.wait();
     answer_.set_value(status);
   }
   void Fail(const absl::Status& status) override { answer_.set_value(status); }
@@ -647,6 +659,113 @@ TEST_F(BatcherTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
   batcher.Stop();
   EXPECT_EQ(metrics.ForModel("m").compute_duration->Collect().histogram.sample_count, 0)
       << "nothing computed";
+}
+
+// A refused step lets go of its session: the next step of that session,
+// queued behind it, still runs (it is not left in the queue unwoken).
+TEST_F(BatcherTest, AStepBehindARefusedStepOfItsSessionRuns) {
+  Metrics metrics;
+  Batcher batcher("m", *engine_, BatcherOptions{}, metrics.ForModel("m"));
+  auto zero = [] { return 0.0; };
+  // Hold the one worker in a step's answer while the two queue.
+  std::promise<void> open_gate, finishing;
+  auto holder = std::make_unique<TestStep>(*engine_, 1, zero);
+  holder->gate = open_gate.get_future().share();
+  holder->finishing = &finishing;
+  std::future<absl::Status> held = holder->answer();
+  batcher.Enqueue(std::move(holder));
+  finishing.get_future().wait();
+  int session = 0;
+  auto refused = std::make_unique<TestStep>(*engine_, 1, zero);
+  refused->session_key = &session;
+  refused->refuse_with = absl::FailedPreconditionError("not at the expected position");
+  auto next = std::make_unique<TestStep>(*engine_, 1, zero);
+  next->session_key = &session;
+  std::future<absl::Status> refused_answer = refused->answer(), next_answer = next->answer();
+  batcher.Enqueue(std::move(refused));
+  batcher.Enqueue(std::move(next));
+  open_gate.set_value();
+  EXPECT_TRUE(held.get().ok());
+  EXPECT_EQ(refused_answer.get().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(next_answer.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "the step behind the refused one was never taken";
+  EXPECT_TRUE(next_answer.get().ok());
+  batcher.Stop();
+}
+
+// A cross-attention request: L queries against S keys and values.
+v1::AttendRequest CrossRequest(int64_t len, int64_t keys, uint32_t seed) {
+  v1::AttendRequest r = Request(len, seed);
+  *r.mutable_key() = Wire({1, keys, 24}, testing::RandomVector(keys * 24, seed + 1));
+  *r.mutable_value() = Wire({1, keys, 24}, testing::RandomVector(keys * 24, seed + 2));
+  return r;
+}
+
+// While sessions step, a request with more query rows than the cap goes
+// in chunks of the cap's rows (its keys and values projected once), each
+// chunk one call beside the steps: a step queued behind it is answered
+// first, and the request gets what one call gives (self and cross, key
+// padding, bias_kv + add_zero_attn + post-norm).
+TEST_F(BatcherTest, LongRequestsGoInChunksOfQueryRowsWhileSessionsStep) {
+  AttentionDims extras = Dims();
+  extras.add_bias_kv = extras.add_zero_attn = extras.post_norm = true;
+  const std::unique_ptr<MhaEngine> extras_engine =
+      MhaEngine::Create(extras, testing::RandomWeights(extras, 4)).value();
+  struct Case {
+    const char* name;
+    const MhaEngine* engine;
+    v1::AttendRequest request;
+  };
+  const std::vector<Case> cases = {
+      {"self, key padding", engine_.get(), Request(600, 21, /*key_padding=*/true)},
+      {"cross", engine_.get(), CrossRequest(600, 77, 22)},
+      {"extras", extras_engine.get(), Request(600, 23)}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    BatcherOptions options = Delayed(absl::Seconds(30));
+    options.max_batch_tokens = 1 << 20;
+    options.max_batch_tokens_with_steps = 64;
+    Metrics metrics;
+    Batcher batcher("m", *c.engine, options, metrics.ForModel("m"));
+    // A step holds the worker (and marks sessions as stepping) while the
+    // request and another step queue.
+    std::atomic<int> order{0};
+    std::promise<void> open_gate, finishing;
+    auto holder = std::make_unique<TestStep>(*c.engine, 1, [] { return 0.0; });
+    holder->gate = open_gate.get_future().share();
+    holder->finishing = &finishing;
+    std::future<absl::Status> held = holder->answer();
+    batcher.Enqueue(std::move(holder));
+    finishing.get_future().wait();
+    int request_at = 0;
+    std::promise<absl::StatusOr<Answer>> long_answer;
+    batcher.Enqueue(testing::MakeCall(Decode(c.request),
+                                      [&](absl::StatusOr<AttentionResult> r) {
+                                        request_at = ++order;
+                                        long_answer.set_value(Keep(r));
+                                      }));
+    auto step = std::make_unique<TestStep>(*c.engine, 1,
+                                           [&order] { return static_cast<double>(++order); });
+    std::shared_ptr<double> step_at = step->calls_at_answer;
+    std::future<absl::Status> stepped = step->answer();
+    batcher.Enqueue(std::move(step));
+    open_gate.set_value();
+    ASSERT_TRUE(held.get().ok());
+    ASSERT_TRUE(stepped.get().ok());
+    absl::StatusOr<Answer> r = long_answer.get_future().get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LT(*step_at, request_at) << "the step went before the request's last chunks";
+    AttentionRequest alone = Decode(c.request);
+    std::vector<float> expected(alone.output_elements());
+    auto ws = c.engine->NewWorkspace();
+    ASSERT_TRUE(c.engine->Run(alone.batch(), {absl::MakeSpan(expected), {}, false}, *ws).ok());
+    ASSERT_EQ(r->output.size(), expected.size());
+    for (size_t j = 0; j < expected.size(); ++j) ASSERT_NEAR(r->output[j], expected[j], 1e-5) << j;
+    // The holder's call, then ten chunks of 64 rows, one call each.
+    EXPECT_EQ(metrics.ForModel("m").compute_duration->Collect().histogram.sample_count, 11);
+    EXPECT_EQ(metrics.ForModel("m").split_requests->Value(), 1);
+    batcher.Stop();
+  }
 }
 
 // A queue that hands out `pending` works, each logging its name when it

@@ -72,6 +72,10 @@ Metrics::Metrics()
                          .Help("Loads and reloads of a model (or one of its versions) that "
                                "failed; what served before goes on serving")
                          .Register(*registry_)),
+      split_requests_(BuildCounter().Name("mha_split_requests_total")
+                          .Help("Attend requests computed in chunks of query rows beside "
+                                "session steps (dynamic_batching.max_batch_tokens_with_steps)")
+                          .Register(*registry_)),
       primitive_cache_misses_(BuildCounter().Name("mha_engine_primitive_cache_misses_total")
                                   .Help("oneDNN primitives created while serving (a request "
                                         "of a new shape; warmup_lengths avoid them)")
@@ -108,6 +112,7 @@ ModelMetrics* Metrics::Create(const std::string& model, const std::string& versi
   m->inflight = &inflight_.Add(labels);
   m->tokens = &tokens_.Add(labels);
   m->primitive_cache_misses = &primitive_cache_misses_.Add(labels);
+  m->split_requests = &split_requests_.Add(labels);
   // Every reason's series from the start, so rate() alerts work before the
   // first drop.
   for (const char* reason : kDropReasons) {
@@ -128,6 +133,7 @@ void Metrics::Remove(ModelMetrics* m) {
   inflight_.Remove(m->inflight);
   tokens_.Remove(m->tokens);
   primitive_cache_misses_.Remove(m->primitive_cache_misses);
+  split_requests_.Remove(m->split_requests);
   for (const auto& [reason, counter] : m->dropped) dropped_.Remove(counter);
   std::lock_guard<std::mutex> lock(m->requests_mu);
   for (const auto& [key, counter] : m->requests) requests_.Remove(counter);

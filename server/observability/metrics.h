@@ -33,6 +33,7 @@ struct ModelMetrics {
   prometheus::Gauge* inflight = nullptr;
   prometheus::Counter* tokens = nullptr;
   prometheus::Counter* primitive_cache_misses = nullptr;
+  prometheus::Counter* split_requests = nullptr;
   std::map<std::string, prometheus::Counter*> dropped;  // every kDropReasons entry
 
   // One answered attention call; `api` is kApiMha or kApiKserve.
@@ -101,6 +102,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Family<prometheus::Gauge>& loaded_;
   prometheus::Family<prometheus::Counter>& load_failures_;
+  prometheus::Family<prometheus::Counter>& split_requests_;
   prometheus::Family<prometheus::Counter>& primitive_cache_misses_;
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;

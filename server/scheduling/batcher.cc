@@ -13,6 +13,7 @@
 #include "engine/mha_engine.h"
 #include "engine/threads.h"
 #include "server/scheduling/admission.h"
+#include "server/scheduling/split_attend.h"
 
 namespace mha::server {
 
@@ -59,7 +60,11 @@ void Batcher::Enqueue(std::unique_ptr<Task> task) {
     admitted = absl::ResourceExhaustedError("out of memory queueing the request; retry later");
   }
   if (!admitted.ok()) {
+    const bool projection = task->kind() == Task::Kind::kProjection;
     task->Fail(admitted);  // outside the lock
+    // Steps of the session it would have opened wait for it: they are
+    // refused now.
+    if (projection) WakeLeftSteps(/*ran_some=*/true, /*more=*/false);
     return;
   }
   pool_.Wake(registration_, step);
@@ -103,6 +108,15 @@ absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
       task->CountDropped(metrics_, "memory");
       return fits;
     }
+  }
+  if (memory != nullptr && task->kind() == Task::Kind::kProjection &&
+      task->queued_bytes > memory->capacity()) {
+    task->CountDropped(metrics_, "memory");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the session's memory needs ", WithCommas(task->queued_bytes),
+        " bytes of working memory to be projected; the server's memory budget for requests is ",
+        WithCommas(memory->capacity()), " (--memory_limit_bytes less the engines' reserve and "
+        "the session cache): send a shorter memory"));
   }
   if (memory != nullptr && !memory->TryReserveQueued(task->queued_bytes, *task->memory)) {
     task->CountDropped(metrics_, "memory");
@@ -204,6 +218,25 @@ int64_t Batcher::TokensJoiningOldest(int64_t limit) const {
   return tokens;
 }
 
+bool Batcher::SplitsOldest() const {
+  const AttentionRequest& oldest = queue_.front()->input();
+  return options_.enabled && tokens_with_steps_ < max_batch_tokens_ && pool_.StepsRecently() &&
+         oldest.q_len() > tokens_with_steps_ && Splittable(oldest, engine_);
+}
+
+void Batcher::QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& chunk : chunks) {
+      chunk->enqueued = clock_.Now();
+      steps_.push_back(std::move(chunk));
+    }
+    steps_ready_ = true;
+    PublishDepth();
+  }
+  pool_.Wake(registration_, /*steps=*/true);
+}
+
 int64_t Batcher::TokenLimit() const {
   return pool_.StepsRecently() ? tokens_with_steps_ : max_batch_tokens_;
 }
@@ -240,9 +273,12 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   if (!projections_.empty()) {
     for (auto& p : projections_) {
       queued_bytes_ -= p->wire_bytes;
+      // Their bytes come back by themselves once they ran.
+      if (options_.memory != nullptr) options_.memory->MarkLeaving(*p->memory);
       work->projections.push_back(std::move(p));
     }
     projections_.clear();
+    PublishDepth();
     return Hand(std::move(work));
   }
   if (steps_ready_) {
@@ -258,6 +294,28 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   AttendCall& oldest = *queue_.front();
   const MemoryBudget::Growth growth = ReserveActive(oldest);
   if (growth == MemoryBudget::Growth::kGrown) {
+    if (SplitsOldest()) {
+      try {
+        work->projections.push_back(SplitAttendCall(
+            queue_.front(), engine_, tokens_with_steps_,
+            [this](std::vector<std::unique_ptr<StepTask>> chunks) {
+              QueueChunks(std::move(chunks));
+            },
+            metrics_, options_.statistics));
+      } catch (const std::bad_alloc&) {  // the request stays, computed whole
+      }
+    }
+    if (!work->projections.empty()) {
+      metrics_.split_requests->Increment();
+      const absl::Time now = clock_.Now();
+      metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - oldest.enqueued));
+      if (options_.statistics != nullptr) options_.statistics->Queued(now - oldest.enqueued);
+      queued_tokens_ -= oldest.input().tokens();
+      queued_bytes_ -= oldest.input().wire_bytes();
+      queue_.pop_front();  // moved into the split (`oldest` is gone)
+      PublishDepth();
+      return Hand(std::move(work));
+    }
     work->batch = TakeBatch();
     return Hand(std::move(work));
   }
@@ -341,40 +399,58 @@ Batcher::StepTaken Batcher::TryStartStep(std::unique_ptr<StepTask>& step, bool c
       return StepTaken::kRefused;
     case StepTask::Start::kRun: break;
   }
+  // Started: a refusal from here gives the session back first, under this
+  // lock, so that its next step may start in this call or the next.
+  absl::Status refusal;
+  bool no_room = false;
+  try {
+    refusal = AdmitStartedStep(*step, call_empty, no_room);
+  } catch (...) {
+    step->Abandon();
+    throw;
+  }
+  if (refusal.ok() && !no_room) return StepTaken::kTaken;
+  step->Abandon();
+  if (no_room) return StepTaken::kNoRoom;
+  step->refusal = std::move(refusal);
+  return StepTaken::kRefused;
+}
+
+absl::Status Batcher::AdmitStartedStep(StepTask& step, bool call_empty, bool& no_room) {
   MemoryBudget* memory = options_.memory;
   if (memory != nullptr) {
-    const RequestCost cost{.queued_bytes = step->queued_bytes, .active_bytes = step->active_bytes};
+    const RequestCost cost{.queued_bytes = step.queued_bytes, .active_bytes = step.active_bytes};
     absl::Status fits = CheckStepMemory(cost, memory->capacity());
-    if (fits.ok() && ReserveActive(*step) != MemoryBudget::Growth::kGrown) {
-      if (!call_empty) {  // it may fit once the steps of this call are done
-        step->Abandon();
-        return StepTaken::kNoRoom;
+    if (fits.ok() && ReserveActive(step) != MemoryBudget::Growth::kGrown) {
+      // It may fit once the steps of this call are done.
+      if (!call_empty) {
+        no_room = true;
+        return absl::OkStatus();
       }
       // A step does not wait for memory behind Attend requests.
       fits = absl::ResourceExhaustedError(absl::StrCat(
           "server memory budget full: requests in flight hold ", WithCommas(memory->reserved()),
           " of ", WithCommas(memory->capacity()), " bytes and this step needs ",
-          WithCommas(step->active_bytes), " more to compute; retry later"));
+          WithCommas(step.active_bytes), " more to compute; retry later"));
     }
     if (!fits.ok()) {
-      step->CountDropped(metrics_, "memory");
-      step->refusal = std::move(fits);
-      return StepTaken::kRefused;
+      step.CountDropped(metrics_, "memory");
+      return fits;
     }
   }
-  if (absl::Status room = step->Allocate(); !room.ok()) {
-    step->refusal = std::move(room);
-    return StepTaken::kRefused;
-  }
-  return StepTaken::kTaken;
+  return step.Allocate();
 }
 
 std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr<Task>>& refused,
                                                      bool& more) {
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = clock_.Now();
+  // Room made first: once a step has started, nothing here allocates.
   std::vector<StartedStep> started;
   std::vector<const void*> blocked;  // sessions whose later steps wait
+  started.reserve(steps_.size());
+  blocked.reserve(steps_.size());
+  refused.reserve(refused.size() + steps_.size());
   auto is_blocked = [&](const void* session) {
     return std::find(blocked.begin(), blocked.end(), session) != blocked.end();
   };
@@ -396,25 +472,30 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
       remove();
       continue;
     }
-    blocked.push_back(step.session());  // one step per session and call
+    // One step per session and call; a step that stays keeps its
+    // session's later steps behind it.
     if (!started.empty() && tokens + step.tokens() > max_batch_tokens_) {
       more = true;
+      blocked.push_back(step.session());
       ++it;
       continue;
     }
     StepPlan plan;
     switch (TryStartStep(*it, started.empty(), plan)) {
       case StepTaken::kBusy:
+        blocked.push_back(step.session());
         ++it;
         continue;
       case StepTaken::kNoRoom:
         more = true;
+        blocked.push_back(step.session());
         ++it;
         continue;
       case StepTaken::kRefused:
         remove();
         continue;
       case StepTaken::kTaken:
+        blocked.push_back(step.session());
         break;
     }
     tokens += step.tokens();
@@ -425,6 +506,8 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
   PublishDepth();
   return started;
 }
+
+void Batcher::WakeSteps() { WakeLeftSteps(/*ran_some=*/true, /*more=*/false); }
 
 void Batcher::WakeLeftSteps(bool ran_some, bool more) {
   if (!ran_some && !more) return;
@@ -454,10 +537,15 @@ void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps
     }
   }
   std::vector<StartedStep> started;
-  bool more = false;
+  bool more = false, refusals = false;
   if (steps) {
     std::vector<std::unique_ptr<Task>> refused;
-    started = TakeSteps(refused, more);
+    try {
+      started = TakeSteps(refused, more);
+    } catch (const std::bad_alloc&) {  // nothing started; they wait for the next call
+      more = true;
+    }
+    refusals = !refused.empty();
     for (auto& step : refused) step->Fail(step->refusal);  // outside the lock
   }
   size_t answered = 0;
@@ -478,7 +566,8 @@ void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps
   }
   const bool ran_steps = !started.empty();
   started.clear();  // their memory and sessions' blocks come back first
-  WakeLeftSteps(ran_steps, more);
+  // Refused steps freed their sessions too: the steps behind them may go.
+  WakeLeftSteps(ran_steps || refusals, more);
 }
 
 void Batcher::ReportPrimitiveCacheMisses() {

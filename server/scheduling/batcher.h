@@ -97,6 +97,9 @@ class Batcher final : public PoolQueue {
 
   // Stops taking tasks and returns once everything queued is computed.
   void Stop();
+  // The steps it holds may start now, or be refused (their sessions' owner
+  // is stopping): a worker looks at them.
+  void WakeSteps();
 
   // Threads of one engine call.
   int ThreadsPerCall() const;
@@ -145,6 +148,12 @@ class Batcher final : public PoolQueue {
   // Query + key tokens queued that may join the oldest request's batch, up
   // to `limit`.
   int64_t TokensJoiningOldest(int64_t limit) const;
+  // Whether the oldest request goes in chunks (mu_ held): sessions step,
+  // the cap is on, it has more query rows than the cap and is Splittable.
+  bool SplitsOldest() const;
+  // A split request's chunks join the steps (no admission: the request was
+  // admitted).
+  void QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks);
   // The Attend tokens of the next call: max_batch_tokens_, or the cap with
   // steps while sessions step on the server.
   int64_t TokenLimit() const;
@@ -161,6 +170,9 @@ class Batcher final : public PoolQueue {
   // (its `refusal` set; the caller moves it out).
   enum class StepTaken { kTaken, kBusy, kNoRoom, kRefused };
   StepTaken TryStartStep(std::unique_ptr<StepTask>& step, bool call_empty, StepPlan& plan);
+  // The memory and the blocks of a step Begin started (mu_ held): OK, or
+  // `no_room` (it may fit once this call is done), or why it is refused.
+  absl::Status AdmitStartedStep(StepTask& step, bool call_empty, bool& no_room);
   void RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections, Workspace& ws);
   void Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws);
   // Computes the requests and the steps in one engine call and answers

@@ -52,6 +52,14 @@ void SessionManager::Stop() {
     cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.stop_timeout),
                  [this] { return tasks_ == 0; });
     refusing_ = true;
+    std::set<const ModelVersion*> seen;
+    std::vector<VersionPtr> waiting;  // versions whose batchers hold steps
+    for (const auto& [id, s] : sessions_) {
+      if (s->queued > 0 && seen.insert(s->version.get()).second) waiting.push_back(s->version);
+    }
+    lock.unlock();
+    for (const VersionPtr& v : waiting) v->batcher->WakeSteps();  // they refuse them now
+    lock.lock();
     cv_.wait(lock, [this] { return tasks_ == 0; });
   }
   cv_.notify_all();
@@ -59,10 +67,10 @@ void SessionManager::Stop() {
 }
 
 void SessionManager::TaskGone() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    --tasks_;
-  }
+  // Notified under the lock: once Stop sees no task, it may return and the
+  // manager go.
+  std::lock_guard<std::mutex> lock(mu_);
+  --tasks_;
   cv_.notify_all();
 }
 

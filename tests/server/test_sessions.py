@@ -35,7 +35,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_test_server import TestServer, load_stubs, metric_value, wait_for  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
-                         _randomize_biases, _write_model, make_repository, randn, reference)
+                         POST_E, _randomize_biases, _write_model, make_repository, randn,
+                         reference)
 import mha_client  # noqa: E402
 
 pb, rpc, cfg = load_stubs()
@@ -291,6 +292,50 @@ class SessionParityTest(unittest.TestCase, SessionServer):
                          length * sessions)
         steps = metric_value(text, "mha_append_duration_seconds_count")
         self.assertGreater(steps, 0)
+
+    def test_long_attend_requests_go_in_chunks_beside_steps_and_stay_exact(self):
+        """While sessions step, an Attend request of more query rows than
+        max_batch_tokens_with_steps (256) goes in chunks of 256 rows beside
+        the steps: counted in mha_split_requests_total, answers as torch's."""
+        rng = np.random.default_rng(31)
+        stop = False
+
+        def step_forever():
+            own_rng = np.random.default_rng(32)
+            with mha_client.MhaClient(self.server.target(), timeout=60) as client:
+                with client.open_session("demo") as session:
+                    while not stop and session.position < 4000:
+                        session.append(randn(own_rng, 1, 1, DEMO_E))
+
+        cases = [("demo", randn(rng, 1, 700, DEMO_E), None, None),
+                 ("post", randn(rng, 1, 600, POST_E), None, None),
+                 ("cross", randn(rng, 1, 520, CROSS_E), randn(rng, 1, 90, CROSS_KDIM),
+                  randn(rng, 1, 90, CROSS_VDIM))]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            stepping = pool.submit(step_forever)
+            try:
+                wait_for(lambda: metric_value(self.server.metrics(),
+                                              "mha_append_tokens_total") > 0,
+                         10.0, "the session to step")
+                for model, q, k, v in cases:
+                    before = metric_value(self.server.metrics(), "mha_split_requests_total",
+                                          model=model)
+                    padding = np.zeros((1, q.shape[1] if k is None else k.shape[1]), bool)
+                    padding[0, :5] = True
+                    if k is None:
+                        out, _ = self.client.attend(model, q, key_padding_mask=padding)
+                        want, _ = reference(self.models[model], q, key_padding_mask=padding)
+                    else:
+                        out, _ = self.client.attend(model, q, k, v, key_padding_mask=padding)
+                        want, _ = reference(self.models[model], q, k, v,
+                                            key_padding_mask=padding)
+                    self.assert_close(out, want, model)
+                    after = metric_value(self.server.metrics(), "mha_split_requests_total",
+                                         model=model)
+                    self.assertEqual(after - before, 1, f"{model}: computed in chunks")
+            finally:
+                stop = True
+                stepping.result()
 
     def test_cli_session_checks_itself_against_attend(self):
         for args, kind in ((["--model=demo", "--steps=6", "--step_tokens=3"], "with is_causal"),
