@@ -454,7 +454,7 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
   auto is_blocked = [&](const void* session) {
     return std::find(blocked.begin(), blocked.end(), session) != blocked.end();
   };
-  int64_t tokens = 0;
+  int64_t tokens = 0, attend_rows = 0;
   for (auto it = steps_.begin(); it != steps_.end();) {
     StepTask& step = **it;
     if (is_blocked(step.session())) {
@@ -474,7 +474,11 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
     }
     // One step per session and call; a step that stays keeps its
     // session's later steps behind it.
-    if (!started.empty() && tokens + step.tokens() > max_batch_tokens_) {
+    // Chunks of long Attend requests share the call's Attend cap: at most
+    // one chunk's rows beside the steps.
+    const bool over_cap =
+        step.attend_rows() && attend_rows > 0 && attend_rows + step.tokens() > tokens_with_steps_;
+    if ((!started.empty() && tokens + step.tokens() > max_batch_tokens_) || over_cap) {
       more = true;
       blocked.push_back(step.session());
       ++it;
@@ -499,6 +503,7 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
         break;
     }
     tokens += step.tokens();
+    if (step.attend_rows()) attend_rows += step.tokens();
     queued_bytes_ -= step.wire_bytes;
     started.push_back({std::move(*it), plan});
     it = steps_.erase(it);

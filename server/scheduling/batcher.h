@@ -161,7 +161,8 @@ class Batcher final : public PoolQueue {
   // budget, always kGrown.
   MemoryBudget::Growth ReserveActive(Task& task);
   // The waiting steps that start now, oldest first, one per session, at
-  // most max_batch_tokens_ tokens; those refused go to `refused` (their
+  // most max_batch_tokens_ tokens, of which chunks of long Attend requests
+  // at most the cap with steps; those refused go to `refused` (their
   // `refusal` set). `more`: some were left for lack of room.
   std::vector<StartedStep> TakeSteps(std::vector<std::unique_ptr<Task>>& refused, bool& more);
   // Starts one waiting step (mu_ held): kTaken (its memory reserved, its

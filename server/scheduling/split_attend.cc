@@ -76,6 +76,7 @@ class Chunk final : public StepTask {
   // One chunk of a request per engine call: they share one cache.
   const void* session() const override { return state_.get(); }
   int64_t tokens() const override { return rows_; }
+  bool attend_rows() const override { return true; }
   bool Cancelled() const override { return state_->call->Cancelled(); }
   void CountDropped(const ModelMetrics&, const char*) override {}  // counted by Fail
   Start Begin(StepPlan& plan, absl::Status& why) override {

@@ -82,6 +82,9 @@ class StepTask : public Task {
   // Which session it steps (steps of one session wait for each other).
   virtual const void* session() const = 0;
   virtual int64_t tokens() const = 0;
+  // Whether its rows are an Attend request's (a chunk of a long one): they
+  // count against the call's cap on Attend tokens while sessions step.
+  virtual bool attend_rows() const { return false; }
 
   enum class Start {
     kRun,      // started: its session is its own until Finish or Fail;

@@ -4,9 +4,11 @@ and together, for values of the per-model knob
 `dynamic_batching.max_batch_tokens_with_steps`.
 
     /usr/bin/python3 tests/bench/mixed_load.py [--caps=default,256,512,1024,0] [--seconds=5]
+        [--len_range=64:128]
 
 For each cap, one server on a copy of the demo model with that cap:
-1. Attend alone: `mha_client load --concurrency 16 --len_range 64:128`.
+1. Attend alone: `mha_client load --concurrency 16 --len_range 64:128` (or --len_range:
+   requests longer than the cap go in chunks beside the steps).
 2. Steps alone: `mha_client load --sessions 16 --steps S` (unary part).
 3. Both at once: the Attend load runs while the sessions step.
 Prints one JSON object per cap: step p50/p99 alone and under load, their
@@ -46,7 +48,8 @@ def repository_with_cap(cap):
 
 def attend_load(args, target, seconds):
     return subprocess.Popen([args.mha_client, "load", f"--target={target}", "--model=demo",
-                             "--concurrency=16", "--len_range=64:128", f"--duration={seconds}s"],
+                             "--concurrency=16", f"--len_range={args.len_range}",
+                             f"--duration={seconds}s"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -79,7 +82,7 @@ def measure(args, cap):
             (mixed_rps,) = parse(ATTEND_LINE, attend)
     finally:
         shutil.rmtree(repo, ignore_errors=True)
-    return {"cap": cap, "step_idle_p50_ms": idle_p50, "step_idle_p99_ms": idle_p99,
+    return {"cap": cap, "len_range": args.len_range, "step_idle_p50_ms": idle_p50, "step_idle_p99_ms": idle_p99,
             "step_mixed_p50_ms": p50, "step_mixed_p99_ms": p99,
             "step_p99_ratio": round(p99 / idle_p99, 2), "step_tokens_s_mixed": tokens_s,
             "attend_solo_rps": solo_rps, "attend_mixed_rps": mixed_rps,
@@ -95,6 +98,7 @@ def main():
                         help="values of max_batch_tokens_with_steps (0: no cap)")
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--steps", type=int, default=300, help="steps per session")
+    parser.add_argument("--len_range", default="64:128", help="Attend lengths, MIN:MAX")
     args = parser.parse_args()
     for cap in args.caps.split(","):
         print(json.dumps(measure(args, cap)), flush=True)
