@@ -40,7 +40,7 @@ struct BatcherOptions {
   // Query + key tokens per engine call; 0: kTokensPerThread per thread.
   int64_t max_batch_tokens = 0;
   // The default max_batch_tokens_with_steps (docs/PERFORMANCE.md: the curve).
-  static constexpr int64_t kTokensWithSteps = 256;
+  static constexpr int64_t kTokensWithSteps = 128;
   // The cap on a call's Attend tokens while sessions step on the server
   // (WorkerPool::StepsRecently): a step waits at most for one such call
   // before its own. 0: max_batch_tokens (no cap).

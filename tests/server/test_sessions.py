@@ -295,7 +295,7 @@ class SessionParityTest(unittest.TestCase, SessionServer):
 
     def test_long_attend_requests_go_in_chunks_beside_steps_and_stay_exact(self):
         """While sessions step, an Attend request of more query rows than
-        max_batch_tokens_with_steps (256) goes in chunks of 256 rows beside
+        max_batch_tokens_with_steps (128) goes in chunks of 128 rows beside
         the steps: counted in mha_split_requests_total, answers as torch's."""
         rng = np.random.default_rng(31)
         stop = False
