@@ -14,6 +14,7 @@
 #include "engine/attention_batch.h"
 #include "engine/attention_dims.h"
 #include "engine/kv_cache.h"
+#include "engine/primitive_budget.h"
 #include "engine/weights.h"
 #include "engine/workspace.h"
 
@@ -65,11 +66,12 @@ class MhaEngine {
   // A workspace holding more than this after a call gives its buffers back
   // (ReleaseLargeWorkspace), so one large request does not pin memory.
   static constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
-  // What one engine's primitive caches are expected to add past load and
-  // warm-up, for a server's memory reserve: about 25 request lengths not
-  // warmed up, at the 160-175 KiB each measured for E = 64 and 256 models
-  // (docs/SERVER.md, "Many models").
-  static constexpr int64_t kPrimitiveCacheBytes = int64_t{4} << 20;
+  // What the primitive caches of every engine of the process may hold
+  // together, for a server's memory reserve: they share one capacity
+  // (engine/primitive_budget.h), least recently used out first whatever
+  // the model, at ~109 KiB per primitive measured (E = 256).
+  static constexpr int64_t kPrimitiveCacheBytes =
+      PrimitiveBudget::kDefaultCapacity * PrimitiveBudget::kBytesPerPrimitive;
   // Frees `ws`'s buffers when it holds more than kWorkspaceKeepBytes;
   // returns whether it did.
   static bool ReleaseLargeWorkspace(Workspace& ws);

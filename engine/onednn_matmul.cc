@@ -1,12 +1,22 @@
 #include "engine/onednn_matmul.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 namespace mha {
 
 const dnnl::engine& onednn::CpuEngine() {
-  static const dnnl::engine* const engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  static const dnnl::engine* const engine = [] {
+    // oneDNN's own primitive cache (what lets models of equal shapes share
+    // one primitive's code) gets the capacity of ours, so that together
+    // they hold about PrimitiveBudget's count, not its 1024 beyond it,
+    // unless the user set DNNL_PRIMITIVE_CACHE_CAPACITY.
+    if (std::getenv("DNNL_PRIMITIVE_CACHE_CAPACITY") == nullptr) {
+      dnnl::set_primitive_cache_capacity(static_cast<int>(PrimitiveBudget::kDefaultCapacity));
+    }
+    return new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return *engine;  // never destroyed: workspaces may outlive static destruction order
 }
 
@@ -144,21 +154,56 @@ MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSp
   return p;
 }
 
+MatmulCache::MatmulCache(const dnnl::engine& engine, size_t capacity)
+    : engine_(engine), cache_(capacity) {
+  PrimitiveBudget::Get().Register(this);
+}
+
+MatmulCache::~MatmulCache() {
+  PrimitiveBudget::Get().Unregister(this);
+  PrimitiveBudget::Get().Removed(static_cast<int64_t>(size()));
+}
+
+size_t MatmulCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.size();
+}
+
+uint64_t MatmulCache::OldestUse() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.OldestUse();
+}
+
+bool MatmulCache::EvictOldest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.EvictOldest();
+}
+
 std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
+  PrimitiveBudget& budget = PrimitiveBudget::Get();
+  const uint64_t tick = budget.Tick();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const auto* found = cache_.Find(s)) return *found;
+    if (const auto* found = cache_.Find(s, tick)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
   created->pd = dnnl::matmul::primitive_desc(
       dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
   misses_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
-  bool inserted = false;
-  std::shared_ptr<const MatmulPrimitive>& entry = cache_.FindOrInsert(s, inserted);
-  if (inserted) entry = std::move(created);  // else another thread made it meanwhile
-  return entry;
+  std::shared_ptr<const MatmulPrimitive> result;
+  int64_t added = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t before = cache_.size();
+    bool inserted = false;
+    std::shared_ptr<const MatmulPrimitive>& entry = cache_.FindOrInsert(s, inserted, tick);
+    if (inserted) entry = std::move(created);  // else another thread made it meanwhile
+    result = entry;
+    added = static_cast<int64_t>(cache_.size()) - static_cast<int64_t>(before);
+  }
+  if (added > 0) budget.Added(added);  // outside the lock: it may evict from here too
+  return result;
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
@@ -175,6 +220,7 @@ LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& w
   bias_ = dnnl::memory({{1, n}, dt::f32, tag::ab}, engine_);
   std::memcpy(bias_.get_data_handle(), bias.data(), sizeof(float) * n);
   stream.wait();
+  PrimitiveBudget::Get().Register(this);  // last: the budget may call it from now on
 }
 
 dnnl::matmul::primitive_desc LinearLayer::MakePd(int64_t m, const dnnl::memory::desc& wei) const {
@@ -185,21 +231,47 @@ dnnl::matmul::primitive_desc LinearLayer::MakePd(int64_t m, const dnnl::memory::
                                       engine_);
 }
 
+LinearLayer::~LinearLayer() {
+  PrimitiveBudget::Get().Unregister(this);
+  std::lock_guard<std::mutex> lock(mu_);
+  PrimitiveBudget::Get().Removed(static_cast<int64_t>(by_m_.size()));
+}
+
+uint64_t LinearLayer::OldestUse() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_m_.OldestUse();
+}
+
+bool LinearLayer::EvictOldest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_m_.EvictOldest();
+}
+
 std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) const {
+  PrimitiveBudget& budget = PrimitiveBudget::Get();
+  const uint64_t tick = budget.Tick();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const auto* found = by_m_.Find(m)) return *found;
+    if (const auto* found = by_m_.Find(m, tick)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
   created->pd = MakePd(m, weights_.get_desc());
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
   misses_.fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(mu_);
-  bool inserted = false;
-  std::shared_ptr<const MatmulPrimitive>& entry = by_m_.FindOrInsert(m, inserted);
-  if (inserted) entry = std::move(created);  // else another thread made it meanwhile
-  return entry;
+  std::shared_ptr<const MatmulPrimitive> result;
+  int64_t added = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t before = by_m_.size();
+    bool inserted = false;
+    std::shared_ptr<const MatmulPrimitive>& entry = by_m_.FindOrInsert(m, inserted, tick);
+    if (inserted) entry = std::move(created);  // else another thread made it meanwhile
+    result = entry;
+    added = static_cast<int64_t>(by_m_.size()) - static_cast<int64_t>(before);
+  }
+  if (added > 0) budget.Added(added);  // outside the lock: it may evict from here too
+  return result;
 }
 
 // Rows are processed in chunks of power-of-two sizes (and one final chunk

@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "engine/lru_cache.h"
+#include "engine/primitive_budget.h"
 #include "engine/workspace.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -107,15 +108,21 @@ class BoundMemories {
 };
 
 // Creates each distinct MatmulSpec's primitive once and keeps the
-// `capacity` most recently used. Thread-safe.
-class MatmulCache {
+// `capacity` most recently used, within the process-wide PrimitiveBudget
+// (which may take its least recently used ones back). Thread-safe.
+class MatmulCache final : public PrimitiveBudget::Cache {
  public:
   static constexpr size_t kDefaultCapacity = 4096;
-  explicit MatmulCache(const dnnl::engine& engine, size_t capacity = kDefaultCapacity)
-      : engine_(engine), cache_(capacity) {}
+  explicit MatmulCache(const dnnl::engine& engine, size_t capacity = kDefaultCapacity);
+  ~MatmulCache() override;
   std::shared_ptr<const MatmulPrimitive> Get(const MatmulSpec& spec);
   // Primitives created since construction (lookups that found none).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
+  size_t size() const;
+
+  // PrimitiveBudget::Cache.
+  uint64_t OldestUse() const override;
+  bool EvictOldest() override;
 
  private:
   dnnl::engine engine_;
@@ -128,15 +135,17 @@ class MatmulCache {
 
 // y[m, N] = x[m, K] W^T + b for any m. Owns W (reordered once into the
 // format oneDNN picks for this machine) and b, and one primitive per m seen
-// (the most recently used 1024).
+// (the most recently used 1024, within the process-wide PrimitiveBudget).
 // Immutable after Create apart from that cache; thread-safe.
-class LinearLayer {
+class LinearLayer final : public PrimitiveBudget::Cache {
  public:
   // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
   // `act_dt` (f32 or bf16); the output is `dst_dt`.
   LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
               const std::vector<float>& bias, int64_t n, int64_t k, onednn::dt act_dt,
               onednn::dt dst_dt);
+
+  ~LinearLayer() override;
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
   // What its packed weights and bias hold.
@@ -145,6 +154,10 @@ class LinearLayer {
   }
   // Primitives created since construction (per number of rows).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
+
+  // PrimitiveBudget::Cache.
+  uint64_t OldestUse() const override;
+  bool EvictOldest() override;
 
  private:
   dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;

@@ -47,22 +47,17 @@ std::string ModelSummary(const ModelRepository& models) {
   return absl::StrJoin(parts, ",");
 }
 
-// What the loaded model versions hold: their packed weights, and what
-// their primitive caches may add past warm-up (per version, at least the
-// allowance of one busy model: oneDNN shares the primitives of equal shapes
-// across models).
+// What the loaded model versions hold: their packed weights, and what the
+// primitive caches of all of them may hold (one process-wide capacity,
+// whatever the number of models).
 struct ModelsNeed {
-  int64_t weights = 0, primitives = 0;
+  int64_t weights = 0, primitives = MhaEngine::kPrimitiveCacheBytes;
 };
 ModelsNeed NeedOf(const ModelRepository& models) {
-  constexpr int64_t kPrimitivesAtLeast = int64_t{32} << 20;
   ModelsNeed need;
-  int64_t versions = 0;
   if (absl::StatusOr<std::vector<VersionPtr>> all = models.Select("", 0); all.ok()) {
     for (const VersionPtr& v : *all) need.weights += v->model.engine->WeightBytes();
-    versions = static_cast<int64_t>(all->size());
   }
-  need.primitives = std::max(kPrimitivesAtLeast, versions * MhaEngine::kPrimitiveCacheBytes);
   return need;
 }
 
@@ -137,8 +132,8 @@ absl::Status Server::Build() {
   RETURN_IF_ERROR(LoadAtStart(*models_, mode, options_.load_models));
   // The engines' reserve follows the models: the process as it is now
   // without its models' weights (counted per version), each worker's kept
-  // workspace, then per version its weights and primitive allowance, again
-  // after every load and unload (UpdateReserve).
+  // workspace, the primitives of all models (one capacity), then per
+  // version its weights, again after every load and unload (UpdateReserve).
   const ModelsNeed need = NeedOf(*models_);
   process_reserve_ = std::max<int64_t>(0, ResidentBytes() - need.weights) +
                      pool_->workers() * static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes);

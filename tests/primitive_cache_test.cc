@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "engine/lru_cache.h"
+#include "engine/onednn_matmul.h"
+#include "engine/primitive_budget.h"
 #include "engine/mha_engine.h"
 #include "engine/model.h"
 #include "gtest/gtest.h"
@@ -30,6 +32,45 @@ TEST(LruCacheTest, AFullCacheEvictsOnlyTheLeastRecentlyUsed) {
   EXPECT_EQ(&cache.FindOrInsert(3, inserted), &three);  // references stay valid
   EXPECT_FALSE(inserted);
   EXPECT_EQ(three, "three");
+}
+
+// Every engine's primitive caches share one capacity: past it, the least
+// recently used primitive of any cache goes (not the busy model's), and a
+// destroyed engine gives its count back.
+TEST(PrimitiveBudgetTest, CachesShareOneCapacityLeastRecentlyUsedFirst) {
+  PrimitiveBudget& budget = PrimitiveBudget::Get();
+  const int64_t capacity = budget.capacity();
+  const dnnl::engine& engine = onednn::CpuEngine();
+  auto spec = [](int64_t m) {
+    MatmulSpec s;
+    s.src_dt = s.wei_dt = s.dst_dt = onednn::dt::f32;
+    s.ndims = 2;
+    s.src_dims = {m, 8};
+    s.src_strides = {8, 1};
+    s.wei_dims = {8, 4};
+    s.wei_strides = {4, 1};
+    s.dst_dims = {m, 4};
+    s.dst_strides = {4, 1};
+    return s;
+  };
+  const int64_t before = budget.held();
+  {
+    MatmulCache idle(engine), busy(engine);
+    for (int64_t m = 1; m <= 4; ++m) idle.Get(spec(m));  // the oldest uses
+    budget.set_capacity(before + 6);
+    for (int64_t m = 1; m <= 4; ++m) busy.Get(spec(m));
+    EXPECT_EQ(budget.held(), before + 6);
+    EXPECT_EQ(busy.size(), 4u) << "the busy cache keeps its recent primitives";
+    EXPECT_EQ(idle.size(), 2u) << "the idle cache's two oldest went";
+    const uint64_t misses = idle.misses();
+    idle.Get(spec(4));  // still there: its newest survived
+    EXPECT_EQ(idle.misses(), misses);
+    busy.Get(spec(9));  // one more: the idle cache's oldest left goes
+    EXPECT_EQ(idle.size(), 1u);
+    EXPECT_EQ(budget.held(), before + 6);
+  }
+  EXPECT_EQ(budget.held(), before) << "destroyed caches give their count back";
+  budget.set_capacity(capacity);
 }
 
 // Self-attention of one sequence of `len` tokens on a fresh workspace.
