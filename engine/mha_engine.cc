@@ -105,14 +105,30 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
                                          Stack({&w.b_q, &w.b_k, &w.b_v}),
                                          2 * qk + v, e, act_dt_, act_dt_);
   }
-  q_ = std::make_unique<LinearLayer>(engine_, w.w_q, w.b_q, qk, e, act_dt_, act_dt_);
+  // The q, k/v, k and v layers of cross calls are column ranges of the
+  // stacked layer: they read its packed weights in place where this
+  // machine's packed format allows (LinearLayer::ColumnsOf), so the weights
+  // are packed once; elsewhere they pack their own.
+  auto columns_or_own = [&](const LinearLayer* fused, int64_t first, int64_t count, int64_t k,
+                            std::initializer_list<const std::vector<float>*> weights,
+                            std::initializer_list<const std::vector<float>*> biases) {
+    std::unique_ptr<LinearLayer> part;
+    if (fused != nullptr) part = LinearLayer::ColumnsOf(*fused, first, count);
+    if (part == nullptr) {
+      part = std::make_unique<LinearLayer>(engine_, Stack(weights), Stack(biases), count, k,
+                                           act_dt_, act_dt_);
+    }
+    return part;
+  };
+  q_ = columns_or_own(qkv_.get(), 0, qk, e, {&w.w_q}, {&w.b_q});
   if (dims.kdim == dims.vdim) {
-    kv_ = std::make_unique<LinearLayer>(engine_, Stack({&w.w_k, &w.w_v}),
-                                        Stack({&w.b_k, &w.b_v}), qk + v, dims.kdim,
-                                        act_dt_, act_dt_);
+    kv_ = columns_or_own(qkv_.get(), qk, qk + v, dims.kdim, {&w.w_k, &w.w_v},
+                         {&w.b_k, &w.b_v});
   }
-  k_ = std::make_unique<LinearLayer>(engine_, w.w_k, w.b_k, qk, dims.kdim, act_dt_, act_dt_);
-  v_ = std::make_unique<LinearLayer>(engine_, w.w_v, w.b_v, v, dims.vdim, act_dt_, act_dt_);
+  const LinearLayer* kv = qkv_ != nullptr ? qkv_.get() : kv_.get();
+  const int64_t k0 = qkv_ != nullptr ? qk : 0;
+  k_ = columns_or_own(kv, k0, qk, dims.kdim, {&w.w_k}, {&w.b_k});
+  v_ = columns_or_own(kv, k0 + qk, v, dims.vdim, {&w.w_v}, {&w.b_v});
   out_ = std::make_unique<LinearLayer>(engine_, w.w_o, w.b_o, e, v, act_dt_, dt::f32);
   if (dims.add_bias_kv) {
     bias_k_ = RowInType(w.bias_k, act_dt_);

@@ -134,9 +134,10 @@ class MatmulCache final : public PrimitiveBudget::Cache {
 };
 
 // y[m, N] = x[m, K] W^T + b for any m. Owns W (reordered once into the
-// format oneDNN picks for this machine) and b, and one primitive per m seen
-// (the most recently used 1024, within the process-wide PrimitiveBudget).
-// Immutable after Create apart from that cache; thread-safe.
+// format oneDNN picks for this machine) and b, or shares them with the layer
+// it is a column range of, and one primitive per m seen (the most recently
+// used 1024, within the process-wide PrimitiveBudget). Immutable after
+// construction apart from that cache; thread-safe.
 class LinearLayer final : public PrimitiveBudget::Cache {
  public:
   // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
@@ -145,13 +146,25 @@ class LinearLayer final : public PrimitiveBudget::Cache {
               const std::vector<float>& bias, int64_t n, int64_t k, onednn::dt act_dt,
               onednn::dt dst_dt);
 
+  // Output columns [first, first + count) of `fused` (e.g. q of a stacked
+  // q/k/v layer) reading fused's packed weights in place: no copy. Null when
+  // this machine's packed format cannot be cut there (the column blocks do
+  // not start at `first`, or a layer of `count` columns would be laid out
+  // otherwise); the caller then packs the columns itself. `fused` must
+  // outlive the result.
+  static std::unique_ptr<LinearLayer> ColumnsOf(const LinearLayer& fused, int64_t first,
+                                                int64_t count);
+
   ~LinearLayer() override;
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
-  // What its packed weights and bias hold.
+  // What its own packed weights and bias hold (0 for a column range of
+  // another layer).
   int64_t bytes() const {
+    if (!owns_weights_) return 0;
     return static_cast<int64_t>(weights_.get_desc().get_size() + bias_.get_desc().get_size());
   }
+  bool shares_weights() const { return !owns_weights_; }
   // Primitives created since construction (per number of rows).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 
@@ -160,6 +173,8 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   bool EvictOldest() override;
 
  private:
+  LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, onednn::dt act_dt,
+              onednn::dt dst_dt);
   dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;
   std::shared_ptr<const MatmulPrimitive> PrimitiveFor(int64_t m) const;
 
@@ -167,8 +182,13 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   dnnl::engine engine_;
   int64_t n_, k_;
   onednn::dt act_dt_, dst_dt_;
+  // Own buffers, or the fused layer's (kept alive by these handles).
   dnnl::memory weights_;
   dnnl::memory bias_;
+  bool owns_weights_ = true;
+  dnnl::memory::desc weights_desc_;  // this layer's [k, n] in its packed format
+  const uint8_t* weights_data_ = nullptr;
+  const uint8_t* bias_data_ = nullptr;
   mutable std::mutex mu_;  // std::mutex for TSan, as in MatmulCache
   mutable LruCache<int64_t, std::shared_ptr<const MatmulPrimitive>> by_m_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> misses_{0};

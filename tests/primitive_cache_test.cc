@@ -1,12 +1,18 @@
 // The LRU caches of oneDNN primitives and memory objects, and warm-up: a
-// full cache forgets its least recently used entry (not everything), and
-// lengths warmed at load create no primitive on the request path.
+// full cache forgets its least recently used entry (not everything), the
+// column ranges of a stacked linear layer, and lengths warmed at load
+// create no primitive on the request path.
+#include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/kernels.h"
 #include "engine/lru_cache.h"
 #include "engine/onednn_matmul.h"
 #include "engine/primitive_budget.h"
+#include "engine/threads.h"
 #include "engine/mha_engine.h"
 #include "engine/model.h"
 #include "gtest/gtest.h"
@@ -145,6 +151,94 @@ TEST(WarmUpTest, ConfigWarmupLengthsAreCheckedAndRunAtLoad) {
   config.clear_warmup_lengths();
   for (int i = 1; i <= 17; ++i) config.add_warmup_lengths(i);
   EXPECT_EQ(ResolveDims(config).status().message(), "config: at most 16 warmup_lengths, got 17");
+}
+
+// x [m, k] W^T + b through `layer`, from f32 `x`, as f32 (bf16 layers take
+// and give bf16).
+std::vector<float> RunLayer(const LinearLayer& layer, onednn::dt type, const std::vector<float>& x,
+                            int64_t m, int64_t n) {
+  auto ws = std::make_unique<Workspace>(onednn::CpuEngine());
+  std::vector<float> y(m * n);
+  if (type == onednn::dt::f32) {
+    layer.Run(*ws, x.data(), m, y.data());
+    return y;
+  }
+  std::vector<uint16_t> xb(x.size()), yb(y.size());
+  ConvertToBf16(x.data(), xb.data(), static_cast<int64_t>(x.size()));
+  layer.Run(*ws, xb.data(), m, yb.data());
+  for (size_t i = 0; i < yb.size(); ++i) {
+    const uint32_t bits = static_cast<uint32_t>(yb[i]) << 16;
+    std::memcpy(&y[i], &bits, sizeof(float));
+  }
+  return y;
+}
+
+
+// The q, k/v, k and v layers of a stacked q/k/v layer read its packed
+// weights in place where the machine's format allows, and give exactly what
+// a layer packed from those rows alone gives; where the format cannot be cut
+// there, ColumnsOf says so (null) rather than read the wrong columns.
+TEST(LinearLayerTest, ColumnRangesOfAStackedLayerAgreeWithTheirOwnPacks) {
+  const dnnl::engine& engine = onednn::CpuEngine();
+  std::vector<onednn::dt> types = {onednn::dt::f32};
+  if (CpuCanComputeBf16()) types.push_back(onednn::dt::bf16);  // else no bf16 layer exists
+  for (const onednn::dt type : types) {
+    for (const int64_t e : {int64_t{64}, int64_t{256}, int64_t{40}}) {
+      const int64_t n = 3 * e;
+      const std::vector<float> weight = testing::RandomVector(n * e, 11);
+      const std::vector<float> bias = testing::RandomVector(n, 12);
+      const LinearLayer fused(engine, weight, bias, n, e, type, type);
+      const std::pair<int64_t, int64_t> ranges[] = {{0, e}, {e, 2 * e}, {e, e}, {2 * e, e}};
+      int shared = 0;
+      for (const auto& [first, count] : ranges) {
+        SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type) << " e " << e
+                                        << " columns " << first << "+" << count);
+        std::unique_ptr<LinearLayer> part = LinearLayer::ColumnsOf(fused, first, count);
+        if (part == nullptr) continue;
+        ++shared;
+        EXPECT_TRUE(part->shares_weights());
+        EXPECT_EQ(part->bytes(), 0);
+        const std::vector<float> rows(weight.begin() + first * e,
+                                      weight.begin() + (first + count) * e);
+        const std::vector<float> row_bias(bias.begin() + first, bias.begin() + first + count);
+        const LinearLayer own(engine, rows, row_bias, count, e, type, type);
+        for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{300}}) {
+          const std::vector<float> x = testing::RandomVector(m * e, 13 + m);
+          EXPECT_EQ(RunLayer(*part, type, x, m, count),
+                    RunLayer(own, type, x, m, count))
+              << "m " << m;
+        }
+      }
+      if (type == onednn::dt::f32 && e % 64 == 0) {
+        // Both machines this runs on cut these: AVX-512's brgemm packs
+        // 64-column blocks, AVX2's gemm reads row-major [k, n].
+        EXPECT_EQ(shared, 4) << "e " << e;
+      }
+      ::testing::Test::RecordProperty(
+          "shared_ranges_" + std::to_string(static_cast<int>(type)) + "_" + std::to_string(e),
+          shared);
+      std::printf("type %d e %ld: %d of 4 column ranges read the stacked weights in place\n",
+                  static_cast<int>(type), static_cast<long>(e), shared);
+    }
+  }
+  // Out-of-range requests are refused, not clamped.
+  const LinearLayer small(engine, testing::RandomVector(64 * 32, 1), testing::RandomVector(64, 2),
+                          64, 32, onednn::dt::f32, onednn::dt::f32);
+  EXPECT_EQ(LinearLayer::ColumnsOf(small, 32, 64), nullptr);
+  EXPECT_EQ(LinearLayer::ColumnsOf(small, -1, 8), nullptr);
+  EXPECT_EQ(LinearLayer::ColumnsOf(small, 0, 0), nullptr);
+}
+
+// A self-attention model holds its weights packed once: the stacked q/k/v
+// layer and the output layer; its q, k/v, k and v layers for cross calls
+// and session steps read the stacked one in place (E = 256: whole column
+// blocks on both machines), and cross calls still agree with PyTorch (the
+// parity battery) and with the engine's other paths (engine_test).
+TEST(LinearLayerTest, ASelfAttentionModelPacksItsWeightsOnce) {
+  constexpr int64_t e = 256;
+  const AttentionDims dims = testing::MakeDims(e, 8);
+  auto engine = MhaEngine::Create(dims, testing::RandomWeights(dims, 3)).value();
+  EXPECT_EQ(engine->WeightBytes(), static_cast<int64_t>((4 * e * e + 4 * e) * sizeof(float)));
 }
 
 }  // namespace

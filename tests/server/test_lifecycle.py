@@ -280,7 +280,7 @@ class LifecycleTest(unittest.TestCase):
             self.assertEqual(self.health(s, "m"), health_pb2.HealthCheckResponse.SERVING)
 
     def test_unload_under_load_finishes_in_flight_and_frees_memory(self):
-        big = layer(41, embed_dim=1024)  # ~16 MB of weights, packed and reordered too
+        big = layer(41, embed_dim=1024)  # 16 MiB of weights, packed once (16 MiB resident)
         write_version(os.path.join(self.repo, "big"), 1, big)
         write_version(os.path.join(self.repo, "small"), 1, layer(42))
         with self.server("--model_control_mode=explicit", "--load_model=small") as s:
@@ -289,9 +289,10 @@ class LifecycleTest(unittest.TestCase):
             rss_without, reserve_without = rss(s.process.pid), reserve()
             stub.LoadModel(pb.LoadModelRequest(name="big"), timeout=60)
             rss_with, reserve_with = rss(s.process.pid), reserve()
-            self.assertGreater(rss_with - rss_without, 30 << 20)
-            # The reserve follows the models: big's packed weights (in_proj,
-            # out_proj, and the layers packed for cross calls) come in.
+            self.assertGreater(rss_with - rss_without, 12 << 20)
+            # The reserve follows the models: big's packed weights (in_proj
+            # and out_proj; the layers of cross calls read in_proj in place
+            # on machines whose packed format allows it) come in.
             self.assertGreaterEqual(reserve_with - reserve_without, 16 << 20)
             load = Load(s.stub(), "small", {1: [layer(42)]})
             try:
