@@ -24,6 +24,9 @@ struct AttentionDims {
   // fp32 model's cache; keys and values rounded to bf16 as they are
   // written). A bf16 model's caches are bf16 anyway.
   bool kv_cache_bf16 = false;
+  // Session caches in int8 with an f32 scale per token and head (a quarter
+  // of an fp32 model's bytes, plus the scales), for either compute type.
+  bool kv_cache_int8 = false;
   bool post_norm = false;
   float norm_eps = 1e-5f;
 
@@ -32,7 +35,10 @@ struct AttentionDims {
   // Extra key positions appended to every sequence (bias_kv, zero_attn).
   int64_t extra_keys() const { return (add_bias_kv ? 1 : 0) + (add_zero_attn ? 1 : 0); }
   // Bytes of one cached key or value element.
-  int64_t kv_elem_bytes() const { return bf16 || kv_cache_bf16 ? 2 : 4; }
+  int64_t kv_elem_bytes() const {
+    if (kv_cache_int8) return 1;
+    return bf16 || kv_cache_bf16 ? 2 : 4;
+  }
 };
 
 // Largest width accepted for any dimension; bounds memory a config can ask for.

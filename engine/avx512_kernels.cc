@@ -27,7 +27,8 @@ std::atomic<KernelIsa> isa_cap{KernelIsa::kAvx512Bf16};
 KernelIsa DetectIsa() {
   if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
       !__builtin_cpu_supports("avx512vl")) {
-    return KernelIsa::kPortable;
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return avx2 ? KernelIsa::kAvx2 : KernelIsa::kPortable;
   }
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // leaf 7, subleaf 1: EAX bit 5
   const bool bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;

@@ -11,9 +11,10 @@
 
 namespace mha {
 
-// What the kernels use: portable loops, AVX-512, or AVX-512 with its bf16
-// conversion. Ordered: each level has what the one before has.
-enum class KernelIsa { kPortable, kAvx512, kAvx512Bf16 };
+// What the kernels use: portable loops, AVX2 (with FMA; the int8 cache's
+// step loops), AVX-512, or AVX-512 with its bf16 conversion. Ordered: each
+// level has what the one before has.
+enum class KernelIsa { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 
 // The best level this CPU has (checked once), at most the test cap.
 KernelIsa ActiveKernelIsa();

@@ -155,6 +155,9 @@ class EngineImpl {
   // into `cache` from position `first` on.
   void WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
                   int64_t tokens, int64_t first, KvCache& cache) const;
+  // The same into an int8 cache: each (token, head) row rounded with its scale.
+  void WriteCacheInt8(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                      int64_t tokens, int64_t first, KvCache& cache) const;
   void WriteWeights(const Block& block, const float* probs,
                     const AttentionOutputs& out) const;
 

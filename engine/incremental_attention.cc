@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <vector>
 
 #include <omp.h>
 
@@ -150,6 +151,7 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t eb = cache.layout().elem_bytes, bt = KvLayout::kBlockTokens;
   const int64_t in_eb = act_dt_ == dt::bf16 ? 2 : 4;  // k and v as projected
+  if (cache.layout().int8()) return WriteCacheInt8(k, ldk, v, ldv, tokens, first, cache);
   const bool round = in_eb != eb;  // an fp32 model's bf16 cache
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
@@ -170,6 +172,34 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
       }
       for (int64_t c = 0; c < dqk; ++c) std::memcpy(kt + c * bt * eb, key + c * eb, eb);
       std::memcpy(value, v_in, dv * eb);
+    }
+  }
+}
+
+void EngineImpl::WriteCacheInt8(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                                int64_t tokens, int64_t first, KvCache& cache) const {
+  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t bt = KvLayout::kBlockTokens;
+  const bool bf16_in = act_dt_ == dt::bf16;  // k and v as projected
+  std::vector<float> widened(static_cast<size_t>(bf16_in ? std::max(dqk, dv) : 0));
+  // One row of `n` projected elements as f32.
+  auto as_f32 = [&](const uint8_t* row, int64_t n) -> const float* {
+    if (!bf16_in) return reinterpret_cast<const float*>(row);
+    const auto* b16 = reinterpret_cast<const uint16_t*>(row);
+    for (int64_t c = 0; c < n; ++c) widened[c] = Bf16ToFloat(b16[c]);
+    return widened.data();
+  };
+  const int64_t in_eb = bf16_in ? 2 : 4;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
+    for (int64_t head = 0; head < h; ++head) {
+      // Keys transposed, [dqk, 32]: element c of this token at c * 32 + slot.
+      auto* kt = reinterpret_cast<int8_t*>(cache.keys(block, head)) + slot;
+      cache.key_scales(block, head)[slot] =
+          QuantizeInt8(as_f32(k + (t * ldk + head * dqk) * in_eb, dqk), dqk, kt, bt);
+      auto* value = reinterpret_cast<int8_t*>(cache.values(block, head)) + slot * dv;
+      cache.value_scales(block, head)[slot] =
+          QuantizeInt8(as_f32(v + (t * ldv + head * dv) * in_eb, dv), dv, value, 1);
     }
   }
 }
@@ -317,6 +347,8 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
   const int64_t eb = bf16 ? 2 : 4;
   const KvCache& cache = *item.cache;
   const bool kv16 = cache.layout().elem_bytes == 2;  // bf16 keys and values
+  const bool kv8 = cache.layout().int8();            // int8 ones with scales
+  float scaled_probs[KvLayout::kBlockTokens];        // int8: probs x value scales
   const int64_t keys = item.cross ? cache.length() : item.first + item.tokens;
   const int64_t cols = keys + dims_.extra_keys();
   const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / cols, 1, item.tokens);
@@ -335,7 +367,17 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* kt = cache.keys(b, item.head);
         if ((b + 1) * bt < limit) StartReading(cache.keys(b + 1, item.head));
-        if (bf16) {
+        if (kv8) {
+          const auto* kt8 = reinterpret_cast<const int8_t*>(kt);
+          const float* scales = cache.key_scales(b, item.head);
+          if (bf16) {
+            BlockScoresBf16Int8(reinterpret_cast<const uint16_t*>(q), kt8, scales, row + b * bt,
+                                n, dqk, Scale());
+          } else {
+            BlockScoresF32Int8(reinterpret_cast<const float*>(q), kt8, scales, row + b * bt, n,
+                               dqk, Scale());
+          }
+        } else if (bf16) {
           BlockScoresBf16(reinterpret_cast<const uint16_t*>(q),
                           reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale());
         } else if (kv16) {  // an fp32 model's bf16 cache
@@ -379,7 +421,11 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* v = cache.values(b, item.head);
         if ((b + 1) * bt < limit) StartReading(cache.values(b + 1, item.head));
-        if (kv16) {
+        if (kv8) {
+          const float* scales = cache.value_scales(b, item.head);
+          for (int64_t j = 0; j < n; ++j) scaled_probs[j] = probs[b * bt + j] * scales[j];
+          AccumulateContextInt8(scaled_probs, reinterpret_cast<const int8_t*>(v), acc, n, dv);
+        } else if (kv16) {
           AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv);
         } else {
           AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv);

@@ -501,6 +501,30 @@ void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t
                   });
 }
 
+MHA_MULTIVERSION
+float QuantizeInt8(const float* in, int64_t n, int8_t* out, int64_t stride) {
+  float largest = 0.0f;
+  bool finite = true;
+  for (int64_t c = 0; c < n; ++c) {
+    largest = std::max(largest, std::fabs(in[c]));
+    finite &= std::isfinite(in[c]);
+  }
+  if (!finite) {
+    for (int64_t c = 0; c < n; ++c) out[c * stride] = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  if (largest == 0.0f) {
+    for (int64_t c = 0; c < n; ++c) out[c * stride] = 0;
+    return 0.0f;
+  }
+  // x / largest first: 127 / largest overflows for rows below ~4e-37.
+  for (int64_t c = 0; c < n; ++c) {
+    const float q = std::nearbyint(in[c] / largest * 127.0f);
+    out[c * stride] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+  }
+  return largest / 127.0f;
+}
+
 // 32 bf16 values as 16 words: the even-indexed values are the low halves
 // (shifted up, they are floats), the odd-indexed ones the high halves
 // (masked). One load and two bit operations, no shuffle across lanes.

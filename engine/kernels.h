@@ -124,8 +124,24 @@ void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t 
 void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                         float scale);
 
+// Int8 caches (kv_cache_dtype INT8). One key or value row as it is
+// written: out[c * stride] = round(in[c] / scale) for c < n, where scale =
+// max |in[c]| / 127 is returned; an all-zero row gets scale 0 (its elements
+// 0), a row holding inf or NaN scale NaN (so what reads it is NaN, as the
+// input was).
+float QuantizeInt8(const float* in, int64_t n, int8_t* out, int64_t stride);
+// The scores of an int8 block (as BlockScores): out[j] = scale *
+// key_scales[j] * (q . kt[:, j]), for an f32 or a bf16 query.
+void BlockScoresF32Int8(const float* q, const int8_t* kt, const float* key_scales, float* out,
+                        int64_t n, int64_t d, float scale);
+void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales,
+                         float* out, int64_t n, int64_t d, float scale);
+
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
                        int64_t dv);
+// Int8 values: the caller folds each row's value scale into its probability.
+void AccumulateContextInt8(const float* probs, const int8_t* v, float* acc, int64_t cols,
+                           int64_t dv);
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
                            int64_t dv);
 // AccumulateContextBf16 keeps each 64 columns' sums split, even columns

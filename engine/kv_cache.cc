@@ -96,6 +96,12 @@ void KvCache::CopyValidTokens(const uint8_t* from, int64_t used, uint8_t* to) co
     const int64_t v = layout_.key_bytes() + h * bt * value_row;
     std::memcpy(to + v, from + v, static_cast<size_t>(used * value_row));
   }
+  if (!layout_.int8()) return;
+  for (int64_t row = 0; row < 2 * layout_.heads; ++row) {  // keys' then values' scales
+    const int64_t at = layout_.key_bytes() + layout_.value_bytes() +
+                       row * bt * static_cast<int64_t>(sizeof(float));
+    std::memcpy(to + at, from + at, static_cast<size_t>(used) * sizeof(float));
+  }
 }
 
 std::unique_ptr<KvCache> KvCache::Fork(int64_t length) const {

@@ -19,16 +19,26 @@ namespace mha {
 // keys [heads, qk_head_dim, kBlockTokens] (transposed: a step's scores are
 // then broadcast-multiply-adds over the block's tokens, with no horizontal
 // sums) then values [heads, kBlockTokens, v_head_dim], elements of
-// `elem_bytes` (the model's compute type). Plain value type.
+// `elem_bytes`: 4 (f32), 2 (bf16) or 1 (int8). An int8 block then holds
+// the f32 scale of each token's key and value per head ([heads,
+// kBlockTokens] for the keys, then the same for the values): element x
+// stands for x * scale. Plain value type.
 struct KvLayout {
   static constexpr int64_t kBlockTokens = 32;
 
   int64_t heads = 0, qk_head_dim = 0, v_head_dim = 0, elem_bytes = 4;
 
-  int64_t key_bytes() const { return heads * kBlockTokens * qk_head_dim * elem_bytes; }
-  int64_t block_bytes() const {
-    return heads * kBlockTokens * (qk_head_dim + v_head_dim) * elem_bytes;
+  bool int8() const { return elem_bytes == 1; }
+  // As ListSessions, session headers and the config show it.
+  const char* dtype_name() const {
+    return elem_bytes == 1 ? "INT8" : elem_bytes == 2 ? "BF16" : "FP32";
   }
+  int64_t key_bytes() const { return heads * kBlockTokens * qk_head_dim * elem_bytes; }
+  int64_t value_bytes() const { return heads * kBlockTokens * v_head_dim * elem_bytes; }
+  int64_t scale_bytes() const {
+    return int8() ? 2 * heads * kBlockTokens * static_cast<int64_t>(sizeof(float)) : 0;
+  }
+  int64_t block_bytes() const { return key_bytes() + value_bytes() + scale_bytes(); }
   int64_t BlocksFor(int64_t tokens) const {
     return (tokens + kBlockTokens - 1) / kBlockTokens;
   }
@@ -125,6 +135,16 @@ class KvCache {
   uint8_t* values(int64_t block, int64_t head) const {
     return blocks_[static_cast<size_t>(block)].get() + layout_.key_bytes() +
            head * KvLayout::kBlockTokens * layout_.v_head_dim * layout_.elem_bytes;
+  }
+  // An int8 cache's scales of `head`'s keys and values in block `block`,
+  // [kBlockTokens] each.
+  float* key_scales(int64_t block, int64_t head) const {
+    return reinterpret_cast<float*>(blocks_[static_cast<size_t>(block)].get() +
+                                    layout_.key_bytes() + layout_.value_bytes()) +
+           head * KvLayout::kBlockTokens;
+  }
+  float* value_scales(int64_t block, int64_t head) const {
+    return key_scales(block, head) + layout_.heads * KvLayout::kBlockTokens;
   }
 
   // A cross-attention memory's key padding, additive ([length()] f32, 0 or

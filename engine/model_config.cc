@@ -120,9 +120,12 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
     case v1::DATA_TYPE_BF16:
       d.kv_cache_bf16 = true;
       break;
+    case v1::DATA_TYPE_INT8:
+      d.kv_cache_int8 = true;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          "config: kv_cache_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
+          "config: kv_cache_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8, got ",
           v1::DataType_Name(config.kv_cache_dtype())));
   }
   if (config.warmup_lengths_size() > kMaxWarmupLengths) {

@@ -1,6 +1,7 @@
 // The element-wise kernels on their own: the bf16-only softmax against the
 // f32 one and a double-precision softmax, head split/merge against a plain
-// copy, and bf16 conversion on both threads against the element-wise rule.
+// copy, bf16 conversion on both threads against the element-wise rule, and
+// the int8 cache's rounding and step loops against their scaled values.
 // The bf16 kernels run at every instruction level this CPU has (portable,
 // AVX-512, AVX512-BF16), so each code path is checked on the machine.
 #include "engine/kernels.h"
@@ -39,7 +40,8 @@ class KernelsIsaTest : public ::testing::TestWithParam<KernelIsa> {
 // Every level up to the one this CPU has.
 std::vector<KernelIsa> LevelsOfThisCpu() {
   std::vector<KernelIsa> levels;
-  for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx512, KernelIsa::kAvx512Bf16}) {
+  for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512,
+                        KernelIsa::kAvx512Bf16}) {
     if (isa <= ActiveKernelIsa()) levels.push_back(isa);
   }
   return levels;
@@ -48,6 +50,7 @@ std::vector<KernelIsa> LevelsOfThisCpu() {
 std::string LevelName(const ::testing::TestParamInfo<KernelIsa>& info) {
   switch (info.param) {
     case KernelIsa::kPortable: return "portable";
+    case KernelIsa::kAvx2: return "avx2";
     case KernelIsa::kAvx512: return "avx512";
     case KernelIsa::kAvx512Bf16: return "avx512_bf16";
   }
@@ -309,6 +312,88 @@ TEST_P(KernelsIsaTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
       expected = static_cast<uint16_t>(bits >> 31 << 15);
     }
     ASSERT_EQ(out[i], expected) << "element " << i << " = " << in[i];
+  }
+}
+
+// An int8 cache row keeps each element within half a step (scale / 2) of
+// its value, scale = max |x| / 127: at ordinary sizes, at 1e30 (no
+// overflow) and at 2e-37 (where 127 / max |x| would overflow);
+// an all-zero row gets scale 0 and zeros, never NaN; a row holding inf or
+// NaN gets a NaN scale, so attention over it is NaN as PyTorch's is.
+TEST(KernelsTest, Int8RowsRoundWithTheirScaleAtTheEdges) {
+  for (const float size : {1.0f, 1e30f, 4e-37f}) {
+    std::vector<float> row = RandomVector(40, 3);
+    for (float& x : row) x *= size;
+    row[7] = -0.5f * size;  // |largest| is exactly representable as -127
+    for (float& x : row) x = std::clamp(x, -0.5f * size, 0.5f * size);
+    std::vector<int8_t> out(40 * 3, 99);
+    const float scale = QuantizeInt8(row.data(), 40, out.data(), 3);  // strided
+    EXPECT_FLOAT_EQ(scale, 0.5f * size / 127.0f) << size;
+    EXPECT_EQ(out[7 * 3], -127) << size;
+    for (int c = 0; c < 40; ++c) {
+      EXPECT_LE(std::fabs(out[c * 3] * scale - row[c]), 0.5f * scale * 1.001f)
+          << size << " element " << c;
+      EXPECT_EQ(out[c * 3 + 1], 99) << "wrote between the strided elements";
+    }
+  }
+  const std::vector<float> zeros(16, 0.0f);
+  std::vector<int8_t> out(16, 5);
+  EXPECT_EQ(QuantizeInt8(zeros.data(), 16, out.data(), 1), 0.0f);
+  EXPECT_EQ(out, std::vector<int8_t>(16, 0));
+  for (const float bad : {std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()}) {
+    std::vector<float> row(16, 1.0f);
+    row[4] = bad;
+    EXPECT_TRUE(std::isnan(QuantizeInt8(row.data(), 16, out.data(), 1))) << bad;
+  }
+}
+
+// The int8 step loops compute with the values the cache stands for
+// (element x scale): scores against keys and context over values, at every
+// kernel level this CPU has (portable, AVX2, AVX-512), for head widths
+// through each path's column blocks and remainders, f32 and bf16 queries.
+TEST_P(KernelsIsaTest, Int8BlockScoresAndContextUseTheScaledValues) {
+  constexpr int64_t kTokens = 32;
+  for (const int64_t d : {int64_t{5}, int64_t{8}, int64_t{24}, int64_t{64}, int64_t{72}}) {
+    for (const int64_t n : {int64_t{32}, int64_t{13}}) {
+      std::vector<int8_t> kt(d * kTokens), v(kTokens * d);
+      std::mt19937 gen(static_cast<uint32_t>(d + n));
+      for (int8_t& x : kt) x = static_cast<int8_t>(static_cast<int>(gen() % 255) - 127);
+      for (int8_t& x : v) x = static_cast<int8_t>(static_cast<int>(gen() % 255) - 127);
+      const std::vector<float> key_scales = RandomVector(kTokens, 4);
+      const std::vector<float> q = RandomVector(d, 5);
+      std::vector<uint16_t> q16(d);
+      ConvertToBf16(q.data(), q16.data(), d);
+      const float scale = 0.125f;
+      std::vector<float> got(kTokens, -7.0f), got16(kTokens, -7.0f);
+      BlockScoresF32Int8(q.data(), kt.data(), key_scales.data(), got.data(), n, d, scale);
+      BlockScoresBf16Int8(q16.data(), kt.data(), key_scales.data(), got16.data(), n, d, scale);
+      for (int64_t j = 0; j < kTokens; ++j) {
+        if (j >= n) {
+          EXPECT_EQ(got[j], -7.0f) << "wrote past n";
+          continue;
+        }
+        double want = 0, want16 = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          want += double{q[c]} * kt[c * kTokens + j];
+          want16 += double{Bf16ToFloat(q16[c])} * kt[c * kTokens + j];
+        }
+        want *= scale * key_scales[j];
+        want16 *= scale * key_scales[j];
+        EXPECT_NEAR(got[j], want, 1e-5 * (1 + std::fabs(want))) << "d " << d << " j " << j;
+        EXPECT_NEAR(got16[j], want16, 1e-5 * (1 + std::fabs(want16))) << "d " << d;
+      }
+      const std::vector<float> probs = RandomVector(kTokens, 6);
+      std::vector<float> acc = RandomVector(d, 7);
+      std::vector<double> want(acc.begin(), acc.end());
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t c = 0; c < d; ++c) want[c] += double{probs[j]} * v[j * d + c];
+      }
+      AccumulateContextInt8(probs.data(), v.data(), acc.data(), n, d);
+      for (int64_t c = 0; c < d; ++c) {
+        EXPECT_NEAR(acc[c], want[c], 1e-4 * (1 + std::fabs(want[c]))) << "d " << d << " c " << c;
+      }
+    }
   }
 }
 

@@ -103,9 +103,9 @@ TEST(ParseModelConfigTest, UnknownFieldIsRejectedByName) {
 
 TEST(ParseModelConfigTest, UnknownEnumValueIsRejected) {
   absl::StatusOr<v1::ModelConfig> c =
-      ParseModelConfig("embed_dim: 24\ncompute_dtype: DATA_TYPE_INT8\n");
+      ParseModelConfig("embed_dim: 24\ncompute_dtype: DATA_TYPE_INT4\n");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("DATA_TYPE_INT8"));
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("DATA_TYPE_INT4"));
 }
 
 // --- ReadModelConfig ---------------------------------------------------------
@@ -204,6 +204,23 @@ TEST(ResolveDimsTest, Bf16ComputeDtype) {
       Parse("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_BF16"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(d->bf16);
+}
+
+// INT8 names a session cache type only: any model may keep its caches in
+// it; nothing computes in it.
+TEST(ResolveDimsTest, Int8IsACacheDtypeOnly) {
+  for (const char* compute : {"DATA_TYPE_FP32", "DATA_TYPE_BF16"}) {
+    absl::StatusOr<AttentionDims> d =
+        ResolveDims(Parse(absl::StrCat("embed_dim: 8 num_heads: 2 compute_dtype: ", compute,
+                                       " kv_cache_dtype: DATA_TYPE_INT8")));
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->kv_cache_int8);
+    EXPECT_EQ(d->kv_elem_bytes(), 1) << compute;
+  }
+  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_INT8",
+                     "compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got DATA_TYPE_INT8");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 kv_cache_dtype: DATA_TYPE_FP16",
+                     "kv_cache_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8");
 }
 
 TEST(ResolveDimsTest, PostNormAbsentIsOff) {

@@ -1,6 +1,8 @@
 // Sessions in the engine: a self session fed in chunks equals one causal
 // Run over the whole sequence; a cross session equals Run over its memory;
 // the block pool keeps its budget.
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -259,6 +261,85 @@ void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims) {
   const auto fp32 = MakeEngine(fp32_dims, RandomWeights(d, 11));
   const RunResult exact = FullRun(*fp32, c, b);
   EXPECT_LE(MaxAbsDiff(full.output.data(), exact.output.data(), full.output.size()), 1e-6f);
+}
+
+// kv_cache_dtype INT8: a quarter of an fp32 cache's element bytes plus an
+// f32 scale per token and head, keys and values rounded to int8 of their
+// row's largest magnitude as written. Self chunks and cross steps stay
+// within the rounding of Run's fp32 pass (measured on these models: see
+// kInt8Tolerance), for fp32 and bf16 compute; steps in one call with
+// Attend sequences equal steps alone (the same rounding).
+constexpr float kInt8Tolerance = 2e-2f;
+
+float Int8StepsAgainstFp32(const AttentionDims& fp32_dims, bool bf16_compute) {
+  AttentionDims d = fp32_dims;
+  d.kv_cache_int8 = true;
+  d.bf16 = bf16_compute;
+  const PackedWeights w = RandomWeights(d, 11);
+  const auto engine = MakeEngine(d, w);
+  const KvLayout layout = engine->kv_layout();
+  EXPECT_TRUE(layout.int8());
+  EXPECT_EQ(layout.block_bytes(),
+            d.num_heads * KvLayout::kBlockTokens *
+                (d.qk_head_dim + d.v_head_dim + 2 * static_cast<int64_t>(sizeof(float))));
+  const auto fp32 = MakeEngine(fp32_dims, w);
+  float worst = 0.0f;
+  // Self: chunks of a causal pass against the fp32 model's whole pass.
+  const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
+  const Built b = Build(c, 21);
+  const RunResult exact = FullRun(*fp32, c, b);
+  for (const int64_t chunk : {int64_t{1}, int64_t{17}}) {
+    KvBlockPool pool(kPoolBytes);
+    KvCache cache(layout, pool);
+    auto ws = engine->NewWorkspace();
+    const int64_t e = d.embed_dim;
+    for (int64_t pos = 0; pos < 70; pos += chunk) {
+      const int64_t t = std::min<int64_t>(chunk, 70 - pos);
+      EXPECT_TRUE(cache.Reserve(pos + t).ok());
+      AppendBatch batch{absl::MakeConstSpan(b.query).subspan(pos * e, t * e),
+                        {{&cache, t, /*cross=*/false}}};
+      std::vector<float> out(t * e);
+      EXPECT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
+      worst = std::max(worst, MaxAbsDiff(out.data(), exact.output.data() + pos * e, out.size()));
+    }
+  }
+  // Cross: steps over a projected memory against Run over it.
+  if (d.kdim == d.vdim) {
+    const int64_t len = 5, mem = 45;
+    const Case x{"cross", d, {len}, {mem}, false, MaskKind::kBool};
+    const Built xb = Build(x, 8);
+    const RunResult want = RunEngine(*fp32, x, xb);
+    KvBlockPool pool(kPoolBytes);
+    KvCache cache(layout, pool);
+    auto ws = engine->NewWorkspace();
+    EXPECT_TRUE(cache.Reserve(mem).ok());
+    EXPECT_TRUE(engine->ProjectMemory(xb.key, xb.value, mem, xb.batch.key_padding_mask, cache,
+                                      *ws).ok());
+    AppendBatch batch{xb.query, {{&cache, len, /*cross=*/true}}};
+    std::vector<float> out(len * d.embed_dim);
+    EXPECT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
+    worst = std::max(worst, MaxAbsDiff(out.data(), want.output.data(), out.size()));
+  }
+  ExpectMixedCallEqualsSeparateCalls(
+      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31);
+  return worst;
+}
+
+TEST(SessionInt8CacheTest, StepsStayWithinInt8RoundingOfTheFp32Pass) {
+  const AttentionDims models[] = {
+      Dims(24, 3),
+      // Heads of 64 (the 64-column loops) with bias_kv and zero_attn.
+      With(Dims(128, 2), [](AttentionDims& x) { x.add_bias_kv = true, x.add_zero_attn = true; }),
+      With(Dims(32, 4), [](AttentionDims& x) { x.post_norm = true; })};
+  for (const AttentionDims& d : models) {
+    for (const bool bf16 : {false, true}) {
+      const float worst = Int8StepsAgainstFp32(d, bf16);
+      std::printf("int8 cache, E %ld h %ld%s: max |step - fp32 pass| %.2e\n",
+                  static_cast<long>(d.embed_dim), static_cast<long>(d.num_heads),
+                  bf16 ? ", bf16 compute" : "", worst);
+      EXPECT_LE(worst, kInt8Tolerance) << d.embed_dim << (bf16 ? " bf16" : "");
+    }
+  }
 }
 
 // A cross session's step equals Run with key = memory (and its value and

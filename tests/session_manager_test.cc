@@ -36,9 +36,10 @@ Metrics& TestMetrics() {
 
 // A version with its batcher, as the repository makes them.
 VersionPtr MakeVersion(BatcherOptions options = {}, int64_t embed_dim = kE,
-                       const std::string& name = "m", bool bf16 = false) {
+                       const std::string& name = "m", bool bf16 = false, bool int8 = false) {
   AttentionDims d = MakeDims(embed_dim, 4);
   d.bf16 = bf16;  // computed in bf16 where the CPU can (its cache then bf16 too)
+  d.kv_cache_int8 = int8;
   auto version = std::make_shared<ModelVersion>();
   version->name = name;
   version->version = 1;
@@ -461,12 +462,12 @@ void ExpectPoolBlocks(const SessionManager& sessions, int64_t blocks, int64_t bl
 // appends into the shared, partly filled block (copied, valid tokens only)
 // or beyond; each branch then equals its own sequence computed alone; a
 // shared block goes back only with its last session.
-void CheckForks(bool bf16) {
-  const VersionPtr version = MakeVersion({}, kE, "m", bf16);
+void CheckForks(bool bf16, bool int8 = false) {
+  const VersionPtr version = MakeVersion({}, kE, "m", bf16, int8);
   const int64_t block = version->model.engine->kv_layout().block_bytes();
   SessionManager sessions({}, {});
   for (const int64_t prefix : {40, 64}) {  // a partly filled last block, then a full one
-    SCOPED_TRACE(absl::StrCat(bf16 ? "bf16 " : "fp32 ", prefix));
+    SCOPED_TRACE(absl::StrCat(bf16 ? "bf16 " : "fp32 ", int8 ? "int8 cache " : "", prefix));
     const std::string parent = OpenSync(sessions, version);
     const std::vector<float> first = AppendSync(sessions, parent, prefix, 7);
     const int64_t prefix_blocks = (prefix + 31) / 32;
@@ -512,6 +513,9 @@ void CheckForks(bool bf16) {
 TEST(SessionManagerTest, ForksShareBlocksCopyOnWriteAndBranchCorrectly) {
   CheckForks(/*bf16=*/false);
   CheckForks(/*bf16=*/true);  // 2-byte elements where the CPU computes in bf16
+  // An int8 cache: a copied partial block takes its tokens' scales along
+  // (the private sessions round the same rows the same way, so 1e-5 holds).
+  CheckForks(/*bf16=*/false, /*int8=*/true);
 }
 
 // Eviction frees only blocks no live session needs: idle sessions whose

@@ -92,7 +92,7 @@ SessionInfo SessionManager::InfoLocked(const Session& s) const {
   info.position = s.position;
   info.bytes = s.cache->bytes();
   info.own_bytes = s.cache->exclusive_bytes();
-  info.cache_dtype = s.cache->layout().elem_bytes == 2 ? "BF16" : "FP32";
+  info.cache_dtype = s.cache->layout().dtype_name();
   info.max_tokens = s.max_tokens;
   info.cross = s.cross;
   info.expires_at = s.last_used + s.idle_timeout;

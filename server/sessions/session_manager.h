@@ -51,7 +51,7 @@ struct SessionInfo {
   int64_t position = 0;
   int64_t bytes = 0;      // of the blocks it holds
   int64_t own_bytes = 0;  // of those, the ones no fork shares
-  const char* cache_dtype = "FP32";  // of its keys and values: FP32 or BF16
+  const char* cache_dtype = "FP32";  // of its keys and values: FP32, BF16 or INT8
   int64_t max_tokens = 0;
   bool cross = false;
   absl::Time expires_at;

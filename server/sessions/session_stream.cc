@@ -13,8 +13,6 @@
 namespace mha::server {
 namespace {
 
-const char* CacheDtype(int64_t elem_bytes) { return elem_bytes == 2 ? "BF16" : "FP32"; }
-
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
 }  // namespace
@@ -44,7 +42,7 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
     h.set_heads(layout.heads);
     h.set_qk_head_dim(layout.qk_head_dim);
     h.set_v_head_dim(layout.v_head_dim);
-    h.set_cache_dtype(CacheDtype(layout.elem_bytes));
+    h.set_cache_dtype(layout.dtype_name());
     h.set_position(snapshot_.info.position);
     h.set_cross(snapshot_.info.cross);
     h.set_max_tokens(snapshot_.info.max_tokens);
@@ -94,7 +92,7 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
   }
   const KvLayout& layout = version->model.engine->kv_layout();
   if (h.heads() != layout.heads || h.qk_head_dim() != layout.qk_head_dim ||
-      h.v_head_dim() != layout.v_head_dim || h.cache_dtype() != CacheDtype(layout.elem_bytes) ||
+      h.v_head_dim() != layout.v_head_dim || h.cache_dtype() != layout.dtype_name() ||
       h.block_bytes() != layout.block_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session header: heads ", h.heads(), ", head dims ", h.qk_head_dim(), "/",

@@ -83,8 +83,10 @@ double ProbeReadBandwidth() {
 
 // The keys and values a step of one token reads from a cache of `cached`
 // tokens (E = 512 for both; 4-byte elements, or 2 in a bf16 cache).
-double KvBytes(int64_t sessions, int64_t cached, int64_t elem_bytes = 4) {
-  return static_cast<double>(sessions) * cached * 2 * kE * elem_bytes;
+// The cache bytes a step reads: `token_bytes` per cached token (keys and
+// values; an int8 cache's scales included).
+double KvBytes(int64_t sessions, int64_t cached, double token_bytes = 2 * kE * 4) {
+  return static_cast<double>(sessions) * cached * token_bytes;
 }
 
 // The probe's rate for this run (ProbeReadBandwidth, set by BenchDecode).
@@ -142,13 +144,16 @@ double BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cac
     }
     rewind();
   });
-  const int64_t eb = engine.kv_layout().elem_bytes;
-  const std::string name =
-      absl::StrFormat("decode_64x1_at%d%s", cached, eb == 2 ? "_bf16cache" : "");
+  const KvLayout layout = engine.kv_layout();
+  const double token_bytes =
+      static_cast<double>(layout.block_bytes()) / static_cast<double>(KvLayout::kBlockTokens);
+  const std::string name = absl::StrFormat(
+      "decode_64x1_at%d%s", cached,
+      layout.int8() ? "_int8cache" : layout.elem_bytes == 2 ? "_bf16cache" : "");
   Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
-        one_by_one_s / batched_s, 8, KvBytes(kSessions, cached, eb));
+        one_by_one_s / batched_s, 8, KvBytes(kSessions, cached, token_bytes));
   Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1,
-        KvBytes(kSessions, cached, eb));
+        KvBytes(kSessions, cached, token_bytes));
   return batched_s;
 }
 
@@ -258,6 +263,16 @@ void BenchDecode(bool json) {
   const double bf16_s = BenchBatchedSteps(**created16, pool, 1024, json, *ws);
   Print(json, "decode_64x1_at1024_bf16cache_speedup", bf16_s * 1e3, "fp32_cache_over_bf16",
         fp32_s / bf16_s, 1.7);
+  // And over an int8 cache (kv_cache_dtype INT8): a quarter of the element
+  // bytes plus a scale per token and head.
+  AttentionDims int8_cache = engine.dims();
+  int8_cache.kv_cache_int8 = true;
+  absl::StatusOr<std::unique_ptr<MhaEngine>> created8 =
+      MhaEngine::Create(int8_cache, testing::RandomWeights(int8_cache, 1));
+  Check(created8.status());
+  const double int8_s = BenchBatchedSteps(**created8, pool, 1024, json, *ws);
+  Print(json, "decode_64x1_at1024_int8cache_speedup", int8_s * 1e3, "fp32_cache_over_int8",
+        fp32_s / int8_s, 2.5);
   // Steps riding along in an Attend call, against a call of their own:
   // a large batch and a small one.
   BenchMixedCall(engine, pool, 8, 128, json, *ws);

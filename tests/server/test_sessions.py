@@ -47,9 +47,15 @@ TOL = 1e-5
 # cross memories; outputs up to ~0.7): up to 2.4e-3 (self) and 1.2e-3
 # (cross). The bound leaves 4x.
 BF16_CACHE_TOL = 1e-2
+# kv_cache_dtype INT8 (keys and values rounded to int8 of their row's
+# largest magnitude, per token and head), measured the same way: up to
+# 9.7e-3 (self) and 3.4e-3 (cross). The bound leaves 3x.
+INT8_CACHE_TOL = 3e-2
 ASAN = "libasan" in subprocess.run(["ldd", MHA_SERVER], capture_output=True, text=True).stdout
 EXTRAS_E, EXTRAS_H = 32, 4
 DEMO_BLOCK_BYTES = 4 * 32 * (64 + 64) * 4  # demo: 4 heads x 32 tokens x (dqk + dv) x f32
+# INT8: 1-byte elements, then an f32 scale per token and head for keys and values.
+DEMO_INT8_BLOCK_BYTES = 4 * 32 * (64 + 64) + 4 * 32 * 2 * 4
 
 
 def make_extras_model(root):
@@ -64,26 +70,28 @@ def make_extras_model(root):
     return module, None
 
 
-def add_bf16_cache_copies(root, models):
+def add_cache_dtype_copies(root, models):
     """demo16 and cross16: demo and cross with kv_cache_dtype BF16 (the same
-    weights, fp32 compute, bf16 session caches)."""
+    weights, fp32 compute, bf16 session caches); demo8 and cross8 the same
+    with INT8 caches."""
     for name in ("demo", "cross"):
-        shutil.copytree(os.path.join(root, name), os.path.join(root, name + "16"))
-        with open(os.path.join(root, name + "16", "config.pbtxt"), "a") as f:
-            f.write("kv_cache_dtype: DATA_TYPE_BF16\n")
-        models[name + "16"] = models[name]
+        for suffix, dtype in (("16", "DATA_TYPE_BF16"), ("8", "DATA_TYPE_INT8")):
+            shutil.copytree(os.path.join(root, name), os.path.join(root, name + suffix))
+            with open(os.path.join(root, name + suffix, "config.pbtxt"), "a") as f:
+                f.write(f"kv_cache_dtype: {dtype}\n")
+            models[name + suffix] = models[name]
 
 
 class SessionServer:
-    """A server on a repository of demo, cross, post, extras, and demo16 and
-    cross16 (bf16 caches)."""
+    """A server on a repository of demo, cross, post, extras, demo16 and
+    cross16 (bf16 caches), and demo8 and cross8 (int8 caches)."""
 
     @classmethod
     def start(cls, flags=()):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.models = make_repository(cls.tmp.name, ("demo", "cross", "post"))
         cls.models["extras"] = make_extras_model(cls.tmp.name)
-        add_bf16_cache_copies(cls.tmp.name, cls.models)
+        add_cache_dtype_copies(cls.tmp.name, cls.models)
         cls.server = TestServer(MHA_SERVER, cls.tmp.name, list(flags)).__enter__()
         cls.client = mha_client.MhaClient(cls.server.target(), timeout=60)
 
@@ -269,6 +277,34 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         with self.client.open_session("cross16", memory=memory, memory_value=value) as session:
             out = session.append(q)
         self.assertLessEqual(float(np.abs(out - want).max()), BF16_CACHE_TOL)
+
+    def test_an_int8_cache_stays_within_its_measured_tolerance_and_moves(self):
+        """kv_cache_dtype INT8 on an fp32 model: each token's key and value
+        per head rounded to int8 of its largest magnitude (an f32 scale
+        each): 17,408 bytes a block of demo against 65,536. Within the
+        measured tolerance of PyTorch, self and cross; an exported session
+        comes back with the same bytes (it steps exactly as the original)."""
+        rng = np.random.default_rng(15)
+        x = randn(rng, 1, 70, DEMO_E)
+        want, _ = reference(self.models["demo"], x, is_causal=True)
+        with self.client.open_session("demo8") as session:
+            outs = [session.append(x[:, a:b]) for a, b in ((0, 1), (1, 37), (37, 60))]
+            status = {s.session_id: s for s in self.client.list_sessions("demo8")}[session.id]
+            self.assertEqual(status.cache_dtype, "INT8")
+            self.assertEqual(status.bytes, 2 * DEMO_INT8_BLOCK_BYTES)  # 60 tokens: 2 blocks
+            data = session.export()
+            outs.append(session.append(x[:, 60:]))
+        with self.client.import_session(data, session_id="int8-moved") as moved:
+            np.testing.assert_array_equal(moved.append(x[:, 60:]), outs[-1])
+        worst = float(np.abs(np.concatenate(outs, axis=1) - want).max())
+        self.assertLessEqual(worst, INT8_CACHE_TOL)
+        self.assertGreater(worst, TOL, "the int8 rounding shows")
+        memory, value = randn(rng, 1, 23, CROSS_KDIM), randn(rng, 1, 23, CROSS_VDIM)
+        q = randn(rng, 1, 5, CROSS_E)
+        want, _ = reference(self.models["cross"], q, memory, value)
+        with self.client.open_session("cross8", memory=memory, memory_value=value) as session:
+            out = session.append(q)
+        self.assertLessEqual(float(np.abs(out - want).max()), INT8_CACHE_TOL)
 
     def test_many_clients_step_their_sessions_at_once(self):
         length, sessions = 24, 16
