@@ -66,8 +66,7 @@ void ContextPortable(const float* probs, const int8_t* v, float* acc, int64_t co
 
 // 8 int8 values at `p` as 8 floats.
 MHA_AVX2 inline __m256 Widen8(const int8_t* p) {
-  __m128i bytes;
-  std::memcpy(&bytes, p, 8);  // the low 8 bytes; the rest is never read
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));  // 8 bytes
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
 }
 
@@ -92,7 +91,9 @@ MHA_AVX2 void ScoresAvx2(const float* q_f32, const uint16_t* q_bf16, const int8_
   }
   if (c < d) {
     const __m256 qa = _mm256_set1_ps(QueryAt(q_f32, q_bf16, c));
-    for (int i = 0; i < 4; ++i) a[i] = _mm256_fmadd_ps(qa, Widen8(kt + c * kTokens + 8 * i), a[i]);
+    for (int i = 0; i < 4; ++i) {
+      a[i] = _mm256_fmadd_ps(qa, Widen8(kt + c * kTokens + 8 * i), a[i]);
+    }
   }
   float sums[kTokens];
   for (int i = 0; i < 4; ++i) _mm256_storeu_ps(sums + 8 * i, _mm256_add_ps(a[i], b[i]));
@@ -123,7 +124,8 @@ MHA_AVX2 void ContextAvx2(const float* probs, const int8_t* v, float* acc, int64
 
 // 16 int8 values at `p` as 16 floats.
 MHA_AVX512 inline __m512 Widen16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
 }
 
 MHA_AVX512 void ScoresAvx512(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
@@ -147,7 +149,8 @@ MHA_AVX512 void ScoresAvx512(const float* q_f32, const uint16_t* q_bf16, const i
     hi[0] = _mm512_fmadd_ps(q, Widen16(kt + c * kTokens + 16), hi[0]);
   }
   float sums[kTokens];
-  _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_add_ps(lo[0], lo[1]), _mm512_add_ps(lo[2], lo[3])));
+  _mm512_storeu_ps(sums,
+                   _mm512_add_ps(_mm512_add_ps(lo[0], lo[1]), _mm512_add_ps(lo[2], lo[3])));
   _mm512_storeu_ps(sums + 16,
                    _mm512_add_ps(_mm512_add_ps(hi[0], hi[1]), _mm512_add_ps(hi[2], hi[3])));
   ScaleScores(sums, key_scales, out, n, scale);
@@ -197,7 +200,9 @@ void Scores(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
   if (isa >= KernelIsa::kAvx512) {
     return ScoresAvx512(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
   }
-  if (isa == KernelIsa::kAvx2) return ScoresAvx2(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
+  if (isa == KernelIsa::kAvx2) {
+    return ScoresAvx2(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
+  }
   ScoresPortable(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
 }
 
