@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
-#include "engine/kernels.h"
+#include "engine/ops/kernels.h"
 #include "engine/status_macros.h"
 #include "engine/tensor.h"
 

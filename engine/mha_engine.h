@@ -14,7 +14,7 @@
 #include "engine/attention_batch.h"
 #include "engine/attention_dims.h"
 #include "engine/kv_cache.h"
-#include "engine/primitive_budget.h"
+#include "engine/ops/primitive_budget.h"
 #include "engine/weights.h"
 #include "engine/workspace.h"
 
@@ -68,7 +68,7 @@ class MhaEngine {
   static constexpr size_t kWorkspaceKeepBytes = size_t{64} << 20;
   // What the primitive caches of every engine of the process may hold
   // together, for a server's memory reserve: they share one capacity
-  // (engine/primitive_budget.h), least recently used out first whatever
+  // (engine/ops/primitive_budget.h), least recently used out first whatever
   // the model, at ~109 KiB per primitive measured (E = 256).
   static constexpr int64_t kPrimitiveCacheBytes =
       PrimitiveBudget::kDefaultCapacity * PrimitiveBudget::kBytesPerPrimitive;

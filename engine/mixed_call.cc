@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
-#include "engine/kernels.h"
+#include "engine/ops/kernels.h"
 #include "engine/status_macros.h"
 
 namespace mha {

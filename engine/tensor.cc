@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/multiversion.h"
+#include "engine/ops/multiversion.h"
 
 namespace mha {
 

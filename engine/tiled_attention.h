@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "engine/kernels.h"
-#include "engine/onednn_matmul.h"
+#include "engine/ops/kernels.h"
+#include "engine/ops/onednn_matmul.h"
 #include "engine/workspace.h"
 
 namespace mha {

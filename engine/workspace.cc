@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "engine/onednn_matmul.h"
+#include "engine/ops/onednn_matmul.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace mha {

@@ -15,7 +15,7 @@ struct stream;
 
 namespace mha {
 
-class BoundMemories;  // engine/onednn_matmul.h
+class BoundMemories;  // engine/ops/onednn_matmul.h
 
 // Owns growable 64-byte-aligned buffers (one per Slot), the oneDNN stream a
 // call executes on, and the memory objects bound to the primitives it ran.

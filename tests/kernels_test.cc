@@ -4,7 +4,7 @@
 // the int8 cache's rounding and step loops against their scaled values.
 // The bf16 kernels run at every instruction level this CPU has (portable,
 // AVX-512, AVX512-BF16), so each code path is checked on the machine.
-#include "engine/kernels.h"
+#include "engine/ops/kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/avx512_kernels.h"
+#include "engine/ops/avx512_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 

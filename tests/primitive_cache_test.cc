@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/kernels.h"
-#include "engine/lru_cache.h"
-#include "engine/onednn_matmul.h"
-#include "engine/primitive_budget.h"
+#include "engine/ops/kernels.h"
+#include "engine/ops/lru_cache.h"
+#include "engine/ops/onednn_matmul.h"
+#include "engine/ops/primitive_budget.h"
 #include "engine/threads.h"
 #include "engine/mha_engine.h"
 #include "engine/model.h"

@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/mha_engine.h"
-#include "engine/onednn_matmul.h"
+#include "engine/ops/onednn_matmul.h"
 #include "engine/threads.h"
 #include "tests/alloc_counter.h"
 #include "tests/bench/decode_bench.h"

@@ -4,8 +4,8 @@
 // dependency chain), written as f32 or straight to bf16, and
 // f32 -> bf16 rounding (GCC vectorises the portable one at half width with
 // a pack and a permute; with AVX512-BF16 it is one instruction).
-#ifndef MHA_ENGINE_AVX512_KERNELS_H_
-#define MHA_ENGINE_AVX512_KERNELS_H_
+#ifndef MHA_ENGINE_OPS_AVX512_KERNELS_H_
+#define MHA_ENGINE_OPS_AVX512_KERNELS_H_
 
 #include <cstdint>
 
@@ -46,4 +46,4 @@ void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t coun
 
 }  // namespace mha
 
-#endif  // MHA_ENGINE_AVX512_KERNELS_H_
+#endif  // MHA_ENGINE_OPS_AVX512_KERNELS_H_

@@ -1,8 +1,8 @@
 // The element-wise parts of attention that are not matrix products: masked
 // safe softmax, LayerNorm with residual, bf16 conversion. Plain functions on
 // raw buffers; vectorised for the machine at run time (AVX-512/AVX2/base).
-#ifndef MHA_ENGINE_KERNELS_H_
-#define MHA_ENGINE_KERNELS_H_
+#ifndef MHA_ENGINE_OPS_KERNELS_H_
+#define MHA_ENGINE_OPS_KERNELS_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -157,4 +157,4 @@ void AccumulateHeadMean(const float* probs, int64_t heads, int64_t total_heads, 
 
 }  // namespace mha
 
-#endif  // MHA_ENGINE_KERNELS_H_
+#endif  // MHA_ENGINE_OPS_KERNELS_H_

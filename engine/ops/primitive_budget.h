@@ -5,8 +5,8 @@
 // gigabytes. One capacity for all caches, least recently used out first
 // whichever cache holds it, bounds their memory by one number, which the
 // server reserves (MhaEngine::kPrimitiveCacheBytes).
-#ifndef MHA_ENGINE_PRIMITIVE_BUDGET_H_
-#define MHA_ENGINE_PRIMITIVE_BUDGET_H_
+#ifndef MHA_ENGINE_OPS_PRIMITIVE_BUDGET_H_
+#define MHA_ENGINE_OPS_PRIMITIVE_BUDGET_H_
 
 #include <atomic>
 #include <cstdint>
@@ -68,4 +68,4 @@ class PrimitiveBudget {
 
 }  // namespace mha
 
-#endif  // MHA_ENGINE_PRIMITIVE_BUDGET_H_
+#endif  // MHA_ENGINE_OPS_PRIMITIVE_BUDGET_H_

@@ -1,4 +1,4 @@
-#include "engine/kernels.h"
+#include "engine/ops/kernels.h"
 
 #include <omp.h>
 
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <limits>
 
-#include "engine/avx512_kernels.h"
-#include "engine/multiversion.h"
+#include "engine/ops/avx512_kernels.h"
+#include "engine/ops/multiversion.h"
 
 // Bodies shared by several multiversioned functions: inlined into each clone,
 // so each is compiled for that clone's instruction set.

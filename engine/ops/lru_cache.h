@@ -1,6 +1,6 @@
 // A bounded map that makes room by evicting its least recently used entry.
-#ifndef MHA_ENGINE_LRU_CACHE_H_
-#define MHA_ENGINE_LRU_CACHE_H_
+#ifndef MHA_ENGINE_OPS_LRU_CACHE_H_
+#define MHA_ENGINE_OPS_LRU_CACHE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -72,4 +72,4 @@ class LruCache {
 
 }  // namespace mha
 
-#endif  // MHA_ENGINE_LRU_CACHE_H_
+#endif  // MHA_ENGINE_OPS_LRU_CACHE_H_

@@ -3,8 +3,8 @@
 // fuzz build, cannot clone template instances). Not under ThreadSanitizer:
 // the loader runs the (instrumented) resolvers before the TSan runtime
 // exists and crashes.
-#ifndef MHA_ENGINE_MULTIVERSION_H_
-#define MHA_ENGINE_MULTIVERSION_H_
+#ifndef MHA_ENGINE_OPS_MULTIVERSION_H_
+#define MHA_ENGINE_OPS_MULTIVERSION_H_
 
 #if defined(__SANITIZE_THREAD__)
 #define MHA_MULTIVERSION
@@ -12,4 +12,4 @@
 #define MHA_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 
-#endif  // MHA_ENGINE_MULTIVERSION_H_
+#endif  // MHA_ENGINE_OPS_MULTIVERSION_H_

@@ -1,4 +1,4 @@
-#include "engine/avx512_kernels.h"
+#include "engine/ops/avx512_kernels.h"
 
 // GCC 12's AVX-512 headers trip its own uninitialised-value warnings
 // (their _mm512_undefined_* placeholders); nothing of ours is uninitialised.

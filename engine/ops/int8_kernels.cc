@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "engine/avx512_kernels.h"
-#include "engine/kernels.h"
+#include "engine/ops/avx512_kernels.h"
+#include "engine/ops/kernels.h"
 #include "engine/kv_cache.h"
 
 // GCC 12's AVX-512 headers trip its own uninitialised-value warnings.

@@ -1,4 +1,4 @@
-#include "engine/primitive_budget.h"
+#include "engine/ops/primitive_budget.h"
 
 #include <limits>
 

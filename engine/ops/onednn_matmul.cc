@@ -1,4 +1,4 @@
-#include "engine/onednn_matmul.h"
+#include "engine/ops/onednn_matmul.h"
 
 #include <atomic>
 #include <cstdlib>

@@ -1,8 +1,8 @@
 // oneDNN matmul primitives for the engine: a shape-keyed primitive cache and
 // a linear layer whose weights are reordered once. Internal to the engine:
 // these throw dnnl::error, which MhaEngine turns into absl::Status.
-#ifndef MHA_ENGINE_ONEDNN_MATMUL_H_
-#define MHA_ENGINE_ONEDNN_MATMUL_H_
+#ifndef MHA_ENGINE_OPS_ONEDNN_MATMUL_H_
+#define MHA_ENGINE_OPS_ONEDNN_MATMUL_H_
 
 #include <array>
 #include <atomic>
@@ -14,8 +14,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "engine/lru_cache.h"
-#include "engine/primitive_budget.h"
+#include "engine/ops/lru_cache.h"
+#include "engine/ops/primitive_budget.h"
 #include "engine/workspace.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -196,4 +196,4 @@ class LinearLayer final : public PrimitiveBudget::Cache {
 
 }  // namespace mha
 
-#endif  // MHA_ENGINE_ONEDNN_MATMUL_H_
+#endif  // MHA_ENGINE_OPS_ONEDNN_MATMUL_H_
