@@ -152,12 +152,10 @@ class EngineImpl {
   void AttendSteps(const AppendBatch& batch, const uint8_t* proj, int64_t ldq, uint8_t* context,
                    absl::Span<float> weights, Workspace& ws) const;
   // Copies `tokens` token-major keys and values (row strides in elements)
-  // into `cache` from position `first` on.
+  // into `cache` from position `first` on (rounded to its dtype: bf16, or
+  // int8 with a scale per row).
   void WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
                   int64_t tokens, int64_t first, KvCache& cache) const;
-  // The same into an int8 cache: each (token, head) row rounded with its scale.
-  void WriteCacheInt8(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
-                      int64_t tokens, int64_t first, KvCache& cache) const;
   void WriteWeights(const Block& block, const float* probs,
                     const AttentionOutputs& out) const;
 

@@ -151,8 +151,17 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
   const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t eb = cache.layout().elem_bytes, bt = KvLayout::kBlockTokens;
   const int64_t in_eb = act_dt_ == dt::bf16 ? 2 : 4;  // k and v as projected
-  if (cache.layout().int8()) return WriteCacheInt8(k, ldk, v, ldv, tokens, first, cache);
-  const bool round = in_eb != eb;  // an fp32 model's bf16 cache
+  const bool int8 = cache.layout().int8();  // rows rounded with a scale each
+  const bool round = !int8 && in_eb != eb;  // an fp32 model's bf16 cache
+  // An int8 cache's row of `n` projected elements as f32 (bf16 compute
+  // widens it into `widened`).
+  std::vector<float> widened(static_cast<size_t>(int8 && in_eb == 2 ? std::max(dqk, dv) : 0));
+  auto as_f32 = [&](const uint8_t* row, int64_t n) -> const float* {
+    if (in_eb == 4) return reinterpret_cast<const float*>(row);
+    const auto* b16 = reinterpret_cast<const uint16_t*>(row);
+    for (int64_t c = 0; c < n; ++c) widened[c] = Bf16ToFloat(b16[c]);
+    return widened.data();
+  };
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
     for (int64_t head = 0; head < h; ++head) {
@@ -161,6 +170,13 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
       const uint8_t* key = k + (t * ldk + head * dqk) * in_eb;
       uint8_t* value = cache.values(block, head) + slot * dv * eb;
       const uint8_t* v_in = v + (t * ldv + head * dv) * in_eb;
+      if (int8) {
+        cache.key_scales(block, head)[slot] =
+            QuantizeInt8(as_f32(key, dqk), dqk, reinterpret_cast<int8_t*>(kt), bt);
+        cache.value_scales(block, head)[slot] =
+            QuantizeInt8(as_f32(v_in, dv), dv, reinterpret_cast<int8_t*>(value), 1);
+        continue;
+      }
       if (round) {
         const auto* key_f = reinterpret_cast<const float*>(key);
         auto* kt16 = reinterpret_cast<uint16_t*>(kt);
@@ -172,34 +188,6 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
       }
       for (int64_t c = 0; c < dqk; ++c) std::memcpy(kt + c * bt * eb, key + c * eb, eb);
       std::memcpy(value, v_in, dv * eb);
-    }
-  }
-}
-
-void EngineImpl::WriteCacheInt8(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
-                                int64_t tokens, int64_t first, KvCache& cache) const {
-  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
-  const int64_t bt = KvLayout::kBlockTokens;
-  const bool bf16_in = act_dt_ == dt::bf16;  // k and v as projected
-  std::vector<float> widened(static_cast<size_t>(bf16_in ? std::max(dqk, dv) : 0));
-  // One row of `n` projected elements as f32.
-  auto as_f32 = [&](const uint8_t* row, int64_t n) -> const float* {
-    if (!bf16_in) return reinterpret_cast<const float*>(row);
-    const auto* b16 = reinterpret_cast<const uint16_t*>(row);
-    for (int64_t c = 0; c < n; ++c) widened[c] = Bf16ToFloat(b16[c]);
-    return widened.data();
-  };
-  const int64_t in_eb = bf16_in ? 2 : 4;
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
-    for (int64_t head = 0; head < h; ++head) {
-      // Keys transposed, [dqk, 32]: element c of this token at c * 32 + slot.
-      auto* kt = reinterpret_cast<int8_t*>(cache.keys(block, head)) + slot;
-      cache.key_scales(block, head)[slot] =
-          QuantizeInt8(as_f32(k + (t * ldk + head * dqk) * in_eb, dqk), dqk, kt, bt);
-      auto* value = reinterpret_cast<int8_t*>(cache.values(block, head)) + slot * dv;
-      cache.value_scales(block, head)[slot] =
-          QuantizeInt8(as_f32(v + (t * ldv + head * dv) * in_eb, dv), dv, value, 1);
     }
   }
 }

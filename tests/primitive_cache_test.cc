@@ -3,7 +3,6 @@
 // column ranges of a stacked linear layer, and lengths warmed at load
 // create no primitive on the request path.
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "engine/ops/lru_cache.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/ops/primitive_budget.h"
+#include "engine/tensor.h"
 #include "engine/threads.h"
 #include "engine/mha_engine.h"
 #include "engine/model.h"
@@ -166,10 +166,7 @@ std::vector<float> RunLayer(const LinearLayer& layer, onednn::dt type, const std
   std::vector<uint16_t> xb(x.size()), yb(y.size());
   ConvertToBf16(x.data(), xb.data(), static_cast<int64_t>(x.size()));
   layer.Run(*ws, xb.data(), m, yb.data());
-  for (size_t i = 0; i < yb.size(); ++i) {
-    const uint32_t bits = static_cast<uint32_t>(yb[i]) << 16;
-    std::memcpy(&y[i], &bits, sizeof(float));
-  }
+  for (size_t i = 0; i < yb.size(); ++i) y[i] = Bf16ToFloat(yb[i]);
   return y;
 }
 

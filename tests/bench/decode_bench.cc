@@ -254,25 +254,22 @@ void BenchDecode(bool json) {
   // small and what batching saves (per-call cost, weight reads) shows alone.
   const double fp32_s = BenchBatchedSteps(engine, pool, 1024, json, *ws);
   BenchBatchedSteps(engine, pool, 64, json, *ws);
-  // The same steps over a bf16 cache (kv_cache_dtype BF16): half the bytes.
-  AttentionDims bf16_cache = engine.dims();
-  bf16_cache.kv_cache_bf16 = true;
-  absl::StatusOr<std::unique_ptr<MhaEngine>> created16 =
-      MhaEngine::Create(bf16_cache, testing::RandomWeights(bf16_cache, 1));
-  Check(created16.status());
-  const double bf16_s = BenchBatchedSteps(**created16, pool, 1024, json, *ws);
-  Print(json, "decode_64x1_at1024_bf16cache_speedup", bf16_s * 1e3, "fp32_cache_over_bf16",
-        fp32_s / bf16_s, 1.7);
-  // And over an int8 cache (kv_cache_dtype INT8): a quarter of the element
-  // bytes plus a scale per token and head.
-  AttentionDims int8_cache = engine.dims();
-  int8_cache.kv_cache_int8 = true;
-  absl::StatusOr<std::unique_ptr<MhaEngine>> created8 =
-      MhaEngine::Create(int8_cache, testing::RandomWeights(int8_cache, 1));
-  Check(created8.status());
-  const double int8_s = BenchBatchedSteps(**created8, pool, 1024, json, *ws);
-  Print(json, "decode_64x1_at1024_int8cache_speedup", int8_s * 1e3, "fp32_cache_over_int8",
-        fp32_s / int8_s, 2.5);
+  // The same steps over a bf16 cache (kv_cache_dtype BF16: half the bytes)
+  // and an int8 one (INT8: a quarter, plus a scale per token and head).
+  auto over_cache = [&](void (*set)(AttentionDims&), const char* name, const char* what,
+                        double target) {
+    AttentionDims dims = engine.dims();
+    set(dims);
+    absl::StatusOr<std::unique_ptr<MhaEngine>> created =
+        MhaEngine::Create(dims, testing::RandomWeights(dims, 1));
+    Check(created.status());
+    const double s = BenchBatchedSteps(**created, pool, 1024, json, *ws);
+    Print(json, name, s * 1e3, what, fp32_s / s, target);
+  };
+  over_cache([](AttentionDims& d) { d.kv_cache_bf16 = true; },
+             "decode_64x1_at1024_bf16cache_speedup", "fp32_cache_over_bf16", 1.7);
+  over_cache([](AttentionDims& d) { d.kv_cache_int8 = true; },
+             "decode_64x1_at1024_int8cache_speedup", "fp32_cache_over_int8", 2.5);
   // Steps riding along in an Attend call, against a call of their own:
   // a large batch and a small one.
   BenchMixedCall(engine, pool, 8, 128, json, *ws);
