@@ -156,6 +156,10 @@ class EngineImpl {
   // int8 with a scale per row).
   void WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
                   int64_t tokens, int64_t first, KvCache& cache) const;
+  // The same for one head: k and v point at its columns. Heads touch
+  // disjoint bytes of the cache, so they may be written concurrently.
+  void WriteCacheHead(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                      int64_t tokens, int64_t first, int64_t head, const KvCache& cache) const;
   void WriteWeights(const Block& block, const float* probs,
                     const AttentionOutputs& out) const;
 

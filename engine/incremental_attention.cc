@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -31,7 +32,11 @@ struct EngineImpl::SessionHead {
   int64_t tokens = 0;
   int64_t first = 0;  // cached tokens before the step (self); 0 for cross
   const uint8_t* q = nullptr;  // the step's first query row, this head
-  int64_t ldq = 0;             // elements
+  int64_t ldq = 0;             // elements, also of the two below
+  // A self step's first new key and value rows, this head: written into
+  // the cache before the head attends (cross steps: null).
+  const uint8_t* new_keys = nullptr;
+  const uint8_t* new_values = nullptr;
   uint8_t* context = nullptr;  // the step's first context row, this head
   int64_t ldc = 0;             // elements
   float* weights = nullptr;    // [tokens, keys'] of this head, or null
@@ -148,13 +153,41 @@ absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& ou
 
 void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
                             int64_t tokens, int64_t first, KvCache& cache) const {
-  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
+  const int64_t in_eb = act_dt_ == dt::bf16 ? 2 : 4;  // k and v as projected
+  for (int64_t head = 0; head < dims_.num_heads; ++head) {
+    WriteCacheHead(k + head * dims_.qk_head_dim * in_eb, ldk,
+                   v + head * dims_.v_head_dim * in_eb, ldv, tokens, first, head, cache);
+  }
+}
+
+namespace {
+
+// One token's `n` elements of one head into the cache: out[c * stride] =
+// in[c], converted from In to Out (f32 -> bf16 rounds to nearest even).
+template <typename In, typename Out>
+void CopyRow(const uint8_t* in, int64_t n, uint8_t* out, int64_t stride) {
+  const auto* from = reinterpret_cast<const In*>(in);
+  auto* to = reinterpret_cast<Out*>(out);
+  for (int64_t c = 0; c < n; ++c) {
+    if constexpr (std::is_same_v<In, Out>) {
+      to[c * stride] = from[c];
+    } else {
+      to[c * stride] = FloatToBf16(from[c]);
+    }
+  }
+}
+
+}  // namespace
+
+void EngineImpl::WriteCacheHead(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                                int64_t tokens, int64_t first, int64_t head,
+                                const KvCache& cache) const {
+  const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
   const int64_t eb = cache.layout().elem_bytes, bt = KvLayout::kBlockTokens;
   const int64_t in_eb = act_dt_ == dt::bf16 ? 2 : 4;  // k and v as projected
-  const bool int8 = cache.layout().int8();  // rows rounded with a scale each
-  const bool round = !int8 && in_eb != eb;  // an fp32 model's bf16 cache
   // An int8 cache's row of `n` projected elements as f32 (bf16 compute
   // widens it into `widened`).
+  const bool int8 = cache.layout().int8();
   std::vector<float> widened(static_cast<size_t>(int8 && in_eb == 2 ? std::max(dqk, dv) : 0));
   auto as_f32 = [&](const uint8_t* row, int64_t n) -> const float* {
     if (in_eb == 4) return reinterpret_cast<const float*>(row);
@@ -162,32 +195,24 @@ void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int
     for (int64_t c = 0; c < n; ++c) widened[c] = Bf16ToFloat(b16[c]);
     return widened.data();
   };
+  // Keys transposed, [dqk, 32]: element c of a token at c * 32 + slot.
+  auto copy = in_eb == 2 ? CopyRow<uint16_t, uint16_t>
+              : eb == 4  ? CopyRow<float, float>
+                         : CopyRow<float, uint16_t>;  // an fp32 model's bf16 cache
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t pos = first + t, block = pos / bt, slot = pos % bt;
-    for (int64_t head = 0; head < h; ++head) {
-      // Keys transposed, [dqk, 32]: element c of this token at c * 32 + slot.
-      uint8_t* kt = cache.keys(block, head) + slot * eb;
-      const uint8_t* key = k + (t * ldk + head * dqk) * in_eb;
-      uint8_t* value = cache.values(block, head) + slot * dv * eb;
-      const uint8_t* v_in = v + (t * ldv + head * dv) * in_eb;
-      if (int8) {
-        cache.key_scales(block, head)[slot] =
-            QuantizeInt8(as_f32(key, dqk), dqk, reinterpret_cast<int8_t*>(kt), bt);
-        cache.value_scales(block, head)[slot] =
-            QuantizeInt8(as_f32(v_in, dv), dv, reinterpret_cast<int8_t*>(value), 1);
-        continue;
-      }
-      if (round) {
-        const auto* key_f = reinterpret_cast<const float*>(key);
-        auto* kt16 = reinterpret_cast<uint16_t*>(kt);
-        for (int64_t c = 0; c < dqk; ++c) kt16[c * bt] = FloatToBf16(key_f[c]);
-        const auto* v_f = reinterpret_cast<const float*>(v_in);
-        auto* v16 = reinterpret_cast<uint16_t*>(value);
-        for (int64_t c = 0; c < dv; ++c) v16[c] = FloatToBf16(v_f[c]);
-        continue;
-      }
-      for (int64_t c = 0; c < dqk; ++c) std::memcpy(kt + c * bt * eb, key + c * eb, eb);
-      std::memcpy(value, v_in, dv * eb);
+    uint8_t* kt = cache.keys(block, head) + slot * eb;
+    uint8_t* value = cache.values(block, head) + slot * dv * eb;
+    const uint8_t* key_in = k + t * ldk * in_eb;
+    const uint8_t* value_in = v + t * ldv * in_eb;
+    if (int8) {
+      cache.key_scales(block, head)[slot] =
+          QuantizeInt8(as_f32(key_in, dqk), dqk, reinterpret_cast<int8_t*>(kt), bt);
+      cache.value_scales(block, head)[slot] =
+          QuantizeInt8(as_f32(value_in, dv), dv, reinterpret_cast<int8_t*>(value), 1);
+    } else {
+      copy(key_in, dqk, kt, bt);
+      copy(value_in, dv, value, 1);
     }
   }
 }
@@ -266,9 +291,6 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
     const AppendStep& step = batch.steps[i];
     const uint8_t* rows = proj + row * ldq * eb;
     const int64_t first = step.cross ? 0 : step.cache->length();
-    if (!step.cross) {
-      WriteCache(rows + qk * eb, ldq, rows + 2 * qk * eb, ldq, step.tokens, first, *step.cache);
-    }
     const int64_t keys = step_keys[i];
     for (int64_t head = 0; head < h; ++head) {
       SessionHead item;
@@ -279,6 +301,10 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
       item.first = first;
       item.q = rows + head * dims_.qk_head_dim * eb;
       item.ldq = ldq;
+      if (!step.cross) {  // this head's new keys and values
+        item.new_keys = rows + (qk + head * dims_.qk_head_dim) * eb;
+        item.new_values = rows + (2 * qk + head * dims_.v_head_dim) * eb;
+      }
       item.context = context + (row * vw + head * dims_.v_head_dim) * eb;
       item.ldc = vw;
       if (weights) item.weights = weights_heads + w_off + head * step.tokens * keys;
@@ -287,7 +313,8 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
     row += step.tokens;
     w_off += h * step.tokens * keys;
   }
-  // Self steps' caches hold the new tokens from here on.
+  // Self steps' caches hold the new tokens from here on (each head writes
+  // its own before it attends).
   for (const AppendStep& step : batch.steps) {
     if (!step.cross) step.cache->set_length(step.cache->length() + step.tokens);
   }
@@ -318,22 +345,16 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
 
 static_assert(KvLayout::kBlockTokens == 32, "BlockScores reads blocks of 32 tokens");
 
-namespace {
-
-// The next block's first cache lines, fetched while this block is read:
-// blocks lie apart in memory, and the hardware prefetcher starts afresh at
-// each one.
-inline void StartReading(const uint8_t* block) {
-  for (int line = 0; line < 8; ++line) __builtin_prefetch(block + 64 * line);
-}
-
-}  // namespace
 
 void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const {
   const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim, bt = KvLayout::kBlockTokens;
   const bool bf16 = act_dt_ == dt::bf16;  // the query, bias_kv and the context
   const int64_t eb = bf16 ? 2 : 4;
   const KvCache& cache = *item.cache;
+  if (item.new_keys != nullptr) {
+    WriteCacheHead(item.new_keys, item.ldq, item.new_values, item.ldq, item.tokens, item.first,
+                   item.head, cache);
+  }
   const bool kv16 = cache.layout().elem_bytes == 2;  // bf16 keys and values
   const bool kv8 = cache.layout().int8();            // int8 ones with scales
   float scaled_probs[KvLayout::kBlockTokens];        // int8: probs x value scales
@@ -345,6 +366,19 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
   // The row's keys: all of a cross memory; a self step's up to itself.
   auto limit_of = [&](int64_t r) { return item.cross ? keys : item.first + r + 1; };
   auto q_row = [&](int64_t r) { return item.q + r * item.ldq * eb; };
+  // A row reads its key blocks, then its value blocks: `ahead` places
+  // further on in that order lies what the step loops fetch as they read
+  // place p (null past the end), some 8 KiB on, so that the fetches run
+  // ahead of the reads by more than the memory's latency.
+  const int64_t ahead =
+      std::clamp<int64_t>(8192 / (bt * dqk * cache.layout().elem_bytes), 1, 4);
+  auto blocks_of = [&](int64_t limit) { return (limit + bt - 1) / bt; };
+  auto read_later = [&](int64_t place, int64_t limit) -> const uint8_t* {
+    const int64_t later = place + ahead, blocks = blocks_of(limit);
+    if (later < blocks) return cache.keys(later, item.head);
+    if (later < 2 * blocks) return cache.values(later - blocks, item.head);
+    return nullptr;
+  };
   for (int64_t r0 = 0; r0 < item.tokens; r0 += chunk) {
     const int64_t rows = std::min(chunk, item.tokens - r0);
     for (int64_t r = 0; r < rows; ++r) {
@@ -354,27 +388,31 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
       for (int64_t b = 0; b * bt < limit; ++b) {
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* kt = cache.keys(b, item.head);
-        if ((b + 1) * bt < limit) StartReading(cache.keys(b + 1, item.head));
+        const uint8_t* next = read_later(b, limit);
         if (kv8) {
           const auto* kt8 = reinterpret_cast<const int8_t*>(kt);
           const float* scales = cache.key_scales(b, item.head);
+          if (b + ahead < blocks_of(limit)) {
+            __builtin_prefetch(cache.key_scales(b + ahead, item.head));
+          }
           if (bf16) {
             BlockScoresBf16Int8(reinterpret_cast<const uint16_t*>(q), kt8, scales, row + b * bt,
-                                n, dqk, Scale());
+                                n, dqk, Scale(), next);
           } else {
             BlockScoresF32Int8(reinterpret_cast<const float*>(q), kt8, scales, row + b * bt, n,
-                               dqk, Scale());
+                               dqk, Scale(), next);
           }
         } else if (bf16) {
           BlockScoresBf16(reinterpret_cast<const uint16_t*>(q),
-                          reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale());
+                          reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale(),
+                          next);
         } else if (kv16) {  // an fp32 model's bf16 cache
           BlockScoresF32Bf16(reinterpret_cast<const float*>(q),
                              reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk,
-                             Scale());
+                             Scale(), next);
         } else {
           BlockScores(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kt),
-                      row + b * bt, n, dqk, Scale());
+                      row + b * bt, n, dqk, Scale(), next);
         }
       }
       int64_t col = keys;
@@ -408,15 +446,20 @@ void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const
       for (int64_t b = 0; b * bt < limit; ++b) {
         const int64_t n = std::min(bt, limit - b * bt);
         const uint8_t* v = cache.values(b, item.head);
-        if ((b + 1) * bt < limit) StartReading(cache.values(b + 1, item.head));
+        const uint8_t* next = read_later(blocks_of(limit) + b, limit);
         if (kv8) {
           const float* scales = cache.value_scales(b, item.head);
+          if (b + ahead < blocks_of(limit)) {
+            __builtin_prefetch(cache.value_scales(b + ahead, item.head));
+          }
           for (int64_t j = 0; j < n; ++j) scaled_probs[j] = probs[b * bt + j] * scales[j];
-          AccumulateContextInt8(scaled_probs, reinterpret_cast<const int8_t*>(v), acc, n, dv);
+          AccumulateContextInt8(scaled_probs, reinterpret_cast<const int8_t*>(v), acc, n, dv,
+                                next);
         } else if (kv16) {
-          AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv);
+          AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv,
+                                next);
         } else {
-          AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv);
+          AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv, next);
         }
       }
       if (kv16) MergeSplitContext(acc, dv);  // back in column order

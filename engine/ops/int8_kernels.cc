@@ -10,6 +10,7 @@
 
 #include "engine/ops/avx512_kernels.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/multiversion.h"
 #include "engine/kv_cache.h"
 
 // GCC 12's AVX-512 headers trip its own uninitialised-value warnings.
@@ -41,21 +42,24 @@ inline void ScaleScores(const float* sums, const float* key_scales, float* out, 
 // ---- portable --------------------------------------------------------------
 
 void ScoresPortable(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
-                    const float* key_scales, float* out, int64_t n, int64_t d, float scale) {
+                    const float* key_scales, float* out, int64_t n, int64_t d, float scale,
+                    const void* next) {
   float sums[kTokens] = {};
   for (int64_t c = 0; c < d; ++c) {
     const float q = QueryAt(q_f32, q_bf16, c);
     const int8_t* row = kt + c * kTokens;
+    if (c % 2 == 0) FetchNext<64>(next, c * kTokens);  // two rows a line
     for (int64_t j = 0; j < kTokens; ++j) sums[j] += q * static_cast<float>(row[j]);
   }
   ScaleScores(sums, key_scales, out, n, scale);
 }
 
 void ContextPortable(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                     int64_t dv) {
+                     int64_t dv, const void* next) {
   for (int64_t j = 0; j < cols; ++j) {
     const float p = probs[j];
     const int8_t* row = v + j * dv;
+    for (int64_t c = 0; c < dv; c += 64) FetchNext<64>(next, j * dv + c);
     for (int64_t c = 0; c < dv; ++c) acc[c] += p * static_cast<float>(row[c]);
   }
 }
@@ -72,7 +76,7 @@ MHA_AVX2 inline __m256 Widen8(const int8_t* p) {
 
 MHA_AVX2 void ScoresAvx2(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
                          const float* key_scales, float* out, int64_t n, int64_t d,
-                         float scale) {
+                         float scale, const void* next) {
   // Two rows at a time into two sets of four sums (32 tokens each).
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                  _mm256_setzero_ps()};
@@ -84,6 +88,7 @@ MHA_AVX2 void ScoresAvx2(const float* q_f32, const uint16_t* q_bf16, const int8_
     const __m256 qb = _mm256_set1_ps(QueryAt(q_f32, q_bf16, c + 1));
     const int8_t* ra = kt + c * kTokens;
     const int8_t* rb = ra + kTokens;
+    FetchNext<64>(next, c * kTokens);  // both rows
     for (int i = 0; i < 4; ++i) {
       a[i] = _mm256_fmadd_ps(qa, Widen8(ra + 8 * i), a[i]);
       b[i] = _mm256_fmadd_ps(qb, Widen8(rb + 8 * i), b[i]);
@@ -101,12 +106,16 @@ MHA_AVX2 void ScoresAvx2(const float* q_f32, const uint16_t* q_bf16, const int8_
 }
 
 MHA_AVX2 void ContextAvx2(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                          int64_t dv) {
+                          int64_t dv, const void* next) {
   int64_t c0 = 0;
   for (; c0 + 8 <= dv; c0 += 8) {  // 8 columns, two rows at a time
     __m256 a = _mm256_loadu_ps(acc + c0), b = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 2 <= cols; j += 2) {
+      if (c0 % 64 == 0) {  // each line of the two rows once
+        FetchNext<64>(next, j * dv + c0);
+        FetchNext<64>(next, (j + 1) * dv + c0);
+      }
       a = _mm256_fmadd_ps(_mm256_set1_ps(probs[j]), Widen8(v + j * dv + c0), a);
       b = _mm256_fmadd_ps(_mm256_set1_ps(probs[j + 1]), Widen8(v + (j + 1) * dv + c0), b);
     }
@@ -130,12 +139,13 @@ MHA_AVX512 inline __m512 Widen16(const int8_t* p) {
 
 MHA_AVX512 void ScoresAvx512(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
                              const float* key_scales, float* out, int64_t n, int64_t d,
-                             float scale) {
+                             float scale, const void* next) {
   // Four rows at a time into four pairs of sums (independent chains).
   __m512 lo[4], hi[4];
   for (int i = 0; i < 4; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
   int64_t c = 0;
   for (; c + 4 <= d; c += 4) {
+    FetchNext<4 * kTokens>(next, c * kTokens);
     for (int i = 0; i < 4; ++i) {
       const __m512 q = _mm512_set1_ps(QueryAt(q_f32, q_bf16, c + i));
       const int8_t* row = kt + (c + i) * kTokens;
@@ -157,7 +167,7 @@ MHA_AVX512 void ScoresAvx512(const float* q_f32, const uint16_t* q_bf16, const i
 }
 
 MHA_AVX512 void ContextAvx512(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                              int64_t dv) {
+                              int64_t dv, const void* next) {
   int64_t c0 = 0;
   for (; c0 + 64 <= dv; c0 += 64) {  // 64 columns in registers, two rows at a time
     __m512 a[4], b[4];
@@ -169,6 +179,8 @@ MHA_AVX512 void ContextAvx512(const float* probs, const int8_t* v, float* acc, i
     for (; j + 2 <= cols; j += 2) {
       const __m512 pa = _mm512_set1_ps(probs[j]), pb = _mm512_set1_ps(probs[j + 1]);
       const int8_t* x = v + j * dv + c0;
+      FetchNext<64>(next, j * dv + c0);
+      FetchNext<64>(next, (j + 1) * dv + c0);
       for (int i = 0; i < 4; ++i) {
         a[i] = _mm512_fmadd_ps(pa, Widen16(x + 16 * i), a[i]);
         b[i] = _mm512_fmadd_ps(pb, Widen16(x + dv + 16 * i), b[i]);
@@ -195,35 +207,38 @@ MHA_AVX512 void ContextAvx512(const float* probs, const int8_t* v, float* acc, i
 }
 
 void Scores(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
-            const float* key_scales, float* out, int64_t n, int64_t d, float scale) {
+            const float* key_scales, float* out, int64_t n, int64_t d, float scale,
+            const void* next) {
+  if (next == nullptr) next = kt;
   const KernelIsa isa = ActiveKernelIsa();
   if (isa >= KernelIsa::kAvx512) {
-    return ScoresAvx512(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
+    return ScoresAvx512(q_f32, q_bf16, kt, key_scales, out, n, d, scale, next);
   }
   if (isa == KernelIsa::kAvx2) {
-    return ScoresAvx2(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
+    return ScoresAvx2(q_f32, q_bf16, kt, key_scales, out, n, d, scale, next);
   }
-  ScoresPortable(q_f32, q_bf16, kt, key_scales, out, n, d, scale);
+  ScoresPortable(q_f32, q_bf16, kt, key_scales, out, n, d, scale, next);
 }
 
 }  // namespace
 
 void BlockScoresF32Int8(const float* q, const int8_t* kt, const float* key_scales, float* out,
-                        int64_t n, int64_t d, float scale) {
-  Scores(q, nullptr, kt, key_scales, out, n, d, scale);
+                        int64_t n, int64_t d, float scale, const void* next) {
+  Scores(q, nullptr, kt, key_scales, out, n, d, scale, next);
 }
 
 void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales,
-                         float* out, int64_t n, int64_t d, float scale) {
-  Scores(nullptr, q, kt, key_scales, out, n, d, scale);
+                         float* out, int64_t n, int64_t d, float scale, const void* next) {
+  Scores(nullptr, q, kt, key_scales, out, n, d, scale, next);
 }
 
 void AccumulateContextInt8(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                           int64_t dv) {
+                           int64_t dv, const void* next) {
+  if (next == nullptr) next = v;
   const KernelIsa isa = ActiveKernelIsa();
-  if (isa >= KernelIsa::kAvx512) return ContextAvx512(probs, v, acc, cols, dv);
-  if (isa == KernelIsa::kAvx2) return ContextAvx2(probs, v, acc, cols, dv);
-  ContextPortable(probs, v, acc, cols, dv);
+  if (isa >= KernelIsa::kAvx512) return ContextAvx512(probs, v, acc, cols, dv, next);
+  if (isa == KernelIsa::kAvx2) return ContextAvx2(probs, v, acc, cols, dv, next);
+  ContextPortable(probs, v, acc, cols, dv, next);
 }
 
 }  // namespace mha

@@ -472,12 +472,14 @@ __attribute__((always_inline)) inline void BlockScoresWith(const float* q_f32,
                                                             const uint16_t* q_bf16,
                                                             const Key* kt, float* out, int64_t n,
                                                             int64_t d, float scale,
-                                                            AddRow add_row) {
+                                                            const void* next, AddRow add_row) {
   Floats16 l0 = {}, l1 = {}, l2 = {}, l3 = {}, h0 = {}, h1 = {}, h2 = {}, h3 = {};
   auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16Bits(q_bf16[c]); };
+  if (next == nullptr) next = kt;
   int64_t c = 0;
   for (; c + 4 <= d; c += 4) {
     const Key* r = kt + c * kBlockScoreTokens;
+    FetchNext<4 * kBlockScoreTokens * sizeof(Key)>(next, c * kBlockScoreTokens * sizeof(Key));
     add_row(l0, h0, qc(c), r);
     add_row(l1, h1, qc(c + 1), r + kBlockScoreTokens);
     add_row(l2, h2, qc(c + 2), r + 2 * kBlockScoreTokens);
@@ -493,8 +495,8 @@ __attribute__((always_inline)) inline void BlockScoresWith(const float* q_f32,
 
 MHA_MULTIVERSION
 void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
-                 float scale) {
-  BlockScoresWith(q, nullptr, kt, out, n, d, scale,
+                 float scale, const void* next) {
+  BlockScoresWith(q, nullptr, kt, out, n, d, scale, next,
                   [](Floats16& lo, Floats16& hi, float qc, const float* row) {
                     AddFloats16(lo, qc, row);
                     AddFloats16(hi, qc, row + 16);
@@ -536,8 +538,10 @@ constexpr uint32_t kHighHalf = 0xFFFF0000u;
 __attribute__((always_inline)) inline void Bf16BlockScores(const float* q_f32,
                                                            const uint16_t* q_bf16,
                                                            const uint16_t* kt, float* out,
-                                                           int64_t n, int64_t d, float scale) {
+                                                           int64_t n, int64_t d, float scale,
+                                                           const void* next) {
   Floats16 e0 = {}, e1 = {}, e2 = {}, e3 = {}, o0 = {}, o1 = {}, o2 = {}, o3 = {};
+  if (next == nullptr) next = kt;
   auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16Bits(q_bf16[c]); };
   auto add = [](Floats16& even, Floats16& odd, float q, const uint16_t* row) {
     const Words16 w = *reinterpret_cast<const Words16*>(row);
@@ -547,6 +551,7 @@ __attribute__((always_inline)) inline void Bf16BlockScores(const float* q_f32,
   int64_t c = 0;
   for (; c + 4 <= d; c += 4) {
     const uint16_t* r = kt + c * kBlockScoreTokens;
+    FetchNext<4 * kBlockScoreTokens * 2>(next, c * kBlockScoreTokens * 2);
     add(e0, o0, qc(c), r);
     add(e1, o1, qc(c + 1), r + kBlockScoreTokens);
     add(e2, o2, qc(c + 2), r + 2 * kBlockScoreTokens);
@@ -562,14 +567,14 @@ __attribute__((always_inline)) inline void Bf16BlockScores(const float* q_f32,
 
 MHA_MULTIVERSION
 void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
-                        float scale) {
-  Bf16BlockScores(q, nullptr, kt, out, n, d, scale);
+                        float scale, const void* next) {
+  Bf16BlockScores(q, nullptr, kt, out, n, d, scale, next);
 }
 
 MHA_MULTIVERSION
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
-                     float scale) {
-  Bf16BlockScores(nullptr, q, kt, out, n, d, scale);
+                     float scale, const void* next) {
+  Bf16BlockScores(nullptr, q, kt, out, n, d, scale, next);
 }
 
 // acc[c] += sum_j probs[j] * v[j][c] over `cols` rows of `dv` values:
@@ -580,7 +585,9 @@ template <typename Value, typename Add>
 __attribute__((always_inline)) inline void AccumulateContextWith(const float* probs,
                                                                   const Value* v, float* acc,
                                                                   int64_t cols, int64_t dv,
-                                                                  Add add) {
+                                                                  const void* next, Add add) {
+  if (next == nullptr) next = v;
+  constexpr int kRowBytes = 64 * sizeof(Value);  // one row's 64 columns
   int64_t c0 = 0;
   for (; c0 + 64 <= dv; c0 += 64) {
     Floats16 a0 = *reinterpret_cast<const Floats16*>(acc + c0);
@@ -592,6 +599,8 @@ __attribute__((always_inline)) inline void AccumulateContextWith(const float* pr
     for (; j + 2 <= cols; j += 2) {
       const Value* x = v + j * dv + c0;
       const Value* y = x + dv;
+      FetchNext<kRowBytes>(next, (j * dv + c0) * sizeof(Value));
+      FetchNext<kRowBytes>(next, ((j + 1) * dv + c0) * sizeof(Value));
       add(a0, probs[j], x);
       add(a1, probs[j], x + 16);
       add(a2, probs[j], x + 32);
@@ -623,14 +632,15 @@ __attribute__((always_inline)) inline void AccumulateContextWith(const float* pr
 
 MHA_MULTIVERSION
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
-                       int64_t dv) {
-  AccumulateContextWith(probs, v, acc, cols, dv,
+                       int64_t dv, const void* next) {
+  AccumulateContextWith(probs, v, acc, cols, dv, next,
                         [](Floats16& sum, float p, const float* x) { AddFloats16(sum, p, x); });
 }
 
 MHA_MULTIVERSION
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
-                           int64_t dv) {
+                           int64_t dv, const void* next) {
+  if (next == nullptr) next = v;
   int64_t c0 = 0;
   // 64 columns at a time as even and odd columns (Words16), so a row is two
   // loads, into sums kept split the same way in `acc` (see
@@ -649,6 +659,8 @@ void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, in
     int64_t j = 0;
     for (; j + 2 <= cols; j += 2) {
       const uint16_t* x = v + j * dv + c0;
+      FetchNext<128>(next, (j * dv + c0) * 2);  // two rows' 64 columns
+      FetchNext<128>(next, ((j + 1) * dv + c0) * 2);
       add(e0, o0, probs[j], x);
       add(e1, o1, probs[j], x + 32);
       add(f0, p0, probs[j + 1], x + dv);

@@ -110,19 +110,23 @@ void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_
 void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
                       int64_t rows, int64_t cols, int64_t dv);
 
-// acc[c] += sum over j < cols of probs[j] * v[j, c]: one query row's
-// context over one block of keys (v [cols, dv], f32 or bf16).
+// The step loops of session caches. Each reads one block of one head and
+// takes `next`: where the block read after it keeps the same data (null:
+// none). As they read a line of this block they fetch that line of the next
+// one, so a step streams its blocks (which lie apart in memory, where the
+// hardware prefetcher would start afresh at each one).
+//
 // The scores of one query row against one cache block's keys, stored
 // transposed (kt [d, KvLayout::kBlockTokens], the token index fastest):
 // out[j] = scale * q . key_j for the block's first n (<= 32) tokens. Every
 // token slot is read (the others may hold anything); only n are written.
 void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
-                 float scale);
+                 float scale, const void* next = nullptr);
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
-                     float scale);
+                     float scale, const void* next = nullptr);
 // An fp32 query against a bf16 cache's keys.
 void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
-                        float scale);
+                        float scale, const void* next = nullptr);
 
 // Int8 caches (kv_cache_dtype INT8). One key or value row as it is
 // written: out[c * stride] = round(in[c] / scale) for c < n, where scale =
@@ -133,17 +137,20 @@ float QuantizeInt8(const float* in, int64_t n, int8_t* out, int64_t stride);
 // The scores of an int8 block (as BlockScores): out[j] = scale *
 // key_scales[j] * (q . kt[:, j]), for an f32 or a bf16 query.
 void BlockScoresF32Int8(const float* q, const int8_t* kt, const float* key_scales, float* out,
-                        int64_t n, int64_t d, float scale);
+                        int64_t n, int64_t d, float scale, const void* next = nullptr);
 void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales,
-                         float* out, int64_t n, int64_t d, float scale);
+                         float* out, int64_t n, int64_t d, float scale,
+                         const void* next = nullptr);
 
+// acc[c] += sum over j < cols of probs[j] * v[j, c]: one query row's
+// context over one block's values (v [cols, dv], f32, bf16 or int8).
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
-                       int64_t dv);
+                       int64_t dv, const void* next = nullptr);
 // Int8 values: the caller folds each row's value scale into its probability.
 void AccumulateContextInt8(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                           int64_t dv);
+                           int64_t dv, const void* next = nullptr);
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
-                           int64_t dv);
+                           int64_t dv, const void* next = nullptr);
 // AccumulateContextBf16 keeps each 64 columns' sums split, even columns
 // then odd ones (32 + 32); this puts them back in order, once, after the
 // last block.

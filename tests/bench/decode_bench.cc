@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,7 +97,7 @@ void Print(bool json, const char* name, double ms, const char* what, double rati
            double target, double kv_bytes = 0) {
   const double gb_per_s = kv_bytes > 0 ? kv_bytes / (ms * 1e-3) / 1e9 : 0;
   if (json) {
-    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %.0f", name, ms,
+    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %g", name, ms,
                 what, ratio, target);
     if (kv_bytes > 0) {
       std::printf(", \"kv_bytes\": %.0f, \"kv_gb_per_s\": %.2f, \"probe_gb_per_s\": %.2f, "
@@ -105,7 +106,7 @@ void Print(bool json, const char* name, double ms, const char* what, double rati
     }
     std::printf("}\n");
   } else {
-    std::printf("%-34s %10.4f ms   %s %.1fx (target >= %.0fx)", name, ms, what, ratio, target);
+    std::printf("%-34s %10.4f ms   %s %.2fx (target >= %gx)", name, ms, what, ratio, target);
     if (kv_bytes > 0) {
       std::printf("   K/V %.1f MiB at %.1f GB/s, %.0f %% of the probe", kv_bytes / (1 << 20),
                   gb_per_s, 100 * gb_per_s / probe_gb_per_s);
@@ -115,47 +116,86 @@ void Print(bool json, const char* name, double ms, const char* what, double rati
   std::fflush(stdout);
 }
 
-// 64 sessions at `cached` tokens each, appending 1 token each; returns the
-// batched call's seconds.
-double BenchBatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cached, bool json,
-                         Workspace& ws) {
-  constexpr int64_t kSessions = 64;
-  std::vector<std::unique_ptr<KvCache>> caches;
-  for (int64_t s = 0; s < kSessions; ++s) {
-    caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
-    Prefill(engine, *caches.back(), cached, ws);
-  }
-  const std::vector<float> tokens = testing::RandomVector(kSessions * kE, 9);
-  std::vector<float> tokens_out(tokens.size());
-  AppendBatch batched{tokens, {}};
-  for (auto& c : caches) batched.steps.push_back({c.get(), 1});
-  auto rewind = [&] {
-    for (auto& c : caches) c->set_length(cached);
-  };
-  const double batched_s = MedianOf(10, [&] {
-    Check(engine.Append(batched, {absl::MakeSpan(tokens_out), {}}, ws));
-    rewind();
-  });
-  const double one_by_one_s = MedianOf(10, [&] {
-    for (int64_t s = 0; s < kSessions; ++s) {
-      const auto q = absl::MakeConstSpan(tokens).subspan(s * kE, kE);
-      Check(engine.Append({q, {{caches[s].get(), 1}}},
-                          {absl::MakeSpan(tokens_out).subspan(s * kE, kE), {}}, ws));
+// Medians of `fns`' seconds, taken in alternation: round after round,
+// each fn once, after two warm-up rounds. On a shared machine the noise
+// then falls on every fn alike, and their ratios hold.
+std::vector<double> AlternatedMedians(int rounds, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> times(fns.size());
+  for (int round = -2; round < rounds; ++round) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[f]();
+      const auto t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0);
+      if (round >= 0) times[f].push_back(t.count());
     }
-    rewind();
-  });
-  const KvLayout layout = engine.kv_layout();
-  const double token_bytes =
-      static_cast<double>(layout.block_bytes()) / static_cast<double>(KvLayout::kBlockTokens);
-  const std::string name = absl::StrFormat(
-      "decode_64x1_at%d%s", cached,
-      layout.int8() ? "_int8cache" : layout.elem_bytes == 2 ? "_bf16cache" : "");
-  Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
-        one_by_one_s / batched_s, 8, KvBytes(kSessions, cached, token_bytes));
-  Print(json, (name + "_one_call_each").c_str(), one_by_one_s * 1e3, "ratio", 1.0, 1,
-        KvBytes(kSessions, cached, token_bytes));
-  return batched_s;
+  }
+  std::vector<double> medians;
+  for (std::vector<double>& t : times) {
+    std::nth_element(t.begin(), t.begin() + rounds / 2, t.end());
+    medians.push_back(t[rounds / 2]);
+  }
+  return medians;
 }
+
+// 64 sessions at `cached` tokens each over one engine's cache, stepping 1
+// token each: in one batched call, or in one call each. Each call rewinds
+// the caches after it, so every call does the same work.
+class BatchedSteps {
+ public:
+  static constexpr int64_t kSessions = 64;
+
+  BatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cached, Workspace& ws)
+      : engine_(engine), ws_(ws), cached_(cached),
+        tokens_(testing::RandomVector(kSessions * kE, 9)), out_(tokens_.size()) {
+    batched_.query = tokens_;
+    for (int64_t s = 0; s < kSessions; ++s) {
+      caches_.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
+      Prefill(engine, *caches_.back(), cached, ws);
+      batched_.steps.push_back({caches_.back().get(), 1});
+    }
+  }
+
+  void Batched() {
+    Check(engine_.Append(batched_, {absl::MakeSpan(out_), {}}, ws_));
+    Rewind();
+  }
+  void OneCallEach() {
+    for (int64_t s = 0; s < kSessions; ++s) {
+      const auto q = absl::MakeConstSpan(tokens_).subspan(s * kE, kE);
+      Check(engine_.Append({q, {{caches_[s].get(), 1}}},
+                           {absl::MakeSpan(out_).subspan(s * kE, kE), {}}, ws_));
+    }
+    Rewind();
+  }
+
+  // Prints the two rows (seconds of each), named after the cache's dtype.
+  void Print(bool json, double batched_s, double one_call_each_s) const {
+    const KvLayout layout = engine_.kv_layout();
+    const double token_bytes =
+        static_cast<double>(layout.block_bytes()) / static_cast<double>(KvLayout::kBlockTokens);
+    const std::string name = absl::StrFormat(
+        "decode_64x1_at%d%s", cached_,
+        layout.int8() ? "_int8cache" : layout.elem_bytes == 2 ? "_bf16cache" : "");
+    const double kv_bytes = KvBytes(kSessions, cached_, token_bytes);
+    mha::Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
+               one_call_each_s / batched_s, 8, kv_bytes);
+    mha::Print(json, (name + "_one_call_each").c_str(), one_call_each_s * 1e3, "ratio", 1.0, 1,
+               kv_bytes);
+  }
+
+ private:
+  void Rewind() {
+    for (auto& c : caches_) c->set_length(cached_);
+  }
+
+  const MhaEngine& engine_;
+  Workspace& ws_;
+  const int64_t cached_;
+  const std::vector<float> tokens_;
+  std::vector<float> out_;
+  std::vector<std::unique_ptr<KvCache>> caches_;
+  AppendBatch batched_;
+};
 
 // 16 sessions' steps (1 token at 256 cached) riding along in an Attend
 // call of `sequences` self-attention sequences of `len` tokens, against the
@@ -250,26 +290,41 @@ void BenchDecode(bool json) {
   Print(json, "decode_attend_causal_4097", full_s * 1e3, "ratio", 1.0, 1);
 
   // 64 sessions appending 1 token each: one batched call against 64 calls.
-  // The shape is cached length 1024; at 64 the cache reads are
-  // small and what batching saves (per-call cost, weight reads) shows alone.
-  const double fp32_s = BenchBatchedSteps(engine, pool, 1024, json, *ws);
-  BenchBatchedSteps(engine, pool, 64, json, *ws);
-  // The same steps over a bf16 cache (kv_cache_dtype BF16: half the bytes)
-  // and an int8 one (INT8: a quarter, plus a scale per token and head).
-  auto over_cache = [&](void (*set)(AttentionDims&), const char* name, const char* what,
-                        double target) {
+  // At cached length 64 the cache reads are small and what batching saves
+  // (per-call cost, weight reads) shows alone.
+  {
+    BatchedSteps at64(engine, pool, 64, *ws);
+    const std::vector<double> s =
+        AlternatedMedians(10, {[&] { at64.Batched(); }, [&] { at64.OneCallEach(); }});
+    at64.Print(json, s[0], s[1]);
+  }
+  // The shape, cached length 1024, over an fp32 cache, a bf16 one
+  // (kv_cache_dtype BF16: half the bytes) and an int8 one (INT8: a quarter,
+  // plus a scale per token and head), all six rows taken in alternation.
+  auto engine_with = [&](void (*set)(AttentionDims&)) {
     AttentionDims dims = engine.dims();
     set(dims);
-    absl::StatusOr<std::unique_ptr<MhaEngine>> created =
+    absl::StatusOr<std::unique_ptr<MhaEngine>> made =
         MhaEngine::Create(dims, testing::RandomWeights(dims, 1));
-    Check(created.status());
-    const double s = BenchBatchedSteps(**created, pool, 1024, json, *ws);
-    Print(json, name, s * 1e3, what, fp32_s / s, target);
+    Check(made.status());
+    return *std::move(made);
   };
-  over_cache([](AttentionDims& d) { d.kv_cache_bf16 = true; },
-             "decode_64x1_at1024_bf16cache_speedup", "fp32_cache_over_bf16", 1.7);
-  over_cache([](AttentionDims& d) { d.kv_cache_int8 = true; },
-             "decode_64x1_at1024_int8cache_speedup", "fp32_cache_over_int8", 2.5);
+  const std::unique_ptr<MhaEngine> bf16_cache =
+      engine_with([](AttentionDims& d) { d.kv_cache_bf16 = true; });
+  const std::unique_ptr<MhaEngine> int8_cache =
+      engine_with([](AttentionDims& d) { d.kv_cache_int8 = true; });
+  BatchedSteps fp32(engine, pool, 1024, *ws), bf16(*bf16_cache, pool, 1024, *ws),
+      int8(*int8_cache, pool, 1024, *ws);
+  const std::vector<double> s = AlternatedMedians(
+      15, {[&] { fp32.Batched(); }, [&] { fp32.OneCallEach(); }, [&] { bf16.Batched(); },
+           [&] { bf16.OneCallEach(); }, [&] { int8.Batched(); }, [&] { int8.OneCallEach(); }});
+  fp32.Print(json, s[0], s[1]);
+  bf16.Print(json, s[2], s[3]);
+  int8.Print(json, s[4], s[5]);
+  Print(json, "decode_64x1_at1024_bf16cache_speedup", s[2] * 1e3, "fp32_cache_over_bf16",
+        s[0] / s[2], 1.7);
+  Print(json, "decode_64x1_at1024_int8cache_speedup", s[4] * 1e3, "fp32_cache_over_int8",
+        s[0] / s[4], 2.5);
   // Steps riding along in an Attend call, against a call of their own:
   // a large batch and a small one.
   BenchMixedCall(engine, pool, 8, 128, json, *ws);
