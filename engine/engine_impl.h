@@ -80,7 +80,7 @@ class EngineImpl {
 
  private:
   struct TokenMajor;
-  struct SessionHead;
+  struct SessionHeads;
   struct Projected;
   struct Block;
   // Floats of scores one block may hold, and the query rows per block of a
@@ -141,9 +141,22 @@ class EngineImpl {
   void RunAttentionMatmul(const Block& block, const MatmulSpec& spec,
                           const MatmulPrimitive* runtime, const void* src,
                           const void* weights, void* dst, Workspace& ws) const;
-  // One (session step, head) of ComputeAppend: scores over the cache
-  // blocks, softmax, context into the step's token-major context rows.
-  void AttendSessionHead(const SessionHead& item, Workspace& ws) const;
+  // One (session step, group of heads) of ComputeAppend: scores over the
+  // cache blocks, softmax, context into the step's token-major context rows.
+  void AttendSessionHeads(const SessionHeads& item, Workspace& ws) const;
+  // Heads per item of a batch of `steps` steps, one with `keys` keys: as
+  // many as keep every thread busy (4 items a thread or more) and their
+  // score rows within kSessionScoreCap, dividing num_heads. An item reads
+  // each cache block's keys (and values) of its heads in one run.
+  int64_t HeadsPerItem(int64_t steps, int64_t keys) const;
+  // Scores of head `head`'s query row q against bias_k (add_bias_kv) and
+  // the zero key (add_zero_attn), into extra[0], extra[1].
+  void ScoreExtraKeys(int64_t head, const uint8_t* q, float* extra) const;
+  // A context row of head `head` done: split order undone (`split`, a bf16
+  // cache), bias_v's part added (its probability at extra_probs[0]), and
+  // written to `out` in the compute dtype.
+  void FinishContextRow(int64_t head, const float* extra_probs, bool split, float* acc,
+                        uint8_t* out) const;
   // Every step of `batch` from its projected rows (`proj`, row stride `ldq`
   // elements: q, then k|v when any step is self): appends self steps' keys
   // and values to their caches, attends per (step, head), and writes the

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
+#include "engine/ops/avx512_kernels.h"
 #include "engine/ops/kernels.h"
 #include "engine/status_macros.h"
 #include "engine/tensor.h"
@@ -23,23 +24,25 @@ using onednn::dt;
 
 }  // namespace
 
-// One (session step, head) of ComputeAppend: where the step's query rows,
-// context rows and per-head weights are.
-struct EngineImpl::SessionHead {
+// One (session step, group of heads) of ComputeAppend: where the step's
+// query rows, context rows and per-head weights are, from its first head on
+// (head g's columns g * head_dim further, its weights g * tokens * keys).
+struct EngineImpl::SessionHeads {
   const KvCache* cache = nullptr;
   bool cross = false;
-  int64_t head = 0;
+  int64_t head = 0;   // the first
+  int64_t heads = 1;  // how many
   int64_t tokens = 0;
   int64_t first = 0;  // cached tokens before the step (self); 0 for cross
   const uint8_t* q = nullptr;  // the step's first query row, this head
   int64_t ldq = 0;             // elements, also of the two below
-  // A self step's first new key and value rows, this head: written into
-  // the cache before the head attends (cross steps: null).
+  // A self step's first new key and value rows, first head: written into
+  // the cache before the heads attend (cross steps: null).
   const uint8_t* new_keys = nullptr;
   const uint8_t* new_values = nullptr;
   uint8_t* context = nullptr;  // the step's first context row, this head
   int64_t ldc = 0;             // elements
-  float* weights = nullptr;    // [tokens, keys'] of this head, or null
+  float* weights = nullptr;    // [heads, tokens, keys'], or null
 };
 
 KvLayout MhaEngine::kv_layout() const { return impl_->kv_layout(); }
@@ -270,13 +273,20 @@ void EngineImpl::ComputeAppend(const AppendBatch& batch, const AppendOutputs& ou
   }
 }
 
+int64_t EngineImpl::HeadsPerItem(int64_t steps, int64_t keys) const {
+  const int64_t h = dims_.num_heads, threads = omp_get_max_threads();
+  int64_t group = std::min(h, std::max<int64_t>(1, kSessionScoreCap / std::max<int64_t>(keys, 1)));
+  while (group > 1 && (h % group != 0 || steps * (h / group) < 4 * threads)) --group;
+  return group;
+}
+
 void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int64_t ldq,
                              uint8_t* context, absl::Span<float> out_weights,
                              Workspace& ws) const {
   const int64_t h = dims_.num_heads, qk = dims_.qk_width(), vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
   const bool weights = !out_weights.empty();
-  std::vector<SessionHead> items;
+  std::vector<SessionHeads> items;
   items.reserve(batch.steps.size() * static_cast<size_t>(h));
   std::vector<int64_t> step_keys;  // AppendKeys before the caches grow
   int64_t weights_heads_total = 0;
@@ -292,11 +302,13 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
     const uint8_t* rows = proj + row * ldq * eb;
     const int64_t first = step.cross ? 0 : step.cache->length();
     const int64_t keys = step_keys[i];
-    for (int64_t head = 0; head < h; ++head) {
-      SessionHead item;
+    const int64_t group = HeadsPerItem(static_cast<int64_t>(batch.steps.size()), keys);
+    for (int64_t head = 0; head < h; head += group) {
+      SessionHeads item;
       item.cache = step.cache;
       item.cross = step.cross;
       item.head = head;
+      item.heads = group;
       item.tokens = step.tokens;
       item.first = first;
       item.q = rows + head * dims_.qk_head_dim * eb;
@@ -324,7 +336,7 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
 #pragma omp parallel for schedule(dynamic)
   for (int64_t i = 0; i < n; ++i) {
     try {
-      AttendSessionHead(items[static_cast<size_t>(i)], ws.Child(omp_get_thread_num()));
+      AttendSessionHeads(items[static_cast<size_t>(i)], ws.Child(omp_get_thread_num()));
     } catch (...) {
 #pragma omp critical(mha_session_error)
       if (error == nullptr) error = std::current_exception();
@@ -345,141 +357,199 @@ void EngineImpl::AttendSteps(const AppendBatch& batch, const uint8_t* proj, int6
 
 static_assert(KvLayout::kBlockTokens == 32, "BlockScores reads blocks of 32 tokens");
 
+namespace {
 
-void EngineImpl::AttendSessionHead(const SessionHead& item, Workspace& ws) const {
+// The step loops over one item's heads of one cache: a block's keys (or
+// values) of heads [first, first + count) lie together, so an item reads
+// each block in one run. Each loop fetches what is read `ahead` places
+// later (a row's key blocks, then its value blocks; see kernels.h), some
+// 8 KiB on, so that the fetches run ahead of the reads by more than the
+// memory's latency.
+class HeadsReader {
+ public:
+  HeadsReader(const KvCache& cache, int64_t first, int64_t count)
+      : cache_(cache), first_(first), count_(count),
+        dqk_(cache.layout().qk_head_dim), dv_(cache.layout().v_head_dim),
+        ahead_(std::clamp<int64_t>(
+            8192 / (count * kBt * dqk_ * cache.layout().elem_bytes), 1, 4)) {}
+
+  // Scores of head g's query row against block b (of a row reading
+  // `limit` keys) into out[0, n): q is f32 or bf16 (`q_bf16`).
+  void Scores(int64_t g, int64_t b, int64_t limit, const void* q, bool q_bf16, float* out,
+              float scale) const {
+    const int64_t n = std::min(kBt, limit - b * kBt), head = first_ + g;
+    const uint8_t* kt = cache_.keys(b, head);
+    const uint8_t* next = ReadLater(g, b, limit);
+    const auto* q16 = static_cast<const uint16_t*>(q);
+    const auto* q32 = static_cast<const float*>(q);
+    if (cache_.layout().int8()) {
+      const auto* kt8 = reinterpret_cast<const int8_t*>(kt);
+      const float* scales = cache_.key_scales(b, head);
+      if (g == 0 && b + ahead_ < Blocks(limit)) FetchScales(cache_.key_scales(b + ahead_, head));
+      if (q_bf16) return BlockScoresBf16Int8(q16, kt8, scales, out, n, dqk_, scale, next);
+      return BlockScoresF32Int8(q32, kt8, scales, out, n, dqk_, scale, next);
+    }
+    if (cache_.layout().elem_bytes == 2) {
+      const auto* kt16 = reinterpret_cast<const uint16_t*>(kt);
+      if (q_bf16) return BlockScoresBf16(q16, kt16, out, n, dqk_, scale, next);
+      return BlockScoresF32Bf16(q32, kt16, out, n, dqk_, scale, next);
+    }
+    BlockScores(q32, reinterpret_cast<const float*>(kt), out, n, dqk_, scale, next);
+  }
+
+  // acc[0, dv) += head g's probabilities of block b . its values (bf16
+  // caches: in AccumulateContextBf16's split order).
+  void Context(int64_t g, int64_t b, int64_t limit, const float* probs, float* acc) const {
+    const int64_t n = std::min(kBt, limit - b * kBt), head = first_ + g;
+    const uint8_t* v = cache_.values(b, head);
+    const uint8_t* next = ReadLater(g, Blocks(limit) + b, limit);
+    if (cache_.layout().int8()) {
+      const float* scales = cache_.value_scales(b, head);
+      if (g == 0 && b + ahead_ < Blocks(limit)) {
+        FetchScales(cache_.value_scales(b + ahead_, head));
+      }
+      float scaled[kBt];  // the value scales fold into the probabilities
+      for (int64_t j = 0; j < n; ++j) scaled[j] = probs[j] * scales[j];
+      return AccumulateContextInt8(scaled, reinterpret_cast<const int8_t*>(v), acc, n, dv_,
+                                   next);
+    }
+    if (cache_.layout().elem_bytes == 2) {
+      return AccumulateContextBf16(probs, reinterpret_cast<const uint16_t*>(v), acc, n, dv_,
+                                   next);
+    }
+    AccumulateContext(probs, reinterpret_cast<const float*>(v), acc, n, dv_, next);
+  }
+
+ private:
+  static constexpr int64_t kBt = KvLayout::kBlockTokens;
+
+  static int64_t Blocks(int64_t limit) { return (limit + kBt - 1) / kBt; }
+
+  // Head g's data `ahead_` places after `place`, or null past the end.
+  const uint8_t* ReadLater(int64_t g, int64_t place, int64_t limit) const {
+    const int64_t later = place + ahead_, blocks = Blocks(limit);
+    if (later < blocks) return cache_.keys(later, first_ + g);
+    if (later < 2 * blocks) return cache_.values(later - blocks, first_ + g);
+    return nullptr;
+  }
+
+  // The int8 scales of every head of the item (32 floats each, together).
+  void FetchScales(const float* scales) const {
+    for (int64_t i = 0; i < count_ * kBt; i += 16) __builtin_prefetch(scales + i);
+  }
+
+  const KvCache& cache_;
+  const int64_t first_, count_, dqk_, dv_, ahead_;
+};
+
+}  // namespace
+
+void EngineImpl::AttendSessionHeads(const SessionHeads& item, Workspace& ws) const {
   const int64_t dqk = dims_.qk_head_dim, dv = dims_.v_head_dim, bt = KvLayout::kBlockTokens;
   const bool bf16 = act_dt_ == dt::bf16;  // the query, bias_kv and the context
-  const int64_t eb = bf16 ? 2 : 4;
+  const int64_t eb = bf16 ? 2 : 4, heads = item.heads;
   const KvCache& cache = *item.cache;
-  if (item.new_keys != nullptr) {
-    WriteCacheHead(item.new_keys, item.ldq, item.new_values, item.ldq, item.tokens, item.first,
-                   item.head, cache);
+  for (int64_t g = 0; g < heads && item.new_keys != nullptr; ++g) {
+    WriteCacheHead(item.new_keys + g * dqk * eb, item.ldq, item.new_values + g * dv * eb,
+                   item.ldq, item.tokens, item.first, item.head + g, cache);
   }
-  const bool kv16 = cache.layout().elem_bytes == 2;  // bf16 keys and values
-  const bool kv8 = cache.layout().int8();            // int8 ones with scales
-  float scaled_probs[KvLayout::kBlockTokens];        // int8: probs x value scales
+  const HeadsReader reader(cache, item.head, heads);
+  // An fp32 model's bf16 cache where the CPU has bf16 pair dot products:
+  // each query row is rounded to bf16 once and takes the bf16 loop.
+  const bool round_query = cache.layout().elem_bytes == 2 && !bf16 &&
+                           ActiveKernelIsa() == KernelIsa::kAvx512Bf16;
+  uint16_t* q16 = round_query ? ws.Get<uint16_t>(Workspace::kQueryBf16, heads * dqk) : nullptr;
   const int64_t keys = item.cross ? cache.length() : item.first + item.tokens;
   const int64_t cols = keys + dims_.extra_keys();
-  const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / cols, 1, item.tokens);
-  float* scores = ws.Get<float>(Workspace::kScores, chunk * cols);
-  float* acc = ws.Get<float>(Workspace::kTileAcc, dv);
+  const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / (cols * heads), 1, item.tokens);
+  float* scores = ws.Get<float>(Workspace::kScores, heads * chunk * cols);
+  float* acc = ws.Get<float>(Workspace::kTileAcc, heads * dv);
   // The row's keys: all of a cross memory; a self step's up to itself.
   auto limit_of = [&](int64_t r) { return item.cross ? keys : item.first + r + 1; };
-  auto q_row = [&](int64_t r) { return item.q + r * item.ldq * eb; };
-  // A row reads its key blocks, then its value blocks: `ahead` places
-  // further on in that order lies what the step loops fetch as they read
-  // place p (null past the end), some 8 KiB on, so that the fetches run
-  // ahead of the reads by more than the memory's latency.
-  const int64_t ahead =
-      std::clamp<int64_t>(8192 / (bt * dqk * cache.layout().elem_bytes), 1, 4);
-  auto blocks_of = [&](int64_t limit) { return (limit + bt - 1) / bt; };
-  auto read_later = [&](int64_t place, int64_t limit) -> const uint8_t* {
-    const int64_t later = place + ahead, blocks = blocks_of(limit);
-    if (later < blocks) return cache.keys(later, item.head);
-    if (later < 2 * blocks) return cache.values(later - blocks, item.head);
-    return nullptr;
-  };
   for (int64_t r0 = 0; r0 < item.tokens; r0 += chunk) {
     const int64_t rows = std::min(chunk, item.tokens - r0);
+    // Head g's row r of this chunk: scores [heads, rows, cols].
+    auto row_of = [&](int64_t g, int64_t r) { return scores + (g * rows + r) * cols; };
     for (int64_t r = 0; r < rows; ++r) {
-      float* row = scores + r * cols;
-      const uint8_t* q = q_row(r0 + r);
       const int64_t limit = limit_of(r0 + r);
+      const uint8_t* q = item.q + (r0 + r) * item.ldq * eb;  // head g's at + g * dqk
+      for (int64_t g = 0; g < heads && round_query; ++g) {
+        ConvertToBf16(reinterpret_cast<const float*>(q) + g * dqk, q16 + g * dqk, dqk);
+      }
+      auto q_of = [&](int64_t g) -> const void* {
+        return round_query ? static_cast<const void*>(q16 + g * dqk) : q + g * dqk * eb;
+      };
       for (int64_t b = 0; b * bt < limit; ++b) {
-        const int64_t n = std::min(bt, limit - b * bt);
-        const uint8_t* kt = cache.keys(b, item.head);
-        const uint8_t* next = read_later(b, limit);
-        if (kv8) {
-          const auto* kt8 = reinterpret_cast<const int8_t*>(kt);
-          const float* scales = cache.key_scales(b, item.head);
-          if (b + ahead < blocks_of(limit)) {
-            __builtin_prefetch(cache.key_scales(b + ahead, item.head));
-          }
-          if (bf16) {
-            BlockScoresBf16Int8(reinterpret_cast<const uint16_t*>(q), kt8, scales, row + b * bt,
-                                n, dqk, Scale(), next);
-          } else {
-            BlockScoresF32Int8(reinterpret_cast<const float*>(q), kt8, scales, row + b * bt, n,
-                               dqk, Scale(), next);
-          }
-        } else if (bf16) {
-          BlockScoresBf16(reinterpret_cast<const uint16_t*>(q),
-                          reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk, Scale(),
-                          next);
-        } else if (kv16) {  // an fp32 model's bf16 cache
-          BlockScoresF32Bf16(reinterpret_cast<const float*>(q),
-                             reinterpret_cast<const uint16_t*>(kt), row + b * bt, n, dqk,
-                             Scale(), next);
-        } else {
-          BlockScores(reinterpret_cast<const float*>(q), reinterpret_cast<const float*>(kt),
-                      row + b * bt, n, dqk, Scale(), next);
+        for (int64_t g = 0; g < heads; ++g) {
+          reader.Scores(g, b, limit, q_of(g), bf16 || round_query, row_of(g, r) + b * bt,
+                        Scale());
         }
       }
-      int64_t col = keys;
-      if (dims_.add_bias_kv) {
-        const uint8_t* bias_k = bias_k_.data() + item.head * dqk * eb;
-        if (bf16) {
-          SmallScoresBf16(reinterpret_cast<const uint16_t*>(q),
-                          reinterpret_cast<const uint16_t*>(bias_k), row + col, 1, 1, 1, dqk,
-                          Scale());
-        } else {
-          SmallScores(reinterpret_cast<const float*>(q),
-                      reinterpret_cast<const float*>(bias_k), row + col, 1, 1, 1, dqk, Scale());
-        }
-        ++col;
-      }
-      if (dims_.add_zero_attn) row[col] = 0.0f;
+      for (int64_t g = 0; g < heads; ++g) ScoreExtraKeys(item.head + g, q + g * dqk * eb,
+                                                         row_of(g, r) + keys);
     }
     SoftmaxMasks masks;
     masks.masked_cols = keys;
     masks.causal = !item.cross;
     masks.first_row = item.first + r0;
     if (item.cross && !cache.key_padding().empty()) masks.key_padding = cache.key_padding().data();
-    MaskedSoftmax(scores, 1, rows, cols, masks);
-    if (item.weights != nullptr) {
-      std::memcpy(item.weights + r0 * cols, scores, sizeof(float) * rows * cols);
+    MaskedSoftmax(scores, heads, rows, cols, masks);
+    for (int64_t g = 0; g < heads && item.weights != nullptr; ++g) {
+      std::memcpy(item.weights + (g * item.tokens + r0) * cols, row_of(g, 0),
+                  sizeof(float) * rows * cols);
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const float* probs = scores + r * cols;
       const int64_t limit = limit_of(r0 + r);
-      std::fill(acc, acc + dv, 0.0f);
+      std::fill(acc, acc + heads * dv, 0.0f);
       for (int64_t b = 0; b * bt < limit; ++b) {
-        const int64_t n = std::min(bt, limit - b * bt);
-        const uint8_t* v = cache.values(b, item.head);
-        const uint8_t* next = read_later(blocks_of(limit) + b, limit);
-        if (kv8) {
-          const float* scales = cache.value_scales(b, item.head);
-          if (b + ahead < blocks_of(limit)) {
-            __builtin_prefetch(cache.value_scales(b + ahead, item.head));
-          }
-          for (int64_t j = 0; j < n; ++j) scaled_probs[j] = probs[b * bt + j] * scales[j];
-          AccumulateContextInt8(scaled_probs, reinterpret_cast<const int8_t*>(v), acc, n, dv,
-                                next);
-        } else if (kv16) {
-          AccumulateContextBf16(probs + b * bt, reinterpret_cast<const uint16_t*>(v), acc, n, dv,
-                                next);
-        } else {
-          AccumulateContext(probs + b * bt, reinterpret_cast<const float*>(v), acc, n, dv, next);
+        for (int64_t g = 0; g < heads; ++g) {
+          reader.Context(g, b, limit, row_of(g, r) + b * bt, acc + g * dv);
         }
       }
-      if (kv16) MergeSplitContext(acc, dv);  // back in column order
-      if (dims_.add_bias_kv) {  // the zero_attn position adds nothing
-        const uint8_t* bias_v = bias_v_.data() + item.head * dv * eb;
-        if (bf16) {
-          const float p = probs[keys];
-          const auto* b16 = reinterpret_cast<const uint16_t*>(bias_v);
-          for (int64_t c = 0; c < dv; ++c) acc[c] += p * Bf16ToFloat(b16[c]);
-        } else {
-          AccumulateContext(probs + keys, reinterpret_cast<const float*>(bias_v), acc, 1, dv);
-        }
-      }
-      uint8_t* out = item.context + (r0 + r) * item.ldc * eb;
-      if (bf16) {
-        ConvertToBf16(acc, reinterpret_cast<uint16_t*>(out), dv);
-      } else {
-        std::memcpy(out, acc, sizeof(float) * dv);
+      for (int64_t g = 0; g < heads; ++g) {
+        FinishContextRow(item.head + g, row_of(g, r) + keys, cache.layout().elem_bytes == 2,
+                         acc + g * dv, item.context + ((r0 + r) * item.ldc + g * dv) * eb);
       }
     }
+  }
+}
+
+void EngineImpl::ScoreExtraKeys(int64_t head, const uint8_t* q, float* extra) const {
+  const int64_t dqk = dims_.qk_head_dim;
+  if (dims_.add_bias_kv) {
+    if (act_dt_ == dt::bf16) {
+      SmallScoresBf16(reinterpret_cast<const uint16_t*>(q),
+                      reinterpret_cast<const uint16_t*>(bias_k_.data()) + head * dqk, extra, 1,
+                      1, 1, dqk, Scale());
+    } else {
+      SmallScores(reinterpret_cast<const float*>(q),
+                  reinterpret_cast<const float*>(bias_k_.data()) + head * dqk, extra, 1, 1, 1,
+                  dqk, Scale());
+    }
+    ++extra;
+  }
+  if (dims_.add_zero_attn) *extra = 0.0f;
+}
+
+void EngineImpl::FinishContextRow(int64_t head, const float* extra_probs, bool split,
+                                  float* acc, uint8_t* out) const {
+  const int64_t dv = dims_.v_head_dim;
+  const bool bf16 = act_dt_ == dt::bf16;
+  if (split) MergeSplitContext(acc, dv);  // back in column order
+  if (dims_.add_bias_kv) {  // the zero_attn position adds nothing
+    const float p = extra_probs[0];
+    if (bf16) {
+      const auto* b16 = reinterpret_cast<const uint16_t*>(bias_v_.data()) + head * dv;
+      for (int64_t c = 0; c < dv; ++c) acc[c] += p * Bf16ToFloat(b16[c]);
+    } else {
+      AccumulateContext(extra_probs, reinterpret_cast<const float*>(bias_v_.data()) + head * dv,
+                        acc, 1, dv);
+    }
+  }
+  if (bf16) {
+    ConvertToBf16(acc, reinterpret_cast<uint16_t*>(out), dv);
+  } else {
+    std::memcpy(out, acc, sizeof(float) * dv);
   }
 }
 

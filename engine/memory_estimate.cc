@@ -83,10 +83,14 @@ int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_wei
   // q|k|v projected (cross steps too when another step is self), context.
   bytes += Grown(tokens * (2 * qk + vw) * eb) + Grown(tokens * vw * eb);
   if (need_weights) bytes += Grown(h * tokens * keys * 4);  // per head, then averaged
-  // Each thread's child: a chunk of score rows and one accumulator.
+  // Each thread's child: a chunk of score rows of an item's heads (at most
+  // kSessionScoreCap floats, or one row of each head when a row is longer;
+  // see HeadsPerItem), an accumulator and a bf16 query row per head.
   const int64_t cols = std::max<int64_t>(keys, 1);
-  const int64_t chunk = std::clamp<int64_t>(kSessionScoreCap / cols, 1, tokens);
-  return bytes + std::max(1, threads) * (Grown(chunk * cols * 4) + Grown(dv * 4));
+  const int64_t heads = std::min(h, std::max<int64_t>(1, kSessionScoreCap / cols));
+  const int64_t scores = std::min(std::max(kSessionScoreCap, cols), heads * tokens * cols);
+  const int64_t child = Grown(scores * 4) + Grown(h * dv * 4) + Grown(h * dims_.qk_head_dim * 2);
+  return bytes + std::max(1, threads) * child;
 }
 
 }  // namespace mha

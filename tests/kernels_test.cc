@@ -397,5 +397,82 @@ TEST_P(KernelsIsaTest, Int8BlockScoresAndContextUseTheScaledValues) {
   }
 }
 
+// The bf16 cache's step loops at every kernel level this CPU has (with
+// AVX512-BF16: pair dot products, rows interleaved and put back in token
+// and column order): scores of a bf16 query and an f32 one against bf16
+// keys, and the context over bf16 values (after MergeSplitContext), for
+// head widths through the 64-column blocks, odd widths and remainders, and
+// partial blocks whose unread slots hold NaN. A `next` block changes
+// nothing.
+TEST_P(KernelsIsaTest, Bf16BlockScoresAndContextMatchTheWidenedValues) {
+  constexpr int64_t kTokens = 32;
+  const bool dot = GetParam() == KernelIsa::kAvx512Bf16;
+  for (const int64_t d : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{64}, int64_t{72},
+                          int64_t{128}}) {
+    for (const int64_t n : {int64_t{32}, int64_t{13}, int64_t{1}}) {
+      std::vector<uint16_t> kt(d * kTokens), v(kTokens * d);
+      ConvertToBf16(RandomVector(d * kTokens, 3).data(), kt.data(), d * kTokens);
+      ConvertToBf16(RandomVector(kTokens * d, 4).data(), v.data(), kTokens * d);
+      const uint16_t nan_bits = 0x7fc0;
+      for (int64_t j = n; j < kTokens; ++j) {  // unwritten slots: the values may hold anything
+        for (int64_t c = 0; c < d; ++c) v[j * d + c] = nan_bits;
+      }
+      const std::vector<float> q = RandomVector(d, 5);
+      std::vector<uint16_t> q16(d);
+      ConvertToBf16(q.data(), q16.data(), d);
+      const std::vector<uint16_t> elsewhere(d * kTokens, nan_bits);
+      const float scale = 0.125f;
+      std::vector<float> got(kTokens, -7.0f), got32(kTokens, -7.0f);
+      BlockScoresBf16(q16.data(), kt.data(), got.data(), n, d, scale, elsewhere.data());
+      BlockScoresF32Bf16(q.data(), kt.data(), got32.data(), n, d, scale);
+      for (int64_t j = 0; j < kTokens; ++j) {
+        if (j >= n) {
+          EXPECT_EQ(got[j], -7.0f) << "wrote past n";
+          EXPECT_EQ(got32[j], -7.0f) << "wrote past n";
+          continue;
+        }
+        double want = 0, want32 = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          const double key = Bf16ToFloat(kt[c * kTokens + j]);
+          want += Bf16ToFloat(q16[c]) * key;
+          want32 += q[c] * key;
+        }
+        EXPECT_NEAR(got[j], want * scale, 1e-5 * (1 + std::fabs(want))) << "d " << d << " j " << j;
+        EXPECT_NEAR(got32[j], want32 * scale, 1e-5 * (1 + std::fabs(want32))) << "d " << d;
+      }
+      const std::vector<float> probs = RandomVector(kTokens, 6);
+      const std::vector<float> start = RandomVector(d, 7);
+      std::vector<double> want(start.begin(), start.end());
+      for (int64_t j = 0; j < n; ++j) {
+        // The dot products (columns in blocks of 64) take the probabilities
+        // rounded to bf16; the remaining columns, f32 ones.
+        uint16_t p16 = 0;
+        ConvertToBf16(&probs[j], &p16, 1);
+        for (int64_t c = 0; c < d; ++c) {
+          const double p = dot && c < d / 64 * 64 ? Bf16ToFloat(p16) : probs[j];
+          want[c] += p * Bf16ToFloat(v[j * d + c]);
+        }
+      }
+      // acc starts in the split order the loop keeps (MergeSplitContext
+      // is its inverse), so the sums land on the right columns.
+      std::vector<float> acc = start;
+      for (int64_t c0 = 0; c0 + 64 <= d; c0 += 64) {
+        for (int i = 0; i < 16; ++i) {
+          acc[c0 + i] = start[c0 + 2 * i];
+          acc[c0 + 16 + i] = start[c0 + 2 * i + 1];
+          acc[c0 + 32 + i] = start[c0 + 32 + 2 * i];
+          acc[c0 + 48 + i] = start[c0 + 33 + 2 * i];
+        }
+      }
+      AccumulateContextBf16(probs.data(), v.data(), acc.data(), n, d, elsewhere.data());
+      MergeSplitContext(acc.data(), d);
+      for (int64_t c = 0; c < d; ++c) {
+        EXPECT_NEAR(acc[c], want[c], 1e-5 * (1 + std::fabs(want[c])))
+            << "d " << d << " n " << n << " c " << c;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mha

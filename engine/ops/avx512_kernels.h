@@ -44,6 +44,16 @@ float ExpSumToBf16Avx512(const float* row, int64_t cols, float max, uint16_t* ou
 // (with kAvx512Bf16, denormal results become 0).
 void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t count);
 
+// BlockScoresBf16 (kernels.h) with AVX512-BF16's pair dot product
+// (engine/ops/bf16_dot_kernels.cc): the same sums to f32 rounding
+// (denormal keys and query elements count as 0). Only when
+// ActiveKernelIsa() == kAvx512Bf16.
+void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
+                        float scale, const void* next);
+// AccumulateContextBf16 the same way, the probabilities rounded to bf16.
+void AccumulateContextBf16Dot(const float* probs, const uint16_t* v, float* acc, int64_t cols,
+                              int64_t dv, const void* next);
+
 }  // namespace mha
 
 #endif  // MHA_ENGINE_OPS_AVX512_KERNELS_H_

@@ -574,6 +574,9 @@ void BlockScoresF32Bf16(const float* q, const uint16_t* kt, float* out, int64_t 
 MHA_MULTIVERSION
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                      float scale, const void* next) {
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) {
+    return BlockScoresBf16Dot(q, kt, out, n, d, scale, next);
+  }
   Bf16BlockScores(nullptr, q, kt, out, n, d, scale, next);
 }
 
@@ -640,6 +643,9 @@ void AccumulateContext(const float* probs, const float* v, float* acc, int64_t c
 MHA_MULTIVERSION
 void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, int64_t cols,
                            int64_t dv, const void* next) {
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) {
+    return AccumulateContextBf16Dot(probs, v, acc, cols, dv, next);
+  }
   if (next == nullptr) next = v;
   int64_t c0 = 0;
   // 64 columns at a time as even and odd columns (Words16), so a row is two

@@ -1,0 +1,142 @@
+// The bf16 cache's step loops with AVX512-BF16's pair dot product
+// (vdpbf16ps: acc += a0 b0 + a1 b1 per f32 lane, products exact, sums
+// rounded to nearest even, denormals as 0). Scores: two key rows (elements
+// c and c + 1 of 32 tokens) are interleaved into token pairs and meet the
+// query's pair (q[c], q[c + 1]) in one instruction, where the widening loop
+// takes two shifts, two masks and four multiply-adds. Context: two value
+// rows (tokens j and j + 1) into column pairs, against the probabilities'
+// pair rounded to bf16.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "engine/kv_cache.h"
+#include "engine/ops/avx512_kernels.h"
+#include "engine/ops/multiversion.h"
+
+// GCC 12's AVX-512 headers trip its own uninitialised-value warnings.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace mha {
+namespace {
+
+#define MHA_BF16_DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+constexpr int64_t kTokens = KvLayout::kBlockTokens;
+static_assert(kTokens == 32, "one block row of bf16 is one 64-byte vector");
+
+// acc += pairs . (q0, q1), pairs interleaving rows r0 and r1 (unpack works
+// within 128-bit lanes: `lo` gets tokens 8L + 0..3 of lane L, `hi` 8L + 4..7).
+MHA_BF16_DOT inline void AddRowPair(__m512i r0, __m512i r1, __m512i q_pair, __m512& lo,
+                                    __m512& hi) {
+  lo = _mm512_dpbf16_ps(lo, (__m512bh)_mm512_unpacklo_epi16(r0, r1), (__m512bh)q_pair);
+  hi = _mm512_dpbf16_ps(hi, (__m512bh)_mm512_unpackhi_epi16(r0, r1), (__m512bh)q_pair);
+}
+
+// Row c of a block's keys: element c of its 32 tokens.
+MHA_BF16_DOT inline __m512i Row(const uint16_t* kt, int64_t c) {
+  return _mm512_loadu_si512(kt + c * kTokens);
+}
+
+// (q[c], q[c + 1]) in every lane, q[c] in the low half.
+MHA_BF16_DOT inline __m512i QueryPair(const uint16_t* q, int64_t c) {
+  uint32_t bits;
+  std::memcpy(&bits, q + c, sizeof bits);
+  return _mm512_set1_epi32(static_cast<int>(bits));
+}
+
+MHA_BF16_DOT inline __mmask16 FirstLanes(int64_t count) {
+  return count >= 16 ? __mmask16{0xffff}
+                     : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1);
+}
+
+}  // namespace
+
+MHA_BF16_DOT void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, float* out,
+                                     int64_t n, int64_t d, float scale, const void* next) {
+  if (next == nullptr) next = kt;
+  // Two chains of sums, rows c, c + 1 into the first and c + 2, c + 3 into
+  // the second, so their latency overlaps.
+  __m512 lo0 = _mm512_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+  int64_t c = 0;
+  for (; c + 4 <= d; c += 4) {
+    FetchNext<4 * kTokens * 2>(next, c * kTokens * 2);
+    AddRowPair(Row(kt, c), Row(kt, c + 1), QueryPair(q, c), lo0, hi0);
+    AddRowPair(Row(kt, c + 2), Row(kt, c + 3), QueryPair(q, c + 2), lo1, hi1);
+  }
+  for (; c + 2 <= d; c += 2) AddRowPair(Row(kt, c), Row(kt, c + 1), QueryPair(q, c), lo0, hi0);
+  if (c < d) {  // an odd last row, paired with zeros
+    AddRowPair(Row(kt, c), _mm512_setzero_si512(), _mm512_set1_epi32(q[c]), lo0, hi0);
+  }
+  const __m512 lo = _mm512_add_ps(lo0, lo1), hi = _mm512_add_ps(hi0, hi1);
+  // Back in token order: token 8L + i (i < 4) is lo[4L + i], 8L + 4 + i is
+  // hi[4L + i] (index 16 + 4L + i of the pair).
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 factor = _mm512_set1_ps(scale);
+  _mm512_mask_storeu_ps(out, FirstLanes(n),
+                        _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), factor));
+  _mm512_mask_storeu_ps(out + 16, FirstLanes(n - 16),
+                        _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), factor));
+}
+
+MHA_BF16_DOT void AccumulateContextBf16Dot(const float* probs, const uint16_t* v, float* acc,
+                                           int64_t cols, int64_t dv, const void* next) {
+  if (next == nullptr) next = v;
+  // The block's probabilities as bf16 pairs: pairs[k] = (p[2k], p[2k + 1]),
+  // zero past `cols`.
+  uint32_t pairs[kTokens / 2];
+  const __m512 p_lo = _mm512_maskz_loadu_ps(FirstLanes(cols), probs);
+  const __m512 p_hi = _mm512_maskz_loadu_ps(FirstLanes(cols - 16), probs + 16);
+  _mm512_storeu_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+  // Sums of columns c0 + 8L + 0..3 (lo) and + 4..7 (hi), as AddRowPair
+  // leaves them, into acc's split order (kernels.h: even columns, then odd
+  // ones, per 32).
+  const __m512i even =
+      _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
+  const __m512i odd =
+      _mm512_setr_epi32(1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
+  int64_t c0 = 0;
+  for (; c0 + 64 <= dv; c0 += 64) {
+    __m512 lo0 = _mm512_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
+    auto row = [v, dv, c0](int64_t j, int64_t half) { return v + j * dv + c0 + 32 * half; };
+    int64_t j = 0;
+    for (; j + 2 <= cols; j += 2) {
+      FetchNext<128>(next, (j * dv + c0) * 2);
+      FetchNext<128>(next, ((j + 1) * dv + c0) * 2);
+      const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[j / 2]));
+      AddRowPair(_mm512_loadu_si512(row(j, 0)), _mm512_loadu_si512(row(j + 1, 0)), p, lo0,
+                 hi0);
+      AddRowPair(_mm512_loadu_si512(row(j, 1)), _mm512_loadu_si512(row(j + 1, 1)), p, lo1,
+                 hi1);
+    }
+    if (j < cols) {  // an odd last row, paired with zeros (the next slot may hold anything)
+      const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[j / 2]));
+      AddRowPair(_mm512_loadu_si512(row(j, 0)), _mm512_setzero_si512(), p, lo0, hi0);
+      AddRowPair(_mm512_loadu_si512(row(j, 1)), _mm512_setzero_si512(), p, lo1, hi1);
+    }
+    float* split = acc + c0;
+    const __m512 sums[4] = {
+        _mm512_permutex2var_ps(lo0, even, hi0), _mm512_permutex2var_ps(lo0, odd, hi0),
+        _mm512_permutex2var_ps(lo1, even, hi1), _mm512_permutex2var_ps(lo1, odd, hi1)};
+    for (int i = 0; i < 4; ++i) {
+      _mm512_storeu_ps(split + 16 * i, _mm512_add_ps(_mm512_loadu_ps(split + 16 * i), sums[i]));
+    }
+  }
+  for (int64_t j = 0; j < cols && c0 < dv; ++j) {  // the rest, in order, as the widening loop
+    const uint16_t* vj = v + j * dv;
+    for (int64_t c = c0; c < dv; ++c) {
+      const uint32_t bits = static_cast<uint32_t>(vj[c]) << 16;
+      float x;
+      std::memcpy(&x, &bits, sizeof x);
+      acc[c] += probs[j] * x;
+    }
+  }
+}
+
+}  // namespace mha
