@@ -1,16 +1,11 @@
 #include "engine/ops/avx512_kernels.h"
 
-// GCC 12's AVX-512 headers trip its own uninitialised-value warnings
-// (their _mm512_undefined_* placeholders); nothing of ours is uninitialised.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include <cpuid.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
+
+#include "engine/ops/intrinsics.h"
 
 namespace mha {
 

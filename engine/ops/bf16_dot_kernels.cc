@@ -6,20 +6,14 @@
 // takes two shifts, two masks and four multiply-adds. Context: two value
 // rows (tokens j and j + 1) into column pairs, against the probabilities'
 // pair rounded to bf16.
-#include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
 #include "engine/kv_cache.h"
 #include "engine/ops/avx512_kernels.h"
+#include "engine/ops/intrinsics.h"
 #include "engine/ops/multiversion.h"
-
-// GCC 12's AVX-512 headers trip its own uninitialised-value warnings.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace mha {
 namespace {

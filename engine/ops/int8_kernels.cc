@@ -3,21 +3,15 @@
 // ActiveKernelIsa() allows: AVX-512, AVX2 (both widen 16 or 8 int8 values
 // per instruction; GCC 12 turns a vector conversion from int8 into scalar
 // code) or portable loops. Tests cap the level to run each path on one CPU.
-#include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "engine/kv_cache.h"
 #include "engine/ops/avx512_kernels.h"
+#include "engine/ops/intrinsics.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/multiversion.h"
-#include "engine/kv_cache.h"
-
-// GCC 12's AVX-512 headers trip its own uninitialised-value warnings.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 
 namespace mha {
 namespace {
