@@ -46,7 +46,7 @@ struct AppendOutputs {
   absl::Span<float> weights;
 };
 
-// Where MhaEngine::Run of Attend sequences and session steps writes:
+// Where MhaEngine::Compute of Attend sequences and session steps writes:
 // `output` [batch query rows + step tokens, embed_dim], the batch's rows
 // first; `weights` and `per_head_weights` as AttentionOutputs' for the
 // batch; `step_weights` as AppendOutputs::weights for the steps.

@@ -48,19 +48,15 @@ class EngineImpl {
   EngineImpl(const AttentionDims& dims, const PackedWeights& weights,
              const EngineOptions& options);
 
-  void Compute(const AttentionBatch& batch, const AttentionOutputs& out,
-               Workspace& ws) const;
+  // MhaEngine::Compute once validated (engine/compute.cc).
+  void Compute(const AttentionBatch& sequences, const AppendBatch& steps,
+               const MixedOutputs& out, Workspace& ws) const;
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
   // Sessions (engine/incremental_attention.cc).
   KvLayout kv_layout() const;
   bool CanAppendSelf() const { return qkv_ != nullptr; }
   void ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value, int64_t len,
                      const MaskView& key_padding, KvCache& cache, Workspace& ws) const;
-  void ComputeAppend(const AppendBatch& batch, const AppendOutputs& out, Workspace& ws) const;
-  // Attend sequences and session steps in one call (engine/mixed_call.cc);
-  // both non-empty and validated.
-  void ComputeMixed(const AttentionBatch& batch, const AppendBatch& steps,
-                    const MixedOutputs& out, Workspace& ws) const;
   // INVALID_ARGUMENT when `batch` and `out` do not fit each other or this
   // engine (ValidateBatch, and the weights' size).
   absl::Status ValidateRun(const AttentionBatch& batch, const AttentionOutputs& out) const;
@@ -80,6 +76,8 @@ class EngineImpl {
 
  private:
   struct TokenMajor;
+  struct CallPlan;
+  struct StepRows;
   struct SessionHeads;
   struct Projected;
   struct Block;
@@ -95,6 +93,13 @@ class EngineImpl {
   // rows per block of its head-major q and context either way.
   bool Tiled(int64_t q_len, int64_t kv_len, bool weights) const;
   int64_t QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const;
+  // The plan of one call, from its shapes: rows of each kind, and which
+  // projection products run.
+  CallPlan PlanCall(const AttentionBatch& sequences, const AppendBatch& steps) const;
+  // The plan's projection products: the sequences' token-major q, k, v
+  // into `t`, the steps' projected rows into `s`.
+  void ProjectCall(const CallPlan& plan, const AttentionBatch& sequences,
+                   const AppendBatch& steps, Workspace& ws, TokenMajor& t, StepRows& s) const;
   // `x` in the compute type: itself in f32, else converted into `slot`.
   const void* AsAct(absl::Span<const float> x, Workspace::Slot slot, Workspace& ws) const;
   TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
@@ -207,6 +212,26 @@ struct EngineImpl::Projected {
   int64_t* kv_offsets = nullptr;  // B + 1 entries, in the workspace
   const float* key_padding = nullptr;
   const float* attn_mask = nullptr;
+};
+
+// What one call computes, decided from its shapes before any arithmetic:
+// its sequences' query rows and its steps' tokens, and the projection
+// products: one kind of row only (kSequences, kSteps); both in one product
+// when one layer serves both (kJoint: q|k|v for self-attention sequences,
+// q for cross ones beside cross steps only); or two (kSeparate: cross
+// sequences beside self steps).
+struct EngineImpl::CallPlan {
+  enum Projection { kSequences, kSteps, kJoint, kSeparate };
+  int64_t sequence_rows = 0;
+  int64_t step_rows = 0;
+  Projection projection = kSequences;
+};
+
+// The steps' projected rows (q, then k|v when any step is self): the first
+// row, and the row stride in elements.
+struct EngineImpl::StepRows {
+  const uint8_t* proj = nullptr;
+  int64_t ld = 0;
 };
 
 // Token-major projections as the linear layers wrote them.

@@ -147,13 +147,6 @@ absl::Status EngineImpl::ValidateSteps(const AppendBatch& batch, absl::Span<cons
   return absl::OkStatus();
 }
 
-absl::Status MhaEngine::Append(const AppendBatch& batch, const AppendOutputs& out,
-                               Workspace& ws) const {
-  RETURN_IF_ERROR(impl_->ValidateSteps(batch, out.output, out.weights));
-  if (batch.steps.empty()) return absl::OkStatus();
-  return GuardEngineCall([&] { impl_->ComputeAppend(batch, out, ws); });
-}
-
 void EngineImpl::WriteCache(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
                             int64_t tokens, int64_t first, KvCache& cache) const {
   const int64_t in_eb = act_dt_ == dt::bf16 ? 2 : 4;  // k and v as projected
@@ -248,28 +241,6 @@ void EngineImpl::ProjectMemory(absl::Span<const float> memory, absl::Span<const 
                         : (static_cast<const uint8_t*>(key_padding.data)[i] != 0 ? neg_inf : 0.0f);
     }
     cache.set_key_padding(std::move(additive));
-  }
-}
-
-void EngineImpl::ComputeAppend(const AppendBatch& batch, const AppendOutputs& out,
-                               Workspace& ws) const {
-  const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
-  const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
-  const int64_t total = static_cast<int64_t>(batch.query.size()) / dims_.embed_dim;
-  const void* query = AsAct(batch.query, Workspace::kQueryBf16, ws);
-  // One projection product over every step's tokens: q|k|v when any step
-  // appends (a cross step's k and v are then computed and ignored), q only
-  // when all steps are cross.
-  const bool any_self = AnySelfStep(batch);
-  const int64_t ldq = any_self ? 2 * qk + vw : qk;
-  auto* proj = ws.Get<uint8_t>(Workspace::kProjQ, total * ldq * eb);
-  (any_self ? qkv_ : q_)->Run(ws, query, total, proj);
-  auto* context = ws.Get<uint8_t>(Workspace::kStepContext, total * vw * eb);
-  AttendSteps(batch, proj, ldq, context, out.weights, ws);
-  out_->Run(ws, context, total, out.output.data());
-  if (dims_.post_norm) {
-    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(), norm_bias_.data(),
-                 total, dims_.embed_dim, dims_.norm_eps);
   }
 }
 

@@ -273,12 +273,6 @@ absl::Status EngineImpl::ValidateRun(const AttentionBatch& batch,
   return absl::OkStatus();
 }
 
-absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
-                            Workspace& ws) const {
-  RETURN_IF_ERROR(impl_->ValidateRun(batch, out));
-  return GuardEngineCall([&] { impl_->Compute(batch, out, ws); });
-}
-
 absl::Status EngineErrorStatus(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
@@ -409,25 +403,6 @@ EngineImpl::Projected EngineImpl::Project(const TokenMajor& t, const AttentionBa
   p.key_padding = AdditiveMask(batch.key_padding_mask, ws, Workspace::kKeyPadF32);
   p.attn_mask = AdditiveMask(batch.attn_mask, ws, Workspace::kMaskF32);
   return p;
-}
-
-void EngineImpl::Compute(const AttentionBatch& batch, const AttentionOutputs& out,
-                        Workspace& ws) const {
-  const int64_t total_q = batch.q_offsets.back();
-  if (total_q == 0) return;
-  const bool weights = !out.weights.empty();
-  const Projected p = Project(ProjectTokens(batch, ws), batch, weights, ws);
-  AttendSequences(p, batch, out, ws);
-  // The token-major projections are dead once split into heads: their
-  // buffer takes the merged context (bounds scratch memory at long lengths).
-  const int64_t vw = dims_.v_width(), act = static_cast<int64_t>(ActSize(act_dt_));
-  auto* context = ws.Get<uint8_t>(Workspace::kProjQ, total_q * vw * act);
-  MergeContexts(p, batch, weights, context);
-  out_->Run(ws, context, total_q, out.output.data());
-  if (dims_.post_norm) {
-    AddLayerNorm(out.output.data(), batch.query.data(), norm_weight_.data(),
-                 norm_bias_.data(), total_q, dims_.embed_dim, dims_.norm_eps);
-  }
 }
 
 void EngineImpl::AttendSequences(const Projected& p, const AttentionBatch& batch,

@@ -76,11 +76,27 @@ class MhaEngine {
   // returns whether it did.
   static bool ReleaseLargeWorkspace(Workspace& ws);
 
-  // Computes attention for `batch` into `out`. INVALID_ARGUMENT names what
-  // is inconsistent; oneDNN failures come back as INTERNAL, allocation
-  // failures as RESOURCE_EXHAUSTED.
+  // The one compute call: Attend sequences (`sequences`, a ragged batch)
+  // and session steps (`steps`: incremental attention over key/value
+  // caches), either of which may be empty (a default AttentionBatch has no
+  // sequences). One projection product over the query rows of both (two
+  // when the sequences are cross-attention and a step is self-attention,
+  // which need different projections), attention per sequence and per
+  // session (self steps' caches grow by their tokens), one output product.
+  // `out.output` holds the sequences' rows, then the steps'. INVALID_ARGUMENT
+  // names what is inconsistent; oneDNN failures come back as INTERNAL,
+  // allocation failures as RESOURCE_EXHAUSTED.
+  absl::Status Compute(const AttentionBatch& sequences, const AppendBatch& steps,
+                       const MixedOutputs& out, Workspace& ws) const;
+  // Compute of sequences only.
   absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out,
-                   Workspace& ws) const;
+                   Workspace& ws) const {
+    return Compute(batch, {}, {out.output, out.weights, out.per_head_weights, {}}, ws);
+  }
+  // Compute of session steps only.
+  absl::Status Append(const AppendBatch& steps, const AppendOutputs& out, Workspace& ws) const {
+    return Compute({}, steps, {out.output, {}, false, out.weights}, ws);
+  }
 
   // Sessions (incremental attention over a key/value cache).
   // How this engine lays out a cache block (KvCache needs it).
@@ -95,18 +111,6 @@ class MhaEngine {
   absl::Status ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value,
                              int64_t len, const MaskView& key_padding, KvCache& cache,
                              Workspace& ws) const;
-  // One step of every session in `batch`: one projection product over all
-  // their new tokens, attention per session over its cache blocks, one
-  // output product. Self steps' caches grow by their tokens.
-  absl::Status Append(const AppendBatch& batch, const AppendOutputs& out,
-                      Workspace& ws) const;
-  // Attend sequences (`batch`, as in Run) and session steps (as in Append)
-  // in one call: one projection product over the query rows of both (two
-  // when `batch` is cross-attention and a step is self-attention, which
-  // need different projections), attention per sequence and per session,
-  // one output product. Either may be empty.
-  absl::Status Run(const AttentionBatch& batch, const AppendBatch& steps,
-                   const MixedOutputs& out, Workspace& ws) const;
   // Elements Append writes into AppendOutputs::weights for `batch`.
   int64_t AppendWeightsElements(const AppendBatch& batch) const;
 

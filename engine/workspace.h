@@ -1,4 +1,4 @@
-// Per-caller scratch memory and oneDNN stream for MhaEngine::Run.
+// Per-caller scratch memory and oneDNN stream for MhaEngine::Compute.
 #ifndef MHA_ENGINE_WORKSPACE_H_
 #define MHA_ENGINE_WORKSPACE_H_
 

@@ -129,7 +129,7 @@ void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, u
   std::vector<float> output((q_rows + step_rows) * e);
   std::vector<float> weights(engine->WeightsElements(b.batch, c.per_head_weights));
   std::vector<float> step_weights(engine->AppendWeightsElements(steps));
-  ASSERT_TRUE(engine->Run(b.batch, steps,
+  ASSERT_TRUE(engine->Compute(b.batch, steps,
                           {absl::MakeSpan(output), absl::MakeSpan(weights), c.per_head_weights,
                            absl::MakeSpan(step_weights)},
                           *ws)

@@ -625,7 +625,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                          absl::MakeSpan(step_weights.get(), step_weights_elements)};
   const absl::Time start = absl::Now();
   const absl::Status status =
-      engine_.Run(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
+      engine_.Compute(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   ReportPrimitiveCacheMisses();
   // The steps first (if an answer throws, Compute answers the rest).

@@ -223,7 +223,7 @@ void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, int64_t sequence
     for (auto& c : caches) c->set_length(kCached);
   };
   const double mixed_s = MedianOf(20, [&] {
-    Check(engine.Run(attend, steps, {absl::MakeSpan(out), {}, false, {}}, ws));
+    Check(engine.Compute(attend, steps, {absl::MakeSpan(out), {}, false, {}}, ws));
     rewind();
   });
   const double apart_s = MedianOf(20, [&] {
