@@ -162,6 +162,44 @@ def overhead_table(results):
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- sessions (decode)
+
+def decode_runs(args, runs=3):
+    """The rows of `mha_bench --decode --json`, `runs` times: [{name: row}]."""
+    results = []
+    for _ in range(runs):
+        out = subprocess.run([args.mha_bench, "--decode", "--json"], check=True,
+                             capture_output=True, text=True).stdout
+        results.append({r["name"]: r for r in map(json.loads, filter(None, out.splitlines()))})
+    return results
+
+
+def decode_table(runs):
+    """One line per row: the range over the runs of its time, its ratio (against
+    its target) and, for rows that read the cache, its rate and share of the probe."""
+    def span(values, fmt):
+        lo, hi = min(values), max(values)
+        return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else \
+            f"{fmt.format(lo)}–{fmt.format(hi)}"
+    probe = span([r["read_bandwidth_probe"]["gb_per_s"] for r in runs], "{:.0f}")
+    lines = [f"Read-bandwidth probe (a streaming sum of 256 MiB on the same threads): {probe} GB/s.",
+             "", "| row | ms | ratio (target) | cache read at GB/s | of the probe |",
+             "|---|---|---|---|---|"]
+    for name, first in runs[0].items():
+        if name == "read_bandwidth_probe":
+            continue
+        rows = [r[name] for r in runs]
+        what = next(k for k in first if k not in (
+            "name", "ms", "target", "kv_bytes", "kv_gb_per_s", "probe_gb_per_s", "of_probe"))
+        rate = span([r["kv_gb_per_s"] for r in rows], "{:.0f}") if "kv_gb_per_s" in first else ""
+        share = span([100 * r["of_probe"] for r in rows], "{:.0f} %") if "of_probe" in first \
+            else ""
+        lines.append(f"| `{name}` | {span([r['ms'] for r in rows], '{:.2f}')} | "
+                     f"{what} {span([r[what] for r in rows], '{:.2f}')}× ({first['target']:g}×) | "
+                     f"{rate} | {share} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- server
 
 def load_sweep(args, flags, len_range="16:128", concurrency=CONCURRENCY):
@@ -257,6 +295,8 @@ def main():
         torch_modes="best,default"))
     print("per-call overhead", file=sys.stderr, flush=True)
     overhead = overhead_sweep(args)
+    print("sessions (decode)", file=sys.stderr, flush=True)
+    decode = decode_runs(args)
     print("sequence lengths", file=sys.stderr, flush=True)
     series, ours = sequence_sweep(args)
     print("server", file=sys.stderr, flush=True)
@@ -284,7 +324,7 @@ def main():
         date=datetime.date.today().isoformat(), machine=machine(),
         standard=standard_table(std), wide=standard_table(wide), sequence=sequence_table(ours),
         server=server_table(on, off), threads=thread_table(threads),
-        overhead=overhead_table(overhead), cpu=cpu_table(cpu), worst=max(ratios), best=min(ratios),
+        overhead=overhead_table(overhead), decode=decode_table(decode), cpu=cpu_table(cpu), worst=max(ratios), best=min(ratios),
         median=statistics.median(ratios))
     with open(os.path.join(args.out_dir, "performance_report.md"), "w") as f:
         f.write(text)
@@ -361,6 +401,21 @@ should grow 4x per doubling of L once the L^2 attention dominates.
 ![GFLOP/s against sequence length](perf_seq_len.svg)
 
 {sequence}
+
+## Sessions (decode)
+
+`mha_bench --decode`, three runs (E = 512, h = 8, fp32 compute): one step of
+one token over a cache of 4096 tokens (the steps rotate over 64 MiB of
+sessions, so each reads memory; then one session again and again, which
+stays in the L3) against the causal pass over all 4097 tokens; 64 sessions
+stepping one token each, in one batched call against one call each, at
+cached lengths 64 and 1024, over an fp32, a bf16 and an int8 cache (those
+six rows and the two speedups taken in alternation, so they share the
+machine's drift); and steps riding in an Attend call against two calls. A
+step reads every cached key and value once: its limit is the memory's read
+bandwidth, hence the probe.
+
+{decode}
 
 ## Server
 
