@@ -32,7 +32,7 @@ absl::Status CheckSize(const char* name, size_t got, int64_t rows, int64_t width
 absl::Status CheckMaskDtype(const MaskView& m, const char* name) {
   if (m.present() && m.dtype != DType::kBool && m.dtype != DType::kF32) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name, ": dtype ", DTypeName(m.dtype), ", expected BOOL or F32"));
+        name, ": expected a BOOL or F32 mask"));
   }
   return absl::OkStatus();
 }

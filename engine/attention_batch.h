@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "engine/attention_dims.h"
-#include "engine/tensor.h"
+#include "engine/dtype.h"
 
 namespace mha {
 

@@ -17,7 +17,7 @@
 #include "engine/mha_engine.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/tiled_attention.h"
-#include "engine/weights.h"
+#include "engine/packed_weights.h"
 #include "engine/workspace.h"
 #include "oneapi/dnnl/dnnl.hpp"
 

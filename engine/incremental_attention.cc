@@ -15,7 +15,7 @@
 #include "engine/ops/avx512_kernels.h"
 #include "engine/ops/kernels.h"
 #include "engine/status_macros.h"
-#include "engine/tensor.h"
+#include "engine/dtype.h"
 
 namespace mha {
 namespace {

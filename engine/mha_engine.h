@@ -15,7 +15,7 @@
 #include "engine/attention_dims.h"
 #include "engine/kv_cache.h"
 #include "engine/ops/primitive_budget.h"
-#include "engine/weights.h"
+#include "engine/packed_weights.h"
 #include "engine/workspace.h"
 
 namespace mha {

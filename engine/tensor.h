@@ -1,5 +1,6 @@
-// Host tensors: element types, an owning row-major tensor, and conversions
-// from the storage types the engine accepts (f16, bf16) to f32.
+// Host tensors: the one table of dtype names (each format's spelling), an
+// owning row-major tensor, shapes. The element types and their conversions
+// are engine/dtype.h (the compute path's part).
 #ifndef MHA_ENGINE_TENSOR_H_
 #define MHA_ENGINE_TENSOR_H_
 
@@ -12,13 +13,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/dtype.h"
 
 namespace mha {
-
-enum class DType { kF32, kF16, kBF16, kBool };
-
-// Bytes per element of `dtype` (bool: one byte).
-size_t DTypeSize(DType dtype);
 
 // The one table of dtype names, in each format's spelling: safetensors
 // ("F32", "F16", "BF16", "BOOL"), KServe v2 ("FP32", "FP16", "BF16",
@@ -61,18 +58,6 @@ class Tensor {
   std::vector<int64_t> shape_;
   std::vector<uint8_t> bytes_;
 };
-
-// The one home of the dtype conversions.
-float HalfToFloat(uint16_t h);
-float Bf16ToFloat(uint16_t b);
-// Round-to-nearest-even, NaN preserved.
-uint16_t FloatToBf16(float f);
-uint16_t FloatToHalf(float f);
-// `n` elements of `dtype` at `bytes` (little-endian, any alignment) as f32
-// (BOOL: 0/1).
-void ConvertToFloat(DType dtype, const uint8_t* bytes, int64_t n, float* out);
-// `n` f32 values as `dtype` (F32, F16 or BF16) at `bytes`.
-void ConvertFromFloat(const float* values, int64_t n, DType dtype, uint8_t* bytes);
 
 // The values of a F32, F16 or BF16 tensor as f32 (BOOL: 0/1).
 std::vector<float> ToFloatVector(const Tensor& t);

@@ -271,7 +271,7 @@ TEST(EngineValidationTest, InconsistentBatchesAreRejectedWithTheFieldNamed) {
   expect_invalid(b, absl::MakeSpan(output), "attn_mask");
   b = Build(c, 1);
   b.batch.attn_mask.dtype = DType::kF16;
-  expect_invalid(b, absl::MakeSpan(output), "attn_mask: dtype F16");
+  expect_invalid(b, absl::MakeSpan(output), "attn_mask: expected a BOOL or F32 mask");
 }
 
 TEST(EngineCreateTest, WeightsOfTheWrongSizeAreRejected) {
