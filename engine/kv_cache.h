@@ -29,10 +29,6 @@ struct KvLayout {
   int64_t heads = 0, qk_head_dim = 0, v_head_dim = 0, elem_bytes = 4;
 
   bool int8() const { return elem_bytes == 1; }
-  // As ListSessions, session headers and the config show it.
-  const char* dtype_name() const {
-    return elem_bytes == 1 ? "INT8" : elem_bytes == 2 ? "BF16" : "FP32";
-  }
   int64_t key_bytes() const { return heads * kBlockTokens * qk_head_dim * elem_bytes; }
   int64_t value_bytes() const { return heads * kBlockTokens * v_head_dim * elem_bytes; }
   int64_t scale_bytes() const {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/weights.h"
+#include "server/sessions/session_manager.h"
 
 namespace mha::server {
 namespace {
@@ -64,7 +65,7 @@ void SetParameters(const ModelVersion& version, inference::ModelConfig* out) {
   set("add_zero_attn", flag(d.add_zero_attn));
   set("post_norm", flag(d.post_norm));
   set("compute_dtype", d.bf16 ? "BF16" : "FP32");  // what it computes in on this CPU
-  set("kv_cache_dtype", version.model.engine->kv_layout().dtype_name());
+  set("kv_cache_dtype", CacheDtypeName(version.model.engine->kv_layout()));
   set("weight_layout", WeightLayoutName(version.model.layout));
   set("parameter_count", version.model.parameter_count);
   set("max_batch_tokens", config.dynamic_batching().max_batch_tokens());

@@ -12,6 +12,11 @@
 #include "server/scheduling/admission.h"
 
 namespace mha::server {
+
+const char* CacheDtypeName(const KvLayout& layout) {
+  return layout.int8() ? "INT8" : layout.elem_bytes == 2 ? "BF16" : "FP32";
+}
+
 namespace {
 
 // Ids of closed, evicted and expired sessions remembered, so a client is
@@ -92,7 +97,7 @@ SessionInfo SessionManager::InfoLocked(const Session& s) const {
   info.position = s.position;
   info.bytes = s.cache->bytes();
   info.own_bytes = s.cache->exclusive_bytes();
-  info.cache_dtype = s.cache->layout().dtype_name();
+  info.cache_dtype = CacheDtypeName(s.cache->layout());
   info.max_tokens = s.max_tokens;
   info.cross = s.cross;
   info.expires_at = s.last_used + s.idle_timeout;

@@ -44,6 +44,10 @@ struct SessionOptions {
   const Clock* clock = nullptr;                     // null: the real clock
 };
 
+// A cache's element type as ListSessions, session headers and Triton's
+// config spell it: "FP32", "BF16" or "INT8".
+const char* CacheDtypeName(const KvLayout& layout);
+
 // What a session is, as OpenSession, Append and ListSessions report it.
 struct SessionInfo {
   std::string id, model;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/mha_engine.h"
+#include "server/sessions/session_manager.h"
 
 namespace mha::server {
 namespace {
@@ -42,7 +43,7 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
     h.set_heads(layout.heads);
     h.set_qk_head_dim(layout.qk_head_dim);
     h.set_v_head_dim(layout.v_head_dim);
-    h.set_cache_dtype(layout.dtype_name());
+    h.set_cache_dtype(CacheDtypeName(layout));
     h.set_position(snapshot_.info.position);
     h.set_cross(snapshot_.info.cross);
     h.set_max_tokens(snapshot_.info.max_tokens);
@@ -92,7 +93,7 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
   }
   const KvLayout& layout = version->model.engine->kv_layout();
   if (h.heads() != layout.heads || h.qk_head_dim() != layout.qk_head_dim ||
-      h.v_head_dim() != layout.v_head_dim || h.cache_dtype() != layout.dtype_name() ||
+      h.v_head_dim() != layout.v_head_dim || h.cache_dtype() != CacheDtypeName(layout) ||
       h.block_bytes() != layout.block_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session header: heads ", h.heads(), ", head dims ", h.qk_head_dim(), "/",
