@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 
+#include "engine/ops/exp_polynomial.h"
 #include "engine/ops/intrinsics.h"
 
 namespace mha {
@@ -45,26 +47,17 @@ MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
   const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-1000.0f), x);
   // exp(c) = 2^n * exp(r), n = round(c / ln 2), r = c - n ln 2 (two steps,
   // exact products for |n| < 2^15); vscalefps underflows to denormals and 0.
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504f)),
+  namespace c = exp_polynomial;
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(c::kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p;
-  if constexpr (kAccurate) {
-    p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    // p r^2 + r + 1, adding the large terms last.
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c::kLn2High), clamped);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c::kLn2Low), r);
+  constexpr const float* kCoefficients = kAccurate ? c::kAccurate : c::kBf16;
+  constexpr int kTerms = kAccurate ? std::size(c::kAccurate) : std::size(c::kBf16);
+  __m512 p = _mm512_set1_ps(kCoefficients[0]);
+  for (int i = 1; i < kTerms; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kCoefficients[i]));
+  if constexpr (kAccurate) {  // p r^2 + r + 1, adding the large terms last
     p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  } else {
-    p = _mm512_set1_ps(4.15898298e-2f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.67906357e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.00022231e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.99963654e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   }
   return _mm512_scalef_ps(p, n);
 }

@@ -40,6 +40,12 @@ float ExpSumAccurateAvx512(float* row, int64_t cols, float max);
 // ScaleToBf16Avx512) and the row is left as it was.
 float ExpSumToBf16Avx512(const float* row, int64_t cols, float max, uint16_t* out);
 
+// The two exp-and-sums above in AVX2 (engine/ops/avx2_kernels.cc), to 0
+// below -87 as the portable loop (no denormals). Only when
+// ActiveKernelIsa() >= kAvx2.
+float ExpSumAvx2(float* row, int64_t cols, float max);
+float ExpSumAccurateAvx2(float* row, int64_t cols, float max);
+
 // out[i] = bf16(in[i] * scale), rounded to nearest even, for i < count
 // (with kAvx512Bf16, denormal results become 0).
 void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t count);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "engine/ops/avx512_kernels.h"
+#include "engine/ops/exp_polynomial.h"
 #include "engine/ops/multiversion.h"
 
 // Bodies shared by several multiversioned functions: inlined into each clone,
@@ -41,25 +43,15 @@ inline float VectorExp(float x) {
   const float clamped = low < 88.0f ? low : 88.0f;
   // Round to nearest by adding and subtracting 1.5 * 2^23.
   constexpr float kRound = 12582912.0f;
-  const float n = (clamped * 1.44269504088896341f + kRound) - kRound;
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p;
-  if constexpr (kBf16) {
-    p = 4.15898298e-2f;  // fitted to exp on [-ln2/2, ln2/2]: 3.2e-6 relative
-    p = p * r + 1.67906357e-1f;
-    p = p * r + 5.00022231e-1f;
-    p = p * r + 9.99963654e-1f;
-    p = p * r + 1.0f;
-  } else {
-    p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-  }
+  namespace c = exp_polynomial;
+  const float n = (clamped * c::kLog2e + kRound) - kRound;
+  float r = clamped - n * c::kLn2High;
+  r = r - n * c::kLn2Low;
+  constexpr const float* kCoefficients = kBf16 ? c::kBf16 : c::kAccurate;
+  constexpr int kTerms = kBf16 ? std::size(c::kBf16) : std::size(c::kAccurate);
+  float p = kCoefficients[0];
+  for (int i = 1; i < kTerms; ++i) p = p * r + kCoefficients[i];
+  if constexpr (!kBf16) p = p * r * r + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
@@ -67,13 +59,17 @@ inline float VectorExp(float x) {
   return x != x ? x : result;
 }
 
-// row[j] = exp(row[j] - max), returning their sum (in AVX-512 intrinsics
-// where the CPU has them); kBf16Only: with the cheaper exp of probabilities
-// that feed a bf16 product only.
+// row[j] = exp(row[j] - max), returning their sum (in AVX-512 or AVX2
+// intrinsics where the CPU has them); kBf16Only: with the cheaper exp of
+// probabilities that feed a bf16 product only.
 template <bool kBf16Only>
 inline float ExpSum(float* row, int64_t cols, float max) {
-  if (HasAvx512()) {
+  const KernelIsa isa = ActiveKernelIsa();
+  if (isa >= KernelIsa::kAvx512) {
     return kBf16Only ? ExpSumAvx512(row, cols, max) : ExpSumAccurateAvx512(row, cols, max);
+  }
+  if (isa == KernelIsa::kAvx2) {
+    return kBf16Only ? ExpSumAvx2(row, cols, max) : ExpSumAccurateAvx2(row, cols, max);
   }
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
