@@ -41,6 +41,12 @@ absl::Status MhaEngine::Compute(const AttentionBatch& sequences, const AppendBat
   return GuardEngineCall([&] { impl_->Compute(sequences, steps, out, ws); });
 }
 
+absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
+                            Workspace& ws) const {
+  RETURN_IF_ERROR(impl_->ValidateRun(batch, out));
+  return Compute(batch, {}, {out.output, out.weights, out.per_head_weights, {}}, ws);
+}
+
 EngineImpl::CallPlan EngineImpl::PlanCall(const AttentionBatch& sequences,
                                           const AppendBatch& steps) const {
   CallPlan plan;

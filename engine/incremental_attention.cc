@@ -396,11 +396,15 @@ class HeadsReader {
 
   static int64_t Blocks(int64_t limit) { return (limit + kBt - 1) / kBt; }
 
-  // Head g's data `ahead_` places after `place`, or null past the end.
+  // Head g's data `ahead_` places after `place`, or null past the end. A
+  // key loop fetches as many bytes as it reads: it runs on into the values
+  // only when a head's values are as long as its keys.
   const uint8_t* ReadLater(int64_t g, int64_t place, int64_t limit) const {
     const int64_t later = place + ahead_, blocks = Blocks(limit);
     if (later < blocks) return cache_.keys(later, first_ + g);
-    if (later < 2 * blocks) return cache_.values(later - blocks, first_ + g);
+    if (later < 2 * blocks && (place >= blocks || dv_ >= dqk_)) {
+      return cache_.values(later - blocks, first_ + g);
+    }
     return nullptr;
   }
 

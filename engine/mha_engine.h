@@ -88,11 +88,10 @@ class MhaEngine {
   // allocation failures as RESOURCE_EXHAUSTED.
   absl::Status Compute(const AttentionBatch& sequences, const AppendBatch& steps,
                        const MixedOutputs& out, Workspace& ws) const;
-  // Compute of sequences only.
+  // Compute of sequences only (a batch without offsets is rejected here,
+  // where Compute reads it as no sequences).
   absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out,
-                   Workspace& ws) const {
-    return Compute(batch, {}, {out.output, out.weights, out.per_head_weights, {}}, ws);
-  }
+                   Workspace& ws) const;
   // Compute of session steps only.
   absl::Status Append(const AppendBatch& steps, const AppendOutputs& out, Workspace& ws) const {
     return Compute({}, steps, {out.output, {}, false, out.weights}, ws);

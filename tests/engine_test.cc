@@ -241,6 +241,14 @@ TEST(EngineValidationTest, InconsistentBatchesAreRejectedWithTheFieldNamed) {
   };
   const Built good = Build(c, 1);
   EXPECT_TRUE(run(good, absl::MakeSpan(output)).ok());
+  // Run wants sequences: a batch without offsets is rejected (Compute reads
+  // one as "no sequences" beside steps).
+  {
+    std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+    const absl::Status none = engine->Run(AttentionBatch{}, {{}, {}, false}, *ws);
+    EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(none.message()), ::testing::HasSubstr("q_offsets"));
+  }
 
   using ::testing::HasSubstr;
   auto expect_invalid = [&](const Built& b, absl::Span<float> out, const char* what,
