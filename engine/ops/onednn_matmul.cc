@@ -81,6 +81,29 @@ void* Scratchpad(const MatmulPrimitive& p, Workspace& ws) {
   return ws.Get(Workspace::kOnednnScratchpad, md == nullptr ? 0 : dnnl_memory_desc_get_size(md));
 }
 
+// Puts a primitive made outside the lock into `cache` (guarded by `mu`)
+// unless another thread cached one for `key` meanwhile, and returns the
+// cached one; the shared budget learns of the entry added outside the lock
+// (it may evict from here too).
+template <typename Cache, typename Key>
+std::shared_ptr<const MatmulPrimitive> Adopt(std::mutex& mu, Cache& cache, const Key& key,
+                                             std::shared_ptr<const MatmulPrimitive> created,
+                                             uint64_t tick, PrimitiveBudget& budget) {
+  std::shared_ptr<const MatmulPrimitive> result;
+  int64_t added = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t before = cache.size();
+    bool inserted = false;
+    std::shared_ptr<const MatmulPrimitive>& entry = cache.FindOrInsert(key, inserted, tick);
+    if (inserted) entry = std::move(created);
+    result = entry;
+    added = static_cast<int64_t>(cache.size()) - static_cast<int64_t>(before);
+  }
+  if (added > 0) budget.Added(added);
+  return result;
+}
+
 }  // namespace
 
 dnnl::memory::desc MatmulSpec::SrcDesc() const {
@@ -192,19 +215,7 @@ std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
       dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
   misses_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const MatmulPrimitive> result;
-  int64_t added = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const size_t before = cache_.size();
-    bool inserted = false;
-    std::shared_ptr<const MatmulPrimitive>& entry = cache_.FindOrInsert(s, inserted, tick);
-    if (inserted) entry = std::move(created);  // else another thread made it meanwhile
-    result = entry;
-    added = static_cast<int64_t>(cache_.size()) - static_cast<int64_t>(before);
-  }
-  if (added > 0) budget.Added(added);  // outside the lock: it may evict from here too
-  return result;
+  return Adopt(mu_, cache_, s, std::move(created), tick, budget);
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, dt act_dt, dt dst_dt)
@@ -350,19 +361,7 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
   misses_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const MatmulPrimitive> result;
-  int64_t added = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const size_t before = by_m_.size();
-    bool inserted = false;
-    std::shared_ptr<const MatmulPrimitive>& entry = by_m_.FindOrInsert(m, inserted, tick);
-    if (inserted) entry = std::move(created);  // else another thread made it meanwhile
-    result = entry;
-    added = static_cast<int64_t>(by_m_.size()) - static_cast<int64_t>(before);
-  }
-  if (added > 0) budget.Added(added);  // outside the lock: it may evict from here too
-  return result;
+  return Adopt(mu_, by_m_, m, std::move(created), tick, budget);
 }
 
 // Rows are processed in chunks of power-of-two sizes (and one final chunk

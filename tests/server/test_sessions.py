@@ -252,6 +252,16 @@ class SessionParityTest(unittest.TestCase, SessionServer):
                 session_id="nobody", new_session_id="bad id"), timeout=30)
         self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
 
+    def assert_cross_step_within(self, rng, model, tol):
+        """A cross session of `model` (23 memory tokens, one step of 5) is
+        within `tol` of PyTorch's cross-attention with the same weights."""
+        memory, value = randn(rng, 1, 23, CROSS_KDIM), randn(rng, 1, 23, CROSS_VDIM)
+        q = randn(rng, 1, 5, CROSS_E)
+        want, _ = reference(self.models["cross"], q, memory, value)
+        with self.client.open_session(model, memory=memory, memory_value=value) as session:
+            out = session.append(q)
+        self.assertLessEqual(float(np.abs(out - want).max()), tol)
+
     def test_a_bf16_cache_stays_within_its_measured_tolerance_of_pytorch(self):
         """kv_cache_dtype BF16 on fp32 models: keys and values rounded to bf16,
         half the cache bytes. The tolerance is measured against PyTorch (the
@@ -273,12 +283,7 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         self.assertLessEqual(worst["demo"], TOL)
         self.assertLessEqual(worst["demo16"], BF16_CACHE_TOL, worst)
         self.assertGreater(worst["demo16"], TOL, "the bf16 rounding shows")
-        memory, value = randn(rng, 1, 23, CROSS_KDIM), randn(rng, 1, 23, CROSS_VDIM)
-        q = randn(rng, 1, 5, CROSS_E)
-        want, _ = reference(self.models["cross"], q, memory, value)
-        with self.client.open_session("cross16", memory=memory, memory_value=value) as session:
-            out = session.append(q)
-        self.assertLessEqual(float(np.abs(out - want).max()), BF16_CACHE_TOL)
+        self.assert_cross_step_within(rng, "cross16", BF16_CACHE_TOL)
 
     def test_an_int8_cache_stays_within_its_measured_tolerance_and_moves(self):
         """kv_cache_dtype INT8 on an fp32 model: each token's key and value
@@ -301,12 +306,7 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         worst = float(np.abs(np.concatenate(outs, axis=1) - want).max())
         self.assertLessEqual(worst, INT8_CACHE_TOL)
         self.assertGreater(worst, TOL, "the int8 rounding shows")
-        memory, value = randn(rng, 1, 23, CROSS_KDIM), randn(rng, 1, 23, CROSS_VDIM)
-        q = randn(rng, 1, 5, CROSS_E)
-        want, _ = reference(self.models["cross"], q, memory, value)
-        with self.client.open_session("cross8", memory=memory, memory_value=value) as session:
-            out = session.append(q)
-        self.assertLessEqual(float(np.abs(out - want).max()), INT8_CACHE_TOL)
+        self.assert_cross_step_within(rng, "cross8", INT8_CACHE_TOL)
 
     def test_many_clients_step_their_sessions_at_once(self):
         length, sessions = 24, 16
