@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -144,7 +145,7 @@ class EngineImpl {
   // Runs `spec` on the runtime-shape primitive when the block is small
   // enough, else on the cached per-shape one.
   void RunAttentionMatmul(const Block& block, const MatmulSpec& spec,
-                          const MatmulPrimitive* runtime, const void* src,
+                          const std::optional<MatmulSpec>& runtime, const void* src,
                           const void* weights, void* dst, Workspace& ws) const;
   // One (session step, group of heads) of ComputeAppend: scores over the
   // cache blocks, softmax, context into the step's token-major context rows.
@@ -193,8 +194,9 @@ class EngineImpl {
   std::vector<uint8_t> bias_k_, bias_v_;  // one row each, in act_dt_
   std::vector<float> norm_weight_, norm_bias_;
   mutable MatmulCache attention_matmuls_;
-  // Runtime-shape primitives for small blocks (see EngineOptions).
-  std::unique_ptr<MatmulPrimitive> runtime_scores_, runtime_context_;
+  // The runtime-shape primitives for small blocks (see EngineOptions), made
+  // by attention_matmuls_ (per thread count, as every primitive).
+  std::optional<MatmulSpec> runtime_scores_, runtime_context_;
   std::unique_ptr<TiledAttention> tiled_;
 };
 

@@ -155,7 +155,7 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
     scores.dst_dims = {rt, rt, rt};
     scores.dst_strides = {rt, rt, 1};
     scores.scale = Scale();
-    runtime_scores_ = std::make_unique<MatmulPrimitive>(MakeRuntimeDimsMatmul(engine_, scores));
+    runtime_scores_ = scores;
     MatmulSpec context;  // [gh, rows, s] x [gh, s, dv] -> [gh, rows, dv]
     context.src_dt = context.wei_dt = context.dst_dt = act_dt_;
     context.src_dims = {rt, rt, rt};
@@ -164,7 +164,7 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
     context.wei_strides = {rt, dv, 1};
     context.dst_dims = {rt, rt, dv};
     context.dst_strides = {rt, dv, 1};
-    runtime_context_ = std::make_unique<MatmulPrimitive>(MakeRuntimeDimsMatmul(engine_, context));
+    runtime_context_ = context;
   }
 }
 
@@ -609,7 +609,7 @@ void EngineImpl::AttentionScores(const Block& blk, const uint8_t* q, const uint8
   spec.dst_dims = {gh, rows, s};
   spec.dst_strides = {rows * s, s, 1};
   spec.scale = Scale();
-  RunAttentionMatmul(blk, spec, runtime_scores_.get(), q, k, scores, ws);
+  RunAttentionMatmul(blk, spec, runtime_scores_, q, k, scores, ws);
 }
 
 void EngineImpl::AttentionContext(const Block& blk, const void* probs, const uint8_t* v,
@@ -624,15 +624,15 @@ void EngineImpl::AttentionContext(const Block& blk, const void* probs, const uin
   spec.wei_strides = {s * dv, dv, 1};
   spec.dst_dims = {gh, rows, dv};
   spec.dst_strides = {rows * dv, dv, 1};
-  RunAttentionMatmul(blk, spec, runtime_context_.get(), probs, v, context, ws);
+  RunAttentionMatmul(blk, spec, runtime_context_, probs, v, context, ws);
 }
 
 void EngineImpl::RunAttentionMatmul(const Block& blk, const MatmulSpec& spec,
-                                   const MatmulPrimitive* runtime, const void* src,
+                                   const std::optional<MatmulSpec>& runtime, const void* src,
                                    const void* weights, void* dst, Workspace& ws) const {
   const int64_t scores = blk.count * blk.heads * blk.rows * blk.kv_len;
-  if (runtime != nullptr && scores <= options_.runtime_dims_max_scores) {
-    ExecuteMatmul(*runtime, spec, ws, src, weights, dst);
+  if (runtime.has_value() && scores <= options_.runtime_dims_max_scores) {
+    ExecuteMatmul(*attention_matmuls_.Get(*runtime), spec, ws, src, weights, dst);
   } else {
     ExecuteMatmul(*attention_matmuls_.Get(spec), ws, src, weights, nullptr, dst);
   }

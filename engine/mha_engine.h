@@ -128,7 +128,9 @@ class MhaEngine {
   // Creates, for each length L, the primitives a lone request of L tokens
   // needs (self-attention, or cross-attention over L keys for a model with
   // kdim or vdim != embed_dim), so that they are not created on the
-  // request path (bf16's take ~5 ms each). At load, before serving.
+  // request path (bf16's take ~5 ms each): for each of CallThreadCounts()
+  // (engine/threads.h), or the calling thread's count when none are set.
+  // At load, before serving.
   absl::Status WarmUp(absl::Span<const int64_t> lengths) const;
   // oneDNN primitives created since Create because a cache had none for
   // the shape (including those WarmUp made).
@@ -142,6 +144,7 @@ class MhaEngine {
   const AttentionDims& dims() const;
 
  private:
+  absl::Status WarmUpOnThisThread(absl::Span<const int64_t> lengths) const;
   explicit MhaEngine(std::unique_ptr<const EngineImpl> impl);
 
   std::unique_ptr<const EngineImpl> impl_;

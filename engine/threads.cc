@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -26,6 +29,28 @@ void SetComputeThreads(int n) {
 #endif
   if (n > 0) omp_set_num_threads(n);
 }
+
+namespace {
+
+std::mutex call_thread_counts_mu;
+std::vector<int>& CallThreadCountsLocked() {
+  static std::vector<int>* counts = new std::vector<int>();
+  return *counts;
+}
+
+}  // namespace
+
+void SetCallThreadCounts(std::vector<int> counts) {
+  std::lock_guard<std::mutex> lock(call_thread_counts_mu);
+  CallThreadCountsLocked() = std::move(counts);
+}
+
+std::vector<int> CallThreadCounts() {
+  std::lock_guard<std::mutex> lock(call_thread_counts_mu);
+  return CallThreadCountsLocked();
+}
+
+int ComputeThreads() { return omp_get_max_threads(); }
 
 int AvailableCores() {
   const int n = omp_get_num_procs();

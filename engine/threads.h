@@ -3,12 +3,26 @@
 #ifndef MHA_ENGINE_THREADS_H_
 #define MHA_ENGINE_THREADS_H_
 
+#include <vector>
+
 namespace mha {
 
 // Sets the number of threads oneDNN and the engine's kernels use for calls
 // made from the current thread (an OpenMP setting, per calling thread).
 // n <= 0 leaves the default (all cores).
 void SetComputeThreads(int n);
+
+// The thread counts this process's engine calls run with, for warm-up:
+// MhaEngine::WarmUp creates its primitives for each (a oneDNN primitive runs
+// on the threads it was created for; see PrimitiveThreads). The server's
+// worker pool sets them at start (a call's share of the cores, and all of
+// them); empty, the default: the calling thread's count only. Thread-safe.
+void SetCallThreadCounts(std::vector<int> counts);
+std::vector<int> CallThreadCounts();
+
+// The calling thread's setting (what SetComputeThreads last set, or all
+// cores).
+int ComputeThreads();
 
 // Cores this process may use.
 int AvailableCores();

@@ -1,16 +1,31 @@
 // MhaEngine::WarmUp and EngineImpl::PrimitiveCacheMisses: creating at load the oneDNN
-// primitives that requests of known lengths will need, and counting those
-// created later, on the request path.
+// primitives that requests of known lengths will need (for each thread count
+// calls run with), and counting those created later, on the request path.
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
 #include "engine/mha_engine.h"
+#include "engine/threads.h"
 #include "engine/workspace.h"
 
 namespace mha {
 
 absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
+  std::vector<int> thread_counts = CallThreadCounts();
+  if (thread_counts.empty()) return WarmUpOnThisThread(lengths);
+  const int own = ComputeThreads();
+  absl::Status status;
+  for (const int threads : thread_counts) {
+    SetComputeThreads(threads);
+    status = WarmUpOnThisThread(lengths);
+    if (!status.ok()) break;
+  }
+  SetComputeThreads(own);
+  return status;
+}
+
+absl::Status MhaEngine::WarmUpOnThisThread(absl::Span<const int64_t> lengths) const {
   const AttentionDims& d = dims();
   const bool self = d.kdim == d.embed_dim && d.vdim == d.embed_dim;
   const bool value_is_key = d.kdim == d.vdim;

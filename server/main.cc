@@ -30,9 +30,11 @@ ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest request or response message");
-ABSL_FLAG(int, workers, 1,
+ABSL_FLAG(int, workers, 2,
           "engine worker threads of the server, shared by every model and version");
-ABSL_FLAG(int, intra_op_threads, 0, "threads per engine call; 0: cores / workers");
+ABSL_FLAG(int, intra_op_threads, 0,
+          "threads per engine call; 0: the cores no other call holds (all of them for a call "
+          "alone, cores / workers beside other calls)");
 ABSL_FLAG(int, shutdown_grace_s, 30, "seconds to finish queued requests on SIGTERM");
 ABSL_FLAG(bool, disable_batching, false, "one request per engine call, whatever the configs say");
 ABSL_FLAG(int64_t, max_request_tokens, int64_t{1} << 20, "query + key tokens per request");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/status_macros.h"
+#include "engine/threads.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -122,6 +123,8 @@ absl::Status Server::Build() {
   // cores and --workers, never the number of models.
   pool_ = std::make_unique<WorkerPool>(WorkerPoolOptions{
       .workers = options_.workers, .compute_threads = options_.intra_op_threads});
+  // Models warm up for the thread counts the workers' calls use.
+  SetCallThreadCounts(pool_->CallThreadCounts());
   models_ = std::make_unique<ModelRepository>(
       options_.model_repository,
       RepositoryOptions{.pool = pool_.get(),

@@ -42,8 +42,8 @@ struct ServerOptions {
   int port = 50051;          // 0: a free one
   int metrics_port = 9464;   // 0: a free one
   int max_message_bytes = 64 << 20;
-  int workers = 1;
-  int intra_op_threads = 0;  // 0: cores / workers
+  int workers = 2;
+  int intra_op_threads = 0;  // 0: the cores no other call holds (WorkerPoolOptions)
   absl::Duration shutdown_grace = absl::Seconds(30);
   bool disable_batching = false;
   int64_t max_request_tokens = int64_t{1} << 20;

@@ -79,18 +79,7 @@ TEST(PrimitiveBudgetTest, CachesShareOneCapacityLeastRecentlyUsedFirst) {
   budget.set_capacity(capacity);
 }
 
-// Self-attention of one sequence of `len` tokens on a fresh workspace.
-void RunSelf(const MhaEngine& engine, int64_t len) {
-  const int64_t e = engine.dims().embed_dim;
-  const std::vector<float> query = testing::RandomVector(len * e, 7);
-  std::vector<float> output(len * e);
-  AttentionBatch batch;
-  batch.query = query;
-  batch.q_offsets = {0, len};
-  batch.kv_offsets = {0, 0};
-  auto ws = engine.NewWorkspace();
-  ASSERT_TRUE(engine.Run(batch, {absl::MakeSpan(output), {}, false}, *ws).ok());
-}
+using testing::RunSelf;
 
 TEST(WarmUpTest, WarmedLengthsCreateNoPrimitiveWhenServed) {
   for (const int64_t runtime_dims : {int64_t{-1}, int64_t{0}}) {  // and per-shape attention

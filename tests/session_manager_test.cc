@@ -379,7 +379,7 @@ TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
   const VersionPtr version = MakeVersion();
   std::vector<float> unused;
   const RequestCost cost = CostOfStep(Query(1, 1, unused), /*keys=*/1, *version->model.engine,
-                                      version->batcher->ThreadsPerCall());
+                                      version->batcher->MaxThreadsPerCall());
   ASSERT_GT(cost.active_bytes, 0);
   ASSERT_GT(cost.queued_bytes, 0);
   Metrics metrics;

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 
 namespace mha::testing {
 namespace {
@@ -138,6 +139,18 @@ TensorMap WeightsAsTensors(const AttentionDims& d, const PackedWeights& w,
     t[prefix + "norm.bias"] = Named({e}, w.norm_bias.data());
   }
   return t;
+}
+
+void RunSelf(const MhaEngine& engine, int64_t len) {
+  const int64_t e = engine.dims().embed_dim;
+  const std::vector<float> query = RandomVector(len * e, 7);
+  std::vector<float> output(len * e);
+  AttentionBatch batch;
+  batch.query = query;
+  batch.q_offsets = {0, len};
+  batch.kv_offsets = {0, 0};
+  auto ws = engine.NewWorkspace();
+  ASSERT_TRUE(engine.Run(batch, {absl::MakeSpan(output), {}, false}, *ws).ok());
 }
 
 }  // namespace mha::testing

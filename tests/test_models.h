@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/mha_engine.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
@@ -31,6 +32,10 @@ PackedWeights RandomWeights(const AttentionDims& dims, uint32_t seed);
 // prefixed with `prefix`.
 TensorMap WeightsAsTensors(const AttentionDims& dims, const PackedWeights& w,
                            WeightLayout layout, const std::string& prefix = "");
+
+// Runs one self-attention request of `len` random tokens on `engine`
+// (a gtest failure if it fails).
+void RunSelf(const MhaEngine& engine, int64_t len);
 
 }  // namespace mha::testing
 

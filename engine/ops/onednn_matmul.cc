@@ -1,5 +1,7 @@
 #include "engine/ops/onednn_matmul.h"
 
+#include <omp.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -169,14 +171,7 @@ void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace
   ExecuteBound(p, ws, a, /*with_bias=*/false);
 }
 
-MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSpec& spec) {
-  MatmulPrimitive p;
-  p.pd = dnnl::matmul::primitive_desc(
-      dnnl::matmul::desc(spec.SrcDesc(), spec.WeightsDesc(), spec.DstDesc()), MakeAttr(spec.scale),
-      engine);
-  p.primitive = dnnl::matmul(p.pd);
-  return p;
-}
+int PrimitiveThreads() { return omp_get_max_threads(); }
 
 MatmulCache::MatmulCache(const dnnl::engine& engine, size_t capacity)
     : engine_(engine), cache_(capacity) {
@@ -208,14 +203,15 @@ std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
   const uint64_t tick = budget.Tick();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const auto* found = cache_.Find(s, tick)) return *found;
+    if (const auto* found = cache_.Find({s, PrimitiveThreads()}, tick)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
   created->pd = dnnl::matmul::primitive_desc(
       dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
   misses_.fetch_add(1, std::memory_order_relaxed);
-  return Adopt(mu_, cache_, s, std::move(created), tick, budget);
+  return Adopt(mu_, cache_, std::make_pair(s, PrimitiveThreads()), std::move(created), tick,
+               budget);
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, dt act_dt, dt dst_dt)
@@ -354,14 +350,15 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   const uint64_t tick = budget.Tick();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (const auto* found = by_m_.Find(m, tick)) return *found;
+    if (const auto* found = by_m_.Find({m, PrimitiveThreads()}, tick)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
   created->pd = MakePd(m, weights_desc_);
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
   misses_.fetch_add(1, std::memory_order_relaxed);
-  return Adopt(mu_, by_m_, m, std::move(created), tick, budget);
+  return Adopt(mu_, by_m_, std::make_pair(m, PrimitiveThreads()), std::move(created), tick,
+               budget);
 }
 
 // Rows are processed in chunks of power-of-two sizes (and one final chunk

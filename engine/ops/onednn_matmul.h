@@ -43,7 +43,10 @@ struct MatmulPrimitive {
 
 // dst = scale * src x weights (+ bias), plain operands of up to 3 dims with
 // explicit strides (so heads can be strided views into a projection's
-// output). Fixed-size, so building, hashing and comparing one allocates
+// output). Dims and strides may be DNNL_RUNTIME_DIM_VAL: the primitive then
+// serves every shape that agrees with the fixed ones (keep the inner
+// dimension and unit strides fixed: oneDNN 2.6 falls back to its reference
+// kernel otherwise). Fixed-size, so building, hashing and comparing one allocates
 // nothing.
 struct MatmulSpec {
   using Dims = std::array<int64_t, 3>;
@@ -81,12 +84,6 @@ void ExecuteMatmul(const MatmulPrimitive& p, Workspace& ws, const void* src, con
 void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace& ws,
                    const void* src, const void* weights, void* dst);
 
-// A primitive for `spec` whose dims and strides may be DNNL_RUNTIME_DIM_VAL:
-// one primitive serves every shape that agrees with the fixed ones. (Keep
-// the inner dimension and unit strides fixed: oneDNN 2.6 falls back to its
-// reference kernel otherwise.)
-MatmulPrimitive MakeRuntimeDimsMatmul(const dnnl::engine& engine, const MatmulSpec& spec);
-
 // The oneDNN memory objects one primitive's arguments are passed in.
 struct BoundArgs {
   dnnl::memory src, weights, bias, dst, scratchpad;
@@ -107,9 +104,18 @@ class BoundMemories {
   LruCache<std::pair<uint64_t, MatmulSpec>, BoundArgs> by_key_{kMaxEntries};
 };
 
-// Creates each distinct MatmulSpec's primitive once and keeps the
-// `capacity` most recently used, within the process-wide PrimitiveBudget
-// (which may take its least recently used ones back). Thread-safe.
+// The threads a primitive created on the calling thread is made for: oneDNN
+// (OpenMP runtime) fixes a primitive's thread count, work split and
+// scratchpad when it is created, from the calling thread's OpenMP setting
+// (SetComputeThreads), and runs it on that many threads wherever it is
+// executed. The caches below key their primitives by it, so a call runs on
+// the threads its caller set, whoever created a primitive of its shape.
+int PrimitiveThreads();
+
+// Creates each distinct MatmulSpec's primitive once per thread count and
+// keeps the `capacity` most recently used, within the process-wide
+// PrimitiveBudget (which may take its least recently used ones back).
+// Thread-safe.
 class MatmulCache final : public PrimitiveBudget::Cache {
  public:
   static constexpr size_t kDefaultCapacity = 4096;
@@ -129,14 +135,16 @@ class MatmulCache final : public PrimitiveBudget::Cache {
   // std::mutex, not absl::Mutex: Debian's libabsl is not built with
   // ThreadSanitizer, which then cannot see its locks (see the TSan build).
   mutable std::mutex mu_;
-  LruCache<MatmulSpec, std::shared_ptr<const MatmulPrimitive>> cache_ ABSL_GUARDED_BY(mu_);
+  // By (spec, PrimitiveThreads()).
+  LruCache<std::pair<MatmulSpec, int>, std::shared_ptr<const MatmulPrimitive>> cache_
+      ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> misses_{0};
 };
 
 // y[m, N] = x[m, K] W^T + b for any m. Owns W (reordered once into the
 // format oneDNN picks for this machine) and b, or shares them with the layer
-// it is a column range of, and one primitive per m seen (the most recently
-// used 1024, within the process-wide PrimitiveBudget). Immutable after
+// it is a column range of, and one primitive per m and thread count seen (the
+// most recently used 1024, within the process-wide PrimitiveBudget). Immutable after
 // construction apart from that cache; thread-safe.
 class LinearLayer final : public PrimitiveBudget::Cache {
  public:
@@ -165,7 +173,7 @@ class LinearLayer final : public PrimitiveBudget::Cache {
     return static_cast<int64_t>(weights_.get_desc().get_size() + bias_.get_desc().get_size());
   }
   bool shares_weights() const { return !owns_weights_; }
-  // Primitives created since construction (per number of rows).
+  // Primitives created since construction (per number of rows and threads).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 
   // PrimitiveBudget::Cache.
@@ -190,7 +198,9 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   const uint8_t* weights_data_ = nullptr;
   const uint8_t* bias_data_ = nullptr;
   mutable std::mutex mu_;  // std::mutex for TSan, as in MatmulCache
-  mutable LruCache<int64_t, std::shared_ptr<const MatmulPrimitive>> by_m_ ABSL_GUARDED_BY(mu_);
+  // By (m, PrimitiveThreads()).
+  mutable LruCache<std::pair<int64_t, int>, std::shared_ptr<const MatmulPrimitive>> by_m_
+      ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> misses_{0};
 };
 

@@ -92,7 +92,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
   }
   // What it will cost, from its shapes, before it takes memory or time.
   const AttentionRequest& input = c.input();
-  const RequestCost cost = CostOf(input, *model.model.engine, model.batcher->ThreadsPerCall());
+  const RequestCost cost = CostOf(input, *model.model.engine, model.batcher->MaxThreadsPerCall());
   if (absl::Status s = CheckResponseSize(input, cost, limits_.max_message_bytes); !s.ok()) {
     c.model_metrics_->CountDropped("message_size");
     return c.Fail(s);

@@ -38,7 +38,7 @@ Batcher::Batcher(std::string model, const MhaEngine& engine, BatcherOptions opti
       pool_(options.pool != nullptr ? *options.pool : *own_pool_),
       max_batch_tokens_(options.max_batch_tokens > 0
                             ? options.max_batch_tokens
-                            : BatcherOptions::kTokensPerThread * pool_.ThreadsPerCall()),
+                            : BatcherOptions::kTokensPerThread * pool_.MaxThreadsPerCall()),
       tokens_with_steps_(options.max_batch_tokens_with_steps > 0
                              ? std::min(options.max_batch_tokens_with_steps, max_batch_tokens_)
                              : max_batch_tokens_),
@@ -373,7 +373,7 @@ std::vector<std::unique_ptr<AttendCall>> Batcher::TakeBatch() {
   return batch;
 }
 
-int Batcher::ThreadsPerCall() const { return pool_.ThreadsPerCall(); }
+int Batcher::MaxThreadsPerCall() const { return pool_.MaxThreadsPerCall(); }
 
 void Batcher::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections,
                              Workspace& ws) {

@@ -59,7 +59,7 @@ struct BatcherOptions {
   // `compute_threads` each (tests, tools).
   WorkerPool* pool = nullptr;
   int workers = 1;                   // threads calling the engine, own pool only
-  int compute_threads = 0;           // threads per engine call, own pool only (0: cores / workers)
+  int compute_threads = 0;           // threads per engine call, own pool only (0: the free cores)
   // The server's memory budget (borrowed; null: no accounting). Requests
   // reserve their queued bytes at Enqueue and their active bytes when a
   // batch takes them.
@@ -101,8 +101,8 @@ class Batcher final : public PoolQueue {
   // is stopping): a worker looks at them.
   void WakeSteps();
 
-  // Threads of one engine call.
-  int ThreadsPerCall() const;
+  // The most threads one engine call uses (what requests are charged for).
+  int MaxThreadsPerCall() const;
 
   // PoolQueue: the next work when it may run now (projections, then a
   // call).

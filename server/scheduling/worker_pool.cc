@@ -32,15 +32,26 @@ namespace {
 // again (real time: memory comes back on the real clock).
 constexpr auto kMemoryRetry = std::chrono::milliseconds(2);
 
-int ResolveThreadsPerCall(const WorkerPoolOptions& o) {
-  if (o.compute_threads > 0) return o.compute_threads;
-  return std::max(1, AvailableCores() / std::max(1, o.workers));
+int Cores(const WorkerPoolOptions& o) {
+  return std::max(1, o.cores > 0 ? o.cores : AvailableCores());
 }
+
+int AllThreads(const WorkerPoolOptions& o) {
+  return o.compute_threads > 0 ? o.compute_threads : Cores(o);
+}
+
+int ShareThreads(const WorkerPoolOptions& o) {
+  if (o.compute_threads > 0) return o.compute_threads;
+  return std::max(1, Cores(o) / std::max(1, o.workers));
+}
+
+thread_local int threads_of_this_call = 0;
 
 }  // namespace
 
 WorkerPool::WorkerPool(WorkerPoolOptions options)
-    : threads_per_call_(ResolveThreadsPerCall(options)),
+    : all_threads_(AllThreads(options)),
+      share_threads_(ShareThreads(options)),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
       next_(queues_.end()) {
   for (int i = 0; i < std::max(1, options.workers); ++i) {
@@ -81,6 +92,13 @@ void WorkerPool::Wake(Registration* registration, bool steps) {
     registration->steps = registration->steps || steps;
   }
   work_cv_.notify_one();
+}
+
+int WorkerPool::ThreadsOfThisCall() { return threads_of_this_call; }
+
+std::vector<int> WorkerPool::CallThreadCounts() const {
+  if (share_threads_ == all_threads_) return {all_threads_};
+  return {share_threads_, all_threads_};
 }
 
 bool WorkerPool::StepsRecently() const {
@@ -138,7 +156,6 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
 }
 
 void WorkerPool::WorkerLoop() {
-  SetComputeThreads(threads_per_call_);
   std::unique_ptr<Workspace> ws = MhaEngine::NewWorkspace();
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -157,13 +174,19 @@ void WorkerPool::WorkerLoop() {
       }
       continue;
     }
+    // The cores no other call holds: all of them alone, a share beside others.
+    threads_of_this_call = calls_running_ == 0 ? all_threads_ : share_threads_;
+    ++calls_running_;
     lock.unlock();
+    SetComputeThreads(threads_of_this_call);
     work->Run(*ws);
+    threads_of_this_call = 0;
     work.reset();  // what it held goes before the queue may be detached
     // After a large call, give its memory back to the system: the
     // workspace's buffers, and what glibc keeps of freed blocks.
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
     lock.lock();
+    --calls_running_;
     if (--from->running == 0 && from->detaching) idle_cv_.notify_all();
   }
 }

@@ -51,7 +51,11 @@ class PoolQueue {
 
 struct WorkerPoolOptions {
   int workers = 1;          // threads calling the engine
-  int compute_threads = 0;  // threads per engine call (0: all cores / workers)
+  // Threads per engine call. 0: as many as the cores left to it — a call
+  // that starts while no other runs gets all cores, one that starts beside
+  // others gets its share (cores / workers).
+  int compute_threads = 0;
+  int cores = 0;  // the cores calls share (0: those this process may use)
   // What queue delays are measured with (borrowed; null: the real clock);
   // the same clock as the queues'.
   const Clock* clock = nullptr;
@@ -84,8 +88,13 @@ class WorkerPool {
   bool StepsRecently() const;
 
   int workers() const { return static_cast<int>(threads_.size()); }
-  // Threads of one engine call.
-  int ThreadsPerCall() const { return threads_per_call_; }
+  // The most threads one engine call uses (what its memory is charged for).
+  int MaxThreadsPerCall() const { return all_threads_; }
+  // Every thread count its calls run with (what models warm up for).
+  std::vector<int> CallThreadCounts() const;
+  // On a worker, inside PoolWork::Run: the threads the pool gave this call
+  // (the calling thread's SetComputeThreads). 0 elsewhere.
+  static int ThreadsOfThisCall();
 
  private:
   void WorkerLoop();
@@ -97,7 +106,8 @@ class WorkerPool {
   std::unique_ptr<PoolWork> Scan(bool steps_only, absl::Time now, Registration*& from,
                                  absl::Time& wait_until, bool& memory_wait);
 
-  const int threads_per_call_;
+  // Threads of a call that starts while no other runs, and beside others.
+  const int all_threads_, share_threads_;
   const Clock& clock_;
   std::mutex mu_;
   std::condition_variable work_cv_;  // a queue was woken, or stopping
@@ -105,6 +115,7 @@ class WorkerPool {
   std::list<Registration> queues_;          // guarded by mu_
   std::list<Registration>::iterator next_;  // where the next scan starts; guarded by mu_
   bool stopping_ = false;            // guarded by mu_
+  int calls_running_ = 0;            // guarded by mu_
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
   std::atomic<int64_t> steps_woken_at_ns_{kNever};  // clock_'s Unix nanoseconds
   std::vector<std::thread> threads_;

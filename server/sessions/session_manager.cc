@@ -171,7 +171,7 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   if (cross) {  // its memory is projected by its version's batcher: a task
     const VersionPtr version = params.version;
     const RequestCost cost =
-        CostOf(*params.memory, engine, version->batcher->ThreadsPerCall());
+        CostOf(*params.memory, engine, version->batcher->MaxThreadsPerCall());
     const int64_t wire_bytes = params.memory->wire_bytes();
     auto open = std::make_unique<MemoryProjection>(*this, std::move(params), std::move(done),
                                                    session);

@@ -48,7 +48,7 @@ void SessionManager::CountDropped(const std::string& model, const char* reason) 
 RequestCost SessionManager::CostLocked(const Session& s, const AttentionRequest& query) const {
   const MhaEngine& engine = *s.version->model.engine;
   return CostOfStep(query, StepKeys(engine, s.position, query.q_len(), s.cross), engine,
-                    s.version->batcher->ThreadsPerCall());
+                    s.version->batcher->MaxThreadsPerCall());
 }
 
 void SessionManager::Append(AppendParams params, AppendDone done) {
