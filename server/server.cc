@@ -154,8 +154,14 @@ absl::Status Server::Build() {
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, Credentials(options_));
   ASSIGN_OR_RETURN(BearerAuth auth, BearerAuth::FromFile(options_.auth_token_file));
 
-  exposer_ = std::make_unique<prometheus::Exposer>(
-      HostPort(options_.host, options_.metrics_port));
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(
+        HostPort(options_.host, options_.metrics_port));
+  } catch (const std::exception& e) {  // CivetServer throws when it cannot listen
+    return absl::UnavailableError(absl::StrCat("--metrics_port: cannot serve /metrics on ",
+                                               HostPort(options_.host, options_.metrics_port),
+                                               " (in use?): ", e.what()));
+  }
   exposer_->RegisterCollectable(metrics_->registry());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

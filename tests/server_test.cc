@@ -3,10 +3,16 @@
 // it cannot serve with are refused with what is wrong.
 #include "server/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <memory>
 #include <regex>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -65,6 +71,25 @@ TEST(ServerTest, RefusesOptionsItCannotServeWith) {
   ServerOptions mode = DemoOptions();
   mode.model_control_mode = "sometimes";
   EXPECT_EQ(Server::Start(mode).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // A metrics port another socket holds: a precise error, not an abort.
+  const int held = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(held, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(held, 1), 0);
+  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ServerOptions metrics = DemoOptions();
+  metrics.metrics_port = ntohs(address.sin_port);
+  server = Server::Start(metrics);
+  close(held);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr(absl::StrCat("--metrics_port: cannot serve /metrics on 127.0.0.1:",
+                                     metrics.metrics_port, " (in use?)")));
 
   ServerOptions tls = DemoOptions();
   tls.tls_cert = "/nonexistent/cert.pem";

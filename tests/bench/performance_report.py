@@ -222,7 +222,7 @@ def server_sweep(args, batching):
 
 
 # (--workers, --intra_op_threads) tried, and the loads they are tried on.
-THREAD_CONFIGS = [(1, 2), (2, 1), (1, 1)]
+THREAD_CONFIGS = [(2, 0), (1, 2), (2, 1), (1, 1)]
 THREAD_LOADS = [("small, L = 16", "16:16"), ("large, L = 512", "512:512")]
 THREAD_CONCURRENCY = [1, 16]
 
@@ -241,7 +241,7 @@ def thread_table(results):
             head += [f"{name}, c={c}: req/s", "p50 ms"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w, t in THREAD_CONFIGS:
-        cells = [str(w), str(t)]
+        cells = [str(w), str(t) if t else "0 (the free cores)"]
         for name, _ in THREAD_LOADS:
             for c in THREAD_CONCURRENCY:
                 r = results[(w, t, name)][c]
@@ -444,8 +444,9 @@ What the server costs beyond the engine (`tests/bench/server_cpu.py`, three runs
 CPU time (user + system from `/proc/PID/stat`) per request answered under `mha_client load
 --concurrency 64 --len_range 16:128` (batching on, demo model), against the engine's CPU time
 per request on ragged batches of the size the server formed (`mha_bench --shapes ragged
---ragged_batch N`: wall time x 2 threads / N, a spinning OpenMP thread counted as in the
-server). The client shares the 2 cores.
+--ragged_batch N`: wall time x threads / N, a spinning OpenMP thread counted as in the
+server, with the threads a call gets under this load: 1, its share of the cores beside the
+other worker's call). The client shares the 2 cores.
 
 {cpu}
 """.replace("{rounds_note}", "3 rounds, alternating the programs")

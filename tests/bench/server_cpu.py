@@ -9,8 +9,10 @@ load against the engine's CPU time per request on the same kind of batch.
    time from /proc/PID/stat before and after: server CPU per request. The
    batches it formed (mha_batch_requests) give their mean size.
 2. Runs mha_bench on ragged self-attention batches of that many requests
-   (lengths uniform in [16, 128], the demo model's E and h) with the same
-   threads per engine call: wall time x threads / requests is the engine's
+   (lengths uniform in [16, 128], the demo model's E and h) with the
+   threads per engine call the server's calls get under this load (a call's
+   share of the cores: calls run side by side): wall time x threads /
+   requests is the engine's
    CPU time per request (a spinning OpenMP thread counts, as it does in the
    server).
 Prints one JSON object. The client runs on the same cores, so compare the
@@ -89,12 +91,22 @@ def measure_engine(args, batch, threads):
     return {"engine_ms": median, "engine_cpu_us": 1e3 * median * threads / batch}
 
 
+def threads_under_load(flags):
+    """Threads per engine call of a server started with `flags` under load:
+    --intra_op_threads when set, else a call's share of the cores (calls run
+    side by side: cores / --workers, 2 workers by default)."""
+    values = dict(f.lstrip("-").split("=", 1) for f in flags if "=" in f)
+    if int(values.get("intra_op_threads", 0)) > 0:
+        return int(values["intra_op_threads"])
+    return max(1, os.cpu_count() // int(values.get("workers", 2)))
+
+
 def measure(args, flags=(), threads=0):
     """One run: the server's and the engine's CPU per request and their ratio.
     `args` names the binaries and the load (see main); `threads` is the
-    threads per engine call the flags give (0: all cores)."""
+    threads per engine call (0: what the flags give under load)."""
     server = measure_server(args, list(flags))
-    threads = threads or os.cpu_count()
+    threads = threads or threads_under_load(flags)
     engine = measure_engine(args, max(1, round(server["mean_batch"])), threads)
     return {"flags": " ".join(flags), **server, **engine,
             "ratio": server["server_cpu_us"] / engine["engine_cpu_us"]}
@@ -108,7 +120,8 @@ def main():
     parser.add_argument("--mha_bench", default=os.path.join(build, "mha_bench"))
     parser.add_argument("--flags", default="", help="extra mha_server flags")
     parser.add_argument("--threads", type=int, default=0,
-                        help="threads per engine call in the server (0: cores / --workers)")
+                        help="threads per engine call in the server under load "
+                             "(0: --intra_op_threads, or cores / --workers)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=5)
