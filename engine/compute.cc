@@ -20,16 +20,14 @@ absl::Status MhaEngine::Compute(const AttentionBatch& sequences, const AppendBat
   const bool has_steps = !steps.steps.empty() || !steps.query.empty() ||
                          !out.step_weights.empty() || sequences.q_offsets.empty();
   if (!has_steps) {  // sequences only
-    RETURN_IF_ERROR(
-        impl_->ValidateRun(sequences, {out.output, out.weights, out.per_head_weights}));
+    RETURN_IF_ERROR(impl_->ValidateRun(sequences, {out.output, out.weights, out.per_head_weights}));
     return GuardEngineCall([&] { impl_->Compute(sequences, steps, out, ws); });
   }
   const int64_t e = impl_->dims().embed_dim;
   const int64_t q_rows = sequences.num_sequences() > 0 ? sequences.q_offsets.back() : 0;
   if (q_rows < 0 || static_cast<int64_t>(out.output.size()) < q_rows * e) {
-    return absl::InvalidArgumentError(absl::StrCat("output: ", out.output.size(),
-                                                   " elements, fewer than the batch's ", q_rows,
-                                                   " x ", e));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output: ", out.output.size(), " elements, fewer than the batch's ", q_rows, " x ", e));
   }
   if (sequences.num_sequences() > 0) {
     RETURN_IF_ERROR(impl_->ValidateRun(
@@ -91,9 +89,8 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
       // batch with cross steps only): one product, over the rows as given
       // when the steps' follow the batch's (RaggedBatch's rows_after), else
       // over a copy of both.
-      const bool adjacent = act_dt_ == dt::f32 && steps.query.data() ==
-                                                      sequences.query.data() +
-                                                          sequences.query.size();
+      const bool adjacent = act_dt_ == dt::f32 &&
+                            steps.query.data() == sequences.query.data() + sequences.query.size();
       const void* rows = sequences.query.data();
       if (!adjacent) {
         auto* copy = ws.Get<uint8_t>(Workspace::kMixedQuery, total * e * eb);
@@ -148,20 +145,14 @@ void EngineImpl::Compute(const AttentionBatch& sequences, const AppendBatch& ste
   uint8_t* context = nullptr;
   if (s_rows > 0) {
     context = ws.Get<uint8_t>(Workspace::kStepContext, s_rows * vw * eb);
-    AttendSteps(steps, s.proj, s.ld, context, out.step_weights, ws);
+    steps_->Attend(steps, s.proj, s.ld, context, out.step_weights, ws);
   }
   if (q_rows > 0) {
-    const bool weights = !out.weights.empty();
-    const Projected p = Project(t, sequences, weights, ws);
-    AttendSequences(p, sequences, {out.output.subspan(0, q_rows * e), out.weights,
-                                   out.per_head_weights},
-                    ws);
-    // The token-major projections are dead once split into heads: their
-    // buffer takes both contexts back to back (this bounds scratch memory
-    // at long lengths), for one output product.
+    // Both contexts back to back, for one output product.
     const uint8_t* step_context = context;
-    context = ws.Get<uint8_t>(Workspace::kProjQ, total * vw * eb);
-    MergeContexts(p, sequences, weights, context);
+    context = sequences_->Attend(
+        t, sequences, {out.output.subspan(0, q_rows * e), out.weights, out.per_head_weights}, total,
+        ws);
     if (s_rows > 0) std::memcpy(context + q_rows * vw * eb, step_context, s_rows * vw * eb);
   }
   out_->Run(ws, context, total, out.output.data());

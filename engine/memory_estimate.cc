@@ -49,14 +49,14 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
     bytes += Grown(total_kv * qk * act) + Grown(total_kv * vw * act);
   }
   // Head-major q, k, v and context; key offsets; masks made f32.
-  bytes += Grown(total_q * qk * act) + Grown(total_keys * qk * act) +
-           Grown(total_keys * vw * act) + Grown(total_q * vw * act);
+  bytes += Grown(total_q * qk * act) + Grown(total_keys * qk * act) + Grown(total_keys * vw * act) +
+           Grown(total_q * vw * act);
   bytes += Grown((n + 1) * 8) + Grown(shape.bool_mask_elements * 4);
-  if (Tiled(shape.q_len, keys, shape.need_weights)) {
+  if (sequences_->Tiled(shape.q_len, keys, shape.need_weights)) {
     // Each thread's child workspace holds one tile's scores and its
     // accumulators, and runs primitives of its own.
-    const int64_t rows = QueryBlockRows(shape.q_len, keys, false);
-    const int64_t tile = std::min(options_.tile_keys, keys);
+    const int64_t rows = sequences_->QueryBlockRows(shape.q_len, keys, false);
+    const int64_t tile = std::min(sequences_->tile_keys(), keys);
     const int64_t child = Grown(rows * tile * 4) + (dims_.bf16 ? Grown(rows * tile * 2) : 0) +
                           2 * Grown(rows * dv * 4) + Grown(3 * rows * 4) +
                           kOnednnScratchpadAllowance;
@@ -64,10 +64,11 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   }
   // The largest block's scores (and bf16 probabilities), as Compute cuts them.
   const int64_t per_seq = h * shape.q_len * keys;
-  const int64_t count =
-      per_seq <= ScoreCap() ? std::clamp<int64_t>(ScoreCap() / per_seq, 1, n) : 1;
-  const int64_t rows = RowsPerBlock(shape.q_len, keys);
-  const int64_t scores = count * HeadsPerBlock(rows, keys) * rows * keys;
+  const int64_t count = per_seq <= sequences_->ScoreCap()
+                            ? std::clamp<int64_t>(sequences_->ScoreCap() / per_seq, 1, n)
+                            : 1;
+  const int64_t rows = sequences_->RowsPerBlock(shape.q_len, keys);
+  const int64_t scores = count * sequences_->HeadsPerBlock(rows, keys) * rows * keys;
   return bytes + Grown(scores * 4) + (dims_.bf16 ? Grown(scores * 2) : 0);
 }
 
@@ -87,8 +88,9 @@ int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_wei
   // kSessionScoreCap floats, or one row of each head when a row is longer;
   // see HeadsPerItem), an accumulator and a bf16 query row per head.
   const int64_t cols = std::max<int64_t>(keys, 1);
-  const int64_t heads = std::min(h, std::max<int64_t>(1, kSessionScoreCap / cols));
-  const int64_t scores = std::min(std::max(kSessionScoreCap, cols), heads * tokens * cols);
+  const int64_t heads = std::min(h, std::max<int64_t>(1, StepAttention::kSessionScoreCap / cols));
+  const int64_t scores =
+      std::min(std::max(StepAttention::kSessionScoreCap, cols), heads * tokens * cols);
   const int64_t child = Grown(scores * 4) + Grown(h * dv * 4) + Grown(h * dims_.qk_head_dim * 2);
   return bytes + std::max(1, threads) * child;
 }

@@ -55,7 +55,7 @@ absl::Status MhaEngine::WarmUpOnThisThread(absl::Span<const int64_t> lengths) co
 }
 
 uint64_t EngineImpl::PrimitiveCacheMisses() const {
-  uint64_t misses = attention_matmuls_.misses();
+  uint64_t misses = sequences_->PrimitiveCacheMisses();
   for (const auto* layer : {&qkv_, &q_, &kv_, &k_, &v_, &out_}) {
     if (*layer != nullptr) misses += (*layer)->misses();
   }
