@@ -75,6 +75,8 @@ class EngineImpl {
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
   int64_t StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights, int threads) const;
   uint64_t PrimitiveCacheMisses() const;
+  // Warm-up's part that needs no lengths (SequenceAttention's).
+  void MakeRuntimePrimitives() const { sequences_->MakeRuntimePrimitives(); }
   int64_t WeightBytes() const;
   const AttentionDims& dims() const { return dims_; }
 

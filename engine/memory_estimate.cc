@@ -62,7 +62,7 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
                           kOnednnScratchpadAllowance;
     return bytes + std::max(1, threads) * child;
   }
-  // The largest block's scores (and bf16 probabilities), as Compute cuts them.
+  // The largest block's scores (and bf16 probabilities), as SequenceAttention cuts them.
   const int64_t per_seq = h * shape.q_len * keys;
   const int64_t count = per_seq <= sequences_->ScoreCap()
                             ? std::clamp<int64_t>(sequences_->ScoreCap() / per_seq, 1, n)

@@ -1,7 +1,5 @@
 #include "engine/mha_engine.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -157,12 +155,6 @@ int64_t MhaEngine::WeightBytes() const { return impl_->WeightBytes(); }
 
 const AttentionDims& MhaEngine::dims() const { return impl_->dims(); }
 
-
-
-
-
-
-
 int64_t EngineImpl::WeightsElements(const AttentionBatch& batch, bool per_head) const {
   const std::vector<int64_t>& kv =
       batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
@@ -252,17 +244,5 @@ void EngineImpl::ProjectKeysValues(const AttentionBatch& batch, Workspace& ws,
   v_->Run(ws, value, total_kv, vv);
   t.k = k, t.v = vv, t.ldk = qk, t.ldv = v;
 }
-
-
-
-
-
-
-
-
-
-
-
-
 
 }  // namespace mha

@@ -26,8 +26,8 @@ struct EngineOptions {
   // blocks of query rows, so scratch memory is bounded whatever the length.
   int64_t max_score_bytes = int64_t{4} << 20;
   // Attention products of blocks with at most this many scores (heads x
-  // query rows x keys) run on one oneDNN primitive with runtime shapes,
-  // created with the engine; larger ones on a primitive per shape, created
+  // query rows x keys) run on one oneDNN primitive with runtime shapes
+  // (per thread count), created with the engine and at warm-up; larger ones on a primitive per shape, created
   // at first use and cached. 0: always per shape. -1 (default): 4 x 128 x
   // 128 in fp32 (a lone small request), where both run equally fast once
   // warm but a new shape costs ~0.5 ms more per shape; 0 in bf16, where the

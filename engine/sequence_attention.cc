@@ -100,6 +100,12 @@ SequenceAttention::SequenceAttention(const AttentionDims& dims, const EngineOpti
     context.dst_strides = {rt, dv, 1};
     runtime_context_ = context;
   }
+  MakeRuntimePrimitives();
+}
+
+void SequenceAttention::MakeRuntimePrimitives() const {
+  if (runtime_scores_.has_value()) attention_matmuls_.Get(*runtime_scores_);
+  if (runtime_context_.has_value()) attention_matmuls_.Get(*runtime_context_);
 }
 
 uint8_t* SequenceAttention::Attend(const TokenMajor& t, const AttentionBatch& batch,

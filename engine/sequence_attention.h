@@ -61,6 +61,11 @@ class SequenceAttention {
   int64_t QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const;
   int64_t tile_keys() const { return options_.tile_keys; }
 
+  // Creates the runtime-shape primitives (if used) for the calling thread's
+  // count; the constructor does it for the constructing thread's, warm-up
+  // for every count calls use.
+  void MakeRuntimePrimitives() const;
+
   // Primitives its cache created (lookups that found none).
   uint64_t PrimitiveCacheMisses() const { return attention_matmuls_.misses(); }
 

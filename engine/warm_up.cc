@@ -26,6 +26,8 @@ absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
 }
 
 absl::Status MhaEngine::WarmUpOnThisThread(absl::Span<const int64_t> lengths) const {
+  const absl::Status made = GuardEngineCall([&] { impl_->MakeRuntimePrimitives(); });
+  if (!made.ok()) return made;
   const AttentionDims& d = dims();
   const bool self = d.kdim == d.embed_dim && d.vdim == d.embed_dim;
   const bool value_is_key = d.kdim == d.vdim;

@@ -15,9 +15,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/server.h"
 
@@ -34,8 +34,8 @@ ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest request or response message
 ABSL_FLAG(int, workers, 2,
           "engine worker threads of the server, shared by every model and version");
 ABSL_FLAG(int, intra_op_threads, 0,
-          "threads per engine call; 0: the cores no other call holds (all of them for a call "
-          "alone, cores / workers beside other calls)");
+          "threads per engine call; 0: all cores for a call that starts while no other runs, "
+          "cores / workers for one that starts beside another");
 ABSL_FLAG(int, shutdown_grace_s, 30, "seconds to finish queued requests on SIGTERM");
 ABSL_FLAG(bool, disable_batching, false, "one request per engine call, whatever the configs say");
 ABSL_FLAG(int64_t, max_request_tokens, int64_t{1} << 20, "query + key tokens per request");

@@ -883,10 +883,10 @@ TEST(WorkerPoolTest, ACallAloneGetsAllCoresACallBesideAnotherItsShare) {
   wait_for_log(1);  // the second ran beside the first (which waits for the gate)
   open.set_value();
   wait_for_log(2);
-  second.Add(1);  // alone again
+  pool.Detach(first_r);  // returns once the first call is over
+  second.Add(1);         // alone again
   pool.Wake(second_r);
   wait_for_log(3);
-  pool.Detach(first_r);
   pool.Detach(second_r);
   EXPECT_THAT(log, ::testing::ElementsAre("second/2", "first/4", "second/4"));
 

@@ -2,6 +2,7 @@
 // was created for, so the engine keeps one per thread count (a call runs on
 // what its caller set), and warm-up covers every count calls use. Not in
 // the ThreadSanitizer run: that build gives every call one thread.
+#include <chrono>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -36,11 +37,17 @@ TEST(PrimitiveThreadsTest, ACallRunsOnItsCallersThreadsWhoeverMadeItsPrimitives)
     EngineOptions options;
     options.runtime_dims_max_scores = runtime_dims;
     auto engine = MhaEngine::Create(dims, testing::RandomWeights(dims, 9), options).value();
+    const int baseline = ThreadsInProcess();
     std::thread([&] {
       SetComputeThreads(2);
       RunSelf(*engine, 48);
     }).join();
     const uint64_t two_threads = engine->PrimitiveCacheMisses();
+    // That thread's OpenMP team thread exits on its own, detached: wait for it.
+    for (int i = 0; i < 500 && ThreadsInProcess() > baseline; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(ThreadsInProcess(), baseline);
     int before = 0, after = 0;
     uint64_t one_thread = 0;
     std::thread([&] {

@@ -174,19 +174,18 @@ void WorkerPool::WorkerLoop() {
       }
       continue;
     }
-    // The cores no other call holds: all of them alone, a share beside others.
-    threads_of_this_call = calls_running_ == 0 ? all_threads_ : share_threads_;
-    ++calls_running_;
+    // All cores for a call alone, its share for one beside others.
+    threads_of_this_call = calls_running_.fetch_add(1) == 0 ? all_threads_ : share_threads_;
     lock.unlock();
     SetComputeThreads(threads_of_this_call);
     work->Run(*ws);
     threads_of_this_call = 0;
+    calls_running_.fetch_sub(1);  // its cores are free for the next call now
     work.reset();  // what it held goes before the queue may be detached
     // After a large call, give its memory back to the system: the
     // workspace's buffers, and what glibc keeps of freed blocks.
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
     lock.lock();
-    --calls_running_;
     if (--from->running == 0 && from->detaching) idle_cv_.notify_all();
   }
 }

@@ -51,9 +51,9 @@ class PoolQueue {
 
 struct WorkerPoolOptions {
   int workers = 1;          // threads calling the engine
-  // Threads per engine call. 0: as many as the cores left to it — a call
-  // that starts while no other runs gets all cores, one that starts beside
-  // others gets its share (cores / workers).
+  // Threads per engine call. 0: a call that starts while no other runs
+  // gets all cores, one that starts beside others its share (cores /
+  // workers); the two may overlap until the first ends.
   int compute_threads = 0;
   int cores = 0;  // the cores calls share (0: those this process may use)
   // What queue delays are measured with (borrowed; null: the real clock);
@@ -115,7 +115,7 @@ class WorkerPool {
   std::list<Registration> queues_;          // guarded by mu_
   std::list<Registration>::iterator next_;  // where the next scan starts; guarded by mu_
   bool stopping_ = false;            // guarded by mu_
-  int calls_running_ = 0;            // guarded by mu_
+  std::atomic<int> calls_running_{0};  // engine calls running now
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
   std::atomic<int64_t> steps_woken_at_ns_{kNever};  // clock_'s Unix nanoseconds
   std::vector<std::thread> threads_;

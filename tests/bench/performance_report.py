@@ -372,7 +372,7 @@ again ("warm": everything cached; mean per call). Cross-attention pairs
 each length with another key length. Measured both ways: a primitive per
 block shape, created at first use and cached, and (for blocks up to
 4 x 128 x 128 scores) one primitive with runtime shapes created with the
-engine. The engine uses the runtime-shape primitive in fp32 and
+engine (and at warm-up for each thread count calls use). The engine uses the runtime-shape primitive in fp32 and
 per-shape ones in bf16 (with AMX those run faster once created). Either way a
 first call also creates the projections' primitives for its row count
 (one per count below 64, then powers of two: bounded, created once).
