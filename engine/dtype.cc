@@ -41,21 +41,6 @@ float HalfToFloat(uint16_t h) {
   return out;
 }
 
-float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40u);
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
 uint16_t FloatToHalf(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -4,8 +4,10 @@
 #ifndef MHA_ENGINE_DTYPE_H_
 #define MHA_ENGINE_DTYPE_H_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace mha {
 
@@ -15,9 +17,21 @@ enum class DType { kF32, kF16, kBF16, kBool };
 size_t DTypeSize(DType dtype);
 
 float HalfToFloat(uint16_t h);
-float Bf16ToFloat(uint16_t b);
+// The bf16 pair inline: the step loops convert a cache row per token.
+inline float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
 // Round-to-nearest-even, NaN preserved.
-uint16_t FloatToBf16(float f);
+inline uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
 uint16_t FloatToHalf(float f);
 // `n` elements of `dtype` at `bytes` (little-endian, any alignment) as f32
 // (BOOL: 0/1).

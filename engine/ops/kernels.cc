@@ -1,7 +1,5 @@
 #include "engine/ops/kernels.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include "engine/ops/avx512_kernels.h"
 #include "engine/ops/exp_polynomial.h"
 #include "engine/ops/multiversion.h"
+#include "engine/ops/parallel_for.h"
 
 // Bodies shared by several multiversioned functions: inlined into each clone,
 // so each is compiled for that clone's instruction set.
@@ -163,11 +162,7 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
                    const SoftmaxMasks& m, uint16_t* bf16_out, bool f32_probs) {
   const int64_t total_rows = heads * rows;
   const auto row_fn = bf16_out != nullptr && !f32_probs ? SoftmaxRowBf16Only : SoftmaxRow;
-  // Not inside another parallel region (a session step's heads): nested
-  // regions would start threads of their own.
-  const bool parallel = total_rows * cols >= kParallelSoftmaxScores && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t hr = 0; hr < total_rows; ++hr) {
+  ForRange(total_rows, total_rows * cols >= kParallelSoftmaxScores, [&](int64_t hr) {
     const int64_t h = hr / rows, r = hr % rows;
     const float* attn =
         m.attn == nullptr ? nullptr : m.attn + h * m.attn_head_stride + r * m.attn_row_stride;
@@ -175,7 +170,7 @@ void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
         m.causal ? std::min(m.masked_cols, m.first_row + r + 1) : m.masked_cols;
     row_fn(scores + hr * cols, cols, m.key_padding, attn, m.masked_cols, causal_limit,
            bf16_out == nullptr ? nullptr : bf16_out + hr * cols);
-  }
+  });
 }
 
 namespace {
@@ -327,33 +322,30 @@ inline void CopySlice(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 void ConvertToBf16(const float* in, uint16_t* out, int64_t count) {
   constexpr int64_t kChunk = 16 << 10;
   const int64_t chunks = (count + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (count * 4 > kParallelCopyBytes)
-  for (int64_t c = 0; c < chunks; ++c) {
+  ForRange(chunks, count * 4 > kParallelCopyBytes, [&](int64_t c) {
     const int64_t first = c * kChunk;
     ConvertChunkToBf16(in + first, out + first, std::min(kChunk, count - first));
-  }
+  });
 }
 
 void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
                 const HeadLayout& layout, uint8_t* dst) {
   const int64_t hb = layout.head_bytes;
-#pragma omp parallel for schedule(static) if (rows * layout.heads * hb > kParallelCopyBytes)
-  for (int64_t r = 0; r < rows; ++r) {
+  ForRange(rows, rows * layout.heads * hb > kParallelCopyBytes, [&](int64_t r) {
     for (int64_t h = 0; h < layout.heads; ++h) {
       CopySlice(dst + layout.Offset(h, r), src + r * src_row_bytes + h * hb, hb);
     }
-  }
+  });
 }
 
 void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
                 uint8_t* dst, int64_t dst_row_bytes) {
   const int64_t hb = layout.head_bytes;
-#pragma omp parallel for schedule(static) if (rows * layout.heads * hb > kParallelCopyBytes)
-  for (int64_t r = 0; r < rows; ++r) {
+  ForRange(rows, rows * layout.heads * hb > kParallelCopyBytes, [&](int64_t r) {
     for (int64_t h = 0; h < layout.heads; ++h) {
       CopySlice(dst + r * dst_row_bytes + h * hb, src + layout.Offset(h, r), hb);
     }
-  }
+  });
 }
 
 MHA_MULTIVERSION
