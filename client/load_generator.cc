@@ -40,11 +40,15 @@ class LoadRun {
     end_ = start_ + options_.duration;
     std::thread progress;
     if (options_.progress) progress = std::thread([this] { ShowProgress(); });
-    if (options_.rate > 0) {
+    std::vector<std::thread> streams;
+    if (options_.stream) {
+      for (int i = 0; i < options_.concurrency; ++i) streams.emplace_back([this] { RunStream(); });
+    } else if (options_.rate > 0) {
       OpenLoop();
     } else {
       for (int i = 0; i < options_.concurrency; ++i) Issue(/*chain=*/true);
     }
+    for (std::thread& t : streams) t.join();
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, [this] { return in_flight_ == 0 && started_all_; });
     report_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
@@ -63,6 +67,51 @@ class LoadRun {
     absl::Time sent;
     int64_t tokens = 0;
   };
+
+  // The index of the next request, or -1 when the run is over.
+  int64_t Next() {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_all_ = true;
+    const bool over = absl::Now() >= end_ ||
+                      (options_.max_requests > 0 && issued_ >= options_.max_requests);
+    return over ? -1 : issued_++;
+  }
+
+  // One slot of a streamed closed loop: requests one after another over one
+  // Stream, each answered before the next is written.
+  void RunStream() {
+    grpc::ClientContext context;
+    AddToken(options_.token, context);
+    auto stream = stub_->Stream(&context);
+    v1::StreamRequest message;
+    v1::StreamResponse answer;
+    bool broken = false;
+    for (int64_t n = Next(); n >= 0 && !broken; n = Next()) {
+      const v1::AttendRequest& request = pool_[n % pool_.size()];
+      *message.mutable_attend() = request;
+      const absl::Time sent = absl::Now();
+      const bool ok = stream->Write(message) && stream->Read(&answer);
+      const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!ok) {  // the stream broke: Finish says why
+        broken = true;
+      } else if (answer.code() != 0) {
+        ++report_.errors[CodeName(static_cast<grpc::StatusCode>(answer.code()))];
+      } else {
+        latencies_ms_.push_back(ms);
+        ++report_.requests;
+        report_.tokens += request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
+      }
+    }
+    if (!broken) stream->WritesDone();
+    const grpc::Status status = stream->Finish();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status.ok() || broken) {
+      ++report_.errors[CodeName(status.ok() ? grpc::StatusCode::UNKNOWN : status.error_code())];
+    } else {
+      ++report_.streams;
+    }
+  }
 
   // Starts calls on a fixed schedule, whatever the answers.
   void OpenLoop() {
@@ -182,9 +231,9 @@ std::string LoadReport::Json() const {
   return absl::StrFormat(
       "{\"requests\": %d, \"seconds\": %.4f, \"rps\": %.2f, \"tokens_per_s\": %.1f, "
       "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"p999_ms\": %.4f, "
-      "\"max_ms\": %.4f, \"errors\": {%s}}",
+      "\"max_ms\": %.4f, \"errors\": {%s}, \"streams\": %d}",
       requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms,
-      p999_ms, max_ms, errs);
+      p999_ms, max_ms, errs, streams);
 }
 
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options) {

@@ -31,11 +31,15 @@ struct LoadOptions {
   int64_t kv_len = 0;           // > 0: cross-attention with this key length (value = key)
   uint32_t seed = 1;
   std::string token;            // bearer token, when the server wants one
+  // Closed loop only: each of the `concurrency` slots sends its requests
+  // over one Stream (a message each), not one Attend call each.
+  bool stream = false;
 };
 
 struct LoadReport {
   int64_t requests = 0, tokens = 0;
   std::map<std::string, int64_t> errors;  // by status code name
+  int64_t streams = 0;                     // --stream: streams the server ended with OK
   double seconds = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, p999_ms = 0, max_ms = 0;
 
@@ -46,7 +50,8 @@ struct LoadReport {
 
 // Closed loop: keeps `concurrency` Attend calls in flight; open loop (rate
 // > 0): starts calls at that rate. One channel, callback API, no thread per
-// request; runs until the duration or request count is reached.
+// request; runs until the duration or request count is reached. With
+// `stream`: one Stream and one thread per slot, a request in flight on each.
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options);
 
 // One point of a concurrency sweep.

@@ -94,6 +94,9 @@ ABSL_FLAG(std::string, len_range, "16:16", "load: query lengths MIN:MAX, uniform
 ABSL_FLAG(bool, json, false, "load: print the report as JSON");
 ABSL_FLAG(double, rate, 0, "load: open loop at this many requests/s (0: closed loop)");
 ABSL_FLAG(std::string, sweep, "", "load: run each concurrency of this list, e.g. 1,4,16,64");
+ABSL_FLAG(bool, stream, false,
+          "load: each of --concurrency clients sends its Attend requests over one Stream "
+          "(closed loop), not as one call each");
 ABSL_FLAG(std::string, sweep_out, "sweep", "load --sweep: writes PREFIX.csv and PREFIX.svg");
 
 namespace mha::client {
@@ -387,6 +390,11 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
     o.models.push_back({info.name(), info.embed_dim(), info.kdim()});
   }
   o.rate = absl::GetFlag(FLAGS_rate);
+  o.stream = absl::GetFlag(FLAGS_stream);
+  if (o.stream && o.rate > 0) {
+    std::fprintf(stderr, "--stream: a closed loop only (drop --rate)\n");
+    return 2;
+  }
   o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
   if (!absl::GetFlag(FLAGS_sweep).empty()) return Sweep(channel, o);
   const LoadReport report = RunLoad(channel, o);

@@ -77,6 +77,17 @@ RaggedBatch::RaggedBatch(absl::Span<const AttentionRequest* const> requests,
     any_key_padding |= r->batch().key_padding_mask.present();
   }
   const DType key_padding_dtype = BatchSignature::Of(*requests.front()).key_padding_mask;
+  // Room for everything first: appending into growing vectors would copy
+  // the rows again at each doubling (and map fresh pages each time).
+  size_t query_size = rows_after.size(), key_size = 0, value_size = 0;
+  for (const AttentionRequest* r : requests) {
+    query_size += r->batch().query.size();
+    key_size += r->batch().key.size();
+    value_size += r->batch().value.size();
+  }
+  query_.reserve(query_size);
+  key_.reserve(key_size);
+  value_.reserve(value_size);
   for (const AttentionRequest* r : requests) {
     const AttentionBatch& b = r->batch();
     if (b.attn_mask.present()) {

@@ -58,13 +58,15 @@ def measure_server(args, flags):
         # A short warm-up: primitives for the lengths, workspaces grown.
         subprocess.run([args.mha_client, "load", f"--target={server.target()}", "--model=demo",
                         f"--concurrency={args.concurrency}", "--len_range=16:128",
-                        "--duration=2s"], check=True, capture_output=True)
+                        "--duration=2s", *args.client_flags.split()], check=True,
+                       capture_output=True)
         before_metrics = scrape(server.metrics_port)
         before_cpu = cpu_seconds(server.process.pid)
         start = time.monotonic()
         out = subprocess.run([args.mha_client, "load", f"--target={server.target()}",
                               "--model=demo", f"--concurrency={args.concurrency}",
-                              "--len_range=16:128", f"--duration={args.seconds}s"],
+                              "--len_range=16:128", f"--duration={args.seconds}s",
+                              *args.client_flags.split()],
                              check=True, capture_output=True, text=True)
         wall = time.monotonic() - start
         cpu = cpu_seconds(server.process.pid) - before_cpu
@@ -108,7 +110,7 @@ def measure(args, flags=(), threads=0):
     server = measure_server(args, list(flags))
     threads = threads or threads_under_load(flags)
     engine = measure_engine(args, max(1, round(server["mean_batch"])), threads)
-    return {"flags": " ".join(flags), **server, **engine,
+    return {"flags": " ".join(flags), "client_flags": args.client_flags, **server, **engine,
             "ratio": server["server_cpu_us"] / engine["engine_cpu_us"]}
 
 
@@ -119,6 +121,8 @@ def main():
     parser.add_argument("--mha_client", default=os.path.join(build, "mha_client"))
     parser.add_argument("--mha_bench", default=os.path.join(build, "mha_bench"))
     parser.add_argument("--flags", default="", help="extra mha_server flags")
+    parser.add_argument("--client_flags", default="",
+                        help="extra `mha_client load` flags (--stream: one Stream per client)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads per engine call in the server under load "
                              "(0: --intra_op_threads, or cores / --workers)")

@@ -138,6 +138,22 @@ class ClientTest(unittest.TestCase):
         after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 300)
 
+    def test_streamed_load_sends_each_request_once_over_streams(self):
+        before = metric_value(self.server.metrics(), "mha_requests_total",
+                              model="demo", code="OK")
+        r = self.client("load", "--model=demo", "--stream", "--concurrency=8", "--requests=300",
+                        "--duration=60s", "--len_range=8:32", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual(report["requests"], 300)
+        self.assertEqual(report["errors"], {})
+        self.assertEqual(report["streams"], 8)  # each client's Stream, ended OK by the server
+        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        self.assertEqual(after - before, 300)
+        refused = self.client("load", "--model=demo", "--stream", "--rate=10", "--duration=1s")
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn("--stream: a closed loop only", refused.stderr)
+
     def test_attend_files_round_trip(self):
         work = tempfile.mkdtemp(prefix="mha_client_files_")
         self.addCleanup(shutil.rmtree, work, ignore_errors=True)
