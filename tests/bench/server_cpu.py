@@ -54,19 +54,20 @@ def scrape(port):
 
 
 def measure_server(args, flags):
+    # The report's own arguments have no client flags.
+    client_flags = getattr(args, "client_flags", "").split()
     with LocalServer(args.mha_server, os.path.join(ROOT, "models"), flags) as server:
         # A short warm-up: primitives for the lengths, workspaces grown.
         subprocess.run([args.mha_client, "load", f"--target={server.target()}", "--model=demo",
                         f"--concurrency={args.concurrency}", "--len_range=16:128",
-                        "--duration=2s", *args.client_flags.split()], check=True,
-                       capture_output=True)
+                        "--duration=2s", *client_flags], check=True, capture_output=True)
         before_metrics = scrape(server.metrics_port)
         before_cpu = cpu_seconds(server.process.pid)
         start = time.monotonic()
         out = subprocess.run([args.mha_client, "load", f"--target={server.target()}",
                               "--model=demo", f"--concurrency={args.concurrency}",
                               "--len_range=16:128", f"--duration={args.seconds}s",
-                              *args.client_flags.split()],
+                              *client_flags],
                              check=True, capture_output=True, text=True)
         wall = time.monotonic() - start
         cpu = cpu_seconds(server.process.pid) - before_cpu
@@ -110,7 +111,8 @@ def measure(args, flags=(), threads=0):
     server = measure_server(args, list(flags))
     threads = threads or threads_under_load(flags)
     engine = measure_engine(args, max(1, round(server["mean_batch"])), threads)
-    return {"flags": " ".join(flags), "client_flags": args.client_flags, **server, **engine,
+    return {"flags": " ".join(flags), "client_flags": getattr(args, "client_flags", ""),
+            **server, **engine,
             "ratio": server["server_cpu_us"] / engine["engine_cpu_us"]}
 
 
