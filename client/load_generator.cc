@@ -29,7 +29,9 @@ std::vector<v1::AttendRequest> MakePool(const LoadOptions& o) {
   return pool;
 }
 
-// Shared state of one run. Calls finish on gRPC's threads.
+// Shared state of one run: the report and latencies under mu_. Calls
+// finish on gRPC's threads; with --stream each slot runs on a thread of its
+// own. Run() once; thread-safe inside.
 class LoadRun {
  public:
   LoadRun(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& o)
@@ -68,17 +70,33 @@ class LoadRun {
     int64_t tokens = 0;
   };
 
-  // The index of the next request, or -1 when the run is over.
-  int64_t Next() {
-    std::lock_guard<std::mutex> lock(mu_);
+  // The index of the next request, or -1 when the run is over. mu_ held.
+  int64_t NextLocked() {
     started_all_ = true;
     const bool over = absl::Now() >= end_ ||
                       (options_.max_requests > 0 && issued_ >= options_.max_requests);
     return over ? -1 : issued_++;
   }
 
+  int64_t Next() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return NextLocked();
+  }
+
+  // A request answered OK after `ms`. mu_ held.
+  void RecordLocked(double ms, int64_t tokens) {
+    latencies_ms_.push_back(ms);
+    ++report_.requests;
+    report_.tokens += tokens;
+  }
+
+  int64_t TokensOf(const v1::AttendRequest& request) const {
+    return request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
+  }
+
   // One slot of a streamed closed loop: requests one after another over one
-  // Stream, each answered before the next is written.
+  // Stream, each answered before the next is written. A request lost with
+  // its stream counts as an error under the stream's status.
   void RunStream() {
     grpc::ClientContext context;
     AddToken(options_.token, context);
@@ -98,9 +116,7 @@ class LoadRun {
       } else if (answer.code() != 0) {
         ++report_.errors[CodeName(static_cast<grpc::StatusCode>(answer.code()))];
       } else {
-        latencies_ms_.push_back(ms);
-        ++report_.requests;
-        report_.tokens += request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
+        RecordLocked(ms, TokensOf(request));
       }
     }
     if (!broken) stream->WritesDone();
@@ -154,16 +170,13 @@ class LoadRun {
     int64_t n = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      started_all_ = true;
-      const bool over = absl::Now() >= end_ ||
-                        (options_.max_requests > 0 && issued_ >= options_.max_requests);
-      if (over) return false;
-      n = issued_++;
+      n = NextLocked();
+      if (n < 0) return false;
       ++in_flight_;
     }
     auto* call = new Call;
     const v1::AttendRequest& request = pool_[n % pool_.size()];
-    call->tokens = request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
+    call->tokens = TokensOf(request);
     AddToken(options_.token, call->context);
     call->sent = absl::Now();
     stub_->async()->Attend(&call->context, &request, &call->response,
@@ -180,9 +193,7 @@ class LoadRun {
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - call->sent);
     std::lock_guard<std::mutex> lock(mu_);
     if (status.ok()) {
-      latencies_ms_.push_back(ms);
-      ++report_.requests;
-      report_.tokens += call->tokens;
+      RecordLocked(ms, call->tokens);
     } else {
       ++report_.errors[CodeName(status.error_code())];
     }
@@ -220,6 +231,7 @@ std::string LoadReport::Text() const {
       requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms,
       p999_ms, max_ms);
   for (const auto& [code, count] : errors) absl::StrAppend(&text, "errors ", code, ": ", count, "\n");
+  if (streams > 0) absl::StrAppend(&text, "streams ended OK: ", streams, "\n");
   return text;
 }
 

@@ -20,6 +20,7 @@ struct LoadTarget {
   int64_t kdim = 256;
 };
 
+// What `mha_client load` runs (a value; RunLoad copies it).
 struct LoadOptions {
   std::vector<LoadTarget> models = {LoadTarget{}};  // requests alternate between them
   int concurrency = 1;          // closed loop: requests in flight at all times
@@ -36,10 +37,13 @@ struct LoadOptions {
   bool stream = false;
 };
 
+// What a run measured (a value).
 struct LoadReport {
   int64_t requests = 0, tokens = 0;
-  std::map<std::string, int64_t> errors;  // by status code name
-  int64_t streams = 0;                     // --stream: streams the server ended with OK
+  // By status code name: a failed call, a message answered with an error,
+  // or (--stream) a request lost with its stream, under the stream's status.
+  std::map<std::string, int64_t> errors;
+  int64_t streams = 0;  // --stream: streams the server ended with OK
   double seconds = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, p999_ms = 0, max_ms = 0;
 

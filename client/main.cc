@@ -12,7 +12,8 @@
 //                      after K steps that continues another way, checked too)
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
 //                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
-//                   [--sweep 1,4,16,64 --sweep_out PREFIX]
+//                   [--sweep 1,4,16,64 --sweep_out PREFIX] [--stream]
+//                   (--stream: each client's requests over one Stream)
 //   mha_client export_session ID FILE | import_session FILE [NEW_ID]
 //                   (a session to and from a file, e.g. between two servers)
 //   mha_client load --sessions N [--steps K] [--step_tokens T] [--json]
@@ -367,6 +368,11 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
     std::fprintf(stderr, "--rate: expected a rate >= 0 (0: as fast as --concurrency allows)\n");
     return 2;
   }
+  o.stream = absl::GetFlag(FLAGS_stream);
+  if (o.stream && absl::GetFlag(FLAGS_rate) > 0) {
+    std::fprintf(stderr, "--stream: a closed loop only (drop --rate)\n");
+    return 2;
+  }
   o.duration = absl::GetFlag(FLAGS_duration);
   o.max_requests = absl::GetFlag(FLAGS_requests);
   o.kv_len = absl::GetFlag(FLAGS_kv_len);
@@ -390,11 +396,6 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
     o.models.push_back({info.name(), info.embed_dim(), info.kdim()});
   }
   o.rate = absl::GetFlag(FLAGS_rate);
-  o.stream = absl::GetFlag(FLAGS_stream);
-  if (o.stream && o.rate > 0) {
-    std::fprintf(stderr, "--stream: a closed loop only (drop --rate)\n");
-    return 2;
-  }
   o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
   if (!absl::GetFlag(FLAGS_sweep).empty()) return Sweep(channel, o);
   const LoadReport report = RunLoad(channel, o);

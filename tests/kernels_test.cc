@@ -6,8 +6,6 @@
 // AVX-512, AVX512-BF16), so each code path is checked on the machine.
 #include "engine/ops/kernels.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,7 +15,6 @@
 #include <vector>
 
 #include "engine/ops/avx512_kernels.h"
-#include "engine/ops/parallel_for.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 
@@ -282,43 +279,6 @@ TEST(KernelsTest, SplitAndMergeHeadsMatchAPlainCopy) {
         }
       }
     }
-  }
-}
-
-// ForRange runs each index once, shared across the team when asked and no
-// region is active; otherwise on the calling thread without entering an
-// OpenMP region at all (libgomp builds a team even for an `if (false)`
-// region, and allocates it anew when nested: the kernels called per head
-// of a session step paid that thousands of times a step).
-TEST(KernelsTest, ForRangeEntersNoRegionWhenSerialOrNested) {
-  constexpr int64_t kN = 1000;
-  for (const bool parallel : {false, true}) {
-    std::vector<int> runs(kN, 0), levels(kN, -1);
-    ForRange(kN, parallel, [&](int64_t i) {
-      ++runs[i];
-      levels[i] = omp_get_level();
-    });
-    EXPECT_EQ(std::count(runs.begin(), runs.end(), 1), kN) << parallel;
-    // Serial: level 0, no region entered. Parallel: the loop's own region.
-    EXPECT_EQ(std::count(levels.begin(), levels.end(), parallel ? 1 : 0), kN) << parallel;
-  }
-  // Inside an active region: every index on the thread that called, still
-  // at the outer region's level.
-  std::vector<int> calls_ok(2, 0);
-  int team = 0;
-#pragma omp parallel num_threads(2)
-  {
-    const int me = omp_get_thread_num();
-    if (me == 0) team = omp_get_num_threads();
-    bool ok = omp_get_level() == 1;
-    ForRange(kN, /*parallel=*/true, [&](int64_t) {
-      ok = ok && omp_get_thread_num() == me && omp_get_level() == 1;
-    });
-    calls_ok[me] = ok ? 1 : 0;
-  }
-  EXPECT_EQ(calls_ok[0], 1);
-  if (team > 1) {
-    EXPECT_EQ(calls_ok[1], 1);
   }
 }
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -55,7 +56,7 @@ def scrape(port):
 
 def measure_server(args, flags):
     # The report's own arguments have no client flags.
-    client_flags = getattr(args, "client_flags", "").split()
+    client_flags = shlex.split(getattr(args, "client_flags", ""))
     with LocalServer(args.mha_server, os.path.join(ROOT, "models"), flags) as server:
         # A short warm-up: primitives for the lengths, workspaces grown.
         subprocess.run([args.mha_client, "load", f"--target={server.target()}", "--model=demo",
