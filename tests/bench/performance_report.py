@@ -409,11 +409,14 @@ one token over a cache of 4096 tokens (the steps rotate over 64 MiB of
 sessions, so each reads memory; then one session again and again, which
 stays in the L3) against the causal pass over all 4097 tokens; 64 sessions
 stepping one token each, in one batched call against one call each, at
-cached lengths 64 and 1024, over an fp32, a bf16 and an int8 cache (those
-six rows and the two speedups taken in alternation, so they share the
-machine's drift); and steps riding in an Attend call against two calls. A
-step reads every cached key and value once: its limit is the memory's read
-bandwidth, hence the probe.
+cached lengths 64 and 1024, over an fp32, a bf16 and an int8 cache, and the
+same batches over 1-token caches (what a step costs apart from its cache
+reads; those nine timings taken in alternation, so they share the machine's
+drift), the speedups of each cache dtype and of its reads alone (a row
+minus its 1-token row, against the bytes' ratio); and steps riding in an
+Attend call against two calls. A step reads every cached key and value
+once: its limit is the memory's read bandwidth, hence the probe (the best
+of 7 passes).
 
 {decode}
 
