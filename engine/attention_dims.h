@@ -4,6 +4,7 @@
 #ifndef MHA_ENGINE_ATTENTION_DIMS_H_
 #define MHA_ENGINE_ATTENTION_DIMS_H_
 
+#include <cmath>
 #include <cstdint>
 
 namespace mha {
@@ -32,6 +33,8 @@ struct AttentionDims {
 
   int64_t qk_width() const { return num_heads * qk_head_dim; }
   int64_t v_width() const { return num_heads * v_head_dim; }
+  // What QK^T is scaled by: 1 / sqrt(qk_head_dim).
+  float score_scale() const { return 1.0f / std::sqrt(static_cast<float>(qk_head_dim)); }
   // Extra key positions appended to every sequence (bias_kv, zero_attn).
   int64_t extra_keys() const { return (add_bias_kv ? 1 : 0) + (add_zero_attn ? 1 : 0); }
   // Bytes of one cached key or value element.

@@ -70,8 +70,9 @@ SequenceAttention::SequenceAttention(const AttentionDims& dims, const EngineOpti
       bias_k_(std::move(bias_k)),
       bias_v_(std::move(bias_v)),
       attention_matmuls_(onednn::CpuEngine()) {
-  tiled_ = std::make_unique<TiledAttention>(dims.qk_head_dim, dims.v_head_dim, act_dt_, Scale(),
-                                            options_.tile_keys, &attention_matmuls_);
+  tiled_ = std::make_unique<TiledAttention>(dims.qk_head_dim, dims.v_head_dim, act_dt_,
+                                            dims_.score_scale(), options_.tile_keys,
+                                            &attention_matmuls_);
   if (options_.runtime_dims_max_scores < 0) {
     options_.runtime_dims_max_scores = dims.bf16 ? 0 : 4 * 128 * 128;
   }
@@ -88,7 +89,7 @@ SequenceAttention::SequenceAttention(const AttentionDims& dims, const EngineOpti
     scores.wei_strides = {rt, 1, dqk};
     scores.dst_dims = {rt, rt, rt};
     scores.dst_strides = {rt, rt, 1};
-    scores.scale = Scale();
+    scores.scale = dims_.score_scale();
     runtime_scores_ = scores;
     MatmulSpec context;  // [gh, rows, s] x [gh, s, dv] -> [gh, rows, dv]
     context.src_dt = context.wei_dt = context.dst_dt = act_dt_;
@@ -306,10 +307,11 @@ void SequenceAttention::AttendBlock(const Block& blk, const Projected& p,
   float* scores = ws.Get<float>(Workspace::kScores, gh * rows * s);
   if (small && bf16) {
     SmallScoresBf16(reinterpret_cast<const uint16_t*>(p.q + q_elem * act),
-                    reinterpret_cast<const uint16_t*>(k), scores, gh, rows, s, dqk, Scale());
+                    reinterpret_cast<const uint16_t*>(k), scores, gh, rows, s, dqk,
+                    dims_.score_scale());
   } else if (small) {
     SmallScores(reinterpret_cast<const float*>(p.q + q_elem * act),
-                reinterpret_cast<const float*>(k), scores, gh, rows, s, dqk, Scale());
+                reinterpret_cast<const float*>(k), scores, gh, rows, s, dqk, dims_.score_scale());
   } else {
     AttentionScores(blk, p.q + q_elem * act, k, scores, ws);
   }
@@ -424,7 +426,7 @@ void SequenceAttention::AttentionScores(const Block& blk, const uint8_t* q, cons
   spec.wei_strides = {s * dqk, 1, dqk};
   spec.dst_dims = {gh, rows, s};
   spec.dst_strides = {rows * s, s, 1};
-  spec.scale = Scale();
+  spec.scale = dims_.score_scale();
   RunAttentionMatmul(blk, spec, runtime_scores_, q, k, scores, ws);
 }
 

@@ -8,7 +8,6 @@
 #ifndef MHA_ENGINE_SEQUENCE_ATTENTION_H_
 #define MHA_ENGINE_SEQUENCE_ATTENTION_H_
 
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -91,8 +90,6 @@ class SequenceAttention {
   void AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch, Workspace& ws) const;
   void AttendBlock(const Block& block, const Projected& p, const AttentionBatch& batch,
                    const AttentionOutputs& out, Workspace& ws) const;
-  // 1 / sqrt(qk_head_dim).
-  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dims_.qk_head_dim)); }
   // The masks of sequence `seq` (q_len query rows) for the block starting
   // at query row `row0` and head `head0`.
   SoftmaxMasks MasksFor(const Projected& p, const AttentionBatch& batch, int64_t seq, int64_t q_len,

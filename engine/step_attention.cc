@@ -280,7 +280,8 @@ void StepAttention::AttendSessionHeads(const SessionHeads& item, Workspace& ws) 
       };
       for (int64_t b = 0; b * bt < limit; ++b) {
         for (int64_t g = 0; g < heads; ++g) {
-          reader.Scores(g, b, limit, q_of(g), bf16 || round_query, row_of(g, r) + b * bt, Scale());
+          reader.Scores(g, b, limit, q_of(g), bf16 || round_query, row_of(g, r) + b * bt,
+                        dims_.score_scale());
         }
       }
       for (int64_t g = 0; g < heads; ++g)
@@ -318,11 +319,11 @@ void StepAttention::ScoreExtraKeys(int64_t head, const uint8_t* q, float* extra)
     if (act_dt_ == dt::bf16) {
       SmallScoresBf16(reinterpret_cast<const uint16_t*>(q),
                       reinterpret_cast<const uint16_t*>(bias_k_.data()) + head * dqk, extra, 1, 1,
-                      1, dqk, Scale());
+                      1, dqk, dims_.score_scale());
     } else {
       SmallScores(reinterpret_cast<const float*>(q),
                   reinterpret_cast<const float*>(bias_k_.data()) + head * dqk, extra, 1, 1, 1, dqk,
-                  Scale());
+                  dims_.score_scale());
     }
     ++extra;
   }

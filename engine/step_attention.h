@@ -7,7 +7,6 @@
 #ifndef MHA_ENGINE_STEP_ATTENTION_H_
 #define MHA_ENGINE_STEP_ATTENTION_H_
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -71,8 +70,6 @@ class StepAttention {
   // disjoint bytes of the cache, so they may be written concurrently.
   void WriteCacheHead(const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv, int64_t tokens,
                       int64_t first, int64_t head, const KvCache& cache) const;
-  // 1 / sqrt(qk_head_dim).
-  float Scale() const { return 1.0f / std::sqrt(static_cast<float>(dims_.qk_head_dim)); }
 
   AttentionDims dims_;
   onednn::dt act_dt_;                     // f32, or bf16 for bf16 compute
