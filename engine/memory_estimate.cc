@@ -23,6 +23,24 @@ constexpr int64_t kOnednnScratchpadAllowance = int64_t{4} << 20;
 
 }  // namespace
 
+int64_t EngineImpl::ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const {
+  // One slot serves every primitive of the call: the largest counts.
+  int64_t bytes = kOnednnScratchpadAllowance;
+  auto need = [&](const std::unique_ptr<LinearLayer>& layer, int64_t rows) {
+    if (layer != nullptr) bytes = std::max(bytes, Grown(layer->ScratchpadBytes(rows)));
+  };
+  need(out_, q_rows);
+  if (kv_rows == 0) {  // self-attention rows, or steps
+    need(qkv_ != nullptr ? qkv_ : q_, q_rows);
+    return bytes;
+  }
+  need(q_, q_rows);
+  need(kv_, kv_rows);
+  need(k_, kv_rows);
+  need(v_, kv_rows);
+  return bytes;
+}
+
 int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t act = dims_.bf16 ? 2 : 4;
   const int64_t h = dims_.num_heads, dv = dims_.v_head_dim;
@@ -33,7 +51,7 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t total_kv = shape.self_attention ? total_q : n * shape.kv_len;
   const int64_t keys = (shape.self_attention ? shape.q_len : shape.kv_len) + dims_.extra_keys();
   const int64_t total_keys = n * keys;
-  int64_t bytes = kOnednnScratchpadAllowance;
+  int64_t bytes = ProjectionScratchpad(total_q, shape.self_attention ? 0 : total_kv);
   if (dims_.bf16) {  // activations converted to bf16
     bytes += Grown(total_q * e * 2);
     if (!shape.self_attention) {
@@ -78,7 +96,7 @@ int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_wei
   const int64_t eb = dims_.bf16 ? 2 : 4;
   const int64_t h = dims_.num_heads, dv = dims_.v_head_dim, e = dims_.embed_dim;
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
-  int64_t bytes = kOnednnScratchpadAllowance;
+  int64_t bytes = ProjectionScratchpad(tokens, 0);
   // The query made bf16, and its copy beside Attend rows in a mixed call.
   bytes += 2 * Grown(tokens * e * eb);
   // q|k|v projected (cross steps too when another step is self), context.

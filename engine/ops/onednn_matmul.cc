@@ -361,21 +361,45 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
                budget);
 }
 
+namespace {
+
+constexpr int64_t kExactRows = 64;
+
+// The rows of the largest chunk Run cuts `m` rows into.
+int64_t LargestChunk(int64_t m) {
+  if (m < kExactRows) return m;
+  int64_t chunk = kExactRows;
+  while (chunk * 2 <= m) chunk *= 2;
+  return chunk;
+}
+
+}  // namespace
+
+int64_t LinearLayer::ScratchpadBytes(int64_t m) const {
+  if (m <= 0) return 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!scratchpad_line_.has_value()) {
+    constexpr int64_t kFew = kExactRows, kMany = 8192;
+    const auto at = [&](int64_t rows) {
+      return static_cast<int64_t>(MakePd(rows, weights_desc_).scratchpad_desc().get_size());
+    };
+    const int64_t few = at(kFew), many = at(kMany);
+    const int64_t per_row = std::max<int64_t>(0, (many - few + kMany - kFew - 1) / (kMany - kFew));
+    scratchpad_line_.emplace(std::max(few - per_row * kFew, many - per_row * kMany), per_row);
+  }
+  const auto [base, per_row] = *scratchpad_line_;
+  return std::max<int64_t>(0, base + per_row * LargestChunk(m));
+}
+
 // Rows are processed in chunks of power-of-two sizes (and one final chunk
 // of fewer than kExactRows), so any number of rows needs at most a few dozen
 // distinct primitives: a ragged batch of any total length never waits for
 // a JIT compilation once these exist.
 void LinearLayer::Run(Workspace& ws, const void* x, int64_t m, void* y) const {
-  constexpr int64_t kExactRows = 64;
   const size_t x_row = k_ * (act_dt_ == dt::bf16 ? 2 : 4);
   const size_t y_row = n_ * (dst_dt_ == dt::bf16 ? 2 : 4);
   for (int64_t done = 0; done < m;) {
-    const int64_t left = m - done;
-    int64_t chunk = left;
-    if (left >= kExactRows) {
-      chunk = kExactRows;
-      while (chunk * 2 <= left) chunk *= 2;
-    }
+    const int64_t chunk = LargestChunk(m - done);
     const std::shared_ptr<const MatmulPrimitive> p = PrimitiveFor(chunk);
     ExecuteMatmul(*p, ws, static_cast<const uint8_t*>(x) + done * x_row, weights_data_,
                   bias_data_, static_cast<uint8_t*>(y) + done * y_row);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -173,6 +174,12 @@ class LinearLayer final : public PrimitiveBudget::Cache {
     return static_cast<int64_t>(weights_.get_desc().get_size() + bias_.get_desc().get_size());
   }
   bool shares_weights() const { return !owns_weights_; }
+  // The scratchpad oneDNN needs to Run `m` rows (at most), on this
+  // machine. It grows with the rows on some machines: a bf16 GEMM without
+  // avx512_bf16 (gemm:jit) keeps an f32 copy of a chunk's output per
+  // thread. Fitted on the first call from two primitive descriptors (the
+  // caller's thread count), then a line. Thread-safe.
+  int64_t ScratchpadBytes(int64_t m) const;
   // Primitives created since construction (per number of rows and threads).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
 
@@ -202,6 +209,8 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   mutable LruCache<std::pair<int64_t, int>, std::shared_ptr<const MatmulPrimitive>> by_m_
       ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> misses_{0};
+  // ScratchpadBytes' line: bytes at 0 rows and per row, once fitted.
+  mutable std::optional<std::pair<int64_t, int64_t>> scratchpad_line_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mha
