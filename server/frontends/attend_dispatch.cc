@@ -42,13 +42,12 @@ absl::Status DispatchedCall::Encode(const AttentionResult& result) {
 }
 
 void DispatchedCall::Finish(const absl::Status& status) {
-  const absl::Duration took = absl::Now() - start_;
+  const absl::Duration took = absl::Now() - arrived;
   if (model_metrics_ != nullptr) {
     model_metrics_->CountRequest(api_, status.code());
   } else if (metrics_ != nullptr) {
     metrics_->CountUnknownModelRequest(api_, status.code());
   }
-  if (statistics_ != nullptr) statistics_->RequestDone(status.ok(), took, sequences_);
   if (model_metrics_ != nullptr) {
     model_metrics_->request_duration->Observe(absl::ToDoubleSeconds(took));
     model_metrics_->inflight->Decrement();
@@ -64,7 +63,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
   c.context_ = context;
   c.metrics_ = &metrics_;
   c.api_ = api;
-  c.start_ = absl::Now();
+  c.arrived = absl::Now();
   absl::StatusOr<VersionPtr> found = models_.Find(model_name, version);
   // Series exist for the repository's models only: a client naming random
   // models must not create label values. A request that reached no version
@@ -74,7 +73,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
                                                : nullptr;
   if (c.model_metrics_ != nullptr) c.model_metrics_->inflight->Increment();
   if (found.ok()) {
-    c.statistics_ = (*found)->statistics.get();
+    c.statistics = (*found)->statistics.get();
     c.version_ = *found;
   }
   absl::Status admitted = draining_ ? absl::UnavailableError("server is shutting down")
@@ -85,7 +84,6 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
   try {
     absl::StatusOr<AttentionRequest> decoded = c.Decode(model);
     if (!decoded.ok()) return c.Fail(decoded.status());
-    c.sequences_ = decoded->sequences();
     c.SetInput(*std::move(decoded));
   } catch (const std::bad_alloc&) {
     return c.Fail(absl::ResourceExhaustedError("out of memory decoding the request; retry later"));
@@ -104,7 +102,7 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
   c.queued_bytes = cost.queued_bytes;
   c.active_bytes = cost.active_bytes;
   c.Hold(c.memory);
-  c.deadline = std::min(absl::FromChrono(context->deadline()), c.start_ + c.timeout_);
+  c.deadline = std::min(absl::FromChrono(context->deadline()), c.arrived + c.timeout_);
   c.layout_ = ResultLayout{input.output_dtype(), input.output_shape(), input.weights_shape()};
   model.batcher->Enqueue(std::move(call));  // answers the call, whatever happens
 }

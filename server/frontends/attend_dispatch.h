@@ -63,7 +63,8 @@ class AttendDispatcher;
 // call shares is done here, once: it holds its version until the answer
 // (so a version replaced or unloaded meanwhile still answers it), asks its
 // gRPC context whether the client is gone, and records the outcome in the
-// metrics and statistics before sending. Owned as its AttendCall.
+// metrics before sending (the statistics: AttendCall and the batcher).
+// Owned as its AttendCall.
 class DispatchedCall : public AttendCall {
  public:
   // Validates the message for `model`; on the handler thread.
@@ -92,12 +93,9 @@ class DispatchedCall : public AttendCall {
   grpc::CallbackServerContext* context_ = nullptr;
   Metrics* metrics_ = nullptr;
   const char* api_ = "";
-  absl::Time start_;
   ModelMetrics* model_metrics_ = nullptr;  // null: a model the server does not have
-  ModelStatistics* statistics_ = nullptr;  // the version's, alive while version_ is
   VersionPtr version_;
   ResultLayout layout_;
-  int64_t sequences_ = 0;
   absl::Duration timeout_ = absl::InfiniteDuration();
 };
 

@@ -1,47 +1,61 @@
 #include "server/observability/model_statistics.h"
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 
 namespace mha::server {
+namespace {
+
+uint64_t Nanoseconds(absl::Duration d) {
+  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d)));
+}
+
+}  // namespace
 
 void ModelStatistics::Duration::Add(absl::Duration d, uint64_t times) {
   count += times;
-  ns += times * static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(d)));
+  ns += times * Nanoseconds(d);
 }
 
-void ModelStatistics::RequestDone(bool ok, absl::Duration total, int64_t sequences) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (ok) {
-    data_.success.Add(total);
-    data_.inference_count += static_cast<uint64_t>(std::max<int64_t>(0, sequences));
-    data_.last_inference_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
-  } else {
-    data_.fail.Add(total);
-  }
+void ModelStatistics::Duration::AddSum(uint64_t times, absl::Duration sum) {
+  count += times;
+  ns += Nanoseconds(sum);
 }
 
-void ModelStatistics::Queued(absl::Duration waited) {
-  std::lock_guard<std::mutex> lock(mu_);
-  data_.queue.Add(waited);
+void ModelStatistics::Call::AddAnswer(absl::Duration since_arrival, absl::Duration queued,
+                                      int64_t answer_sequences) {
+  ++answers;
+  sequences += static_cast<uint64_t>(std::max<int64_t>(0, answer_sequences));
+  total += since_arrival;
+  waited += queued;
 }
 
-void ModelStatistics::Executed(uint64_t requests, uint64_t sequences, absl::Duration input,
-                               absl::Duration infer) {
+void ModelStatistics::Record(const Call& call) {
+  if (call.answers == 0) return;
+  const uint64_t now_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   std::lock_guard<std::mutex> lock(mu_);
+  // The entries first: if one cannot be made, nothing has changed.
+  BatchStages& by_requests = data_.batches[call.batch_requests];
+  BatchStages& by_size = data_.batch_sizes[call.batch_sequences];
   ++data_.execution_count;
-  data_.compute_input.Add(input, requests);
-  data_.compute_infer.Add(infer, requests);
-  for (BatchStages* batch : {&data_.batches[requests], &data_.batch_sizes[sequences]}) {
-    batch->compute_input.Add(input);
-    batch->compute_infer.Add(infer);
+  data_.inference_count += call.sequences;
+  data_.last_inference_ms = now_ms;
+  data_.success.AddSum(call.answers, call.total);
+  data_.queue.AddSum(call.answers, call.waited);
+  data_.compute_input.Add(call.input, call.answers);
+  data_.compute_infer.Add(call.infer, call.answers);
+  data_.compute_output.Add(call.output, call.answers);
+  for (BatchStages* batch : {&by_requests, &by_size}) {
+    batch->compute_input.Add(call.input);
+    batch->compute_infer.Add(call.infer);
+    batch->compute_output.Add(call.output);
   }
 }
 
-void ModelStatistics::Answered(uint64_t requests, uint64_t sequences, absl::Duration output) {
+void ModelStatistics::RecordFailure(absl::Duration total) {
   std::lock_guard<std::mutex> lock(mu_);
-  data_.compute_output.Add(output, requests);
-  data_.batches[requests].compute_output.Add(output);
-  data_.batch_sizes[sequences].compute_output.Add(output);
+  data_.fail.Add(total);
 }
 
 ModelStatistics::Snapshot ModelStatistics::Read() const {

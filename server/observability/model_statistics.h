@@ -11,13 +11,19 @@
 
 namespace mha::server {
 
-// Owns the counters of one model version; fed by the dispatcher (requests
-// answered) and the batcher (queueing, engine calls). Thread-safe.
+// Owns the counters of one model version. Every figure of an engine call is
+// added in one step (Record), so that no snapshot shows a call's requests
+// counted in one stage and not yet in another: in every Read,
+// success.count == queue.count == compute_input/infer/output.count, and
+// the sum of batch_size x executions over batch_sizes is inference_count
+// as long as no computed request failed. Thread-safe.
 class ModelStatistics {
  public:
   struct Duration {
     uint64_t count = 0, ns = 0;
     void Add(absl::Duration d, uint64_t times = 1);
+    // `times` more, taking `sum` together.
+    void AddSum(uint64_t times, absl::Duration sum);
   };
   // One engine call's stages, per requests merged into it.
   struct BatchStages {
@@ -27,10 +33,10 @@ class ModelStatistics {
     uint64_t last_inference_ms = 0;  // Unix time of the last answer, 0: none
     uint64_t inference_count = 0;    // sequences computed (B of each request)
     uint64_t execution_count = 0;    // engine calls
-    Duration success, fail;          // whole requests, handler in to answer
-    Duration queue;                  // waiting for a batch
+    Duration success, fail;          // whole requests, arrival to answer
+    Duration queue;                  // waiting for an engine call
     // Per request: merging inputs and allocating outputs, the engine call,
-    // encoding the answers (each request counted with its batch's time).
+    // encoding the answers (each request counted with its call's time).
     Duration compute_input, compute_infer, compute_output;
     std::map<uint64_t, BatchStages> batches;  // by requests per engine call (mha.v1)
     // By sequences per engine call: Triton's batch_size, the unit
@@ -38,16 +44,27 @@ class ModelStatistics {
     std::map<uint64_t, BatchStages> batch_sizes;
   };
 
-  // A request answered (ok or not) after `total`, of `sequences` sequences.
-  void RequestDone(bool ok, absl::Duration total, int64_t sequences);
-  void Queued(absl::Duration waited);
-  // An engine call of `requests` requests holding `sequences` sequences,
-  // before they are answered (so that a client reading statistics after
-  // its answer sees its call)...
-  void Executed(uint64_t requests, uint64_t sequences, absl::Duration input,
-                absl::Duration infer);
-  // ...and the time its answers took to encode and hand to gRPC.
-  void Answered(uint64_t requests, uint64_t sequences, absl::Duration output);
+  // What one engine call adds once its answers are ready, before any of
+  // them leaves (so that a client reading statistics after its answer sees
+  // its call). Requests and session steps alike: a step is a request of
+  // one sequence, as Triton counts a sequence's requests.
+  struct Call {
+    // What the engine call held, and its stages.
+    uint64_t batch_requests = 0, batch_sequences = 0;
+    absl::Duration input, infer, output;
+    // Its answers that leave OK, summed.
+    uint64_t answers = 0, sequences = 0;
+    absl::Duration total, waited;
+
+    // An answer ready to leave OK: `total` since its arrival, `waited` in
+    // the queue, of `sequences` sequences.
+    void AddAnswer(absl::Duration total, absl::Duration waited, int64_t sequences);
+  };
+
+  // Adds all of `call` in one step (nothing when it has no answers).
+  void Record(const Call& call);
+  // A request that failed, `total` after its arrival; counted once a request.
+  void RecordFailure(absl::Duration total);
   Snapshot Read() const;
 
  private:

@@ -48,23 +48,30 @@ class AttendCall : public Task {
   const BatchSignature& signature() const { return signature_; }
 
   // Answers with `result`: encodes it (its error instead when encoding
-  // fails, RESOURCE_EXHAUSTED when it runs out of memory) and ends the call.
+  // fails) and ends the call.
   void Respond(const AttentionResult& result) {
+    if (!answered_) Answer(Prepare(result));
+  }
+  // The two halves of Respond, for answers whose statistics are recorded
+  // between them, before any leaves. Prepare encodes `result` and says
+  // whether the answer will be OK (RESOURCE_EXHAUSTED when it runs out of
+  // memory); Answer ends the call with what Prepare said, or an error.
+  absl::Status Prepare(const AttentionResult& result) {
+    try {
+      return Encode(result);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("out of memory encoding the response; retry later");
+    }
+  }
+  void Answer(const absl::Status& status) {
     if (answered_) return;
     answered_ = true;
-    absl::Status status;
-    try {
-      status = Encode(result);
-    } catch (const std::bad_alloc&) {
-      status = absl::ResourceExhaustedError("out of memory encoding the response; retry later");
-    }
+    if (!status.ok()) CountFailure();
     Finish(status);
   }
   // Answers with an error (never OK).
   void Fail(const absl::Status& status) final {
-    if (answered_) return;
-    answered_ = true;
-    Finish(status.ok() ? absl::InternalError("a call failed with OK") : status);
+    Answer(status.ok() ? absl::InternalError("a call failed with OK") : status);
   }
   bool answered() const { return answered_; }
   void CountDropped(const ModelMetrics& model, const char* reason) final {

@@ -308,8 +308,8 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
     if (!work->projections.empty()) {
       metrics_.split_requests->Increment();
       const absl::Time now = clock_.Now();
-      metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - oldest.enqueued));
-      if (options_.statistics != nullptr) options_.statistics->Queued(now - oldest.enqueued);
+      oldest.waited = now - oldest.enqueued;
+      metrics_.queue_duration->Observe(absl::ToDoubleSeconds(oldest.waited));
       queued_tokens_ -= oldest.input().tokens();
       queued_bytes_ -= oldest.input().wire_bytes();
       queue_.pop_front();  // moved into the split (`oldest` is gone)
@@ -505,6 +505,7 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
     tokens += step.tokens();
     if (step.attend_rows()) attend_rows += step.tokens();
     queued_bytes_ -= step.wire_bytes;
+    step.waited = now - step.enqueued;
     started.push_back({std::move(*it), plan});
     it = steps_.erase(it);
   }
@@ -530,8 +531,8 @@ void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps
   const absl::Time now = clock_.Now();
   std::vector<std::unique_ptr<AttendCall>> live;
   for (std::unique_ptr<AttendCall>& r : batch) {
-    metrics_.queue_duration->Observe(absl::ToDoubleSeconds(now - r->enqueued));
-    if (options_.statistics != nullptr) options_.statistics->Queued(now - r->enqueued);
+    r->waited = now - r->enqueued;
+    metrics_.queue_duration->Observe(absl::ToDoubleSeconds(r->waited));
     if (!r->refusal.ok()) {
       r->CountDropped(metrics_, "memory");
       r->Fail(r->refusal);
@@ -626,8 +627,23 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   const absl::Time start = absl::Now();
   const absl::Status status =
       engine_.Compute(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
-  metrics_.compute_duration->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  const absl::Time computed = absl::Now();
+  metrics_.compute_duration->Observe(absl::ToDoubleSeconds(computed - start));
   ReportPrimitiveCacheMisses();
+  // The requests' answers are encoded, then the call's statistics recorded
+  // in one step, before any answer leaves.
+  std::vector<absl::Status> answers(live.size(), status);
+  if (status.ok()) {
+    for (size_t i = 0; i < live.size(); ++i) {
+      const AttentionResult result{merged->OutputOf(i, all_output),
+                                   merged->WeightsOf(i, all_weights)};
+      answers[i] = FirstNonFinite(result.output) >= 0  // finite inputs that overflow f32
+                       ? absl::InvalidArgumentError(
+                             "inputs too large: the attention overflows float32 (non-finite result)")
+                       : live[i]->Prepare(result);
+    }
+    RecordCall(live, answers, steps, merging, start, computed);
+  }
   // The steps first (if an answer throws, Compute answers the rest).
   const int64_t e = engine_.dims().embed_dim;
   int64_t row = 0, w_off = 0;
@@ -647,30 +663,38 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   metrics_.batch_requests->Observe(static_cast<double>(live.size()));
   metrics_.batch_tokens->Observe(static_cast<double>(tokens));
   metrics_.tokens->Increment(static_cast<double>(tokens));
-
-  const absl::Time answering = absl::Now();
-  if (options_.statistics != nullptr && status.ok()) {
-    options_.statistics->Executed(live.size(), sequences, start - merging, answering - start);
-  }
   for (; answered < steps.size() + live.size(); ++answered) {
-    AttendCall& call = *live[answered - steps.size()];
-    if (!status.ok()) {
-      call.Fail(status);
-      continue;
-    }
     const size_t i = answered - steps.size();
-    const AttentionResult result{merged->OutputOf(i, all_output),
-                                 merged->WeightsOf(i, all_weights)};
-    if (FirstNonFinite(result.output) >= 0) {  // finite inputs that overflow f32
-      call.Fail(absl::InvalidArgumentError(
-          "inputs too large: the attention overflows float32 (non-finite result)"));
-      continue;
-    }
-    call.Respond(result);
+    live[i]->Answer(answers[i]);
   }
-  if (options_.statistics != nullptr && status.ok()) {
-    options_.statistics->Answered(live.size(), sequences, absl::Now() - answering);
+}
+
+void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
+                         const std::vector<absl::Status>& answers,
+                         const std::vector<StartedStep>& steps, absl::Time merging,
+                         absl::Time start, absl::Time computed) {
+  if (options_.statistics == nullptr) return;
+  ModelStatistics::Call call;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < live.size(); ++i) {
+    const AttendCall& r = *live[i];
+    if (r.statistics == nullptr) continue;
+    ++call.batch_requests;
+    call.batch_sequences += static_cast<uint64_t>(r.input().sequences());
+    if (answers[i].ok()) call.AddAnswer(now - r.arrived, r.waited, r.input().sequences());
   }
+  // A session step is a request of one sequence (a chunk of a long
+  // request is not counted: its request is, when its last chunk is done).
+  for (const StartedStep& s : steps) {
+    if (s.task->statistics == nullptr) continue;
+    ++call.batch_requests;
+    ++call.batch_sequences;
+    call.AddAnswer(now - s.task->arrived, s.task->waited, 1);
+  }
+  call.input = start - merging;
+  call.infer = computed - start;
+  call.output = now - computed;
+  options_.statistics->Record(call);
 }
 
 }  // namespace mha::server

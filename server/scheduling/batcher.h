@@ -181,6 +181,13 @@ class Batcher final : public PoolQueue {
   // answered, so an allocation failure answers only the rest.
   void ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                    std::vector<StartedStep>& steps, Workspace& ws, size_t& answered);
+  // Records one engine call's statistics (ModelStatistics::Record): the
+  // requests whose `answers` are OK and the counted steps, with the call's
+  // stages (merging inputs from `merging`, the engine call from `start` to
+  // `computed`, encoding the answers since).
+  void RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
+                  const std::vector<absl::Status>& answers, const std::vector<StartedStep>& steps,
+                  absl::Time merging, absl::Time start, absl::Time computed);
   // After a call that ran steps or projections: steps left waiting may
   // start now (their sessions are free again): wake a worker.
   void WakeLeftSteps(bool ran_some, bool more);

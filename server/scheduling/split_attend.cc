@@ -45,10 +45,19 @@ struct SplitState {
       return;
     }
     const absl::Time answering = absl::Now();
-    if (statistics != nullptr) statistics->Executed(1, 1, absl::ZeroDuration(), computing);
     metrics.tokens->Increment(static_cast<double>(in.tokens()));
-    call->Respond(AttentionResult{output, {}});
-    if (statistics != nullptr) statistics->Answered(1, 1, absl::Now() - answering);
+    const absl::Status answer = call->Prepare(AttentionResult{output, {}});
+    if (answer.ok() && statistics != nullptr) {
+      // One execution of one request: its projection and chunks' compute.
+      ModelStatistics::Call record;
+      record.batch_requests = record.batch_sequences = 1;
+      record.infer = computing;
+      const absl::Time now = absl::Now();
+      record.output = now - answering;
+      record.AddAnswer(now - call->arrived, call->waited, 1);
+      statistics->Record(record);
+    }
+    call->Answer(answer);
   }
 
   std::mutex mu;

@@ -9,10 +9,12 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/append_batch.h"
 #include "server/observability/metrics.h"
+#include "server/observability/model_statistics.h"
 #include "server/scheduling/memory_budget.h"
 
 namespace mha {
@@ -59,6 +61,21 @@ class Task {
   int64_t queued_bytes = 0, active_bytes = 0;
   std::shared_ptr<MemoryReservation> memory = std::make_shared<MemoryReservation>();
   absl::Status refusal;  // set when the batcher refuses it instead of computing
+
+  // Where it is counted when it is an inference (an Attend request or a
+  // session step; null for a chunk of a request, a projection, or a model
+  // the server does not have): its answer OK with its engine call's figures
+  // (ModelStatistics::Record, by the batcher), a failure once, when it is
+  // answered (CountFailure).
+  ModelStatistics* statistics = nullptr;
+  absl::Time arrived = absl::Now();  // when its front end received it
+  absl::Duration waited;             // in the queue, set as it leaves it
+
+ protected:
+  // Counts a failed answer; its subclass calls it once, as it answers.
+  void CountFailure() const {
+    if (statistics != nullptr) statistics->RecordFailure(absl::Now() - arrived);
+  }
 
  private:
   const Kind kind_;

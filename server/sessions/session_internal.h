@@ -58,10 +58,14 @@ class SessionManager::StepCall final : public StepTask {
   void Abandon() override { manager_.AbandonStep(*this); }
   void Finish(const absl::Status& status, absl::Span<const float> output,
               absl::Span<const float> weights) override {
-    if (!answered_) manager_.FinishStep(*this, status, output, weights);
+    if (answered_) return;
+    if (!status.ok()) CountFailure();
+    manager_.FinishStep(*this, status, output, weights);
   }
   void Fail(const absl::Status& status) override {
-    if (!answered_) manager_.FailStep(*this, status.ok() ? absl::InternalError("failed with OK") : status);
+    if (answered_) return;
+    CountFailure();
+    manager_.FailStep(*this, status.ok() ? absl::InternalError("failed with OK") : status);
   }
 
  private:

@@ -72,6 +72,7 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   const int64_t wire_bytes = params.query.wire_bytes();
   auto step = std::make_unique<StepCall>(*this, it->second, std::move(params), std::move(done));
   step->deadline = deadline;
+  step->statistics = session.version->statistics.get();  // a step is an inference
   step->wire_bytes = wire_bytes;
   step->queued_bytes = cost.queued_bytes;
   step->active_bytes = cost.active_bytes;
