@@ -90,9 +90,10 @@ class EngineImpl {
   // into `t`, the steps' projected rows into `s`.
   void ProjectCall(const CallPlan& plan, const AttentionBatch& sequences, const AppendBatch& steps,
                    Workspace& ws, TokenMajor& t, StepRows& s) const;
-  // The scratchpad slot's bytes for projecting `q_rows` query rows (self
-  // or steps when `kv_rows` is 0) and `kv_rows` cross key/value rows, and
-  // the output product: the largest of the layers' and the allowance.
+  // The scratchpad slot's bytes for projecting `q_rows` query rows and
+  // `kv_rows` cross key/value rows (0: self-attention or steps, whose keys
+  // are their own rows), and the output product: the largest of the
+  // layers' and the allowance.
   int64_t ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const;
   // `x` in the compute type: itself in f32, else converted into `slot`.
   const void* AsAct(absl::Span<const float> x, Workspace::Slot slot, Workspace& ws) const;

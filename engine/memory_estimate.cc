@@ -29,15 +29,11 @@ int64_t EngineImpl::ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const 
   auto need = [&](const std::unique_ptr<LinearLayer>& layer, int64_t rows) {
     if (layer != nullptr) bytes = std::max(bytes, Grown(layer->ScratchpadBytes(rows)));
   };
-  need(out_, q_rows);
-  if (kv_rows == 0) {  // self-attention rows, or steps
-    need(qkv_ != nullptr ? qkv_ : q_, q_rows);
-    return bytes;
-  }
-  need(q_, q_rows);
-  need(kv_, kv_rows);
-  need(k_, kv_rows);
-  need(v_, kv_rows);
+  // Self-attention rows (kv_rows 0) go through qkv_, or through q_ and the
+  // key/value layers when a long request is split (ProjectMemory).
+  const int64_t keys = kv_rows > 0 ? kv_rows : q_rows;
+  for (const auto* layer : {&qkv_, &q_, &out_}) need(*layer, q_rows);
+  for (const auto* layer : {&kv_, &k_, &v_}) need(*layer, keys);
   return bytes;
 }
 

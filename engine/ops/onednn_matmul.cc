@@ -233,6 +233,7 @@ LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& w
   stream.wait();
   weights_data_ = static_cast<const uint8_t*>(weights_.get_data_handle());
   bias_data_ = static_cast<const uint8_t*>(bias_.get_data_handle());
+  FitScratchpad();
   PrimitiveBudget::Get().Register(this);  // last: the budget may call it from now on
 }
 
@@ -317,6 +318,7 @@ std::unique_ptr<LinearLayer> LinearLayer::ColumnsOf(const LinearLayer& fused, in
   part->owns_weights_ = false;
   part->weights_data_ = fused.weights_data_ + offset * element;
   part->bias_data_ = fused.bias_data_ + first * static_cast<int64_t>(sizeof(float));
+  part->FitScratchpad();
   PrimitiveBudget::Get().Register(part.get());
   return part;
 }
@@ -375,20 +377,20 @@ int64_t LargestChunk(int64_t m) {
 
 }  // namespace
 
+void LinearLayer::FitScratchpad() {
+  constexpr int64_t kFew = kExactRows, kMany = 16384;
+  const auto at = [&](int64_t rows) {
+    return static_cast<int64_t>(MakePd(rows, weights_desc_).scratchpad_desc().get_size());
+  };
+  const int64_t few = at(kFew), many = at(kMany);
+  scratchpad_per_row_ = std::max<int64_t>(0, (many - few + kMany - kFew - 1) / (kMany - kFew));
+  scratchpad_base_ =
+      std::max(few - scratchpad_per_row_ * kFew, many - scratchpad_per_row_ * kMany);
+}
+
 int64_t LinearLayer::ScratchpadBytes(int64_t m) const {
   if (m <= 0) return 0;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!scratchpad_line_.has_value()) {
-    constexpr int64_t kFew = kExactRows, kMany = 8192;
-    const auto at = [&](int64_t rows) {
-      return static_cast<int64_t>(MakePd(rows, weights_desc_).scratchpad_desc().get_size());
-    };
-    const int64_t few = at(kFew), many = at(kMany);
-    const int64_t per_row = std::max<int64_t>(0, (many - few + kMany - kFew - 1) / (kMany - kFew));
-    scratchpad_line_.emplace(std::max(few - per_row * kFew, many - per_row * kMany), per_row);
-  }
-  const auto [base, per_row] = *scratchpad_line_;
-  return std::max<int64_t>(0, base + per_row * LargestChunk(m));
+  return std::max<int64_t>(0, scratchpad_base_ + scratchpad_per_row_ * LargestChunk(m));
 }
 
 // Rows are processed in chunks of power-of-two sizes (and one final chunk

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -175,10 +174,10 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   }
   bool shares_weights() const { return !owns_weights_; }
   // The scratchpad oneDNN needs to Run `m` rows (at most), on this
-  // machine. It grows with the rows on some machines: a bf16 GEMM without
+  // machine, at the thread count the layer was made with (the most a call
+  // gets). It grows with the rows on some machines: a bf16 GEMM without
   // avx512_bf16 (gemm:jit) keeps an f32 copy of a chunk's output per
-  // thread. Fitted on the first call from two primitive descriptors (the
-  // caller's thread count), then a line. Thread-safe.
+  // thread. A line fitted at construction from two primitive descriptors.
   int64_t ScratchpadBytes(int64_t m) const;
   // Primitives created since construction (per number of rows and threads).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
@@ -192,6 +191,8 @@ class LinearLayer final : public PrimitiveBudget::Cache {
               onednn::dt dst_dt);
   dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;
   std::shared_ptr<const MatmulPrimitive> PrimitiveFor(int64_t m) const;
+  // Sets ScratchpadBytes' line once weights_desc_ is final.
+  void FitScratchpad();
 
   static constexpr size_t kMaxEntries = 1024;
   dnnl::engine engine_;
@@ -209,8 +210,8 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   mutable LruCache<std::pair<int64_t, int>, std::shared_ptr<const MatmulPrimitive>> by_m_
       ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> misses_{0};
-  // ScratchpadBytes' line: bytes at 0 rows and per row, once fitted.
-  mutable std::optional<std::pair<int64_t, int64_t>> scratchpad_line_ ABSL_GUARDED_BY(mu_);
+  // ScratchpadBytes' line: bytes at 0 rows and per row (FitScratchpad).
+  int64_t scratchpad_base_ = 0, scratchpad_per_row_ = 0;
 };
 
 }  // namespace mha

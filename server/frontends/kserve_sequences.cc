@@ -27,11 +27,12 @@ struct SequenceCalls::Step {
 };
 
 absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
-    const inference::ModelInferRequest& request, const std::string& id) {
+    const inference::ModelInferRequest& request, const std::string& id, VersionPtr& found) {
   if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
   ASSIGN_OR_RETURN(const int64_t number,
                    ParseModelVersion(request.model_name(), request.model_version()));
   ASSIGN_OR_RETURN(VersionPtr version, dispatcher_.models().Find(request.model_name(), number));
+  found = version;
   std::vector<RequestedOutput> outputs;
   ASSIGN_OR_RETURN(SequenceInputs in,
                    DecodeSequenceRequest(request, version->model.dims, dispatcher_.limits(),
@@ -51,7 +52,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
 
 absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
     const inference::ModelInferRequest& request, const std::string& id,
-    const std::string& sequence_id) {
+    const std::string& sequence_id, VersionPtr& found) {
   absl::StatusOr<VersionPtr> version = sessions_.VersionOf(id);
   if (!version.ok()) {
     return absl::InvalidArgumentError(
@@ -59,6 +60,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
                      " is not open (", version.status().message(),
                      "): a sequence begins with a request that sets sequence_start"));
   }
+  found = *version;
   std::vector<RequestedOutput> outputs;
   ASSIGN_OR_RETURN(SequenceInputs in,
                    DecodeSequenceRequest(request, (*version)->model.dims, dispatcher_.limits(),
@@ -74,11 +76,18 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
                           inference::ModelInferResponse* response, Done done) {
   const InferCallParameters::Sequence& sequence = *parameters.sequence;
   const std::string id = SequenceSessionId(request.model_name(), sequence.id);
+  const absl::Time received = absl::Now();
+  VersionPtr found;
   absl::StatusOr<std::shared_ptr<Step>> decoded = [&]() -> absl::StatusOr<std::shared_ptr<Step>> {
     RETURN_IF_ERROR(dispatcher_.Authorize(context));
-    return sequence.start ? Start(request, id) : Continue(request, id, sequence.id);
+    return sequence.start ? Start(request, id, found) : Continue(request, id, sequence.id, found);
   }();
-  if (!decoded.ok()) return done(decoded.status());
+  if (!decoded.ok()) {
+    // Refused before its step is queued: counted once, as a failure of
+    // the version it names (an unknown model or sequence has none).
+    if (found != nullptr) found->CountRefusal(received);
+    return done(decoded.status());
+  }
   std::shared_ptr<Step> step = *std::move(decoded);
   step->append.deadline = deadline;
   step->append.cancelled = [&context] { return context.IsCancelled(); };

@@ -53,13 +53,15 @@ class SequenceCalls {
  private:
   struct Step;
   // Decodes a start request, ends an open sequence of its id and opens the
-  // session; the step to append, or why not.
+  // session; the step to append, or why not. `found`: the model version,
+  // once known (a refusal after that counts in its statistics).
   absl::StatusOr<std::shared_ptr<Step>> Start(const inference::ModelInferRequest& request,
-                                              const std::string& id);
-  // Decodes a later request of the open session `id`.
+                                              const std::string& id, VersionPtr& found);
+  // Decodes a later request of the open session `id` (`found` as Start's).
   absl::StatusOr<std::shared_ptr<Step>> Continue(const inference::ModelInferRequest& request,
                                                  const std::string& id,
-                                                 const std::string& sequence_id);
+                                                 const std::string& sequence_id,
+                                                 VersionPtr& found);
 
   AttendDispatcher& dispatcher_;
   SessionManager& sessions_;

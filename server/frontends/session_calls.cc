@@ -34,9 +34,12 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
                           const v1::AppendRequest& request,
                           std::shared_ptr<const void> keep_alive, v1::AppendResponse* response,
                           Done done) {
+  const absl::Time arrived = absl::Now();
+  VersionPtr found;  // the session's version, once known
   auto decode = [&]() -> absl::StatusOr<AppendParams> {
     RETURN_IF_ERROR(dispatcher_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
+    found = version;
     ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->model.engine->dims(),
                                                        dispatcher_.limits()));
     params.decoded_for = std::move(version);
@@ -45,7 +48,12 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
     return params;
   };
   absl::StatusOr<AppendParams> params = decode();
-  if (!params.ok()) return done(params.status());
+  if (!params.ok()) {
+    // A step refused before it is queued counts once, as a failure of
+    // its session's version (an unknown session has none).
+    if (found != nullptr) found->CountRefusal(arrived);
+    return done(params.status());
+  }
   if (keep_alive != nullptr) params->query.KeepAlive(std::move(keep_alive));
   const StepLayout layout = StepLayout::Of(*params);
   sessions_.Append(*std::move(params), [response, layout, done = std::move(done)](

@@ -19,6 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/model.h"
 #include "mha/v1/model_config.pb.h"
 #include "server/models/repository_scan.h"
@@ -42,6 +44,12 @@ struct ModelVersion {
   std::shared_ptr<ModelMetrics> metrics;
   std::unique_ptr<ModelStatistics> statistics;
   std::unique_ptr<Batcher> batcher;
+
+  // A request or step refused before it was queued, received at
+  // `arrived`: counted once under `fail` (when the version has statistics).
+  void CountRefusal(absl::Time arrived) const {
+    if (statistics != nullptr) statistics->RecordFailure(absl::Now() - arrived);
+  }
 };
 using VersionPtr = std::shared_ptr<const ModelVersion>;
 

@@ -1,6 +1,7 @@
 #include "server/observability/model_statistics.h"
 
 #include <algorithm>
+#include <new>
 
 #include "absl/time/clock.h"
 
@@ -33,20 +34,24 @@ void ModelStatistics::Call::AddAnswer(absl::Duration since_arrival, absl::Durati
 
 void ModelStatistics::Record(const Call& call) {
   if (call.answers == 0) return;
-  const uint64_t now_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   std::lock_guard<std::mutex> lock(mu_);
-  // The entries first: if one cannot be made, nothing has changed.
-  BatchStages& by_requests = data_.batches[call.batch_requests];
-  BatchStages& by_size = data_.batch_sizes[call.batch_sequences];
+  // The entries first: if one cannot be made, nothing changes.
+  BatchStages *by_requests = nullptr, *by_size = nullptr;
+  try {
+    by_requests = &data_.batches[call.batch_requests];
+    by_size = &data_.batch_sizes[call.batch_sequences];
+  } catch (const std::bad_alloc&) {  // the call goes uncounted; its answers still leave
+    return;
+  }
   ++data_.execution_count;
   data_.inference_count += call.sequences;
-  data_.last_inference_ms = now_ms;
+  data_.last_inference_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   data_.success.AddSum(call.answers, call.total);
   data_.queue.AddSum(call.answers, call.waited);
   data_.compute_input.Add(call.input, call.answers);
   data_.compute_infer.Add(call.infer, call.answers);
   data_.compute_output.Add(call.output, call.answers);
-  for (BatchStages* batch : {&by_requests, &by_size}) {
+  for (BatchStages* batch : {by_requests, by_size}) {
     batch->compute_input.Add(call.input);
     batch->compute_infer.Add(call.infer);
     batch->compute_output.Add(call.output);

@@ -32,7 +32,9 @@ class ModelStatistics {
   struct Snapshot {
     uint64_t last_inference_ms = 0;  // Unix time of the last answer, 0: none
     uint64_t inference_count = 0;    // sequences computed (B of each request)
-    uint64_t execution_count = 0;    // engine calls
+    // Executions: engine calls with answers that left OK (a split
+    // request's projection and chunks are one).
+    uint64_t execution_count = 0;
     Duration success, fail;          // whole requests, arrival to answer
     Duration queue;                  // waiting for an engine call
     // Per request: merging inputs and allocating outputs, the engine call,
@@ -61,7 +63,8 @@ class ModelStatistics {
     void AddAnswer(absl::Duration total, absl::Duration waited, int64_t sequences);
   };
 
-  // Adds all of `call` in one step (nothing when it has no answers).
+  // Adds all of `call` in one step (nothing when it has no answers, or
+  // when out of memory). Does not throw.
   void Record(const Call& call);
   // A request that failed, `total` after its arrival; counted once a request.
   void RecordFailure(absl::Duration total);

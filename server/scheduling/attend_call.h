@@ -48,7 +48,8 @@ class AttendCall : public Task {
   const BatchSignature& signature() const { return signature_; }
 
   // Answers with `result`: encodes it (its error instead when encoding
-  // fails) and ends the call.
+  // fails) and ends the call. Counts no success: the batcher's path is
+  // Prepare, the call's record, then Answer.
   void Respond(const AttentionResult& result) {
     if (!answered_) Answer(Prepare(result));
   }

@@ -644,7 +644,8 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
     }
     RecordCall(live, answers, steps, merging, start, computed);
   }
-  // The steps first (if an answer throws, Compute answers the rest).
+  // The steps first. If an answer throws (out of memory), Compute fails
+  // the rest.
   const int64_t e = engine_.dims().embed_dim;
   int64_t row = 0, w_off = 0;
   for (; answered < steps.size(); ++answered) {
@@ -677,11 +678,13 @@ void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
   ModelStatistics::Call call;
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < live.size(); ++i) {
-    const AttendCall& r = *live[i];
+    AttendCall& r = *live[i];
     if (r.statistics == nullptr) continue;
     ++call.batch_requests;
     call.batch_sequences += static_cast<uint64_t>(r.input().sequences());
-    if (answers[i].ok()) call.AddAnswer(now - r.arrived, r.waited, r.input().sequences());
+    if (!answers[i].ok()) continue;
+    call.AddAnswer(now - r.arrived, r.waited, r.input().sequences());
+    r.counted = true;
   }
   // A session step is a request of one sequence (a chunk of a long
   // request is not counted: its request is, when its last chunk is done).
@@ -690,6 +693,7 @@ void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
     ++call.batch_requests;
     ++call.batch_sequences;
     call.AddAnswer(now - s.task->arrived, s.task->waited, 1);
+    s.task->counted = true;
   }
   call.input = start - merging;
   call.infer = computed - start;

@@ -176,9 +176,11 @@ class Batcher final : public PoolQueue {
   absl::Status AdmitStartedStep(StepTask& step, bool call_empty, bool& no_room);
   void RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections, Workspace& ws);
   void Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws);
-  // Computes the requests and the steps in one engine call and answers
-  // them (the steps first); `answered` counts the requests and steps
-  // answered, so an allocation failure answers only the rest.
+  // Computes the requests and the steps in one engine call, encodes the
+  // requests' answers, records the call's statistics (RecordCall), then
+  // answers the steps and the requests; `answered` counts the steps and
+  // requests answered, so that on an allocation failure Compute answers
+  // only the rest (those counted OK already are not counted again).
   void ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                    std::vector<StartedStep>& steps, Workspace& ws, size_t& answered);
   // Records one engine call's statistics (ModelStatistics::Record): the

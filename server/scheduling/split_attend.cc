@@ -56,6 +56,7 @@ struct SplitState {
       record.output = now - answering;
       record.AddAnswer(now - call->arrived, call->waited, 1);
       statistics->Record(record);
+      call->counted = true;
     }
     call->Answer(answer);
   }

@@ -70,11 +70,14 @@ class Task {
   ModelStatistics* statistics = nullptr;
   absl::Time arrived = absl::Now();  // when its front end received it
   absl::Duration waited;             // in the queue, set as it leaves it
+  // Counted as answered OK in its engine call's record: if its answer
+  // fails after all (out of memory sending it), it is not counted twice.
+  bool counted = false;
 
  protected:
   // Counts a failed answer; its subclass calls it once, as it answers.
   void CountFailure() const {
-    if (statistics != nullptr) statistics->RecordFailure(absl::Now() - arrived);
+    if (statistics != nullptr && !counted) statistics->RecordFailure(absl::Now() - arrived);
   }
 
  private:

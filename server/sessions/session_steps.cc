@@ -52,9 +52,12 @@ RequestCost SessionManager::CostLocked(const Session& s, const AttentionRequest&
 }
 
 void SessionManager::Append(AppendParams params, AppendDone done) {
+  const absl::Time arrived = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
+  // Counted once, in the statistics of the version it was decoded for.
   auto refuse = [&](absl::Status status) {
     lock.unlock();
+    if (params.decoded_for != nullptr) params.decoded_for->CountRefusal(arrived);
     done(std::move(status));
   };
   if (stopping_) return refuse(absl::UnavailableError("the server is shutting down"));
@@ -72,7 +75,7 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   const int64_t wire_bytes = params.query.wire_bytes();
   auto step = std::make_unique<StepCall>(*this, it->second, std::move(params), std::move(done));
   step->deadline = deadline;
-  step->statistics = session.version->statistics.get();  // a step is an inference
+  step->statistics = session.version->statistics.get();  // a step is an inference (or null)
   step->wire_bytes = wire_bytes;
   step->queued_bytes = cost.queued_bytes;
   step->active_bytes = cost.active_bytes;

@@ -144,6 +144,60 @@ class StatisticsUnderLoadTest(unittest.TestCase):
         self.assertEqual(ours.models[0].success.count, tally.requests)
 
 
+class FailuresCountedOnceTest(unittest.TestCase):
+    """Each refused or failed request and step counts once under `fail`,
+    and nothing else moves: before the queue (decoding), in the engine
+    (a result that overflows float32), for every transport."""
+
+    def test_each_failure_counts_once(self):
+        import grpc
+        with tempfile.TemporaryDirectory() as tmp:
+            make_repository(tmp, names=("demo",))
+            with TestServer(MHA_SERVER, tmp, []) as server:
+                stub = server_stub(server.channel())
+                triton = trpc.GRPCInferenceServiceStub(server.channel())
+                rng = np.random.default_rng(7)
+                wrong_width = rng.standard_normal((1, 4, DEMO_E + 1)).astype(np.float32)
+                huge = np.full((1, 4, DEMO_E), 3e38, np.float32)  # finite, overflows
+                session = stub.OpenSession(pb.OpenSessionRequest(model="demo"), timeout=TIMEOUT)
+                stub.Append(pb.AppendRequest(session_id=session.session_id, query=tensor(
+                    pb, cfg, query(rng, 1, 2))), timeout=TIMEOUT)
+                triton.ModelInfer(infer_request("demo", seq_id=5, start=True,
+                                                query=query(rng, 1, 2)), timeout=TIMEOUT)
+                before = triton.ModelStatistics(tpb.ModelStatisticsRequest(name="demo"),
+                                                timeout=TIMEOUT).model_stats[0]
+                self.assertEqual(before.inference_stats.success.count, 2)
+                failing = [
+                    lambda: stub.Attend(pb.AttendRequest(
+                        model="demo", query=tensor(pb, cfg, wrong_width)), timeout=TIMEOUT),
+                    lambda: stub.Attend(pb.AttendRequest(
+                        model="demo", query=tensor(pb, cfg, huge)), timeout=TIMEOUT),
+                    lambda: triton.ModelInfer(infer_request("demo", query=wrong_width),
+                                              timeout=TIMEOUT),
+                    lambda: triton.ModelInfer(infer_request("demo", query=huge),
+                                              timeout=TIMEOUT),
+                    lambda: stub.Append(pb.AppendRequest(
+                        session_id=session.session_id, query=tensor(pb, cfg, wrong_width[:1])),
+                        timeout=TIMEOUT),
+                    lambda: triton.ModelInfer(infer_request("demo", seq_id=5,
+                                                            query=wrong_width), timeout=TIMEOUT),
+                ]
+                for call in failing:
+                    with self.assertRaises(grpc.RpcError) as e:
+                        call()
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                streamed = list(triton.ModelStreamInfer(iter([
+                    infer_request("demo", query=wrong_width), infer_request("demo", query=huge)]),
+                    timeout=TIMEOUT))
+                self.assertTrue(all(r.error_message for r in streamed))
+                after = triton.ModelStatistics(tpb.ModelStatisticsRequest(name="demo"),
+                                               timeout=TIMEOUT).model_stats[0]
+                self.assertEqual(after.inference_stats.fail.count,
+                                 before.inference_stats.fail.count + len(failing) + 2)
+                self.assertEqual(after.inference_stats.success.count, 2)
+                self.assertEqual(after.inference_count, before.inference_count)
+
+
 def attend_unary(channel, rng, index, tally):
     stub = server_stub(channel)
     for _ in range(REQUESTS_PER_CLIENT):
