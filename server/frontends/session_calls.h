@@ -16,7 +16,8 @@ namespace mha::server {
 
 // Borrows the dispatcher (auth, repository, limits) and the session manager,
 // which outlive it. Thread-safe. `done` is called exactly once, after the
-// response is filled (on the session worker, or at once when refused);
+// response is filled (on the worker that computed the step, or at once when
+// refused);
 // `keep_alive` (may be null) owns the request's bytes until then.
 class SessionCalls {
  public:

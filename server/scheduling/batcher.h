@@ -141,7 +141,7 @@ class Batcher final : public PoolQueue {
   // Why nobody wants `task` computed any more (cancelled, deadline passed,
   // counted), or OK.
   absl::Status Unwanted(Task& task, absl::Time now) const;
-  // Takes the next batch of Attend requests once BatchReady (see NextWork).
+  // Takes the next batch of Attend requests once BatchReady (see Poll).
   std::vector<std::unique_ptr<AttendCall>> TakeBatch();
   // Closes a batch early when `steps` ride along (they never wait).
   bool BatchReady(bool steps) const;

@@ -57,7 +57,7 @@ class Task {
   int64_t wire_bytes = 0;
   // What it holds while queued and what computing and answering it adds
   // (server/scheduling/admission.h). A step's active bytes depend on its
-  // session's position: set when it starts (StepTask::Start).
+  // session's position: set when it starts (StepTask::Begin).
   int64_t queued_bytes = 0, active_bytes = 0;
   std::shared_ptr<MemoryReservation> memory = std::make_shared<MemoryReservation>();
   absl::Status refusal;  // set when the batcher refuses it instead of computing
@@ -94,7 +94,7 @@ struct StepPlan {
 
 // A session step. Steps of one session run in the order they were queued,
 // one per engine call. The scheduler asks the session's owner (through
-// Start) whether it may run now; the owner allocates its cache blocks.
+// Begin) whether it may run now; the owner allocates its cache blocks.
 class StepTask : public Task {
  public:
   StepTask() : Task(Kind::kStep) {}
