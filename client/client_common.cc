@@ -26,9 +26,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptio
   args.SetMaxSendMessageSize(64 << 20);
   if (!o.tls) return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
   grpc::SslCredentialsOptions ssl;
-  for (const auto& [path, field] : {std::pair{o.ca_file, &ssl.pem_root_certs},
-                                    std::pair{o.cert_file, &ssl.pem_cert_chain},
-                                    std::pair{o.key_file, &ssl.pem_private_key}}) {
+  for (const auto& [path, field] :
+       {std::pair{o.ca_file, &ssl.pem_root_certs}, std::pair{o.cert_file, &ssl.pem_cert_chain},
+        std::pair{o.key_file, &ssl.pem_private_key}}) {
     if (path.empty()) continue;
     absl::StatusOr<std::string> text = ReadTextFile(path);
     if (!text.ok()) return text.status();
@@ -55,11 +55,22 @@ v1::Tensor RandomTensor(const std::vector<int64_t>& shape, std::mt19937& gen) {
 }
 
 std::string CodeName(grpc::StatusCode code) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-                                 "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
                                  "UNAUTHENTICATED"};
   const int c = static_cast<int>(code);
   return c >= 0 && c <= 16 ? kNames[c] : "UNKNOWN";

@@ -73,8 +73,8 @@ class LoadRun {
   // The index of the next request, or -1 when the run is over. mu_ held.
   int64_t NextLocked() {
     started_all_ = true;
-    const bool over = absl::Now() >= end_ ||
-                      (options_.max_requests > 0 && issued_ >= options_.max_requests);
+    const bool over =
+        absl::Now() >= end_ || (options_.max_requests > 0 && issued_ >= options_.max_requests);
     return over ? -1 : issued_++;
   }
 
@@ -151,11 +151,13 @@ class LoadRun {
                                  latencies_ms_.end());
       std::sort(recent.begin(), recent.end());
       auto at = [&](double q) {
-        return recent.empty() ? 0.0 : recent[std::min(recent.size() - 1, size_t(q * recent.size()))];
+        return recent.empty() ? 0.0
+                              : recent[std::min(recent.size() - 1, size_t(q * recent.size()))];
       };
       int64_t errors = 0;
       for (const auto& [code, n] : report_.errors) errors += n;
-      std::fprintf(stderr, "\r%8lld requests  %5lld errors  %8.1f req/s  p50 %.3f ms  p99 %.3f ms   ",
+      std::fprintf(stderr,
+                   "\r%8lld requests  %5lld errors  %8.1f req/s  p50 %.3f ms  p99 %.3f ms   ",
                    static_cast<long long>(report_.requests), static_cast<long long>(errors),
                    static_cast<double>(report_.requests - last), at(0.5), at(0.99));
       last = report_.requests;
@@ -204,7 +206,9 @@ class LoadRun {
     std::vector<double>& v = latencies_ms_;
     if (v.empty()) return;
     std::sort(v.begin(), v.end());
-    auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+    auto at = [&](double q) {
+      return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+    };
     report_.p50_ms = at(0.5), report_.p90_ms = at(0.9), report_.p99_ms = at(0.99);
     report_.p999_ms = at(0.999), report_.max_ms = v.back();
   }
@@ -228,9 +232,10 @@ std::string LoadReport::Text() const {
   std::string text = absl::StrFormat(
       "requests %d in %.2f s: %.1f req/s, %.0f tokens/s\n"
       "latency ms: p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f\n",
-      requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms,
-      p999_ms, max_ms);
-  for (const auto& [code, count] : errors) absl::StrAppend(&text, "errors ", code, ": ", count, "\n");
+      requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms, p999_ms,
+      max_ms);
+  for (const auto& [code, count] : errors)
+    absl::StrAppend(&text, "errors ", code, ": ", count, "\n");
   if (streams > 0) absl::StrAppend(&text, "streams ended OK: ", streams, "\n");
   return text;
 }
@@ -244,8 +249,8 @@ std::string LoadReport::Json() const {
       "{\"requests\": %d, \"seconds\": %.4f, \"rps\": %.2f, \"tokens_per_s\": %.1f, "
       "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"p999_ms\": %.4f, "
       "\"max_ms\": %.4f, \"errors\": {%s}, \"streams\": %d}",
-      requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms,
-      p999_ms, max_ms, errs, streams);
+      requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms, p999_ms,
+      max_ms, errs, streams);
 }
 
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options) {
@@ -284,13 +289,13 @@ std::string SweepSvg(const std::vector<SweepPoint>& points) {
     }
     if (max_y <= 0) max_y = 1;
     const double x0 = index * kW + kPad, y0 = kH - kPad, w = kW - 1.5 * kPad, h = kH - 2 * kPad;
-    absl::StrAppendFormat(&svg,
-                          "<text x=\"%.0f\" y=\"20\">%s</text>\n"
-                          "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
-                          "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
-                          "<text x=\"%.0f\" y=\"%.0f\">%.4g</text>\n",
-                          x0, title, x0, y0, x0 + w, y0, x0, y0, x0, y0 - h, x0 - kPad + 4,
-                          y0 - h + 4, max_y);
+    absl::StrAppendFormat(
+        &svg,
+        "<text x=\"%.0f\" y=\"20\">%s</text>\n"
+        "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
+        "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n"
+        "<text x=\"%.0f\" y=\"%.0f\">%.4g</text>\n",
+        x0, title, x0, y0, x0 + w, y0, x0, y0, x0, y0 - h, x0 - kPad + 4, y0 - h + 4, max_y);
     std::string line;
     for (const SweepPoint& p : points) {
       const double x = x0 + w * std::log2(std::max(1, p.concurrency)) / max_x;

@@ -23,15 +23,15 @@ struct LoadTarget {
 // What `mha_client load` runs (a value; RunLoad copies it).
 struct LoadOptions {
   std::vector<LoadTarget> models = {LoadTarget{}};  // requests alternate between them
-  int concurrency = 1;          // closed loop: requests in flight at all times
-  double rate = 0;              // > 0: open loop, this many requests/s whatever the answers
-  bool progress = false;        // a live line on stderr about once a second
+  int concurrency = 1;                              // closed loop: requests in flight at all times
+  double rate = 0;        // > 0: open loop, this many requests/s whatever the answers
+  bool progress = false;  // a live line on stderr about once a second
   absl::Duration duration = absl::Seconds(5);
-  int64_t max_requests = 0;     // 0: until duration
+  int64_t max_requests = 0;            // 0: until duration
   int64_t min_len = 16, max_len = 16;  // query length, uniform
-  int64_t kv_len = 0;           // > 0: cross-attention with this key length (value = key)
+  int64_t kv_len = 0;                  // > 0: cross-attention with this key length (value = key)
   uint32_t seed = 1;
-  std::string token;            // bearer token, when the server wants one
+  std::string token;  // bearer token, when the server wants one
   // Closed loop only: each of the `concurrency` slots sends its requests
   // over one Stream (a message each), not one Attend call each.
   bool stream = false;

@@ -20,12 +20,12 @@
 //                   (N sessions stepping at once: unary calls, then one Stream each)
 #include <unistd.h>
 
-#include <fstream>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <random>
 #include <set>
-#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,12 +41,12 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/client_common.h"
-#include "engine/status_macros.h"
 #include "client/load_generator.h"
 #include "client/session_command.h"
 #include "client/session_file.h"
 #include "client/session_load.h"
 #include "client/tensor_files.h"
+#include "engine/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
@@ -132,8 +132,8 @@ int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& ser
     if (attention->ListModels(Context().get(), {}, &models).ok()) {
       for (const v1::ModelInfo& m : models.models()) names.push_back(m.name());
     }
-    std::fprintf(stderr, "NOT_FOUND: no model '%s' on this server; it has: %s\n",
-                 service.c_str(), absl::StrJoin(names, ", ").c_str());
+    std::fprintf(stderr, "NOT_FOUND: no model '%s' on this server; it has: %s\n", service.c_str(),
+                 absl::StrJoin(names, ", ").c_str());
     return 1;
   }
   if (!status.ok()) return ReportError(status);
@@ -152,14 +152,14 @@ int Models(v1::AttentionService::Stub& stub) {
     for (const v1::ModelVersionStatus& v : m.versions()) {
       if (v.state() == v1::ModelInfo::STATE_READY) ready.push_back(v.version());
     }
-    std::printf("%-24s %-6s %s\n", m.name().c_str(),
-                m.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
-                m.state() == v1::ModelInfo::STATE_READY
-                    ? absl::StrCat("E=", m.embed_dim(), " h=", m.num_heads(), " layout=",
-                                   m.weight_layout(), " params=", m.parameter_count(),
-                                   " versions=", absl::StrJoin(ready, ","))
-                          .c_str()
-                    : m.error().c_str());
+    std::printf(
+        "%-24s %-6s %s\n", m.name().c_str(),
+        m.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
+        m.state() == v1::ModelInfo::STATE_READY
+            ? absl::StrCat("E=", m.embed_dim(), " h=", m.num_heads(), " layout=", m.weight_layout(),
+                           " params=", m.parameter_count(), " versions=", absl::StrJoin(ready, ","))
+                  .c_str()
+            : m.error().c_str());
   }
   return 0;
 }
@@ -239,8 +239,8 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
             "--", random_only, " is for random inputs; with --query the files give the inputs"));
       }
     }
-    for (const std::string& path : {absl::GetFlag(FLAGS_query), absl::GetFlag(FLAGS_key),
-                                    absl::GetFlag(FLAGS_value)}) {
+    for (const std::string& path :
+         {absl::GetFlag(FLAGS_query), absl::GetFlag(FLAGS_key), absl::GetFlag(FLAGS_value)}) {
       if (path.empty()) continue;
       RETURN_IF_ERROR(CheckTensorNames(path, kInputNames, /*any_single=*/true));
     }
@@ -313,8 +313,9 @@ int Attend(v1::AttentionService::Stub& stub) {
   const auto& trailers = context->GetServerTrailingMetadata();
   const auto server_us = trailers.find("mha-server-time-us");
   if (server_us != trailers.end()) {
-    std::printf("server %.3f ms, ", std::atof(std::string(server_us->second.data(),
-                                                          server_us->second.size()).c_str()) / 1e3);
+    std::printf(
+        "server %.3f ms, ",
+        std::atof(std::string(server_us->second.data(), server_us->second.size()).c_str()) / 1e3);
   }
   std::printf("round trip %.3f ms\n", ms);
   const std::string out_path = absl::GetFlag(FLAGS_out);
@@ -408,7 +409,8 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
   for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
     SweepPoint point;
     if (!absl::SimpleAtoi(c, &point.concurrency) || point.concurrency < 1) {
-      std::fprintf(stderr, "--sweep: expected positive integers, got '%s'\n", std::string(c).c_str());
+      std::fprintf(stderr, "--sweep: expected positive integers, got '%s'\n",
+                   std::string(c).c_str());
       return 2;
     }
     o.concurrency = point.concurrency;
@@ -419,8 +421,8 @@ int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
     points.push_back(point);
   }
   const std::string prefix = absl::GetFlag(FLAGS_sweep_out);
-  for (const auto& [suffix, text] : {std::pair{".csv", SweepCsv(points)},
-                                     std::pair{".svg", SweepSvg(points)}}) {
+  for (const auto& [suffix, text] :
+       {std::pair{".csv", SweepCsv(points)}, std::pair{".svg", SweepSvg(points)}}) {
     std::ofstream file(prefix + suffix);
     file << text;
     if (!file) {
@@ -448,10 +450,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
-  mha::client::ConnectionOptions connection{
-      .target = absl::GetFlag(FLAGS_target), .tls = absl::GetFlag(FLAGS_tls),
-      .ca_file = absl::GetFlag(FLAGS_ca), .cert_file = absl::GetFlag(FLAGS_tls_cert),
-      .key_file = absl::GetFlag(FLAGS_tls_key)};
+  mha::client::ConnectionOptions connection{.target = absl::GetFlag(FLAGS_target),
+                                            .tls = absl::GetFlag(FLAGS_tls),
+                                            .ca_file = absl::GetFlag(FLAGS_ca),
+                                            .cert_file = absl::GetFlag(FLAGS_tls_cert),
+                                            .key_file = absl::GetFlag(FLAGS_tls_key)};
   const std::string token_file = absl::GetFlag(FLAGS_token_file).empty()
                                      ? absl::GetFlag(FLAGS_token)
                                      : absl::GetFlag(FLAGS_token_file);
@@ -474,20 +477,19 @@ int main(int argc, char** argv) {
   if (command == "export_session" || command == "import_session") {
     const bool out = command == "export_session";
     if (args.size() < (out ? 4u : 3u) || args.size() > 4) {
-      std::fprintf(stderr, "usage: mha_client export_session ID FILE | import_session FILE "
-                           "[NEW_ID]\n");
+      std::fprintf(stderr,
+                   "usage: mha_client export_session ID FILE | import_session FILE "
+                   "[NEW_ID]\n");
       return 2;
     }
-    return out ? mha::client::ExportSessionToFile(*stub, args[2], args[3],
-                                                  mha::client::Context())
-               : mha::client::ImportSessionFromFile(*stub, args[2],
-                                                    args.size() > 3 ? args[3] : "",
+    return out ? mha::client::ExportSessionToFile(*stub, args[2], args[3], mha::client::Context())
+               : mha::client::ImportSessionFromFile(*stub, args[2], args.size() > 3 ? args[3] : "",
                                                     mha::client::Context());
   }
   const size_t expected_args = named ? 3 : 2;
   if (named && args.size() < 3) {
-    std::fprintf(stderr, "%s: expected a model name, e.g. mha_client %s demo\n",
-                 command.c_str(), command.c_str());
+    std::fprintf(stderr, "%s: expected a model name, e.g. mha_client %s demo\n", command.c_str(),
+                 command.c_str());
     return 2;
   }
   if (args.size() > expected_args) {

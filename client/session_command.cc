@@ -78,9 +78,8 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   v1::Session session;
   status = stub.OpenSession(session_context().get(), open, &session);
   if (!status.ok()) return ReportError(status);
-  std::printf("session %s on %s version %lld (%s), position %lld\n",
-              session.session_id().c_str(), session.model().c_str(),
-              static_cast<long long>(session.model_version()),
+  std::printf("session %s on %s version %lld (%s), position %lld\n", session.session_id().c_str(),
+              session.model().c_str(), static_cast<long long>(session.model_version()),
               session.cross() ? "cross-attention" : "self-attention",
               static_cast<long long>(session.position()));
   std::vector<float> outputs;
@@ -152,10 +151,11 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   const float max_diff = MaxDiff(want, outputs);
   std::vector<double> sorted = step_ms;
   std::sort(sorted.begin(), sorted.end());
-  std::printf("%lld steps: median %.3f ms, max %.3f ms; one Attend over all %lld tokens: "
-              "%.3f ms\n",
-              static_cast<long long>(o.steps), sorted[sorted.size() / 2], sorted.back(),
-              static_cast<long long>(total), full_ms);
+  std::printf(
+      "%lld steps: median %.3f ms, max %.3f ms; one Attend over all %lld tokens: "
+      "%.3f ms\n",
+      static_cast<long long>(o.steps), sorted[sorted.size() / 2], sorted.back(),
+      static_cast<long long>(total), full_ms);
   bool ok = max_diff <= kSessionCheckTolerance;
   std::printf("check against one Attend%s: max |diff| %.3g %s\n",
               o.memory_len > 0 ? " over the memory" : " with is_causal", max_diff,
@@ -169,8 +169,10 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
     want_fork.erase(want_fork.begin(), want_fork.begin() + o.fork_at * o.step_tokens * e);
     const float fork_diff = MaxDiff(want_fork, fork_outputs);
     const bool fork_ok = fork_diff <= kSessionCheckTolerance;
-    std::printf("fork's continuation against one Attend over its whole sequence: max |diff| "
-                "%.3g %s\n", fork_diff, fork_ok ? "OK" : "MISMATCH");
+    std::printf(
+        "fork's continuation against one Attend over its whole sequence: max |diff| "
+        "%.3g %s\n",
+        fork_diff, fork_ok ? "OK" : "MISMATCH");
     ok = ok && fork_ok;
     v1::CloseSessionRequest close;
     close.set_session_id(fork.session_id());

@@ -15,9 +15,9 @@ constexpr char kMagic[] = "MHASESS1";
 void WriteChunk(std::ofstream& out, const v1::SessionChunk& chunk) {
   const std::string bytes = chunk.SerializeAsString();
   const uint32_t n = static_cast<uint32_t>(bytes.size());
-  const unsigned char prefix[4] = {static_cast<unsigned char>(n), static_cast<unsigned char>(n >> 8),
-                                   static_cast<unsigned char>(n >> 16),
-                                   static_cast<unsigned char>(n >> 24)};
+  const unsigned char prefix[4] = {
+      static_cast<unsigned char>(n), static_cast<unsigned char>(n >> 8),
+      static_cast<unsigned char>(n >> 16), static_cast<unsigned char>(n >> 24)};
   out.write(reinterpret_cast<const char*>(prefix), 4);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
@@ -66,8 +66,8 @@ int ImportSessionFromFile(v1::AttentionService::Stub& stub, const std::string& p
   unsigned char prefix[4];
   std::string bytes;
   while (in.read(reinterpret_cast<char*>(prefix), 4)) {
-    const uint32_t n = prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) |
-                       (static_cast<uint32_t>(prefix[3]) << 24);
+    const uint32_t n =
+        prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) | (static_cast<uint32_t>(prefix[3]) << 24);
     bytes.resize(n);
     if (n > (uint32_t{64} << 20) || !in.read(bytes.data(), n) ||
         !chunks.emplace_back().ParseFromString(bytes)) {

@@ -34,8 +34,8 @@ std::unique_ptr<grpc::ClientContext> SessionContext(const std::string& token,
   return context;
 }
 
-void RunUnary(v1::AttentionService::Stub& stub, const SessionLoadOptions& o,
-              const std::string& id, std::mt19937& gen, SessionRun& run) {
+void RunUnary(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, const std::string& id,
+              std::mt19937& gen, SessionRun& run) {
   v1::OpenSessionRequest open;
   open.set_model(o.model);
   open.set_session_id(id);
@@ -64,8 +64,8 @@ void RunUnary(v1::AttentionService::Stub& stub, const SessionLoadOptions& o,
   stub.CloseSession(SessionContext(o.token, id).get(), close, &closed);
 }
 
-void RunStream(v1::AttentionService::Stub& stub, const SessionLoadOptions& o,
-               const std::string& id, std::mt19937& gen, SessionRun& run) {
+void RunStream(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, const std::string& id,
+               std::mt19937& gen, SessionRun& run) {
   std::unique_ptr<grpc::ClientContext> context = SessionContext(o.token, id);
   auto stream = stub.Stream(context.get());
   // Writes one message and reads its answer; false on a broken stream.

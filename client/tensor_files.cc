@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "engine/safetensors.h"
 #include "client/client_common.h"
+#include "engine/safetensors.h"
 #include "engine/wire_dtype.h"
 
 namespace mha::client {
@@ -38,9 +38,9 @@ absl::Status CheckTensorNames(const std::string& path, const std::vector<std::st
   if (any_single && tensors->size() == 1) return absl::OkStatus();
   for (const auto& [name, tensor] : *tensors) {
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown tensor '", name,
-                                                     "'; the names it may hold: ",
-                                                     absl::StrJoin(known, ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": unknown tensor '", name,
+                       "'; the names it may hold: ", absl::StrJoin(known, ", ")));
     }
   }
   return absl::OkStatus();
@@ -58,8 +58,8 @@ absl::Status WriteWireTensors(const std::string& path,
   for (const auto& [name, wire] : tensors) {
     const std::optional<DType> dtype = FromWireDType(wire->dtype());
     if (!dtype.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": cannot store dtype ", v1::DataType_Name(wire->dtype())));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": cannot store dtype ", v1::DataType_Name(wire->dtype())));
     }
     Tensor t(*dtype, std::vector<int64_t>(wire->shape().begin(), wire->shape().end()));
     if (t.num_bytes() != wire->data().size()) {

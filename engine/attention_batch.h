@@ -17,9 +17,9 @@ namespace mha {
 // nonzero = masked out) or F32 (added to the attention scores). Empty bytes
 // mean no mask. Borrowed, not owned.
 struct MaskView {
-  DType dtype = DType::kBool;   // kBool or kF32
-  const void* data = nullptr;   // nullptr: no mask
-  int64_t num_elements = 0;     // elements readable at `data`
+  DType dtype = DType::kBool;  // kBool or kF32
+  const void* data = nullptr;  // nullptr: no mask
+  int64_t num_elements = 0;    // elements readable at `data`
 
   bool present() const { return data != nullptr; }
 };
@@ -33,9 +33,9 @@ enum class AttentionKind { kSelf, kCrossValueIsKey, kCross };
 // [kv_offsets[b], kv_offsets[b+1]). All pointers are borrowed for the call.
 struct AttentionBatch {
   AttentionKind kind = AttentionKind::kSelf;
-  absl::Span<const float> query;  // [total_q, embed_dim]
-  absl::Span<const float> key;    // [total_kv, kdim]; empty for kSelf
-  absl::Span<const float> value;  // [total_kv, vdim]; empty unless kCross
+  absl::Span<const float> query;    // [total_q, embed_dim]
+  absl::Span<const float> key;      // [total_kv, kdim]; empty for kSelf
+  absl::Span<const float> value;    // [total_kv, vdim]; empty unless kCross
   std::vector<int64_t> q_offsets;   // B + 1 entries, from 0
   std::vector<int64_t> kv_offsets;  // B + 1 entries; ignored for kSelf
 
@@ -75,8 +75,8 @@ struct BatchShape {
   int64_t q_len = 0;
   int64_t kv_len = 0;
   bool self_attention = true;
-  bool value_is_key = true;          // cross-attention with no value of its own
-  int64_t bool_mask_elements = 0;    // BOOL mask elements (Run makes them f32)
+  bool value_is_key = true;        // cross-attention with no value of its own
+  int64_t bool_mask_elements = 0;  // BOOL mask elements (Run makes them f32)
   bool need_weights = false;
 };
 
@@ -84,8 +84,8 @@ struct BatchShape {
 // shaped as in PyTorch: key_padding_mask [B, S], attn_mask [L, S] or, when
 // `attn_mask_per_head` is already set, [B * num_heads, L, S]. Fills the
 // offsets only; spans and masks are set by the caller.
-void SetUniformOffsets(int64_t batch, int64_t q_len, int64_t kv_len,
-                       int64_t num_heads, AttentionBatch& ragged);
+void SetUniformOffsets(int64_t batch, int64_t q_len, int64_t kv_len, int64_t num_heads,
+                       AttentionBatch& ragged);
 
 // Checks that `batch` and `out` are consistent with each other and with
 // `dims`: offsets, buffer sizes, mask dtypes and extents. INVALID_ARGUMENT

@@ -34,7 +34,8 @@ absl::Status CheckBytes(const TensorView& v, const char* field, DTypeSpelling sp
         field, ": expected 1 to ", kMaxRank, " dimensions, got shape ", ShapeString(v.shape)));
   }
   const absl::StatusOr<int64_t> count = NumElements(v.shape);
-  if (!count.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", count.status().message()));
+  if (!count.ok())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", count.status().message()));
   const uint64_t elem = DTypeSize(v.dtype);
   if (static_cast<uint64_t>(*count) > v.bytes.size() / elem ||
       static_cast<uint64_t>(*count) * elem != v.bytes.size()) {
@@ -47,18 +48,18 @@ absl::Status CheckBytes(const TensorView& v, const char* field, DTypeSpelling sp
 
 absl::Status CheckFloating(const TensorView& v, const char* field, DTypeSpelling spelling) {
   if (v.dtype != DType::kBool) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": dtype ", DTypeName(v.dtype, spelling), ", expected ",
-      DTypeName(DType::kF32, spelling), ", ", DTypeName(DType::kBF16, spelling), " or ",
-      DTypeName(DType::kF16, spelling)));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": dtype ", DTypeName(v.dtype, spelling),
+                                                 ", expected ", DTypeName(DType::kF32, spelling),
+                                                 ", ", DTypeName(DType::kBF16, spelling), " or ",
+                                                 DTypeName(DType::kF16, spelling)));
 }
 
 // Masks come as PyTorch takes them: BOOL, or F32 added to the scores.
 absl::Status CheckMaskDType(const TensorView& v, const char* field, DTypeSpelling spelling) {
   if (v.dtype == DType::kBool || v.dtype == DType::kF32) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": dtype ", DTypeName(v.dtype, spelling), ", expected ",
-      DTypeName(DType::kBool, spelling), " or ", DTypeName(DType::kF32, spelling)));
+  return absl::InvalidArgumentError(absl::StrCat(field, ": dtype ", DTypeName(v.dtype, spelling),
+                                                 ", expected ", DTypeName(DType::kBool, spelling),
+                                                 " or ", DTypeName(DType::kF32, spelling)));
 }
 
 absl::Status ExpectShape(const TensorView& v, const char* field,
@@ -109,21 +110,21 @@ absl::Status CheckKeyValue(const AttentionDims& dims, const RequestInputs& in, E
   if (!in.key.has_value()) {
     if (in.value.has_value()) return absl::InvalidArgumentError("value: given without key");
     if (dims.kdim != dims.embed_dim || dims.vdim != dims.embed_dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key: required, this model has kdim ", dims.kdim, " and vdim ", dims.vdim,
-          " but embed_dim ", dims.embed_dim, " (self-attention needs them equal)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("key: required, this model has kdim ", dims.kdim, " and vdim ", dims.vdim,
+                       " but embed_dim ", dims.embed_dim, " (self-attention needs them equal)"));
     }
     return absl::OkStatus();
   }
   if (!in.value.has_value() && dims.kdim != dims.vdim) {
-    return absl::InvalidArgumentError(absl::StrCat("value: required, this model has kdim ",
-                                                   dims.kdim, " != vdim ", dims.vdim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("value: required, this model has kdim ", dims.kdim, " != vdim ", dims.vdim));
   }
   const int rank = Rank(in.query);
   RETURN_IF_ERROR(ExpectLastDim(*in.key, "key", rank, dims.kdim));
   if (e.batched && in.key->shape[0] != e.batch) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key: expected batch size ", e.batch, " (the query's), got ", in.key->shape[0]));
+    return absl::InvalidArgumentError(absl::StrCat("key: expected batch size ", e.batch,
+                                                   " (the query's), got ", in.key->shape[0]));
   }
   e.kv_len = in.key->shape[rank - 2];
   if (e.kv_len == 0) {
@@ -138,17 +139,17 @@ absl::Status CheckKeyValue(const AttentionDims& dims, const RequestInputs& in, E
 
 absl::Status CheckMasks(const AttentionDims& dims, const RequestInputs& in, const Extents& e) {
   if (in.key_padding_mask.has_value()) {
-    RETURN_IF_ERROR(ExpectShape(*in.key_padding_mask, "key_padding_mask",
-                                e.batched ? std::vector<int64_t>{e.batch, e.kv_len}
-                                          : std::vector<int64_t>{e.kv_len}));
+    RETURN_IF_ERROR(ExpectShape(
+        *in.key_padding_mask, "key_padding_mask",
+        e.batched ? std::vector<int64_t>{e.batch, e.kv_len} : std::vector<int64_t>{e.kv_len}));
   }
   if (in.attn_mask.has_value()) {
     const std::vector<int64_t> shared = {e.q_len, e.kv_len};
     const std::vector<int64_t> per_head = {e.batch * dims.num_heads, e.q_len, e.kv_len};
     if (in.attn_mask->shape != shared && in.attn_mask->shape != per_head) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attn_mask: expected shape ", ShapeString(shared), " or ", ShapeString(per_head),
-          ", got ", ShapeString(in.attn_mask->shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attn_mask: expected shape ", ShapeString(shared), " or ",
+                       ShapeString(per_head), ", got ", ShapeString(in.attn_mask->shape)));
     }
   }
   return absl::OkStatus();
@@ -171,8 +172,8 @@ absl::StatusOr<absl::Span<const float>> FiniteInput(const TensorView& v, const c
                                                     std::vector<float>& copy) {
   const absl::Span<const float> values = AsF32(v, copy);
   if (const int64_t i = FirstNonFinite(values); i >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": element ", i, " is ", values[i],
-                                                   ", expected a finite number"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": element ", i, " is ", values[i], ", expected a finite number"));
   }
   return values;
 }
@@ -188,8 +189,8 @@ absl::StatusOr<MaskView> Mask(const std::optional<TensorView>& v, const char* fi
   if (FirstNonFinite(values) >= 0) {
     for (size_t i = 0; i < values.size(); ++i) {
       if (std::isnan(values[i]) || (values[i] > 0 && std::isinf(values[i]))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ": element ", i, " is ", values[i], ", expected a finite number or -inf"));
+        return absl::InvalidArgumentError(absl::StrCat(field, ": element ", i, " is ", values[i],
+                                                       ", expected a finite number or -inf"));
       }
     }
   }
@@ -223,8 +224,8 @@ absl::StatusOr<AttentionRequest> AttentionRequest::Create(const AttentionDims& d
   r.kv_len_ = e.kv_len;
   r.tokens_ = e.batch * (e.q_len + e.kv_len);
   if (r.tokens_ > max_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request has ", r.tokens_, " query + key tokens, the limit is ", max_tokens));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request has ", r.tokens_, " query + key tokens, the limit is ", max_tokens));
   }
   RETURN_IF_ERROR(r.Bind(in));
   SetUniformOffsets(e.batch, e.q_len, e.kv_len, dims.num_heads, r.batch_);

@@ -80,8 +80,8 @@ class AttentionRequest {
   int64_t sequences() const { return batch_.num_sequences(); }
   int64_t q_len() const { return q_len_; }
   int64_t kv_len() const { return kv_len_; }
-  int64_t tokens() const { return tokens_; }                // query + key rows
-  int64_t wire_bytes() const { return wire_bytes_; }        // inputs as received
+  int64_t tokens() const { return tokens_; }                    // query + key rows
+  int64_t wire_bytes() const { return wire_bytes_; }            // inputs as received
   int64_t converted_bytes() const { return converted_bytes_; }  // the copies it owns
   // The sizes the engine's scratch memory depends on.
   BatchShape shape() const;

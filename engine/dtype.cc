@@ -30,8 +30,7 @@ float HalfToFloat(uint16_t h) {
     magnitude = mantissa == 0 ? std::numeric_limits<float>::infinity()
                               : std::numeric_limits<float>::quiet_NaN();
   } else {
-    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u),
-                           static_cast<int>(exponent) - 25);
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), static_cast<int>(exponent) - 25);
   }
   uint32_t bits;
   std::memcpy(&bits, &magnitude, 4);
@@ -51,7 +50,7 @@ uint16_t FloatToHalf(float f) {
     return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0));
   }
   if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
-  if (exponent <= 0) {                                                // subnormal or zero
+  if (exponent <= 0) {                                               // subnormal or zero
     if (exponent < -10) return static_cast<uint16_t>(sign);
     mantissa |= 0x800000u;
     const int shift = 14 - exponent;

@@ -75,9 +75,11 @@ absl::Status KvCache::UnshareLastBlock() {
   }
   BlockPtr copy = NewBlock();
   if (copy == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session cache full: ", layout_.block_bytes(), " more bytes needed to copy a shared "
-        "block, ", pool_.bytes_in_use(), " of ", pool_.budget(), " in use"));
+    return absl::ResourceExhaustedError(absl::StrCat("session cache full: ", layout_.block_bytes(),
+                                                     " more bytes needed to copy a shared "
+                                                     "block, ",
+                                                     pool_.bytes_in_use(), " of ", pool_.budget(),
+                                                     " in use"));
   }
   // Only the valid tokens: another cache may be appending past them.
   CopyValidTokens(blocks_[last].get(), used, copy.get());

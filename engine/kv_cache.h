@@ -35,9 +35,7 @@ struct KvLayout {
     return int8() ? 2 * heads * kBlockTokens * static_cast<int64_t>(sizeof(float)) : 0;
   }
   int64_t block_bytes() const { return key_bytes() + value_bytes() + scale_bytes(); }
-  int64_t BlocksFor(int64_t tokens) const {
-    return (tokens + kBlockTokens - 1) / kBlockTokens;
-  }
+  int64_t BlocksFor(int64_t tokens) const { return (tokens + kBlockTokens - 1) / kBlockTokens; }
 };
 
 // Owns the memory of every cache block, under a byte budget: blocks in use
@@ -70,8 +68,8 @@ class KvBlockPool {
   const int64_t budget_;
   mutable std::mutex mu_;
   absl::flat_hash_map<int64_t, std::vector<Block>> free_;  // by size; guarded by mu_
-  int64_t in_use_ = 0;                                      // guarded by mu_
-  int64_t held_ = 0;                                        // guarded by mu_
+  int64_t in_use_ = 0;                                     // guarded by mu_
+  int64_t held_ = 0;                                       // guarded by mu_
 };
 
 // One session's projected keys and values: `length()` tokens in blocks from

@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
 #include "engine/ops/kernels.h"
-#include "engine/threads.h"
 #include "engine/status_macros.h"
+#include "engine/threads.h"
 
 namespace mha {
 namespace {
@@ -42,16 +42,22 @@ std::vector<float> Stack(std::initializer_list<const std::vector<float>*> parts)
 absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
   const int64_t e = d.embed_dim, qk = d.qk_width(), v = d.v_width();
   const std::pair<const std::vector<float>*, int64_t> expected[] = {
-      {&w.w_q, qk * e},  {&w.w_k, qk * d.kdim}, {&w.w_v, v * d.vdim},
-      {&w.b_q, qk},      {&w.b_k, qk},          {&w.b_v, v},
-      {&w.w_o, e * v},   {&w.b_o, e},
-      {&w.bias_k, d.add_bias_kv ? qk : 0},  {&w.bias_v, d.add_bias_kv ? v : 0},
-      {&w.norm_weight, d.post_norm ? e : 0}, {&w.norm_bias, d.post_norm ? e : 0}};
+      {&w.w_q, qk * e},
+      {&w.w_k, qk * d.kdim},
+      {&w.w_v, v * d.vdim},
+      {&w.b_q, qk},
+      {&w.b_k, qk},
+      {&w.b_v, v},
+      {&w.w_o, e * v},
+      {&w.b_o, e},
+      {&w.bias_k, d.add_bias_kv ? qk : 0},
+      {&w.bias_v, d.add_bias_kv ? v : 0},
+      {&w.norm_weight, d.post_norm ? e : 0},
+      {&w.norm_bias, d.post_norm ? e : 0}};
   for (const auto& [vec, size] : expected) {
     if (static_cast<int64_t>(vec->size()) != size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("packed weights: a tensor has ", vec->size(),
-                       " elements where the config implies ", size));
+      return absl::InvalidArgumentError(absl::StrCat("packed weights: a tensor has ", vec->size(),
+                                                     " elements where the config implies ", size));
     }
   }
   return absl::OkStatus();
@@ -61,14 +67,12 @@ absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
 
 EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
                        const EngineOptions& options)
-    : dims_(dims),
-      engine_(onednn::CpuEngine()),
-      act_dt_(dims.bf16 ? dt::bf16 : dt::f32) {
+    : dims_(dims), engine_(onednn::CpuEngine()), act_dt_(dims.bf16 ? dt::bf16 : dt::f32) {
   const int64_t e = dims.embed_dim, qk = dims.qk_width(), v = dims.v_width();
   if (dims.kdim == e && dims.vdim == e) {
     qkv_ = std::make_unique<LinearLayer>(engine_, Stack({&w.w_q, &w.w_k, &w.w_v}),
-                                         Stack({&w.b_q, &w.b_k, &w.b_v}),
-                                         2 * qk + v, e, act_dt_, act_dt_);
+                                         Stack({&w.b_q, &w.b_k, &w.b_v}), 2 * qk + v, e, act_dt_,
+                                         act_dt_);
   }
   // The q, k/v, k and v layers of cross calls are column ranges of the
   // stacked layer: they read its packed weights in place where this
@@ -87,8 +91,7 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
   };
   q_ = columns_or_own(qkv_.get(), 0, qk, e, {&w.w_q}, {&w.b_q});
   if (dims.kdim == dims.vdim) {
-    kv_ = columns_or_own(qkv_.get(), qk, qk + v, dims.kdim, {&w.w_k, &w.w_v},
-                         {&w.b_k, &w.b_v});
+    kv_ = columns_or_own(qkv_.get(), qk, qk + v, dims.kdim, {&w.w_k, &w.w_v}, {&w.b_k, &w.b_v});
   }
   const LinearLayer* kv = qkv_ != nullptr ? qkv_.get() : kv_.get();
   const int64_t k0 = qkv_ != nullptr ? qk : 0;
@@ -103,16 +106,16 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
   norm_weight_ = w.norm_weight;
   norm_bias_ = w.norm_bias;
   sequences_ = std::make_unique<const SequenceAttention>(dims, options, act_dt_, bias_k, bias_v);
-  steps_ = std::make_unique<const StepAttention>(dims, act_dt_, std::move(bias_k),
-                                                 std::move(bias_v));
+  steps_ =
+      std::make_unique<const StepAttention>(dims, act_dt_, std::move(bias_k), std::move(bias_v));
 }
 
 MhaEngine::MhaEngine(std::unique_ptr<const EngineImpl> impl) : impl_(std::move(impl)) {}
 MhaEngine::~MhaEngine() = default;
 
-absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(
-    const AttentionDims& dims, const PackedWeights& weights,
-    const EngineOptions& options) {
+absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(const AttentionDims& dims,
+                                                             const PackedWeights& weights,
+                                                             const EngineOptions& options) {
   RETURN_IF_ERROR(CheckWeightSizes(dims, weights));
   // Where oneDNN has no bf16 kernels, a bf16 model computes in fp32: the
   // same answers, more precise (the caller can tell from dims().bf16).
@@ -156,8 +159,7 @@ int64_t MhaEngine::WeightBytes() const { return impl_->WeightBytes(); }
 const AttentionDims& MhaEngine::dims() const { return impl_->dims(); }
 
 int64_t EngineImpl::WeightsElements(const AttentionBatch& batch, bool per_head) const {
-  const std::vector<int64_t>& kv =
-      batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
+  const std::vector<int64_t>& kv = batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   int64_t total = 0;
   for (int64_t b = 0; b < batch.num_sequences(); ++b) {
     const int64_t s = kv[b + 1] - kv[b] + dims_.extra_keys();
@@ -172,8 +174,8 @@ absl::Status EngineImpl::ValidateRun(const AttentionBatch& batch,
   if (!out.weights.empty()) {
     const int64_t expected = WeightsElements(batch, out.per_head_weights);
     if (static_cast<int64_t>(out.weights.size()) != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "weights: expected ", expected, " elements, got ", out.weights.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights: expected ", expected, " elements, got ", out.weights.size()));
     }
   }
   return absl::OkStatus();

@@ -27,12 +27,11 @@ struct EngineOptions {
   int64_t max_score_bytes = int64_t{4} << 20;
   // Attention products of blocks with at most this many scores (heads x
   // query rows x keys) run on one oneDNN primitive with runtime shapes
-  // (per thread count), created with the engine and at warm-up; larger ones on a primitive per shape, created
-  // at first use and cached. 0: always per shape. -1 (default): 4 x 128 x
-  // 128 in fp32 (a lone small request), where both run equally fast once
-  // warm but a new shape costs ~0.5 ms more per shape; 0 in bf16, where the
-  // per-shape AMX kernels run faster warm (and cost ~5 ms to create). See
-  // mha_bench --overhead.
+  // (per thread count), created with the engine and at warm-up; larger ones on a primitive per
+  // shape, created at first use and cached. 0: always per shape. -1 (default): 4 x 128 x 128 in
+  // fp32 (a lone small request), where both run equally fast once warm but a new shape costs ~0.5
+  // ms more per shape; 0 in bf16, where the per-shape AMX kernels run faster warm (and cost ~5 ms
+  // to create). See mha_bench --overhead.
   int64_t runtime_dims_max_scores = -1;
   // Sequences with at least this many keys (appended positions included)
   // and `tiled_min_rows` query rows run key-tiled with an online softmax
@@ -54,9 +53,9 @@ class EngineImpl;  // engine/engine_impl.h
 // (concurrent Run calls need one Workspace each).
 class MhaEngine {
  public:
-  static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(
-      const AttentionDims& dims, const PackedWeights& weights,
-      const EngineOptions& options = {});
+  static absl::StatusOr<std::unique_ptr<MhaEngine>> Create(const AttentionDims& dims,
+                                                           const PackedWeights& weights,
+                                                           const EngineOptions& options = {});
   ~MhaEngine();
 
   // A workspace for one caller of Run; reuse it across calls. Every engine
@@ -90,8 +89,7 @@ class MhaEngine {
                        const MixedOutputs& out, Workspace& ws) const;
   // Compute of sequences only (a batch without offsets is rejected here,
   // where Compute reads it as no sequences).
-  absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out,
-                   Workspace& ws) const;
+  absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out, Workspace& ws) const;
   // Compute of session steps only.
   absl::Status Append(const AppendBatch& steps, const AppendOutputs& out, Workspace& ws) const {
     return Compute({}, steps, {out.output, {}, false, out.weights}, ws);

@@ -5,8 +5,7 @@
 
 namespace mha {
 
-absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config,
-                                       const TensorMap& tensors) {
+absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config, const TensorMap& tensors) {
   LoadedModel model;
   model.config = config;
   ASSIGN_OR_RETURN(model.dims, ResolveDims(config));
@@ -24,8 +23,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& dir) {
   // A bad config is reported before a (possibly large) weights file is read.
   const absl::Status config_status = ResolveDims(config).status();
   if (!config_status.ok()) {
-    return absl::Status(config_status.code(), absl::StrCat(dir, "/", kConfigFileName, ": ",
-                                                           config_status.message()));
+    return absl::Status(config_status.code(),
+                        absl::StrCat(dir, "/", kConfigFileName, ": ", config_status.message()));
   }
   return LoadModelVersion(config, absl::StrCat(dir, "/", kWeightsFileName));
 }

@@ -37,8 +37,7 @@ absl::StatusOr<LoadedModel> LoadModelVersion(const v1::ModelConfig& config,
                                              const std::string& weights_path);
 
 // The same from a config already parsed and tensors already read.
-absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config,
-                                       const TensorMap& tensors);
+absl::StatusOr<LoadedModel> BuildModel(const v1::ModelConfig& config, const TensorMap& tensors);
 
 }  // namespace mha
 

@@ -2,8 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -28,9 +28,9 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
 
 absl::Status CheckDim(const char* field, int64_t value, bool zero_allowed) {
   if (value < 0 || value > kMaxModelDim || (!zero_allowed && value == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: ", field, " must be in [", zero_allowed ? 0 : 1, ", ",
-        kMaxModelDim, "], got ", value));
+    return absl::InvalidArgumentError(absl::StrCat("config: ", field, " must be in [",
+                                                   zero_allowed ? 0 : 1, ", ", kMaxModelDim,
+                                                   "], got ", value));
   }
   return absl::OkStatus();
 }
@@ -59,8 +59,7 @@ absl::StatusOr<v1::ModelConfig> ReadModelConfig(const std::string& path) {
   buffer << in.rdbuf();
   absl::StatusOr<v1::ModelConfig> config = ParseModelConfig(buffer.str());
   if (!config.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", config.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", config.status().message()));
   }
   return config;
 }
@@ -68,8 +67,7 @@ absl::StatusOr<v1::ModelConfig> ReadModelConfig(const std::string& path) {
 absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
   for (auto [field, value, zero_ok] :
        {std::tuple{"embed_dim", config.embed_dim(), false},
-        std::tuple{"num_heads", config.num_heads(), false},
-        std::tuple{"kdim", config.kdim(), true},
+        std::tuple{"num_heads", config.num_heads(), false}, std::tuple{"kdim", config.kdim(), true},
         std::tuple{"vdim", config.vdim(), true},
         std::tuple{"qk_head_dim", config.qk_head_dim(), true},
         std::tuple{"v_head_dim", config.v_head_dim(), true}}) {
@@ -82,15 +80,15 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
   d.vdim = config.vdim() != 0 ? config.vdim() : d.embed_dim;
   const bool default_head_dims = config.qk_head_dim() == 0 || config.v_head_dim() == 0;
   if (default_head_dims && d.embed_dim % d.num_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: embed_dim ", d.embed_dim, " is not divisible by num_heads ",
-        d.num_heads, " (set qk_head_dim and v_head_dim to override)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: embed_dim ", d.embed_dim, " is not divisible by num_heads ",
+                     d.num_heads, " (set qk_head_dim and v_head_dim to override)"));
   }
   d.qk_head_dim = config.qk_head_dim() != 0 ? config.qk_head_dim() : d.embed_dim / d.num_heads;
   d.v_head_dim = config.v_head_dim() != 0 ? config.v_head_dim() : d.embed_dim / d.num_heads;
   if (d.qk_width() > kMaxModelDim || d.v_width() > kMaxModelDim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: num_heads x head_dim must be at most ", kMaxModelDim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: num_heads x head_dim must be at most ", kMaxModelDim));
   }
   d.bias = !config.has_bias() || config.bias();
   d.add_bias_kv = config.add_bias_kv();
@@ -103,9 +101,9 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
       d.bf16 = true;
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
-          v1::DataType_Name(config.compute_dtype())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
+                       v1::DataType_Name(config.compute_dtype())));
   }
   switch (config.kv_cache_dtype()) {
     case v1::DATA_TYPE_UNSPECIFIED:
@@ -135,8 +133,8 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
   }
   for (const int64_t len : config.warmup_lengths()) {
     if (len < 1 || len > kMaxWarmupLength) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: warmup_lengths must be in [1, ", kMaxWarmupLength, "], got ", len));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: warmup_lengths must be in [1, ", kMaxWarmupLength, "], got ", len));
     }
   }
   d.post_norm = config.has_post_norm();

@@ -4,10 +4,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <limits>
-#include <tuple>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,9 +22,8 @@ using nlohmann::json;
 
 absl::StatusOr<DType> FileDType(const std::string& name, const std::string& tensor) {
   if (std::optional<DType> dtype = ParseDType(name, DTypeSpelling::kSafetensors)) return *dtype;
-  return absl::InvalidArgumentError(
-      absl::StrCat("tensor '", tensor, "': unsupported dtype '", name,
-                   "' (expected F32, F16, BF16 or BOOL)"));
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': unsupported dtype '", name,
+                                                 "' (expected F32, F16, BF16 or BOOL)"));
 }
 
 struct Entry {
@@ -35,8 +34,7 @@ struct Entry {
   uint64_t end = 0;
 };
 
-absl::StatusOr<std::vector<int64_t>> ParseShape(const json& value,
-                                                const std::string& tensor) {
+absl::StatusOr<std::vector<int64_t>> ParseShape(const json& value, const std::string& tensor) {
   if (!value.is_array()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", tensor, "': 'shape' must be an array"));
@@ -45,8 +43,8 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(const json& value,
   for (const json& d : value) {
     if (!d.is_number_unsigned() ||
         d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", tensor, "': shape entries must be integers in [0, 2^63)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", tensor, "': shape entries must be integers in [0, 2^63)"));
     }
     shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
   }
@@ -55,16 +53,14 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(const json& value,
 
 absl::StatusOr<Entry> ParseEntry(const std::string& name, const json& value) {
   auto fail = [&](absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "': ", what));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", what));
   };
   if (!value.is_object()) return fail("header entry must be an object");
   if (!value.contains("dtype") || !value["dtype"].is_string())
     return fail("missing string 'dtype'");
   if (!value.contains("shape")) return fail("missing 'shape'");
   if (!value.contains("data_offsets") || !value["data_offsets"].is_array() ||
-      value["data_offsets"].size() != 2 ||
-      !value["data_offsets"][0].is_number_unsigned() ||
+      value["data_offsets"].size() != 2 || !value["data_offsets"][0].is_number_unsigned() ||
       !value["data_offsets"][1].is_number_unsigned())
     return fail("'data_offsets' must be two non-negative integers");
   Entry e;
@@ -85,16 +81,15 @@ absl::Status CheckEntry(const Entry& e, uint64_t data_size) {
   const int64_t count = *elements;
   const uint64_t elem = DTypeSize(e.dtype);
   if (e.begin > e.end || e.end > data_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", e.name, "': data_offsets [", e.begin, ", ", e.end,
-        "] outside the data section of ", data_size, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", e.name, "': data_offsets [", e.begin,
+                                                   ", ", e.end, "] outside the data section of ",
+                                                   data_size, " bytes"));
   }
   if (static_cast<uint64_t>(count) > data_size / elem ||
       static_cast<uint64_t>(count) * elem != e.end - e.begin) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", e.name, "': ", DTypeName(e.dtype), " ",
-        ShapeString(e.shape), " needs ", static_cast<uint64_t>(count) * elem,
-        " bytes, data_offsets span ", e.end - e.begin));
+        "tensor '", e.name, "': ", DTypeName(e.dtype), " ", ShapeString(e.shape), " needs ",
+        static_cast<uint64_t>(count) * elem, " bytes, data_offsets span ", e.end - e.begin));
   }
   return absl::OkStatus();
 }
@@ -107,9 +102,8 @@ absl::Status CheckNoOverlap(std::vector<const Entry*> entries) {
   });
   for (size_t i = 1; i < entries.size(); ++i) {
     if (entries[i]->begin < entries[i - 1]->end) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", entries[i]->name, "' overlaps tensor '",
-                       entries[i - 1]->name, "'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", entries[i]->name, "' overlaps tensor '", entries[i - 1]->name, "'"));
     }
   }
   return absl::OkStatus();
@@ -119,25 +113,25 @@ absl::Status CheckNoOverlap(std::vector<const Entry*> entries) {
 
 absl::StatusOr<TensorMap> ParseSafetensors(std::string_view bytes) {
   if (bytes.size() < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors: file of ", bytes.size(), " bytes has no 8-byte header length"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors: file of ", bytes.size(), " bytes has no 8-byte header length"));
   }
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) {
     header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
   }
   if (header_len > kMaxSafetensorsHeaderBytes || header_len > bytes.size() - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "not a safetensors file (header length ", header_len, " exceeds the file's ",
-        bytes.size() - 8, " bytes after the length, or the limit; safetensors files start "
-        "with a little-endian header length and a JSON header)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a safetensors file (header length ", header_len, " exceeds the file's ",
+                     bytes.size() - 8,
+                     " bytes after the length, or the limit; safetensors files start "
+                     "with a little-endian header length and a JSON header)"));
   }
   const std::string_view header_text = bytes.substr(8, header_len);
-  const json header = json::parse(header_text.begin(), header_text.end(),
-                                  nullptr, /*allow_exceptions=*/false);
+  const json header =
+      json::parse(header_text.begin(), header_text.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
-    return absl::InvalidArgumentError(
-        "safetensors: header is not a JSON object");
+    return absl::InvalidArgumentError("safetensors: header is not a JSON object");
   }
   const std::string_view data = bytes.substr(8 + header_len);
   std::vector<Entry> entries;
@@ -197,8 +191,7 @@ std::string SerializeSafetensors(const TensorMap& tensors) {
   return out;
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const TensorMap& tensors) {
+absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) {
     return absl::InvalidArgumentError(

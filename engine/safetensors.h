@@ -29,8 +29,7 @@ absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path);
 
 // Serialises tensors (sorted by name, packed back to back).
 std::string SerializeSafetensors(const TensorMap& tensors);
-absl::Status WriteSafetensors(const std::string& path,
-                              const TensorMap& tensors);
+absl::Status WriteSafetensors(const std::string& path, const TensorMap& tensors);
 
 }  // namespace mha
 

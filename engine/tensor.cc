@@ -55,8 +55,7 @@ std::string ShapeString(absl::Span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
-    : dtype_(dtype), shape_(std::move(shape)) {
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   bytes_.assign(static_cast<size_t>(num_elements()) * DTypeSize(dtype_), 0);
 }
 
@@ -102,8 +101,7 @@ int64_t FirstNonFinite(absl::Span<const float> values) {
   return -1;
 }
 
-Tensor MakeF32Tensor(std::vector<int64_t> shape,
-                     absl::Span<const float> values) {
+Tensor MakeF32Tensor(std::vector<int64_t> shape, absl::Span<const float> values) {
   Tensor t(DType::kF32, std::move(shape));
   const size_t n = std::min(values.size(), t.num_bytes() / sizeof(float));
   if (n > 0) std::memcpy(t.raw(), values.data(), n * sizeof(float));

@@ -8,9 +8,8 @@ namespace mha {
 
 using onednn::dt;
 
-TiledAttention::TiledAttention(int64_t qk_head_dim, int64_t v_head_dim,
-                               dt act_dt, float scale, int64_t tile_keys,
-                               MatmulCache* matmuls)
+TiledAttention::TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, dt act_dt, float scale,
+                               int64_t tile_keys, MatmulCache* matmuls)
     : dqk_(qk_head_dim),
       dv_(v_head_dim),
       act_dt_(act_dt),
@@ -52,8 +51,7 @@ void TiledAttention::Prepare(int64_t rows) const {
   matmuls_->Get(ContextSpec(rows, tile_keys_));
 }
 
-bool TiledAttention::HiddenByCausalMask(const TiledBlock& b, int64_t col0,
-                                        int64_t cols) {
+bool TiledAttention::HiddenByCausalMask(const TiledBlock& b, int64_t col0, int64_t cols) {
   // Columns appended after the masked ones (bias_kv, zero_attn) are never
   // masked; the block's last row sees columns up to first_row + rows - 1.
   return b.masks.causal && col0 + cols <= b.masks.masked_cols &&
@@ -65,8 +63,7 @@ void TiledAttention::Run(const TiledBlock& b, Workspace& ws) const {
   const int64_t tile = std::min(tile_keys_, b.keys);
   float* scores = ws.Get<float>(Workspace::kScores, rows * tile);
   uint16_t* probs_bf16 =
-      act_dt_ == dt::bf16 ? ws.Get<uint16_t>(Workspace::kProbsBf16, rows * tile)
-                          : nullptr;
+      act_dt_ == dt::bf16 ? ws.Get<uint16_t>(Workspace::kProbsBf16, rows * tile) : nullptr;
   float* acc = ws.Get<float>(Workspace::kTileAcc, rows * dv_);
   float* product = ws.Get<float>(Workspace::kTileProduct, rows * dv_);
   float* stats = ws.Get<float>(Workspace::kTileStats, 3 * rows);
@@ -77,13 +74,12 @@ void TiledAttention::Run(const TiledBlock& b, Workspace& ws) const {
   for (int64_t col0 = 0; col0 < b.keys; col0 += tile) {
     const int64_t cols = std::min(tile, b.keys - col0);
     if (HiddenByCausalMask(b, col0, cols)) continue;
-    ExecuteMatmul(*matmuls_->Get(ScoresSpec(rows, cols)), ws, b.q,
-                  b.k + col0 * dqk_ * act, nullptr, scores);
+    ExecuteMatmul(*matmuls_->Get(ScoresSpec(rows, cols)), ws, b.q, b.k + col0 * dqk_ * act, nullptr,
+                  scores);
     OnlineSoftmaxTile(scores, rows, cols, col0, b.masks, state, probs_bf16);
-    const void* probs =
-        probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
-    ExecuteMatmul(*matmuls_->Get(ContextSpec(rows, cols)), ws, probs,
-                  b.v + col0 * dv_ * act, nullptr, product);
+    const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
+    ExecuteMatmul(*matmuls_->Get(ContextSpec(rows, cols)), ws, probs, b.v + col0 * dv_ * act,
+                  nullptr, product);
     RescaleAccumulate(acc, product, state.rescale, rows, dv_, first);
     first = false;
   }

@@ -31,8 +31,8 @@ struct TiledBlock {
 // caller's parallel region (oneDNN then uses the calling thread only).
 class TiledAttention {
  public:
-  TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, onednn::dt act_dt,
-                 float scale, int64_t tile_keys, MatmulCache* matmuls);
+  TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, onednn::dt act_dt, float scale,
+                 int64_t tile_keys, MatmulCache* matmuls);
 
   // Creates the primitives of a full tile of `rows` query rows (outside a
   // parallel region, so they are planned for the calling thread's pool).
@@ -43,8 +43,7 @@ class TiledAttention {
   MatmulSpec ScoresSpec(int64_t rows, int64_t cols) const;
   MatmulSpec ContextSpec(int64_t rows, int64_t cols) const;
   // Whether causal masking hides every column of the tile from every row.
-  static bool HiddenByCausalMask(const TiledBlock& block, int64_t col0,
-                                 int64_t cols);
+  static bool HiddenByCausalMask(const TiledBlock& block, int64_t col0, int64_t cols);
 
   int64_t dqk_, dv_;
   onednn::dt act_dt_;

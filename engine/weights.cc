@@ -22,35 +22,32 @@ class WeightFinder {
     return config_.tensor_prefix() + canonical;
   }
 
-  bool Has(const std::string& canonical) const {
-    return tensors_.count(FileName(canonical)) > 0;
-  }
+  bool Has(const std::string& canonical) const { return tensors_.count(FileName(canonical)) > 0; }
 
-  absl::StatusOr<std::vector<float>> Get(const std::string& canonical,
-                                         std::vector<int64_t> shape) {
+  absl::StatusOr<std::vector<float>> Get(const std::string& canonical, std::vector<int64_t> shape) {
     const std::string name = FileName(canonical);
     auto it = tensors_.find(name);
     if (it == tensors_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "missing tensor '", name, "' (expected shape ", ShapeString(shape), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing tensor '", name, "' (expected shape ", ShapeString(shape), ")"));
     }
     const Tensor& t = it->second;
     if (t.dtype() == DType::kBool) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': dtype BOOL, expected F32, F16 or BF16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': dtype BOOL, expected F32, F16 or BF16"));
     }
     if (t.shape() != shape) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", name, "': expected shape ", ShapeString(shape),
-                       ", got ", ShapeString(t.shape())));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': expected shape ",
+                                                     ShapeString(shape), ", got ",
+                                                     ShapeString(t.shape())));
     }
     parameter_count_ += t.num_elements();
     return ToFloatVector(t);
   }
 
   // A bias: read when the config has biases, rejected when it has none.
-  absl::StatusOr<std::vector<float>> GetBias(const std::string& canonical,
-                                             int64_t size, bool enabled) {
+  absl::StatusOr<std::vector<float>> GetBias(const std::string& canonical, int64_t size,
+                                             bool enabled) {
     if (enabled) return Get(canonical, {size});
     if (Has(canonical)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -76,20 +73,20 @@ absl::StatusOr<WeightLayout> DetectLayout(const WeightFinder& f) {
   if (f.Has("q_proj_weight")) return WeightLayout::kSeparateProjWeights;
   if (f.Has("q_proj.weight")) return WeightLayout::kSeparateLinears;
   if (f.Has("q_proj.0.weight")) return WeightLayout::kPerHeadLinears;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "no attention weights found: expected '", f.FileName("in_proj_weight"),
-      "', '", f.FileName("q_proj_weight"), "', '", f.FileName("q_proj.weight"),
-      "' or '", f.FileName("q_proj.0.weight"), "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("no attention weights found: expected '", f.FileName("in_proj_weight"), "', '",
+                   f.FileName("q_proj_weight"), "', '", f.FileName("q_proj.weight"), "' or '",
+                   f.FileName("q_proj.0.weight"), "'"));
 }
 
 // nn.MultiheadAttention's fused in_proj: rows [q; k; v].
 absl::Status PackInProj(const AttentionDims& d, WeightFinder& f, PackedWeights& w) {
   const int64_t qk = d.qk_width(), v = d.v_width(), e = d.embed_dim;
   if (d.kdim != e || d.vdim != e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", f.FileName("in_proj_weight"), "' needs kdim == vdim == embed_dim (",
-        e, "); got kdim ", d.kdim, ", vdim ", d.vdim,
-        " (use q_proj_weight, k_proj_weight, v_proj_weight)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", f.FileName("in_proj_weight"),
+                     "' needs kdim == vdim == embed_dim (", e, "); got kdim ", d.kdim, ", vdim ",
+                     d.vdim, " (use q_proj_weight, k_proj_weight, v_proj_weight)"));
   }
   ASSIGN_OR_RETURN(std::vector<float> in_w, f.Get("in_proj_weight", {2 * qk + v, e}));
   w.w_q.assign(in_w.begin(), in_w.begin() + qk * e);
@@ -100,16 +97,14 @@ absl::Status PackInProj(const AttentionDims& d, WeightFinder& f, PackedWeights& 
 
 absl::Status SplitInProjBias(const AttentionDims& d, WeightFinder& f, PackedWeights& w) {
   const int64_t qk = d.qk_width();
-  ASSIGN_OR_RETURN(std::vector<float> b,
-                   f.GetBias("in_proj_bias", 2 * qk + d.v_width(), d.bias));
+  ASSIGN_OR_RETURN(std::vector<float> b, f.GetBias("in_proj_bias", 2 * qk + d.v_width(), d.bias));
   w.b_q.assign(b.begin(), b.begin() + qk);
   w.b_k.assign(b.begin() + qk, b.begin() + 2 * qk);
   w.b_v.assign(b.begin() + 2 * qk, b.end());
   return absl::OkStatus();
 }
 
-absl::Status PackSeparateProjWeights(const AttentionDims& d, WeightFinder& f,
-                                     PackedWeights& w) {
+absl::Status PackSeparateProjWeights(const AttentionDims& d, WeightFinder& f, PackedWeights& w) {
   ASSIGN_OR_RETURN(w.w_q, f.Get("q_proj_weight", {d.qk_width(), d.embed_dim}));
   ASSIGN_OR_RETURN(w.w_k, f.Get("k_proj_weight", {d.qk_width(), d.kdim}));
   ASSIGN_OR_RETURN(w.w_v, f.Get("v_proj_weight", {d.v_width(), d.vdim}));
@@ -136,8 +131,7 @@ absl::Status PackLinear(const AttentionDims& d, WeightFinder& f, bool per_head,
   return absl::OkStatus();
 }
 
-absl::Status PackInputProjections(const AttentionDims& d, WeightFinder& f,
-                                  PackedWeights& w) {
+absl::Status PackInputProjections(const AttentionDims& d, WeightFinder& f, PackedWeights& w) {
   switch (w.layout) {
     case WeightLayout::kInProj:
       RETURN_IF_ERROR(PackInProj(d, f, w));
@@ -172,8 +166,7 @@ const char* WeightLayoutName(WeightLayout layout) {
   return "unknown";
 }
 
-absl::StatusOr<PackedWeights> PackWeights(const AttentionDims& d,
-                                          const v1::ModelConfig& config,
+absl::StatusOr<PackedWeights> PackWeights(const AttentionDims& d, const v1::ModelConfig& config,
                                           const TensorMap& tensors) {
   WeightFinder f(config, tensors);
   PackedWeights w;

@@ -18,8 +18,7 @@ const char* WeightLayoutName(WeightLayout layout);
 
 // Detects the layout and packs it. Errors name the tensor (as looked up in
 // the file) and the expected shape.
-absl::StatusOr<PackedWeights> PackWeights(const AttentionDims& dims,
-                                          const v1::ModelConfig& config,
+absl::StatusOr<PackedWeights> PackWeights(const AttentionDims& dims, const v1::ModelConfig& config,
                                           const TensorMap& tensors);
 
 }  // namespace mha

@@ -17,8 +17,7 @@ void* Workspace::Get(Slot slot, size_t bytes) {
   Buffer& b = buffers_[slot];
   if (bytes > b.capacity || b.aligned == nullptr) {
     // Room to grow a little, at most 1 MiB (long sequences stay bounded).
-    const size_t capacity =
-        bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
+    const size_t capacity = bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
     b.storage.reset(new uint8_t[capacity + kAlign]);
     const auto address = reinterpret_cast<uintptr_t>(b.storage.get());
     b.aligned = b.storage.get() + ((kAlign - address % kAlign) % kAlign);

@@ -37,7 +37,7 @@ namespace {
 
 std::string HostPort(const std::string& host, int port) {
   return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                              : absl::StrCat(host, ":", port);
+                                             : absl::StrCat(host, ":", port);
 }
 
 std::string ModelSummary(const ModelRepository& models) {
@@ -93,8 +93,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   options.pem_key_cert_pairs.push_back(pair);
   if (!o.tls_client_ca.empty()) {
     ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(o.tls_client_ca));
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);
 }
@@ -112,8 +111,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 }
 
 absl::Status Server::Build() {
-  ASSIGN_OR_RETURN(const ModelControlMode mode,
-                   ParseModelControlMode(options_.model_control_mode));
+  ASSIGN_OR_RETURN(const ModelControlMode mode, ParseModelControlMode(options_.model_control_mode));
   metrics_ = std::make_unique<Metrics>();
   const MemoryLimit limit = ResolveMemoryLimit(options_.memory_limit_bytes);
   memory_source_ = limit.source;
@@ -121,8 +119,8 @@ absl::Status Server::Build() {
   metrics_->memory_limit().Set(static_cast<double>(limit.bytes));
   // One pool of engine workers serves every model: threads follow the
   // cores and --workers, never the number of models.
-  pool_ = std::make_unique<WorkerPool>(WorkerPoolOptions{
-      .workers = options_.workers, .compute_threads = options_.intra_op_threads});
+  pool_ = std::make_unique<WorkerPool>(
+      WorkerPoolOptions{.workers = options_.workers, .compute_threads = options_.intra_op_threads});
   // Models warm up for the thread counts the workers' calls use.
   SetCallThreadCounts(pool_->CallThreadCounts());
   models_ = std::make_unique<ModelRepository>(
@@ -155,8 +153,8 @@ absl::Status Server::Build() {
   ASSIGN_OR_RETURN(BearerAuth auth, BearerAuth::FromFile(options_.auth_token_file));
 
   try {
-    exposer_ = std::make_unique<prometheus::Exposer>(
-        HostPort(options_.host, options_.metrics_port));
+    exposer_ =
+        std::make_unique<prometheus::Exposer>(HostPort(options_.host, options_.metrics_port));
   } catch (const std::exception& e) {  // CivetServer throws when it cannot listen
     return absl::UnavailableError(absl::StrCat("--metrics_port: cannot serve /metrics on ",
                                                HostPort(options_.host, options_.metrics_port),
@@ -167,9 +165,8 @@ absl::Status Server::Build() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   health_ = std::make_unique<HealthReporter>(*models_);
   control_ = std::make_unique<ModelControl>(
-      *models_, mode, absl::Seconds(std::max<int64_t>(1, absl::ToInt64Seconds(
-                                                           options_.repository_poll))),
-      [this] {
+      *models_, mode,
+      absl::Seconds(std::max<int64_t>(1, absl::ToInt64Seconds(options_.repository_poll))), [this] {
         health_->Update();
         UpdateReserve();
       });
@@ -178,20 +175,20 @@ absl::Status Server::Build() {
       RequestLimits{.max_tokens = options_.max_request_tokens,
                     .max_message_bytes = options_.max_message_bytes},
       *memory_, std::move(auth));
-  sessions_ = std::make_unique<SessionManager>(
-      SessionOptions{.cache_bytes = session_cache_bytes_,
-                     .max_sessions = options_.max_sessions,
-                     .idle_timeout = options_.session_idle_timeout,
-                     .max_tokens = options_.session_max_tokens},
-      metrics_->Sessions());
+  sessions_ =
+      std::make_unique<SessionManager>(SessionOptions{.cache_bytes = session_cache_bytes_,
+                                                      .max_sessions = options_.max_sessions,
+                                                      .idle_timeout = options_.session_idle_timeout,
+                                                      .max_tokens = options_.session_max_tokens},
+                                       metrics_->Sessions());
   if (!options_.session_spill_dir.empty()) {
     const absl::Time start = absl::Now();
-    const SpillCounts restored =
-        RestoreSessions(*sessions_, *models_, options_.session_spill_dir);
+    const SpillCounts restored = RestoreSessions(*sessions_, *models_, options_.session_spill_dir);
     if (restored.sessions + restored.failed > 0) {
-      std::fprintf(stderr, "mha_server: %lld sessions restored from %s in %.0f ms (%lld could not "
-                   "come back)\n", static_cast<long long>(restored.sessions),
-                   options_.session_spill_dir.c_str(),
+      std::fprintf(stderr,
+                   "mha_server: %lld sessions restored from %s in %.0f ms (%lld could not "
+                   "come back)\n",
+                   static_cast<long long>(restored.sessions), options_.session_spill_dir.c_str(),
                    absl::ToDoubleMilliseconds(absl::Now() - start),
                    static_cast<long long>(restored.failed));
     }
@@ -238,8 +235,8 @@ std::string Server::ReadyLine() const {
   return absl::StrFormat(
       "mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%d "
       "(%s; engines' reserve and session cache %s)",
-      grpc_port_, exposer_->GetListeningPorts().front(), ModelSummary(*models_),
-      memory_->limit(), memory_source_, WithCommas(memory_->reserve()));
+      grpc_port_, exposer_->GetListeningPorts().front(), ModelSummary(*models_), memory_->limit(),
+      memory_source_, WithCommas(memory_->reserve()));
 }
 
 void Server::StartDraining() {

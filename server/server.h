@@ -39,11 +39,12 @@ class WorkerPool;
 struct ServerOptions {
   std::string model_repository = "models";
   std::string host = "0.0.0.0";
-  int port = 50051;          // 0: a free one
-  int metrics_port = 9464;   // 0: a free one
+  int port = 50051;         // 0: a free one
+  int metrics_port = 9464;  // 0: a free one
   int max_message_bytes = 64 << 20;
   int workers = 2;
-  int intra_op_threads = 0;  // 0: all cores alone, cores / workers beside others (WorkerPoolOptions)
+  int intra_op_threads =
+      0;  // 0: all cores alone, cores / workers beside others (WorkerPoolOptions)
   absl::Duration shutdown_grace = absl::Seconds(30);
   bool disable_batching = false;
   int64_t max_request_tokens = int64_t{1} << 20;

@@ -25,8 +25,8 @@ void* operator new(std::size_t size) {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
-extern "C" dnnl_status_t __real_dnnl_primitive_execute(const_dnnl_primitive_t, dnnl_stream_t,
-                                                       int, const dnnl_exec_arg_t*);
+extern "C" dnnl_status_t __real_dnnl_primitive_execute(const_dnnl_primitive_t, dnnl_stream_t, int,
+                                                       const dnnl_exec_arg_t*);
 extern "C" dnnl_status_t __wrap_dnnl_primitive_execute(const_dnnl_primitive_t primitive,
                                                        dnnl_stream_t stream, int nargs,
                                                        const dnnl_exec_arg_t* args) {

@@ -22,8 +22,7 @@ struct AllocationCounts {
             executes - before.executes};
   }
   AllocationCounts operator+(const AllocationCounts& more) const {
-    return {all + more.all, in_onednn_execute + more.in_onednn_execute,
-            executes + more.executes};
+    return {all + more.all, in_onednn_execute + more.in_onednn_execute, executes + more.executes};
   }
 };
 

@@ -329,8 +329,7 @@ TEST(AttentionRequestTest, MovedBatchStillSeesItsInputs) {
   DenseInputs in = QueryOnly({2, 3, 24});
   in.attn_mask = Random({3, 3}, 4);
   const std::vector<float> query = ToFloatVector(in.query);
-  absl::StatusOr<AttentionRequest> first =
-      Create(SelfDims(), in);
+  absl::StatusOr<AttentionRequest> first = Create(SelfDims(), in);
   ASSERT_TRUE(first.ok()) << first.status();
   AttentionRequest second = *std::move(first);
   EXPECT_EQ(Values(second.batch().query), query);
@@ -375,13 +374,11 @@ TEST(AttentionRequestTest, QueryOfRankOneIsRejected) {
 }
 
 TEST(AttentionRequestTest, QueryOfRankFourIsRejected) {
-  ExpectRejected(SelfDims(), QueryOnly({1, 2, 5, 24}),
-                 {"query", "[1, 2, 5, 24]"});
+  ExpectRejected(SelfDims(), QueryOnly({1, 2, 5, 24}), {"query", "[1, 2, 5, 24]"});
 }
 
 TEST(AttentionRequestTest, QueryWithWrongEmbedDimIsRejected) {
-  ExpectRejected(SelfDims(), QueryOnly({2, 5, 23}),
-                 {"query: expected last dimension 24, got 23"});
+  ExpectRejected(SelfDims(), QueryOnly({2, 5, 23}), {"query: expected last dimension 24, got 23"});
 }
 
 TEST(AttentionRequestTest, BoolQueryIsRejected) {
@@ -407,8 +404,7 @@ TEST(AttentionRequestTest, KeyWithWrongWidthIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.key = Random({2, 7, 15}, 2);
   in.value = Random({2, 7, 20}, 3);
-  ExpectRejected(CrossDims(), in,
-                 {"key: expected last dimension 16, got 15"});
+  ExpectRejected(CrossDims(), in, {"key: expected last dimension 16, got 15"});
 }
 
 TEST(AttentionRequestTest, UnbatchedKeyWithBatchedQueryIsRejected) {
@@ -421,53 +417,46 @@ TEST(AttentionRequestTest, ValueWithOtherLengthIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.key = Random({2, 7, 16}, 2);
   in.value = Random({2, 6, 20}, 3);
-  ExpectRejected(CrossDims(), in,
-                 {"value: expected shape [2, 7, 20], got [2, 6, 20]"});
+  ExpectRejected(CrossDims(), in, {"value: expected shape [2, 7, 20], got [2, 6, 20]"});
 }
 
 TEST(AttentionRequestTest, ValueWithWrongWidthIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.key = Random({2, 7, 16}, 2);
   in.value = Random({2, 7, 16}, 3);
-  ExpectRejected(CrossDims(), in,
-                 {"value: expected shape [2, 7, 20], got [2, 7, 16]"});
+  ExpectRejected(CrossDims(), in, {"value: expected shape [2, 7, 20], got [2, 7, 16]"});
 }
 
 TEST(AttentionRequestTest, KeyPaddingMaskOfQueryLengthWithLongerKeyIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.key = Random({2, 7, 24}, 2);
   in.key_padding_mask = Bools({2, 5});
-  ExpectRejected(SelfDims(), in,
-                 {"key_padding_mask: expected shape [2, 7], got [2, 5]"});
+  ExpectRejected(SelfDims(), in, {"key_padding_mask: expected shape [2, 7], got [2, 5]"});
 }
 
 TEST(AttentionRequestTest, KeyPaddingMaskTransposedIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.key_padding_mask = Bools({5, 2});
-  ExpectRejected(SelfDims(), in,
-                 {"key_padding_mask", "[2, 5]", "[5, 2]"});
+  ExpectRejected(SelfDims(), in, {"key_padding_mask", "[2, 5]", "[5, 2]"});
 }
 
 TEST(AttentionRequestTest, AttnMaskOfWrongLengthNamesBothAcceptedShapes) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.key = Random({2, 7, 24}, 2);
   in.attn_mask = Bools({5, 8});
-  ExpectRejected(SelfDims(), in,
-                 {"attn_mask", "[5, 7]", "[8, 5, 7]", "got [5, 8]"});
+  ExpectRejected(SelfDims(), in, {"attn_mask", "[5, 7]", "[8, 5, 7]", "got [5, 8]"});
 }
 
 TEST(AttentionRequestTest, AttnMaskPerBatchInsteadOfPerHeadIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.attn_mask = Bools({2, 5, 5});
-  ExpectRejected(SelfDims(), in,
-                 {"attn_mask", "[5, 5]", "[8, 5, 5]", "got [2, 5, 5]"});
+  ExpectRejected(SelfDims(), in, {"attn_mask", "[5, 5]", "[8, 5, 5]", "got [2, 5, 5]"});
 }
 
 TEST(AttentionRequestTest, AttnMaskWithBatchAndHeadAxesIsRejected) {
   DenseInputs in = QueryOnly({2, 5, 24});
   in.attn_mask = Bools({2, 4, 5, 5});
-  ExpectRejected(SelfDims(), in,
-                 {"attn_mask", "[5, 5]", "[8, 5, 5]"});
+  ExpectRejected(SelfDims(), in, {"attn_mask", "[5, 5]", "[8, 5, 5]"});
 }
 
 // --- Kinds, views, limits, spellings -----------------------------------------
@@ -547,7 +536,8 @@ TEST(AttentionRequestTest, BytesThatAreNotTheShapeAreRejected) {
   in.query = TensorView{DType::kF32, {1, 2, 24}, absl::MakeConstSpan(query.raw(), 100)};
   const absl::Status s =
       AttentionRequest::Create(SelfDims(), in, kNoLimit, DTypeSpelling::kKserve).status();
-  EXPECT_THAT(std::string(s.message()), HasSubstr("query: data has 100 bytes, expected 1 x 2 x 24 x 4 bytes (FP32)"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("query: data has 100 bytes, expected 1 x 2 x 24 x 4 bytes (FP32)"));
 }
 
 }  // namespace

@@ -58,8 +58,8 @@ TEST(EngineAllocationTest, WarmRunAllocatesNothingOutsideOneDnn) {
       const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
       std::unique_ptr<Workspace> ws = engine->NewWorkspace();
       for (const int64_t len : {16, 100, 300, 700}) {
-        SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " cross " << cross
-                                          << " len " << len);
+        SCOPED_TRACE(::testing::Message()
+                     << "bf16 " << bf16 << " cross " << cross << " len " << len);
         Request r(d, len, cross ? len + 7 : 0, 5);
         RunCounted(*engine, r, *ws);  // warm-up: primitives and buffers
         const AllocationCounts warm = RunCounted(*engine, r, *ws);
@@ -115,8 +115,8 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
                                             << len << " weights " << weights);
           const int64_t n = 3, kv_len = cross ? len / 2 + 5 : len;
           const std::vector<float> query = RandomVector(n * len * d.embed_dim, 1);
-          const std::vector<float> key = cross ? RandomVector(n * kv_len * d.kdim, 2)
-                                               : std::vector<float>{};
+          const std::vector<float> key =
+              cross ? RandomVector(n * kv_len * d.kdim, 2) : std::vector<float>{};
           const std::vector<uint8_t> padding(n * kv_len, 0);
           AttentionBatch batch;
           batch.kind = cross ? AttentionKind::kCrossValueIsKey : AttentionKind::kSelf;
@@ -129,11 +129,14 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
           std::vector<float> probs(weights ? engine->WeightsElements(batch, false) : 0);
           std::unique_ptr<Workspace> ws = engine->NewWorkspace();
           ASSERT_TRUE(
-              engine->Run(batch, {absl::MakeSpan(output), absl::MakeSpan(probs), false}, *ws)
-                  .ok());
-          BatchShape shape{.sequences = n, .q_len = len, .kv_len = kv_len,
-                           .self_attention = !cross, .value_is_key = true,
-                           .bool_mask_elements = n * kv_len, .need_weights = weights};
+              engine->Run(batch, {absl::MakeSpan(output), absl::MakeSpan(probs), false}, *ws).ok());
+          BatchShape shape{.sequences = n,
+                           .q_len = len,
+                           .kv_len = kv_len,
+                           .self_attention = !cross,
+                           .value_is_key = true,
+                           .bool_mask_elements = n * kv_len,
+                           .need_weights = weights};
           const int64_t held = static_cast<int64_t>(ws->bytes_held());
           const int64_t estimate = engine->ScratchBytes(shape, 2);
           EXPECT_LE(held, estimate);
@@ -143,8 +146,7 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
           EXPECT_EQ(ws->bytes_held(), 0u);
           std::vector<float> again(output.size());
           ASSERT_TRUE(
-              engine->Run(batch, {absl::MakeSpan(again), absl::MakeSpan(probs), false}, *ws)
-                  .ok());
+              engine->Run(batch, {absl::MakeSpan(again), absl::MakeSpan(probs), false}, *ws).ok());
           EXPECT_EQ(again, output);
         }
       }
@@ -187,8 +189,7 @@ TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
           step.steps.push_back({&cache, tokens, false});
           std::vector<float> out(query.size());
           std::vector<float> probs(weights ? engine->AppendWeightsElements(step) : 0);
-          ASSERT_TRUE(
-              engine->Append(step, {absl::MakeSpan(out), absl::MakeSpan(probs)}, *ws).ok());
+          ASSERT_TRUE(engine->Append(step, {absl::MakeSpan(out), absl::MakeSpan(probs)}, *ws).ok());
           const int64_t held = static_cast<int64_t>(ws->bytes_held());
           const int64_t keys = position + tokens + d.extra_keys();
           const int64_t estimate = engine->StepScratchBytes(tokens, keys, weights, 2);

@@ -10,14 +10,12 @@ namespace {
 
 // Fills one mask of `n` elements: about a third masked; additive values
 // mirror the booleans so the reference sees the same thing.
-void FillMask(MaskKind kind, int64_t n, uint32_t seed,
-              std::vector<uint8_t>& bools, std::vector<float>& floats,
-              std::vector<float>& additive) {
+void FillMask(MaskKind kind, int64_t n, uint32_t seed, std::vector<uint8_t>& bools,
+              std::vector<float>& floats, std::vector<float>& additive) {
   const std::vector<float> r = RandomVector(n, seed, 1.0f);
   for (int64_t i = 0; i < n; ++i) {
     const bool masked = r[i] > 0.33f;
-    const float value = kind == MaskKind::kBool ? (masked ? -kInf : 0.0f)
-                                                : (masked ? -kInf : r[i]);
+    const float value = kind == MaskKind::kBool ? (masked ? -kInf : 0.0f) : (masked ? -kInf : r[i]);
     bools.push_back(masked);
     floats.push_back(value);
     additive.push_back(value);
@@ -28,8 +26,8 @@ void FillMask(MaskKind kind, int64_t n, uint32_t seed,
 
 AttentionDims Dims(int64_t e, int64_t h) { return MakeDims(e, h); }
 
-void AttachMask(MaskKind kind, const std::vector<uint8_t>& bools,
-                const std::vector<float>& floats, MaskView& view) {
+void AttachMask(MaskKind kind, const std::vector<uint8_t>& bools, const std::vector<float>& floats,
+                MaskView& view) {
   if (kind == MaskKind::kNone) return;
   view.dtype = kind == MaskKind::kBool ? DType::kBool : DType::kF32;
   view.data = kind == MaskKind::kBool ? static_cast<const void*>(bools.data())
@@ -51,19 +49,17 @@ Built Build(const Case& c, uint32_t seed) {
     s.query = RandomVector(s.q_len * d.embed_dim, seed + 10 * i + 1);
     if (!self) {
       s.key = RandomVector(s.kv_len * d.kdim, seed + 10 * i + 2);
-      if (!c.value_is_key)
-        s.value = RandomVector(s.kv_len * d.vdim, seed + 10 * i + 3);
+      if (!c.value_is_key) s.value = RandomVector(s.kv_len * d.vdim, seed + 10 * i + 3);
     }
     if (c.key_padding != MaskKind::kNone) {
-      FillMask(c.key_padding, s.kv_len, seed + 10 * i + 4, b.key_pad_bool,
-               b.key_pad_f32, s.key_padding);
+      FillMask(c.key_padding, s.kv_len, seed + 10 * i + 4, b.key_pad_bool, b.key_pad_f32,
+               s.key_padding);
     }
     if (c.attn_mask != MaskKind::kNone) {
-      b.batch.attn_mask_offsets.push_back(
-          static_cast<int64_t>(b.mask_bool.size()));
+      b.batch.attn_mask_offsets.push_back(static_cast<int64_t>(b.mask_bool.size()));
       const int64_t heads = c.attn_per_head ? d.num_heads : 1;
-      FillMask(c.attn_mask, heads * s.q_len * s.kv_len, seed + 10 * i + 5,
-               b.mask_bool, b.mask_f32, s.attn_mask);
+      FillMask(c.attn_mask, heads * s.q_len * s.kv_len, seed + 10 * i + 5, b.mask_bool, b.mask_f32,
+               s.attn_mask);
     }
     b.query.insert(b.query.end(), s.query.begin(), s.query.end());
     b.key.insert(b.key.end(), s.key.begin(), s.key.end());
@@ -80,21 +76,17 @@ Built Build(const Case& c, uint32_t seed) {
   b.batch.value = b.value;
   b.batch.is_causal = c.causal;
   b.batch.attn_mask_per_head = c.attn_per_head;
-  AttachMask(c.key_padding, b.key_pad_bool, b.key_pad_f32,
-             b.batch.key_padding_mask);
+  AttachMask(c.key_padding, b.key_pad_bool, b.key_pad_f32, b.batch.key_padding_mask);
   AttachMask(c.attn_mask, b.mask_bool, b.mask_f32, b.batch.attn_mask);
   return b;
 }
 
-RunResult RunEngine(const MhaEngine& engine, const Case& c, const Built& b,
-                    bool with_weights, Workspace* ws) {
+RunResult RunEngine(const MhaEngine& engine, const Case& c, const Built& b, bool with_weights,
+                    Workspace* ws) {
   RunResult r;
   r.output.assign(b.batch.q_offsets.back() * c.dims.embed_dim, -1.0f);
-  if (with_weights)
-    r.weights.assign(engine.WeightsElements(b.batch, c.per_head_weights),
-                     -1.0f);
-  AttentionOutputs out{absl::MakeSpan(r.output), absl::MakeSpan(r.weights),
-                       c.per_head_weights};
+  if (with_weights) r.weights.assign(engine.WeightsElements(b.batch, c.per_head_weights), -1.0f);
+  AttentionOutputs out{absl::MakeSpan(r.output), absl::MakeSpan(r.weights), c.per_head_weights};
   std::unique_ptr<Workspace> own;
   if (ws == nullptr) own = engine.NewWorkspace(), ws = own.get();
   const absl::Status s = engine.Run(b.batch, out, *ws);
@@ -111,9 +103,8 @@ float MaxAbsDiff(const float* a, const float* b, size_t n) {
   return m;
 }
 
-void ExpectMatchesReference(const Case& c, const PackedWeights& w,
-                            const Built& b, const RunResult& got,
-                            float tolerance, bool check_weights) {
+void ExpectMatchesReference(const Case& c, const PackedWeights& w, const Built& b,
+                            const RunResult& got, float tolerance, bool check_weights) {
   const AttentionDims& d = c.dims;
   int64_t weights_at = 0;
   for (size_t i = 0; i < b.sequences.size(); ++i) {
@@ -128,11 +119,9 @@ void ExpectMatchesReference(const Case& c, const PackedWeights& w,
     if (!c.per_head_weights) {  // average over heads
       expected.assign(n, 0.0f);
       for (int64_t h = 0; h < d.num_heads; ++h)
-        for (int64_t j = 0; j < n; ++j)
-          expected[j] += ref.head_weights[h * n + j] / d.num_heads;
+        for (int64_t j = 0; j < n; ++j) expected[j] += ref.head_weights[h * n + j] / d.num_heads;
     }
-    EXPECT_LE(MaxAbsDiff(got.weights.data() + weights_at, expected.data(),
-                         expected.size()),
+    EXPECT_LE(MaxAbsDiff(got.weights.data() + weights_at, expected.data(), expected.size()),
               tolerance)
         << c.name << " weights of sequence " << i;
     weights_at += static_cast<int64_t>(expected.size());
@@ -142,11 +131,9 @@ void ExpectMatchesReference(const Case& c, const PackedWeights& w,
   }
 }
 
-std::unique_ptr<MhaEngine> MakeEngine(const AttentionDims& d,
-                                      const PackedWeights& w,
+std::unique_ptr<MhaEngine> MakeEngine(const AttentionDims& d, const PackedWeights& w,
                                       EngineOptions options) {
-  absl::StatusOr<std::unique_ptr<MhaEngine>> engine =
-      MhaEngine::Create(d, w, options);
+  absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(d, w, options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return std::move(engine).value();
 }

@@ -42,8 +42,8 @@ struct Built {
 };
 Built Build(const Case& c, uint32_t seed);
 // Points `view` at the bool or float copy of a mask (nothing for kNone).
-void AttachMask(MaskKind kind, const std::vector<uint8_t>& bools,
-                const std::vector<float>& floats, MaskView& view);
+void AttachMask(MaskKind kind, const std::vector<uint8_t>& bools, const std::vector<float>& floats,
+                MaskView& view);
 
 struct RunResult {
   std::vector<float> output, weights;
@@ -58,12 +58,10 @@ float MaxAbsDiff(const float* a, const float* b, size_t n);
 
 // Compares every sequence's output (and, when `check_weights`, weights)
 // with the reference.
-void ExpectMatchesReference(const Case& c, const PackedWeights& w,
-                            const Built& b, const RunResult& got,
-                            float tolerance, bool check_weights = true);
+void ExpectMatchesReference(const Case& c, const PackedWeights& w, const Built& b,
+                            const RunResult& got, float tolerance, bool check_weights = true);
 
-std::unique_ptr<MhaEngine> MakeEngine(const AttentionDims& d,
-                                      const PackedWeights& w,
+std::unique_ptr<MhaEngine> MakeEngine(const AttentionDims& d, const PackedWeights& w,
                                       EngineOptions options = {});
 
 // Every option on odd sizes (E=24, h=3, L=1, S=1, L != S, ragged batches).

@@ -1,11 +1,10 @@
 // MhaEngine against the plain-loop reference, on odd sizes and every option.
-#include "engine/mha_engine.h"
-
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <thread>
 
+#include "engine/mha_engine.h"
 #include "engine/model.h"
 #include "engine/threads.h"
 #include "gmock/gmock.h"
@@ -36,8 +35,7 @@ TEST_P(EngineCaseTest, Bf16ComputeStaysWithinBf16Tolerance) {
   // Outputs are O(1); bf16 keeps ~3 significant digits through two products.
   // Where oneDNN has no bf16 kernels the engine computes in fp32 instead.
   EXPECT_EQ(engine->dims().bf16, CpuCanComputeBf16());
-  ExpectMatchesReference(c, w, b, RunEngine(*engine, c, b),
-                         engine->dims().bf16 ? 3e-2f : 1e-5f);
+  ExpectMatchesReference(c, w, b, RunEngine(*engine, c, b), engine->dims().bf16 ? 3e-2f : 1e-5f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Options, EngineCaseTest, ::testing::ValuesIn(AllCases()),
@@ -52,11 +50,9 @@ TEST(EngineLayoutTest, AllWeightLayoutsGiveBitIdenticalOutputs) {
   const Case c{"layouts", d, {4, 2}, {}, false, MaskKind::kBool};
   const Built b = Build(c, 5);
   std::vector<RunResult> results;
-  for (WeightLayout layout :
-       {WeightLayout::kInProj, WeightLayout::kSeparateProjWeights,
-        WeightLayout::kSeparateLinears, WeightLayout::kPerHeadLinears}) {
-    absl::StatusOr<LoadedModel> model =
-        BuildModel(ConfigFor(d), WeightsAsTensors(d, w, layout));
+  for (WeightLayout layout : {WeightLayout::kInProj, WeightLayout::kSeparateProjWeights,
+                              WeightLayout::kSeparateLinears, WeightLayout::kPerHeadLinears}) {
+    absl::StatusOr<LoadedModel> model = BuildModel(ConfigFor(d), WeightsAsTensors(d, w, layout));
     ASSERT_TRUE(model.ok()) << model.status();
     EXPECT_EQ(model->layout, layout);
     results.push_back(RunEngine(*model->engine, c, b));
@@ -132,9 +128,8 @@ TEST(EngineBlockingTest, SmallScoreBudgetGivesSameResults) {
         const RunResult blocked = RunEngine(*MakeEngine(dims, wd, tiny), c, b);
         EXPECT_LE(MaxAbsDiff(whole.output.data(), blocked.output.data(), whole.output.size()),
                   1e-6f);
-        EXPECT_LE(
-            MaxAbsDiff(whole.weights.data(), blocked.weights.data(), whole.weights.size()),
-            1e-6f);
+        EXPECT_LE(MaxAbsDiff(whole.weights.data(), blocked.weights.data(), whole.weights.size()),
+                  1e-6f);
         ExpectMatchesReference(c, wd, b, blocked, 1e-5f);
       }
     }
@@ -151,9 +146,9 @@ TEST(EngineRuntimeDimsTest, RuntimeShapePrimitiveGivesSameResults) {
     AttentionDims d = Dims(64, 2);
     d.bf16 = bf16;
     const PackedWeights w = RandomWeights(d, 9);
-    for (const Case& c : {Case{"rt_self", d, {90, 100}, {}, false, MaskKind::kBool,
-                               MaskKind::kFloat},
-                          Case{"rt_cross", d, {90, 70}, {100, 120}, true, MaskKind::kBool}}) {
+    for (const Case& c :
+         {Case{"rt_self", d, {90, 100}, {}, false, MaskKind::kBool, MaskKind::kFloat},
+          Case{"rt_cross", d, {90, 70}, {100, 120}, true, MaskKind::kBool}}) {
       SCOPED_TRACE(::testing::Message() << c.name << " bf16 " << bf16);
       const Built b = Build(c, 4);
       EngineOptions per_shape, runtime;
@@ -180,17 +175,18 @@ TEST(EngineRaggedTest, RaggedBatchEqualsSequencesRunAlone) {
     alone.sequences[0] = b.sequences[i];  // same data as in the batch
     alone.query = b.sequences[i].query;
     alone.key = b.sequences[i].key;
-    alone.key_pad_bool = b.sequences[i].key_padding.empty()
-                             ? std::vector<uint8_t>{}
-                             : std::vector<uint8_t>(b.key_pad_bool.begin() + b.batch.kv_offsets[i],
-                                                    b.key_pad_bool.begin() + b.batch.kv_offsets[i + 1]);
+    alone.key_pad_bool =
+        b.sequences[i].key_padding.empty()
+            ? std::vector<uint8_t>{}
+            : std::vector<uint8_t>(b.key_pad_bool.begin() + b.batch.kv_offsets[i],
+                                   b.key_pad_bool.begin() + b.batch.kv_offsets[i + 1]);
     alone.batch.query = alone.query;
     alone.batch.key = alone.key;
     AttachMask(MaskKind::kBool, alone.key_pad_bool, alone.key_pad_f32,
                alone.batch.key_padding_mask);
     const RunResult r = RunEngine(*engine, Case{"one", d, {all.q_lens[i]}, {1}}, alone);
-    EXPECT_LE(MaxAbsDiff(r.output.data(),
-                         together.output.data() + b.batch.q_offsets[i] * 24, r.output.size()),
+    EXPECT_LE(MaxAbsDiff(r.output.data(), together.output.data() + b.batch.q_offsets[i] * 24,
+                         r.output.size()),
               1e-6f)
         << "sequence " << i;
   }

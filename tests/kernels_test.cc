@@ -40,8 +40,8 @@ class KernelsIsaTest : public ::testing::TestWithParam<KernelIsa> {
 // Every level up to the one this CPU has.
 std::vector<KernelIsa> LevelsOfThisCpu() {
   std::vector<KernelIsa> levels;
-  for (KernelIsa isa : {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512,
-                        KernelIsa::kAvx512Bf16}) {
+  for (KernelIsa isa :
+       {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Bf16}) {
     if (isa <= ActiveKernelIsa()) levels.push_back(isa);
   }
   return levels;
@@ -49,16 +49,19 @@ std::vector<KernelIsa> LevelsOfThisCpu() {
 
 std::string LevelName(const ::testing::TestParamInfo<KernelIsa>& info) {
   switch (info.param) {
-    case KernelIsa::kPortable: return "portable";
-    case KernelIsa::kAvx2: return "avx2";
-    case KernelIsa::kAvx512: return "avx512";
-    case KernelIsa::kAvx512Bf16: return "avx512_bf16";
+    case KernelIsa::kPortable:
+      return "portable";
+    case KernelIsa::kAvx2:
+      return "avx2";
+    case KernelIsa::kAvx512:
+      return "avx512";
+    case KernelIsa::kAvx512Bf16:
+      return "avx512_bf16";
   }
   return "unknown";
 }
 
-INSTANTIATE_TEST_SUITE_P(Levels, KernelsIsaTest, ::testing::ValuesIn(LevelsOfThisCpu()),
-                         LevelName);
+INSTANTIATE_TEST_SUITE_P(Levels, KernelsIsaTest, ::testing::ValuesIn(LevelsOfThisCpu()), LevelName);
 
 // Softmax of one row in double precision, masked positions (-inf) excluded.
 std::vector<double> ExactSoftmax(const float* row, int64_t cols) {
@@ -291,8 +294,8 @@ TEST_P(KernelsIsaTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
     const uint32_t bits = static_cast<uint32_t>(gen()) & 0xbfffffffu;  // finite values
     std::memcpy(&x, &bits, 4);
   }
-  in[0] = 1.0f + std::ldexp(1.0f, -8);       // tie, rounds down to even 1.0
-  in[1] = 1.0f + 3 * std::ldexp(1.0f, -8);   // tie, rounds up to even
+  in[0] = 1.0f + std::ldexp(1.0f, -8);      // tie, rounds down to even 1.0
+  in[1] = 1.0f + 3 * std::ldexp(1.0f, -8);  // tie, rounds up to even
   std::vector<uint16_t> out(n);
   ConvertToBf16(in.data(), out.data(), n);
   EXPECT_EQ(out[0], 0x3f80);
@@ -305,8 +308,9 @@ TEST_P(KernelsIsaTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
     const double lo = Bf16ToFloat(below), hi = Bf16ToFloat(below + 1);
     const double x = std::fabs(static_cast<double>(in[i]));
     const double dlo = x - std::fabs(lo), dhi = std::fabs(hi) - x;
-    uint16_t expected =
-        dlo < dhi ? below : dlo > dhi ? below + 1 : ((below & 1) == 0 ? below : below + 1);
+    uint16_t expected = dlo < dhi   ? below
+                        : dlo > dhi ? below + 1
+                                    : ((below & 1) == 0 ? below : below + 1);
     // The AVX512-BF16 conversion reads denormals as zero (of their sign).
     if (GetParam() == KernelIsa::kAvx512Bf16 && std::fpclassify(in[i]) == FP_SUBNORMAL) {
       expected = static_cast<uint16_t>(bits >> 31 << 15);
@@ -340,8 +344,8 @@ TEST(KernelsTest, Int8RowsRoundWithTheirScaleAtTheEdges) {
   std::vector<int8_t> out(16, 5);
   EXPECT_EQ(QuantizeInt8(zeros.data(), 16, out.data(), 1), 0.0f);
   EXPECT_EQ(out, std::vector<int8_t>(16, 0));
-  for (const float bad : {std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     std::vector<float> row(16, 1.0f);
     row[4] = bad;
     EXPECT_TRUE(std::isnan(QuantizeInt8(row.data(), 16, out.data(), 1))) << bad;
@@ -407,8 +411,8 @@ TEST_P(KernelsIsaTest, Int8BlockScoresAndContextUseTheScaledValues) {
 TEST_P(KernelsIsaTest, Bf16BlockScoresAndContextMatchTheWidenedValues) {
   constexpr int64_t kTokens = 32;
   const bool dot = GetParam() == KernelIsa::kAvx512Bf16;
-  for (const int64_t d : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{64}, int64_t{72},
-                          int64_t{128}}) {
+  for (const int64_t d :
+       {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{64}, int64_t{72}, int64_t{128}}) {
     for (const int64_t n : {int64_t{32}, int64_t{13}, int64_t{1}}) {
       std::vector<uint16_t> kt(d * kTokens), v(kTokens * d);
       ConvertToBf16(RandomVector(d * kTokens, 3).data(), kt.data(), d * kTokens);

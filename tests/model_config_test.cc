@@ -74,9 +74,8 @@ TEST(ParseModelConfigTest, ReadsTensorNamesMap) {
     tensor_names { key: "in_proj_weight" value: "attn.qkv.weight" }
     tensor_names { key: "out_proj.weight" value: "attn.o.weight" }
   )pb");
-  EXPECT_THAT(c.tensor_names(),
-              UnorderedElementsAre(Pair("in_proj_weight", "attn.qkv.weight"),
-                                   Pair("out_proj.weight", "attn.o.weight")));
+  EXPECT_THAT(c.tensor_names(), UnorderedElementsAre(Pair("in_proj_weight", "attn.qkv.weight"),
+                                                     Pair("out_proj.weight", "attn.o.weight")));
 }
 
 TEST(ParseModelConfigTest, EmptyTextIsAnEmptyConfig) {
@@ -87,8 +86,7 @@ TEST(ParseModelConfigTest, EmptyTextIsAnEmptyConfig) {
 
 TEST(ParseModelConfigTest, SyntaxErrorReportsLineAndColumn) {
   // 'x' is on the second line, 12th column (both counted from 1).
-  absl::StatusOr<v1::ModelConfig> c =
-      ParseModelConfig("embed_dim: 24\nnum_heads: x\n");
+  absl::StatusOr<v1::ModelConfig> c = ParseModelConfig("embed_dim: 24\nnum_heads: x\n");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("line 2 column 12"));
 }
@@ -111,15 +109,13 @@ TEST(ParseModelConfigTest, UnknownEnumValueIsRejected) {
 // --- ReadModelConfig ---------------------------------------------------------
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "model_config_test_", name);
+  const std::string path = absl::StrCat(::testing::TempDir(), "model_config_test_", name);
   std::ofstream(path, std::ios::trunc) << text;
   return path;
 }
 
 TEST(ReadModelConfigTest, ReadsAFile) {
-  const std::string path =
-      WriteTemp("good.pbtxt", "embed_dim: 24\nnum_heads: 3\n");
+  const std::string path = WriteTemp("good.pbtxt", "embed_dim: 24\nnum_heads: 3\n");
   absl::StatusOr<v1::ModelConfig> c = ReadModelConfig(path);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->embed_dim(), 24);
@@ -127,8 +123,7 @@ TEST(ReadModelConfigTest, ReadsAFile) {
 }
 
 TEST(ReadModelConfigTest, MissingFileIsNotFound) {
-  const std::string path =
-      absl::StrCat(::testing::TempDir(), "model_config_test_missing.pbtxt");
+  const std::string path = absl::StrCat(::testing::TempDir(), "model_config_test_missing.pbtxt");
   absl::StatusOr<v1::ModelConfig> c = ReadModelConfig(path);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr(path));
@@ -145,8 +140,7 @@ TEST(ReadModelConfigTest, ParseErrorNamesTheFileAndLine) {
 // --- ResolveDims: defaults and explicit values -------------------------------
 
 TEST(ResolveDimsTest, AppliesDefaults) {
-  absl::StatusOr<AttentionDims> d =
-      ResolveDims(Parse("embed_dim: 24 num_heads: 4"));
+  absl::StatusOr<AttentionDims> d = ResolveDims(Parse("embed_dim: 24 num_heads: 4"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->embed_dim, 24);
   EXPECT_EQ(d->num_heads, 4);
@@ -193,15 +187,14 @@ TEST(ResolveDimsTest, KeepsExplicitValues) {
 }
 
 TEST(ResolveDimsTest, ExplicitBiasTrueIsTrue) {
-  absl::StatusOr<AttentionDims> d =
-      ResolveDims(Parse("embed_dim: 8 num_heads: 2 bias: true"));
+  absl::StatusOr<AttentionDims> d = ResolveDims(Parse("embed_dim: 8 num_heads: 2 bias: true"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(d->bias);
 }
 
 TEST(ResolveDimsTest, Bf16ComputeDtype) {
-  absl::StatusOr<AttentionDims> d = ResolveDims(
-      Parse("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_BF16"));
+  absl::StatusOr<AttentionDims> d =
+      ResolveDims(Parse("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_BF16"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(d->bf16);
 }
@@ -210,9 +203,8 @@ TEST(ResolveDimsTest, Bf16ComputeDtype) {
 // it; nothing computes in it.
 TEST(ResolveDimsTest, Int8IsACacheDtypeOnly) {
   for (const char* compute : {"DATA_TYPE_FP32", "DATA_TYPE_BF16"}) {
-    absl::StatusOr<AttentionDims> d =
-        ResolveDims(Parse(absl::StrCat("embed_dim: 8 num_heads: 2 compute_dtype: ", compute,
-                                       " kv_cache_dtype: DATA_TYPE_INT8")));
+    absl::StatusOr<AttentionDims> d = ResolveDims(Parse(absl::StrCat(
+        "embed_dim: 8 num_heads: 2 compute_dtype: ", compute, " kv_cache_dtype: DATA_TYPE_INT8")));
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_TRUE(d->kv_cache_int8);
     EXPECT_EQ(d->kv_elem_bytes(), 1) << compute;
@@ -224,15 +216,13 @@ TEST(ResolveDimsTest, Int8IsACacheDtypeOnly) {
 }
 
 TEST(ResolveDimsTest, PostNormAbsentIsOff) {
-  absl::StatusOr<AttentionDims> d =
-      ResolveDims(Parse("embed_dim: 8 num_heads: 2"));
+  absl::StatusOr<AttentionDims> d = ResolveDims(Parse("embed_dim: 8 num_heads: 2"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_FALSE(d->post_norm);
 }
 
 TEST(ResolveDimsTest, EmptyPostNormUsesDefaultEps) {
-  absl::StatusOr<AttentionDims> d =
-      ResolveDims(Parse("embed_dim: 8 num_heads: 2 post_norm {}"));
+  absl::StatusOr<AttentionDims> d = ResolveDims(Parse("embed_dim: 8 num_heads: 2 post_norm {}"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(d->post_norm);
   EXPECT_FLOAT_EQ(d->norm_eps, 1e-5f);
@@ -247,15 +237,15 @@ TEST(ResolveDimsTest, PostNormWithEps) {
 }
 
 TEST(ResolveDimsTest, LargestDimensionIsAccepted) {
-  absl::StatusOr<AttentionDims> d = ResolveDims(
-      Parse(absl::StrCat("embed_dim: ", kMaxModelDim, " num_heads: 1")));
+  absl::StatusOr<AttentionDims> d =
+      ResolveDims(Parse(absl::StrCat("embed_dim: ", kMaxModelDim, " num_heads: 1")));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->qk_head_dim, kMaxModelDim);
 }
 
 TEST(ResolveDimsTest, IndivisibleEmbedDimWithBothHeadDimsIsAccepted) {
-  absl::StatusOr<AttentionDims> d = ResolveDims(
-      Parse("embed_dim: 10 num_heads: 4 qk_head_dim: 3 v_head_dim: 5"));
+  absl::StatusOr<AttentionDims> d =
+      ResolveDims(Parse("embed_dim: 10 num_heads: 4 qk_head_dim: 3 v_head_dim: 5"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->qk_width(), 12);
   EXPECT_EQ(d->v_width(), 20);
@@ -263,37 +253,28 @@ TEST(ResolveDimsTest, IndivisibleEmbedDimWithBothHeadDimsIsAccepted) {
 
 // --- ResolveDims: rejected configs -------------------------------------------
 
-TEST(ResolveDimsTest, ZeroEmbedDimIsRejected) {
-  ExpectResolveError("num_heads: 2", "embed_dim");
-}
+TEST(ResolveDimsTest, ZeroEmbedDimIsRejected) { ExpectResolveError("num_heads: 2", "embed_dim"); }
 
 TEST(ResolveDimsTest, NegativeEmbedDimIsRejected) {
   ExpectResolveError("embed_dim: -8 num_heads: 2", "embed_dim");
 }
 
 TEST(ResolveDimsTest, EmbedDimAboveMaximumIsRejected) {
-  ExpectResolveError(
-      absl::StrCat("embed_dim: ", kMaxModelDim + 1, " num_heads: 1"),
-      "embed_dim");
+  ExpectResolveError(absl::StrCat("embed_dim: ", kMaxModelDim + 1, " num_heads: 1"), "embed_dim");
 }
 
-TEST(ResolveDimsTest, ZeroNumHeadsIsRejected) {
-  ExpectResolveError("embed_dim: 8", "num_heads");
-}
+TEST(ResolveDimsTest, ZeroNumHeadsIsRejected) { ExpectResolveError("embed_dim: 8", "num_heads"); }
 
 TEST(ResolveDimsTest, NegativeKdimIsRejected) {
   ExpectResolveError("embed_dim: 8 num_heads: 2 kdim: -1", "kdim");
 }
 
 TEST(ResolveDimsTest, VdimAboveMaximumIsRejected) {
-  ExpectResolveError(
-      absl::StrCat("embed_dim: 8 num_heads: 2 vdim: ", kMaxModelDim + 1),
-      "vdim");
+  ExpectResolveError(absl::StrCat("embed_dim: 8 num_heads: 2 vdim: ", kMaxModelDim + 1), "vdim");
 }
 
 TEST(ResolveDimsTest, NegativeHeadDimIsRejected) {
-  ExpectResolveError("embed_dim: 8 num_heads: 2 qk_head_dim: -4",
-                     "qk_head_dim");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 qk_head_dim: -4", "qk_head_dim");
 }
 
 TEST(ResolveDimsTest, IndivisibleEmbedDimIsRejected) {
@@ -309,34 +290,29 @@ TEST(ResolveDimsTest, IndivisibleEmbedDimWithOnlyVHeadDimIsRejected) {
 }
 
 TEST(ResolveDimsTest, HeadWidthAboveMaximumIsRejected) {
-  ExpectResolveError(absl::StrCat("embed_dim: 8 num_heads: 2 qk_head_dim: ",
-                                  kMaxModelDim, " v_head_dim: 4"),
-                     "head_dim");
+  ExpectResolveError(
+      absl::StrCat("embed_dim: 8 num_heads: 2 qk_head_dim: ", kMaxModelDim, " v_head_dim: 4"),
+      "head_dim");
 }
 
 TEST(ResolveDimsTest, BoolComputeDtypeIsRejected) {
-  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_BOOL",
-                     "compute_dtype");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_BOOL", "compute_dtype");
 }
 
 TEST(ResolveDimsTest, Fp16ComputeDtypeIsRejected) {
-  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_FP16",
-                     "compute_dtype");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_FP16", "compute_dtype");
 }
 
 TEST(ResolveDimsTest, ZeroEpsIsRejected) {
-  ExpectResolveError("embed_dim: 8 num_heads: 2 post_norm { eps: 0 }",
-                     "post_norm.eps");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 post_norm { eps: 0 }", "post_norm.eps");
 }
 
 TEST(ResolveDimsTest, NegativeEpsIsRejected) {
-  ExpectResolveError("embed_dim: 8 num_heads: 2 post_norm { eps: -1e-5 }",
-                     "post_norm.eps");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 post_norm { eps: -1e-5 }", "post_norm.eps");
 }
 
 TEST(ResolveDimsTest, EpsOfOneIsRejected) {
-  ExpectResolveError("embed_dim: 8 num_heads: 2 post_norm { eps: 1 }",
-                     "post_norm.eps");
+  ExpectResolveError("embed_dim: 8 num_heads: 2 post_norm { eps: 1 }", "post_norm.eps");
 }
 
 TEST(ResolveDimsTest, NanEpsIsRejected) {

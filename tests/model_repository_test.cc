@@ -172,21 +172,21 @@ TEST(VersionMetricsTest, SeriesLeaveWhenTheLastHolderLetsGo) {
 // A model sent over the API lands in a private folder, exactly its files;
 // a path that could land anywhere else is refused before anything is written.
 TEST(ModelUploadTest, WritesOnlyTheFilesOfAModelFolder) {
-  for (const char* ok : {"weights.safetensors", "1/weights.safetensors",
-                         "42/weights.safetensors"}) {
+  for (const char* ok :
+       {"weights.safetensors", "1/weights.safetensors", "42/weights.safetensors"}) {
     EXPECT_TRUE(CheckUploadPath(ok).ok()) << ok;
   }
-  for (const char* bad : {"", "/weights.safetensors", "../weights.safetensors",
-                          "1/../weights.safetensors", "0/weights.safetensors",
-                          "01/weights.safetensors", "a/weights.safetensors", "config.pbtxt",
-                          "1/weights.safetensors/x", "1//weights.safetensors", "./1/x"}) {
+  for (const char* bad :
+       {"", "/weights.safetensors", "../weights.safetensors", "1/../weights.safetensors",
+        "0/weights.safetensors", "01/weights.safetensors", "a/weights.safetensors", "config.pbtxt",
+        "1/weights.safetensors/x", "1//weights.safetensors", "./1/x"}) {
     EXPECT_EQ(CheckUploadPath(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   const fs::path root = fs::temp_directory_path() / "mha_upload_test";
   fs::remove_all(root);
   fs::create_directories(root);
-  absl::StatusOr<std::string> refused = WriteUpload(
-      root.string(), {{"1/weights.safetensors", "w"}, {"../escape", "x"}});
+  absl::StatusOr<std::string> refused =
+      WriteUpload(root.string(), {{"1/weights.safetensors", "w"}, {"../escape", "x"}});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(fs::is_empty(root)) << "nothing written when one path is refused";
 

@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "engine/mha_engine.h"
+#include "engine/model.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/lru_cache.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/ops/primitive_budget.h"
 #include "engine/tensor.h"
 #include "engine/threads.h"
-#include "engine/mha_engine.h"
-#include "engine/model.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 
@@ -159,7 +159,6 @@ std::vector<float> RunLayer(const LinearLayer& layer, onednn::dt type, const std
   return y;
 }
 
-
 // The q, k/v, k and v layers of a stacked q/k/v layer read its packed
 // weights in place where the machine's format allows, and give exactly what
 // a layer packed from those rows alone gives; where the format cannot be cut
@@ -178,7 +177,7 @@ TEST(LinearLayerTest, ColumnRangesOfAStackedLayerAgreeWithTheirOwnPacks) {
       int shared = 0;
       for (const auto& [first, count] : ranges) {
         SCOPED_TRACE(::testing::Message() << "type " << static_cast<int>(type) << " e " << e
-                                        << " columns " << first << "+" << count);
+                                          << " columns " << first << "+" << count);
         std::unique_ptr<LinearLayer> part = LinearLayer::ColumnsOf(fused, first, count);
         if (part == nullptr) continue;
         ++shared;
@@ -190,8 +189,7 @@ TEST(LinearLayerTest, ColumnRangesOfAStackedLayerAgreeWithTheirOwnPacks) {
         const LinearLayer own(engine, rows, row_bias, count, e, type, type);
         for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{300}}) {
           const std::vector<float> x = testing::RandomVector(m * e, 13 + m);
-          EXPECT_EQ(RunLayer(*part, type, x, m, count),
-                    RunLayer(own, type, x, m, count))
+          EXPECT_EQ(RunLayer(*part, type, x, m, count), RunLayer(own, type, x, m, count))
               << "m " << m;
         }
       }

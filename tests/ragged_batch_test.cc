@@ -89,8 +89,8 @@ Results Run(const MhaEngine& engine, const RaggedBatch& batch) {
             std::vector<float>(batch.weights_elements())};
   auto ws = engine.NewWorkspace();
   const absl::Status s = engine.Run(
-      batch.batch(), {absl::MakeSpan(r.output), absl::MakeSpan(r.weights), batch.per_head_weights()},
-      *ws);
+      batch.batch(),
+      {absl::MakeSpan(r.output), absl::MakeSpan(r.weights), batch.per_head_weights()}, *ws);
   EXPECT_TRUE(s.ok()) << s;
   return r;
 }
@@ -115,7 +115,8 @@ void ExpectMergedEqualsAlone(const AttentionDims& d, Spec s) {
   }
   std::vector<const AttentionRequest*> all;
   for (const AttentionRequest& r : requests) all.push_back(&r);
-  for (const AttentionRequest* r : all) ASSERT_EQ(BatchSignature::Of(*r), BatchSignature::Of(*all[0]));
+  for (const AttentionRequest* r : all)
+    ASSERT_EQ(BatchSignature::Of(*r), BatchSignature::Of(*all[0]));
   const RaggedBatch merged(all);
   EXPECT_EQ(merged.batch().num_sequences(), 1 + 2 + 1);
   const Results together = Run(*engine, merged);
@@ -226,9 +227,9 @@ TEST(RaggedBatchTest, SignaturesSeparateWhatCannotShareACall) {
   EXPECT_NE(BatchSignature::Of(Make(d, {.attn_mask = Spec::kShared}, 1)), plain);
   EXPECT_NE(BatchSignature::Of(Make(d, {.attn_mask = Spec::kShared}, 1)),
             BatchSignature::Of(Make(d, {.attn_mask = Spec::kPerHead}, 1)));
-  EXPECT_NE(BatchSignature::Of(Make(d, {.attn_mask = Spec::kShared}, 1)),
-            BatchSignature::Of(
-                Make(d, {.attn_mask = Spec::kShared, .mask_dtype = DType::kF32}, 1)));
+  EXPECT_NE(
+      BatchSignature::Of(Make(d, {.attn_mask = Spec::kShared}, 1)),
+      BatchSignature::Of(Make(d, {.attn_mask = Spec::kShared, .mask_dtype = DType::kF32}, 1)));
   EXPECT_NE(BatchSignature::Of(Make(d, {.weights = true}, 1)), plain);
   EXPECT_NE(BatchSignature::Of(Make(d, {.kind = AttentionKind::kCrossValueIsKey}, 1)), plain);
 }

@@ -9,8 +9,7 @@ namespace {
 
 // y[r, o] = sum_i x[r, i] w[o, i] + b[o]
 std::vector<double> Linear(const std::vector<double>& x, int64_t rows, int64_t in,
-                           const std::vector<float>& w, const std::vector<float>& b,
-                           int64_t out) {
+                           const std::vector<float>& w, const std::vector<float>& b, int64_t out) {
   std::vector<double> y(rows * out);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t o = 0; o < out; ++o) {
@@ -27,8 +26,8 @@ std::vector<double> ToDouble(const std::vector<float>& v) {
 }
 
 // Appends bias_kv and zero_attn rows as PyTorch does.
-void AppendExtraKeys(const AttentionDims& d, const PackedWeights& w,
-                     std::vector<double>& k, std::vector<double>& v) {
+void AppendExtraKeys(const AttentionDims& d, const PackedWeights& w, std::vector<double>& k,
+                     std::vector<double>& v) {
   if (d.add_bias_kv) {
     k.insert(k.end(), w.bias_k.begin(), w.bias_k.end());
     v.insert(v.end(), w.bias_v.begin(), w.bias_v.end());
@@ -59,8 +58,7 @@ ReferenceResult ReferenceAttention(const AttentionDims& d, const PackedWeights& 
   const int64_t qk = d.qk_width(), vw = d.v_width(), L = s.q_len;
   const std::vector<double> x = ToDouble(s.query);
   const std::vector<double> key = s.key.empty() ? x : ToDouble(s.key);
-  const std::vector<double> value =
-      s.key.empty() ? x : ToDouble(s.value.empty() ? s.key : s.value);
+  const std::vector<double> value = s.key.empty() ? x : ToDouble(s.value.empty() ? s.key : s.value);
   const std::vector<double> q = Linear(x, L, e, w.w_q, w.b_q, qk);
   std::vector<double> k = Linear(key, s.kv_len, d.kdim, w.w_k, w.b_k, qk);
   std::vector<double> v = Linear(value, s.kv_len, d.vdim, w.w_v, w.b_v, vw);
@@ -77,7 +75,8 @@ ReferenceResult ReferenceAttention(const AttentionDims& d, const PackedWeights& 
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < S; ++j) {
         double dot = 0.0;
-        for (int64_t c = 0; c < dk; ++c) dot += q[i * qk + head * dk + c] * k[j * qk + head * dk + c];
+        for (int64_t c = 0; c < dk; ++c)
+          dot += q[i * qk + head * dk + c] * k[j * qk + head * dk + c];
         score[j] = dot * scale + MaskAt(s, head, i, j);
         max = std::max(max, score[j]);
       }
@@ -87,7 +86,8 @@ ReferenceResult ReferenceAttention(const AttentionDims& d, const PackedWeights& 
       for (int64_t j = 0; j < S; ++j) {
         const double p = score[j] / sum;
         r.head_weights[(head * L + i) * S + j] = static_cast<float>(p);
-        for (int64_t c = 0; c < dv; ++c) context[i * vw + head * dv + c] += p * v[j * vw + head * dv + c];
+        for (int64_t c = 0; c < dv; ++c)
+          context[i * vw + head * dv + c] += p * v[j * vw + head * dv + c];
       }
     }
   }

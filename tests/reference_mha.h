@@ -14,10 +14,10 @@ namespace mha::testing {
 // One sequence. Masks are additive (use -inf for a masked position).
 struct ReferenceSequence {
   int64_t q_len = 0, kv_len = 0;
-  std::vector<float> query;             // [L, E]
-  std::vector<float> key, value;        // [S, kdim], [S, vdim]; empty: self
-  std::vector<float> key_padding;       // [S] or empty
-  std::vector<float> attn_mask;         // [L, S], [h, L, S] or empty
+  std::vector<float> query;        // [L, E]
+  std::vector<float> key, value;   // [S, kdim], [S, vdim]; empty: self
+  std::vector<float> key_padding;  // [S] or empty
+  std::vector<float> attn_mask;    // [L, S], [h, L, S] or empty
   bool causal = false;
 };
 

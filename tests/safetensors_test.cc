@@ -39,13 +39,11 @@ std::string File(const std::string& header, const std::string& data = "") {
 // The bytes of `values` in host (little-endian) order.
 template <typename T>
 std::string Bytes(const std::vector<T>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()),
-                     values.size() * sizeof(T));
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
 // A tensor of `dtype` and `shape` holding `bytes` verbatim.
-Tensor TensorFromBytes(DType dtype, std::vector<int64_t> shape,
-                       const std::string& bytes) {
+Tensor TensorFromBytes(DType dtype, std::vector<int64_t> shape, const std::string& bytes) {
   Tensor t(dtype, std::move(shape));
   EXPECT_EQ(t.num_bytes(), bytes.size());
   if (!bytes.empty()) {
@@ -73,12 +71,10 @@ void ExpectSameTensors(const TensorMap& got, const TensorMap& want) {
 TensorMap MixedTensors() {
   TensorMap m;
   m["f32"] =
-      TensorFromBytes(DType::kF32, {2, 3},
-                      Bytes<float>({1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, 7.0f}));
-  m["f16"] = TensorFromBytes(DType::kF16, {4},
-                             Bytes<uint16_t>({0x3C00, 0xC000, 0x0001, 0x7BFF}));
-  m["bf16"] = TensorFromBytes(
-      DType::kBF16, {2, 2}, Bytes<uint16_t>({0x3F80, 0xC040, 0x0000, 0x7F80}));
+      TensorFromBytes(DType::kF32, {2, 3}, Bytes<float>({1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, 7.0f}));
+  m["f16"] = TensorFromBytes(DType::kF16, {4}, Bytes<uint16_t>({0x3C00, 0xC000, 0x0001, 0x7BFF}));
+  m["bf16"] =
+      TensorFromBytes(DType::kBF16, {2, 2}, Bytes<uint16_t>({0x3F80, 0xC040, 0x0000, 0x7F80}));
   m["bool"] = TensorFromBytes(DType::kBool, {3}, Bytes<uint8_t>({1, 0, 1}));
   m["empty"] = TensorFromBytes(DType::kF32, {0, 5}, "");
   m["scalar"] = TensorFromBytes(DType::kF32, {}, Bytes<float>({42.0f}));
@@ -122,8 +118,7 @@ TEST(NumElementsTest, OverflowingProductIsInvalid) {
 
 TEST(NumElementsTest, OverflowOnlyInTheLastFactorIsInvalid) {
   const int64_t max = std::numeric_limits<int64_t>::max();
-  EXPECT_EQ(NumElements({3, max / 2}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NumElements({3, max / 2}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(HalfToFloatTest, NormalValues) {
@@ -198,15 +193,13 @@ TEST(FloatToBf16Test, NanStaysNanEvenWithOnlyLowPayloadBits) {
 }
 
 TEST(ToFloatVectorTest, ConvertsF16) {
-  Tensor t = TensorFromBytes(DType::kF16, {4},
-                             Bytes<uint16_t>({0x3C00, 0xC000, 0x3800, 0x0001}));
-  EXPECT_THAT(ToFloatVector(t),
-              ElementsAre(1.0f, -2.0f, 0.5f, std::ldexp(1.0f, -24)));
+  Tensor t = TensorFromBytes(DType::kF16, {4}, Bytes<uint16_t>({0x3C00, 0xC000, 0x3800, 0x0001}));
+  EXPECT_THAT(ToFloatVector(t), ElementsAre(1.0f, -2.0f, 0.5f, std::ldexp(1.0f, -24)));
 }
 
 TEST(ToFloatVectorTest, ConvertsBf16) {
-  Tensor t = TensorFromBytes(DType::kBF16, {2, 2},
-                             Bytes<uint16_t>({0x3F80, 0xC040, 0x3F00, 0x0000}));
+  Tensor t =
+      TensorFromBytes(DType::kBF16, {2, 2}, Bytes<uint16_t>({0x3F80, 0xC040, 0x3F00, 0x0000}));
   EXPECT_THAT(ToFloatVector(t), ElementsAre(1.0f, -3.0f, 0.5f, 0.0f));
 }
 
@@ -223,10 +216,9 @@ TEST(ToFloatVectorTest, CopiesF32) {
 // --- Round trips -------------------------------------------------------------
 
 TEST(FirstNonFiniteTest, FindsTheFirstNanOrInfinityAtAnyPosition) {
-  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
-                           std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::infinity(),
-                           -std::numeric_limits<float>::quiet_NaN()};
+  const float special[] = {
+      std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::quiet_NaN()};
   // Positions in the first chunk, at a chunk's edges, and in a short tail.
   for (const size_t size : {size_t{1}, size_t{37}, size_t{4096}, size_t{10000}}) {
     for (const size_t at : {size_t{0}, size_t{7}, size_t{4095}, size_t{4096}, size_t{9999}}) {
@@ -244,7 +236,7 @@ TEST(FirstNonFiniteTest, FindsTheFirstNanOrInfinityAtAnyPosition) {
 TEST(FirstNonFiniteTest, FiniteExtremesAreFinite) {
   std::vector<float> values(5000);
   for (size_t i = 0; i < values.size(); ++i) {
-    values[i] = i % 3 == 0 ? -std::numeric_limits<float>::max()
+    values[i] = i % 3 == 0   ? -std::numeric_limits<float>::max()
                 : i % 3 == 1 ? std::numeric_limits<float>::denorm_min()
                              : -0.0f;
   }
@@ -254,8 +246,7 @@ TEST(FirstNonFiniteTest, FiniteExtremesAreFinite) {
 
 TEST(SafetensorsRoundTripTest, AllDtypesAndAnEmptyTensorSurvive) {
   const TensorMap tensors = MixedTensors();
-  absl::StatusOr<TensorMap> parsed =
-      ParseSafetensors(SerializeSafetensors(tensors));
+  absl::StatusOr<TensorMap> parsed = ParseSafetensors(SerializeSafetensors(tensors));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ExpectSameTensors(*parsed, tensors);
 }
@@ -278,8 +269,7 @@ TEST(SafetensorsRoundTripTest, ManyTensorsWithEmptyOnesSurvive) {
       tensors[name] = MakeF32Tensor({2}, {float(i), -float(i)});
     }
   }
-  absl::StatusOr<TensorMap> parsed =
-      ParseSafetensors(SerializeSafetensors(tensors));
+  absl::StatusOr<TensorMap> parsed = ParseSafetensors(SerializeSafetensors(tensors));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ExpectSameTensors(*parsed, tensors);
 }
@@ -311,10 +301,9 @@ TEST(SafetensorsRoundTripTest, WriteThenReadAFile) {
 // --- Parsing well-formed files written by hand -------------------------------
 
 TEST(ParseSafetensorsTest, ReadsHandWrittenTensors) {
-  const std::string file =
-      File(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-           R"("h":{"dtype":"F16","shape":[1,2],"data_offsets":[8,12]}})",
-           Bytes<float>({2.5f, -1.0f}) + Bytes<uint16_t>({0x3C00, 0xB800}));
+  const std::string file = File(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                R"("h":{"dtype":"F16","shape":[1,2],"data_offsets":[8,12]}})",
+                                Bytes<float>({2.5f, -1.0f}) + Bytes<uint16_t>({0x3C00, 0xB800}));
   absl::StatusOr<TensorMap> parsed = ParseSafetensors(file);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->size(), 2u);
@@ -329,10 +318,9 @@ TEST(ParseSafetensorsTest, ReadsHandWrittenTensors) {
 }
 
 TEST(ParseSafetensorsTest, MetadataEntryIsIgnored) {
-  const std::string file =
-      File(R"({"__metadata__":{"format":"pt"},)"
-           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-           Bytes<float>({1.0f}));
+  const std::string file = File(R"({"__metadata__":{"format":"pt"},)"
+                                R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                Bytes<float>({1.0f}));
   absl::StatusOr<TensorMap> parsed = ParseSafetensors(file);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->size(), 1u);
@@ -341,9 +329,8 @@ TEST(ParseSafetensorsTest, MetadataEntryIsIgnored) {
 }
 
 TEST(ParseSafetensorsTest, TrailingSpacesInHeaderAreAccepted) {
-  const std::string file =
-      File(R"({"w":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}}     )",
-           Bytes<uint8_t>({1, 0}));
+  const std::string file = File(R"({"w":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}}     )",
+                                Bytes<uint8_t>({1, 0}));
   absl::StatusOr<TensorMap> parsed = ParseSafetensors(file);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_THAT(ToFloatVector(parsed->at("w")), ElementsAre(1.0f, 0.0f));
@@ -353,10 +340,9 @@ TEST(ParseSafetensorsTest, TrailingSpacesInHeaderAreAccepted) {
 // starts where another tensor starts (the reference implementation accepts
 // this, sorting by (begin, end)).
 TEST(ParseSafetensorsTest, EmptyTensorAtTheStartOfAnotherIsNotAnOverlap) {
-  const std::string file =
-      File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-           R"("b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
-           Bytes<float>({1.0f}));
+  const std::string file = File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                R"("b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+                                Bytes<float>({1.0f}));
   absl::StatusOr<TensorMap> parsed = ParseSafetensors(file);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->size(), 2u);
@@ -371,16 +357,14 @@ TEST(ParseSafetensorsTest, FileShorterThanEightBytesIsInvalid) {
 }
 
 TEST(ParseSafetensorsTest, EmptyFileIsInvalid) {
-  EXPECT_EQ(ParseSafetensors("").status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseSafetensors("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ParseSafetensorsTest, HeaderLengthBeyondTheFileIsInvalid) {
   const std::string file = LengthPrefix(100) + R"({"a":1})";
   absl::StatusOr<TensorMap> parsed = ParseSafetensors(file);
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(parsed.status().message()),
-              HasSubstr("header length 100"));
+  EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("header length 100"));
 }
 
 TEST(ParseSafetensorsTest, FourGibHeaderLengthOnASmallFileIsInvalid) {
@@ -391,10 +375,8 @@ TEST(ParseSafetensorsTest, FourGibHeaderLengthOnASmallFileIsInvalid) {
 }
 
 TEST(ParseSafetensorsTest, HeaderLengthNearUint64MaxIsInvalid) {
-  const std::string file =
-      LengthPrefix(std::numeric_limits<uint64_t>::max()) + "{}";
-  EXPECT_EQ(ParseSafetensors(file).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  const std::string file = LengthPrefix(std::numeric_limits<uint64_t>::max()) + "{}";
+  EXPECT_EQ(ParseSafetensors(file).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ParseSafetensorsTest, HeaderThatIsNotJsonIsInvalid) {
@@ -431,50 +413,46 @@ TEST(ParseSafetensorsTest, EntryThatIsNotAnObjectNamesTheTensor) {
 }
 
 TEST(ParseSafetensorsTest, MissingDtypeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "dtype"});
+  ExpectInvalid(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", FourBytes(), {"'w'", "dtype"});
 }
 
 TEST(ParseSafetensorsTest, MissingShapeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "shape"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", FourBytes(), {"'w'", "shape"});
 }
 
 TEST(ParseSafetensorsTest, MissingDataOffsetsNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1]}})", FourBytes(),
-                {"'w'", "data_offsets"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1]}})", FourBytes(), {"'w'", "data_offsets"});
 }
 
 TEST(ParseSafetensorsTest, DataOffsetsWithOneEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})",
-                FourBytes(), {"'w'", "data_offsets"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})", FourBytes(),
+                {"'w'", "data_offsets"});
 }
 
 TEST(ParseSafetensorsTest, NegativeDataOffsetNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})",
-                FourBytes(), {"'w'", "data_offsets"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", FourBytes(),
+                {"'w'", "data_offsets"});
 }
 
 TEST(ParseSafetensorsTest, UnknownDtypeNamesTheTensorAndTheDtype) {
-  ExpectInvalid(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
-                Bytes<int64_t>({7}), {"'w'", "I64"});
+  ExpectInvalid(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", Bytes<int64_t>({7}),
+                {"'w'", "I64"});
 }
 
 TEST(ParseSafetensorsTest, DataOffsetsPastTheDataNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-                FourBytes(), {"'w'", "data_offsets"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", FourBytes(),
+                {"'w'", "data_offsets"});
 }
 
 TEST(ParseSafetensorsTest, HugeDataOffsetsNamesTheTensor) {
-  ExpectInvalid(
-      R"({"w":{"dtype":"F32","shape":[1],)"
-      R"("data_offsets":[18446744073709551612,18446744073709551615]}})",
-      FourBytes(), {"'w'"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],)"
+                R"("data_offsets":[18446744073709551612,18446744073709551615]}})",
+                FourBytes(), {"'w'"});
 }
 
 TEST(ParseSafetensorsTest, BeginAfterEndNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})",
-                FourBytes(), {"'w'", "data_offsets"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", FourBytes(),
+                {"'w'", "data_offsets"});
 }
 
 TEST(ParseSafetensorsTest, SpanShorterThanDtypeTimesShapeNamesTheTensor) {
@@ -483,8 +461,8 @@ TEST(ParseSafetensorsTest, SpanShorterThanDtypeTimesShapeNamesTheTensor) {
 }
 
 TEST(ParseSafetensorsTest, SpanLongerThanDtypeTimesShapeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F16","shape":[1],"data_offsets":[0,4]}})",
-                FourBytes(), {"'w'", "F16"});
+  ExpectInvalid(R"({"w":{"dtype":"F16","shape":[1],"data_offsets":[0,4]}})", FourBytes(),
+                {"'w'", "F16"});
 }
 
 TEST(ParseSafetensorsTest, OverlappingTensorsAreBothNamed) {
@@ -500,23 +478,23 @@ TEST(ParseSafetensorsTest, IdenticalRangesOverlap) {
 }
 
 TEST(ParseSafetensorsTest, ShapeThatIsNotAnArrayNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":1,"data_offsets":[0,4]}})",
-                FourBytes(), {"'w'", "shape"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":1,"data_offsets":[0,4]}})", FourBytes(),
+                {"'w'", "shape"});
 }
 
 TEST(ParseSafetensorsTest, NegativeShapeEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
-                FourBytes(), {"'w'", "shape"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", FourBytes(),
+                {"'w'", "shape"});
 }
 
 TEST(ParseSafetensorsTest, NonIntegerShapeEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})",
-                FourBytes(), {"'w'", "shape"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", FourBytes(),
+                {"'w'", "shape"});
 }
 
 TEST(ParseSafetensorsTest, StringShapeEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}})",
-                FourBytes(), {"'w'", "shape"});
+  ExpectInvalid(R"({"w":{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}})", FourBytes(),
+                {"'w'", "shape"});
 }
 
 TEST(ParseSafetensorsTest, ShapeWhoseProductOverflowsNamesTheTensor) {
@@ -551,8 +529,7 @@ TEST(ReadSafetensorsTest, CorruptFileErrorNamesThePathAndTheTensor) {
   const std::string path = TempPath("corrupt.safetensors");
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << File(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
-                Bytes<int64_t>({1}));
+    out << File(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", Bytes<int64_t>({1}));
   }
   absl::StatusOr<TensorMap> read = ReadSafetensors(path);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);

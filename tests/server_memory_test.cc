@@ -164,7 +164,7 @@ TEST_F(BudgetedBatcherTest, RequestThatNothingWillMakeRoomForIsRefused) {
   auto a = Submit(batcher, 100, 100, 1);
   auto b = Submit(batcher, 500, 450, 2);  // 950 alone, but c's queued bytes stay
   auto c = Submit(batcher, 300, 50, 3);
-  auto d = Submit(batcher, 200, 10, 4);   // 900 queued already: does not fit
+  auto d = Submit(batcher, 200, 10, 4);  // 900 queued already: does not fit
   const absl::Status at_enqueue = d.get();
   EXPECT_EQ(at_enqueue.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(at_enqueue.message(), HasSubstr("to wait in the queue"));

@@ -38,11 +38,12 @@ TEST(ServerTest, StartsServesAndDrains) {
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string ready = (*server)->ReadyLine();
   std::smatch port;
-  ASSERT_TRUE(std::regex_search(ready, port, std::regex("^mha_server ready grpc_port=(\\d+) "
-                                                        "metrics_port=\\d+ models=demo ")))
+  ASSERT_TRUE(std::regex_search(ready, port,
+                                std::regex("^mha_server ready grpc_port=(\\d+) "
+                                           "metrics_port=\\d+ models=demo ")))
       << ready;
-  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + port[1].str(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + port[1].str(), grpc::InsecureChannelCredentials()));
   auto list = [&](v1::ListModelsResponse* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

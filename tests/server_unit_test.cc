@@ -142,7 +142,9 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
       {"bytes", [](auto& r) { r.mutable_query()->mutable_data()->pop_back(); },
        absl::StatusCode::kInvalidArgument, "query: data has 479 bytes"},
       {"last dim",
-       [](auto& r) { *r.mutable_query() = Wire({1, 6, 20}, std::vector<float>(120)); },
+       [](auto& r) {
+         *r.mutable_query() = Wire({1, 6, 20}, std::vector<float>(120));
+       },
        absl::StatusCode::kInvalidArgument, "query: expected last dimension 24, got 20"},
       {"rank", [](auto& r) { *r.mutable_query() = Wire({120}, std::vector<float>(120)); },
        absl::StatusCode::kInvalidArgument, "query: expected rank 3"},
@@ -158,7 +160,9 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
       {"dtype", [](auto& r) { r.mutable_query()->set_dtype(static_cast<v1::DataType>(99)); },
        absl::StatusCode::kInvalidArgument, "query: dtype 99"},
       {"bool query",
-       [](auto& r) { *r.mutable_query() = BoolWire({1, 2, 24}, std::vector<uint8_t>(48)); },
+       [](auto& r) {
+         *r.mutable_query() = BoolWire({1, 2, 24}, std::vector<uint8_t>(48));
+       },
        absl::StatusCode::kInvalidArgument, "query: dtype DATA_TYPE_BOOL"},
       {"nan",
        [](auto& r) {
@@ -174,7 +178,10 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
          *r.mutable_value() = Wire({1, 0, 24}, {});
        },
        absl::StatusCode::kInvalidArgument, "key: shape [1, 0, 24] has no tokens"},
-      {"mask shape", [](auto& r) { *r.mutable_key_padding_mask() = BoolWire({1, 4}, {0, 0, 0, 0}); },
+      {"mask shape",
+       [](auto& r) {
+         *r.mutable_key_padding_mask() = BoolWire({1, 4}, {0, 0, 0, 0});
+       },
        absl::StatusCode::kInvalidArgument, "key_padding_mask: expected shape [1, 5]"},
       {"mask dtype",
        [](auto& r) {
@@ -182,7 +189,10 @@ TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
          r.mutable_attn_mask()->set_dtype(v1::DATA_TYPE_UNSPECIFIED);
        },
        absl::StatusCode::kInvalidArgument, "attn_mask: dtype DATA_TYPE_UNSPECIFIED is not one of"},
-      {"attn mask shape", [](auto& r) { *r.mutable_attn_mask() = BoolWire({5, 4}, std::vector<uint8_t>(20)); },
+      {"attn mask shape",
+       [](auto& r) {
+         *r.mutable_attn_mask() = BoolWire({5, 4}, std::vector<uint8_t>(20));
+       },
        absl::StatusCode::kInvalidArgument, "attn_mask: expected shape [5, 5] or [3, 5, 5]"},
   };
   for (const Case& c : cases) {
@@ -211,7 +221,8 @@ TEST(RequestCodecTest, EncodesHalfTypesThatDecodeBack) {
     std::vector<float> got(6);
     ConvertToFloat(dtype, reinterpret_cast<const uint8_t*>(wire.data().data()), 6, got.data());
     for (size_t i = 0; i < values.size(); ++i) {
-      EXPECT_NEAR(got[i], values[i], std::fabs(values[i]) * 1e-2 + 1e-7) << i << " " << DTypeName(dtype);
+      EXPECT_NEAR(got[i], values[i], std::fabs(values[i]) * 1e-2 + 1e-7)
+          << i << " " << DTypeName(dtype);
     }
   }
 }
@@ -287,9 +298,7 @@ class TestStep final : public StepTask {
 // An engine, metrics and decoded requests for batcher tests.
 class BatcherTest : public ::testing::Test {
  protected:
-  BatcherTest() {
-    engine_ = MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value();
-  }
+  BatcherTest() { engine_ = MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value(); }
 
   // The decoded request, keeping a copy of the message its views point into.
   AttentionRequest Decode(const v1::AttendRequest& r) {
@@ -309,9 +318,9 @@ class BatcherTest : public ::testing::Test {
   }
 
   // Enqueues and returns a future of the result.
-  std::future<absl::StatusOr<Answer>> Submit(
-      Batcher& b, const v1::AttendRequest& r, absl::Time deadline = absl::InfiniteFuture(),
-      std::function<bool()> cancelled = {}) {
+  std::future<absl::StatusOr<Answer>> Submit(Batcher& b, const v1::AttendRequest& r,
+                                             absl::Time deadline = absl::InfiniteFuture(),
+                                             std::function<bool()> cancelled = {}) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<Answer>>>();
     auto p = testing::MakeCall(
         Decode(r),
@@ -417,7 +426,7 @@ TEST_F(BatcherTest, FullQueueIsResourceExhausted) {
 
 TEST_F(BatcherTest, QueuedBytesLimitRefusesWhatWouldPassIt) {
   BatcherOptions options = Delayed(absl::Milliseconds(300));  // the first two wait together
-  options.max_queue_bytes = 2 * 3 * 24 * 4 + 10;                 // two [1, 3, 24] f32 queries
+  options.max_queue_bytes = 2 * 3 * 24 * 4 + 10;              // two [1, 3, 24] f32 queries
   Batcher batcher("m", *engine_, options, metrics_.ForModel("m"));
   auto a = Submit(batcher, Request(3, 1));
   auto b = Submit(batcher, Request(3, 2));
@@ -584,12 +593,12 @@ TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
   std::mutex mu;
   std::vector<std::string> order;
   auto submit = [&](const std::string& name, uint64_t priority, uint32_t seed) {
-    auto call = testing::MakeCall(Decode(Request(20, seed)),
-                                  [&, name](absl::StatusOr<AttentionResult> r) {
-                                    EXPECT_TRUE(r.ok()) << r.status();
-                                    std::lock_guard<std::mutex> lock(mu);
-                                    order.push_back(name);
-                                  });
+    auto call =
+        testing::MakeCall(Decode(Request(20, seed)), [&, name](absl::StatusOr<AttentionResult> r) {
+          EXPECT_TRUE(r.ok()) << r.status();
+          std::lock_guard<std::mutex> lock(mu);
+          order.push_back(name);
+        });
     call->priority = priority;
     batcher.Enqueue(std::move(call));
   };
@@ -599,8 +608,8 @@ TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
   submit("above_levels", 9, 4);  // the default level, behind "default"
   submit("high_later", 1, 5);
   batcher.Stop();
-  EXPECT_EQ(order, (std::vector<std::string>{"high", "high_later", "default", "above_levels",
-                                             "low"}));
+  EXPECT_EQ(order,
+            (std::vector<std::string>{"high", "high_later", "default", "above_levels", "low"}));
 }
 
 TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
@@ -740,13 +749,12 @@ TEST_F(BatcherTest, LongRequestsGoInChunksOfQueryRowsWhileSessionsStep) {
     finishing.get_future().wait();
     int request_at = 0;
     std::promise<absl::StatusOr<Answer>> long_answer;
-    batcher.Enqueue(testing::MakeCall(Decode(c.request),
-                                      [&](absl::StatusOr<AttentionResult> r) {
-                                        request_at = ++order;
-                                        long_answer.set_value(Keep(r));
-                                      }));
-    auto step = std::make_unique<TestStep>(*c.engine, 1,
-                                           [&order] { return static_cast<double>(++order); });
+    batcher.Enqueue(testing::MakeCall(Decode(c.request), [&](absl::StatusOr<AttentionResult> r) {
+      request_at = ++order;
+      long_answer.set_value(Keep(r));
+    }));
+    auto step =
+        std::make_unique<TestStep>(*c.engine, 1, [&order] { return static_cast<double>(++order); });
     std::shared_ptr<double> step_at = step->calls_at_answer;
     std::future<absl::Status> stepped = step->answer();
     batcher.Enqueue(std::move(step));
@@ -799,9 +807,9 @@ class ScriptedQueue final : public PoolQueue {
       if (started != nullptr) started->set_value();
       if (gate.valid()) gate.wait();
       std::lock_guard<std::mutex> lock(queue.log_mu_);
-      queue.log_.push_back(queue.log_threads_ ? absl::StrCat(queue.name_, "/",
-                                                             WorkerPool::ThreadsOfThisCall())
-                                              : queue.name_);
+      queue.log_.push_back(queue.log_threads_
+                               ? absl::StrCat(queue.name_, "/", WorkerPool::ThreadsOfThisCall())
+                               : queue.name_);
     }
     ScriptedQueue& queue;
     std::shared_future<void> gate;

@@ -93,8 +93,8 @@ std::vector<std::unique_ptr<KvCache>> CachedSessions(const MhaEngine& engine, Kv
     EXPECT_TRUE(caches.back()->Reserve(5 + 2).ok());
     const std::vector<float> prefix = RandomVector(5 * d.embed_dim, seed);
     std::vector<float> out(prefix.size());
-    EXPECT_TRUE(engine.Append({prefix, {{caches.back().get(), 5}}}, {absl::MakeSpan(out), {}}, ws)
-                    .ok());
+    EXPECT_TRUE(
+        engine.Append({prefix, {{caches.back().get(), 5}}}, {absl::MakeSpan(out), {}}, ws).ok());
   }
   caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
   EXPECT_TRUE(caches.back()->Reserve(7).ok());
@@ -129,10 +129,11 @@ void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, u
   std::vector<float> output((q_rows + step_rows) * e);
   std::vector<float> weights(engine->WeightsElements(b.batch, c.per_head_weights));
   std::vector<float> step_weights(engine->AppendWeightsElements(steps));
-  ASSERT_TRUE(engine->Compute(b.batch, steps,
-                          {absl::MakeSpan(output), absl::MakeSpan(weights), c.per_head_weights,
-                           absl::MakeSpan(step_weights)},
-                          *ws)
+  ASSERT_TRUE(engine
+                  ->Compute(b.batch, steps,
+                            {absl::MakeSpan(output), absl::MakeSpan(weights), c.per_head_weights,
+                             absl::MakeSpan(step_weights)},
+                            *ws)
                   .ok());
   EXPECT_LE(MaxAbsDiff(output.data(), attend_alone.output.data(), q_rows * e), tolerance);
   EXPECT_LE(MaxAbsDiff(weights.data(), attend_alone.weights.data(), weights.size()), tolerance);
@@ -166,9 +167,8 @@ TEST(SessionMixedTest, CrossSequencesWithSelfStepsProjectApart) {
 }
 
 TEST(SessionMixedTest, CrossSequencesWithCrossStepsShareTheQueryProduct) {
-  const AttentionDims d = With(Dims(24, 3), [](AttentionDims& x) {
-    x.kdim = 16, x.vdim = 20, x.add_bias_kv = true;
-  });
+  const AttentionDims d =
+      With(Dims(24, 3), [](AttentionDims& x) { x.kdim = 16, x.vdim = 20, x.add_bias_kv = true; });
   ExpectMixedCallEqualsSeparateCalls(d, Case{"cross", d, {3, 5}, {8, 2}}, 51);
 }
 
@@ -178,8 +178,7 @@ INSTANTIATE_TEST_SUITE_P(
         SelfCase{"plain", Dims(24, 3)},
         SelfCase{"no_bias", With(Dims(24, 3), [](AttentionDims& d) { d.bias = false; })},
         SelfCase{"bias_kv", With(Dims(24, 3), [](AttentionDims& d) { d.add_bias_kv = true; })},
-        SelfCase{"zero_attn",
-                 With(Dims(24, 3), [](AttentionDims& d) { d.add_zero_attn = true; })},
+        SelfCase{"zero_attn", With(Dims(24, 3), [](AttentionDims& d) { d.add_zero_attn = true; })},
         SelfCase{"both_extra", With(Dims(24, 3),
                                     [](AttentionDims& d) {
                                       d.add_bias_kv = true;
@@ -233,9 +232,8 @@ void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims);
 TEST(SessionBf16CacheTest, AnFp32ModelsBf16CacheStaysWithinBf16Rounding) {
   ExpectBf16CacheWithinRounding(Dims(24, 3));
   // Heads of 64 (the 64-column path) with bias_kv and zero_attn.
-  ExpectBf16CacheWithinRounding(With(Dims(128, 2), [](AttentionDims& x) {
-    x.add_bias_kv = true, x.add_zero_attn = true;
-  }));
+  ExpectBf16CacheWithinRounding(
+      With(Dims(128, 2), [](AttentionDims& x) { x.add_bias_kv = true, x.add_zero_attn = true; }));
 }
 
 void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims) {
@@ -255,8 +253,7 @@ void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims) {
     ExpectChunkedMatchesFull(*engine, engine->dims(), b.query, full, chunks, kTolerance);
   }
   ExpectMixedCallEqualsSeparateCalls(
-      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31,
-      kTolerance);
+      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31, kTolerance);
   // Attend (Run) keeps the model's fp32 numbers: only sessions round.
   const auto fp32 = MakeEngine(fp32_dims, RandomWeights(d, 11));
   const RunResult exact = FullRun(*fp32, c, b);
@@ -313,8 +310,8 @@ float Int8StepsAgainstFp32(const AttentionDims& fp32_dims, bool bf16_compute) {
     KvCache cache(layout, pool);
     auto ws = engine->NewWorkspace();
     EXPECT_TRUE(cache.Reserve(mem).ok());
-    EXPECT_TRUE(engine->ProjectMemory(xb.key, xb.value, mem, xb.batch.key_padding_mask, cache,
-                                      *ws).ok());
+    EXPECT_TRUE(
+        engine->ProjectMemory(xb.key, xb.value, mem, xb.batch.key_padding_mask, cache, *ws).ok());
     AppendBatch batch{xb.query, {{&cache, len, /*cross=*/true}}};
     std::vector<float> out(len * d.embed_dim);
     EXPECT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
@@ -372,8 +369,7 @@ TEST(SessionCrossTest, StepsEqualRunOverTheMemory) {
     ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
     EXPECT_EQ(cache.length(), mem) << "a cross step appends nothing";
     EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), 1e-5f);
-    EXPECT_LE(MaxAbsDiff(weights.data(), full.weights.data() + pos * keys, weights.size()),
-              1e-5f);
+    EXPECT_LE(MaxAbsDiff(weights.data(), full.weights.data() + pos * keys, weights.size()), 1e-5f);
     pos += t;
   }
 }
@@ -388,8 +384,8 @@ TEST(SessionCrossTest, FullyPaddedMemoryGivesTheOutputBias) {
   const std::vector<float> memory = RandomVector(5 * 24, 3);
   const std::vector<uint8_t> all_masked(5, 1);
   ASSERT_TRUE(cache.Reserve(5).ok());
-  ASSERT_TRUE(engine->ProjectMemory(memory, {}, 5, {DType::kBool, all_masked.data(), 5},
-                                    cache, *ws).ok());
+  ASSERT_TRUE(
+      engine->ProjectMemory(memory, {}, 5, {DType::kBool, all_masked.data(), 5}, cache, *ws).ok());
   const std::vector<float> query = RandomVector(24, 4);
   AppendBatch batch{query, {{&cache, 1, true}}};
   std::vector<float> out(24);
@@ -413,8 +409,8 @@ TEST(SessionBatchTest, OneCallForManySessionsEqualsOneCallEach) {
       ASSERT_TRUE(cache.Reserve(prefix[s] + step[s]).ok());
       const std::vector<float> q = RandomVector(prefix[s] * 32, 30 + s);
       std::vector<float> out(q.size());
-      ASSERT_TRUE(engine->Append({q, {{&cache, prefix[s], false}}}, {absl::MakeSpan(out), {}},
-                                 *ws).ok());
+      ASSERT_TRUE(
+          engine->Append({q, {{&cache, prefix[s], false}}}, {absl::MakeSpan(out), {}}, *ws).ok());
     }
   }
   const int64_t total = std::accumulate(step.begin(), step.end(), int64_t{0});
@@ -427,8 +423,8 @@ TEST(SessionBatchTest, OneCallForManySessionsEqualsOneCallEach) {
   for (size_t s = 0; s < prefix.size(); ++s) {
     std::vector<float> out(step[s] * 32);
     const auto part = absl::MakeConstSpan(q).subspan(row * 32, step[s] * 32);
-    ASSERT_TRUE(engine->Append({part, {{alone[s].get(), step[s]}}}, {absl::MakeSpan(out), {}},
-                               *ws).ok());
+    ASSERT_TRUE(
+        engine->Append({part, {{alone[s].get(), step[s]}}}, {absl::MakeSpan(out), {}}, *ws).ok());
     EXPECT_LE(MaxAbsDiff(out.data(), together.data() + row * 32, out.size()), 1e-6f)
         << "session " << s;
     row += step[s];
@@ -449,8 +445,7 @@ TEST(SessionValidationTest, RefusesWhatItCannotCompute) {
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(cache.Reserve(2).ok());
   // The same cache twice.
-  EXPECT_EQ(engine->Append({q, {{&cache, 1}, {&cache, 1}}}, {absl::MakeSpan(out), {}}, *ws)
-                .code(),
+  EXPECT_EQ(engine->Append({q, {{&cache, 1}, {&cache, 1}}}, {absl::MakeSpan(out), {}}, *ws).code(),
             absl::StatusCode::kInvalidArgument);
   // A self step on a model whose keys are not its queries.
   EXPECT_FALSE(cross_engine->CanAppendSelf());

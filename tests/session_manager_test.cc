@@ -56,7 +56,8 @@ AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storag
                        int64_t embed_dim = kE) {
   storage = RandomVector(tokens * embed_dim, seed);
   RequestInputs in;
-  in.query = TensorView{DType::kF32, {1, tokens, embed_dim},
+  in.query = TensorView{DType::kF32,
+                        {1, tokens, embed_dim},
                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
                                             storage.size() * sizeof(float))};
   auto request =
@@ -71,7 +72,9 @@ AppendParams Step(const SessionManager& sessions, const std::string& id, int64_t
                   uint32_t seed, std::vector<float>& storage,
                   std::optional<int64_t> expected = std::nullopt) {
   absl::StatusOr<VersionPtr> version = sessions.VersionOf(id);
-  return {.id = id, .query = Query(tokens, seed, storage), .expected_position = expected,
+  return {.id = id,
+          .query = Query(tokens, seed, storage),
+          .expected_position = expected,
           .decoded_for = version.ok() ? *version : nullptr};
 }
 
@@ -82,9 +85,8 @@ std::string OpenSync(SessionManager& sessions, VersionPtr version, absl::Duratio
   params.version = std::move(version);
   params.id = id;
   params.idle_timeout = idle;
-  sessions.Open(std::move(params), [&](absl::StatusOr<SessionInfo> info) {
-    opened.set_value(std::move(info));
-  });
+  sessions.Open(std::move(params),
+                [&](absl::StatusOr<SessionInfo> info) { opened.set_value(std::move(info)); });
   absl::StatusOr<SessionInfo> info = opened.get_future().get();
   EXPECT_TRUE(info.ok()) << info.status();
   return info.ok() ? info->id : "";
@@ -173,7 +175,8 @@ TEST(SessionManagerTest, StepReadForAReopenedIdIsRefused) {
   ASSERT_TRUE(sessions.Close(id).ok());
   ASSERT_EQ(OpenSync(sessions, wide, {}, "mine"), "mine");
   std::promise<absl::Status> done;
-  sessions.Append(std::move(step), [&](absl::StatusOr<AppendResult> r) { done.set_value(r.status()); });
+  sessions.Append(std::move(step),
+                  [&](absl::StatusOr<AppendResult> r) { done.set_value(r.status()); });
   const absl::Status status = done.get_future().get();
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
   EXPECT_NE(status.message().find("session mine was closed and opened again (on model 'wide'"),
@@ -349,13 +352,11 @@ TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
   const std::string id = OpenSync(sessions, version);
   AppendSync(sessions, id, 2, 1);
 
-  const absl::Status late = AppendWith(sessions, id, [&](AppendParams& p) {
-    p.deadline = clock.Now() - absl::Milliseconds(1);
-  });
+  const absl::Status late = AppendWith(
+      sessions, id, [&](AppendParams& p) { p.deadline = clock.Now() - absl::Milliseconds(1); });
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
-  const absl::Status gone = AppendWith(sessions, id, [](AppendParams& p) {
-    p.cancelled = [] { return true; };
-  });
+  const absl::Status gone =
+      AppendWith(sessions, id, [](AppendParams& p) { p.cancelled = [] { return true; }; });
   EXPECT_EQ(gone.code(), absl::StatusCode::kCancelled) << gone;
   EXPECT_EQ(PositionOf(sessions, id), 2) << "neither step was computed";
 
@@ -372,9 +373,9 @@ TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
 }
 
 // Steps take their memory from the budget Attend requests take theirs
-// from (their batcher's, the scheduler's one admission path): a step that alone needs more than the budget is refused, so is one
-// that finds the budget held; a step that fits gives its memory back once
-// it is answered.
+// from (their batcher's, the scheduler's one admission path): a step that alone needs more than the
+// budget is refused, so is one that finds the budget held; a step that fits gives its memory back
+// once it is answered.
 TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
   const VersionPtr version = MakeVersion();
   std::vector<float> unused;
@@ -441,9 +442,9 @@ std::vector<std::vector<float>> PrivateSteps(
   for (const auto& [tokens, seed] : steps) {
     std::vector<float> query = RandomVector(tokens * kE, seed), out(tokens * kE);
     EXPECT_TRUE(cache.Reserve(cache.length() + tokens).ok());
-    EXPECT_TRUE(version.model.engine
-                    ->Append({query, {{&cache, tokens}}}, {absl::MakeSpan(out), {}}, *ws)
-                    .ok());
+    EXPECT_TRUE(
+        version.model.engine->Append({query, {{&cache, tokens}}}, {absl::MakeSpan(out), {}}, *ws)
+            .ok());
     outputs.push_back(std::move(out));
   }
   return outputs;

@@ -21,9 +21,9 @@ Tensor Rows(const std::vector<float>& m, int64_t row0, int64_t rows, int64_t col
   return Named({rows, cols}, m.data() + row0 * cols);
 }
 
-void AddProjection(TensorMap& t, const std::string& prefix, const AttentionDims& d,
-                   bool per_head, const std::string& p, const std::vector<float>& w,
-                   const std::vector<float>& b, int64_t head_dim, int64_t in_dim) {
+void AddProjection(TensorMap& t, const std::string& prefix, const AttentionDims& d, bool per_head,
+                   const std::string& p, const std::vector<float>& w, const std::vector<float>& b,
+                   int64_t head_dim, int64_t in_dim) {
   if (!per_head) {
     t[prefix + p + "_proj.weight"] = Rows(w, 0, d.num_heads * head_dim, in_dim);
     if (d.bias) t[prefix + p + "_proj.bias"] = Named({d.num_heads * head_dim}, b.data());
@@ -94,8 +94,8 @@ PackedWeights RandomWeights(const AttentionDims& d, uint32_t seed) {
   return w;
 }
 
-TensorMap WeightsAsTensors(const AttentionDims& d, const PackedWeights& w,
-                           WeightLayout layout, const std::string& prefix) {
+TensorMap WeightsAsTensors(const AttentionDims& d, const PackedWeights& w, WeightLayout layout,
+                           const std::string& prefix) {
   TensorMap t;
   const int64_t e = d.embed_dim, qk = d.qk_width(), v = d.v_width();
   switch (layout) {

@@ -30,8 +30,8 @@ PackedWeights RandomWeights(const AttentionDims& dims, uint32_t seed);
 
 // The same weights as F32 tensors named as `layout` stores them, every name
 // prefixed with `prefix`.
-TensorMap WeightsAsTensors(const AttentionDims& dims, const PackedWeights& w,
-                           WeightLayout layout, const std::string& prefix = "");
+TensorMap WeightsAsTensors(const AttentionDims& dims, const PackedWeights& w, WeightLayout layout,
+                           const std::string& prefix = "");
 
 // Runs one self-attention request of `len` random tokens on `engine`
 // (a gtest failure if it fails).

@@ -2,13 +2,14 @@
 // was created for, so the engine keeps one per thread count (a call runs on
 // what its caller set), and warm-up covers every count calls use. Not in
 // the ThreadSanitizer run: that build gives every call one thread.
+#include "engine/threads.h"
+
 #include <chrono>
 #include <filesystem>
 #include <thread>
 #include <vector>
 
 #include "engine/mha_engine.h"
-#include "engine/threads.h"
 #include "gtest/gtest.h"
 #include "tests/test_models.h"
 

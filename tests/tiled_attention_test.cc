@@ -36,18 +36,14 @@ TEST(TiledAttentionTest, EveryCaseMatchesUntiledPathAndReference) {
       const Built b = Build(c, 100);
       const RunResult plain = RunEngine(*MakeEngine(c.dims, w, Untiled()), c, b,
                                         /*with_weights=*/false);
-      for (const auto& [rows, keys] :
-           {std::pair{2, 3}, std::pair{5, 1}, std::pair{64, 64}}) {
-        SCOPED_TRACE(::testing::Message() << c.name << " bf16 " << bf16
-                                          << " tile " << rows << " x " << keys);
-        const std::unique_ptr<MhaEngine> engine =
-            MakeEngine(c.dims, w, TiledOptions(rows, keys));
+      for (const auto& [rows, keys] : {std::pair{2, 3}, std::pair{5, 1}, std::pair{64, 64}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << c.name << " bf16 " << bf16 << " tile " << rows << " x " << keys);
+        const std::unique_ptr<MhaEngine> engine = MakeEngine(c.dims, w, TiledOptions(rows, keys));
         std::unique_ptr<Workspace> ws = engine->NewWorkspace();
-        const RunResult tiled =
-            RunEngine(*engine, c, b, /*with_weights=*/false, ws.get());
+        const RunResult tiled = RunEngine(*engine, c, b, /*with_weights=*/false, ws.get());
         EXPECT_GT(ws->num_children(), 0) << "the tiled path did not run";
-        EXPECT_LE(MaxAbsDiff(plain.output.data(), tiled.output.data(),
-                             plain.output.size()),
+        EXPECT_LE(MaxAbsDiff(plain.output.data(), tiled.output.data(), plain.output.size()),
                   bf16 ? 2e-2f : 1e-5f);
         ExpectMatchesReference(c, w, b, tiled, bf16 ? 3e-2f : 1e-5f,
                                /*check_weights=*/false);
@@ -60,29 +56,18 @@ TEST(TiledAttentionTest, EveryCaseMatchesUntiledPathAndReference) {
 // tiles per row block, masks and causal, fp32 and bf16.
 TEST(TiledAttentionTest, LongSequencesMatchUntiledPath) {
   for (const bool bf16 : {false, true}) {
-    AttentionDims d =
-        With(Dims(64, 4), [](AttentionDims& x) { x.add_zero_attn = true; });
+    AttentionDims d = With(Dims(64, 4), [](AttentionDims& x) { x.add_zero_attn = true; });
     d.bf16 = bf16;
     const PackedWeights w = RandomWeights(d, 3);
     for (Case c :
-         {Case{"long_self",
-               d,
-               {300, 130},
-               {},
-               false,
-               MaskKind::kBool,
-               MaskKind::kFloat,
-               true,
-               true},
+         {Case{
+              "long_self", d, {300, 130}, {}, false, MaskKind::kBool, MaskKind::kFloat, true, true},
           Case{"long_cross", d, {70}, {600}, true, MaskKind::kFloat}}) {
       SCOPED_TRACE(::testing::Message() << c.name << " bf16 " << bf16);
       const Built b = Build(c, 11);
-      const RunResult plain =
-          RunEngine(*MakeEngine(d, w, Untiled()), c, b, false);
-      const RunResult tiled =
-          RunEngine(*MakeEngine(d, w, TiledOptions(64, 128)), c, b, false);
-      EXPECT_LE(MaxAbsDiff(plain.output.data(), tiled.output.data(),
-                           plain.output.size()),
+      const RunResult plain = RunEngine(*MakeEngine(d, w, Untiled()), c, b, false);
+      const RunResult tiled = RunEngine(*MakeEngine(d, w, TiledOptions(64, 128)), c, b, false);
+      EXPECT_LE(MaxAbsDiff(plain.output.data(), tiled.output.data(), plain.output.size()),
                 bf16 ? 2e-2f : 1e-5f);
       ExpectMatchesReference(c, w, b, tiled, bf16 ? 3e-2f : 1e-5f, false);
     }
@@ -96,8 +81,7 @@ TEST(TiledAttentionTest, WeightsRequestsTakeTheUntiledPath) {
   const PackedWeights w = RandomWeights(d, 5);
   const Case c{"weights", d, {9}, {}, false, MaskKind::kBool};
   const Built b = Build(c, 3);
-  const std::unique_ptr<MhaEngine> engine =
-      MakeEngine(d, w, TiledOptions(2, 3));
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, w, TiledOptions(2, 3));
   std::unique_ptr<Workspace> ws = engine->NewWorkspace();
   const RunResult r = RunEngine(*engine, c, b, /*with_weights=*/true, ws.get());
   EXPECT_EQ(ws->num_children(), 0);
@@ -111,8 +95,7 @@ TEST(TiledAttentionTest, FullyMaskedRowsGiveTheOutputBias) {
   Built b = Build(c, 1);
   std::fill(b.key_pad_bool.begin(), b.key_pad_bool.end(),
             1);  // every key masked
-  const RunResult r =
-      RunEngine(*MakeEngine(d, w, TiledOptions(2, 3)), c, b, false);
+  const RunResult r = RunEngine(*MakeEngine(d, w, TiledOptions(2, 3)), c, b, false);
   for (int64_t i = 0; i < 7; ++i) {
     for (int64_t e = 0; e < 24; ++e) EXPECT_EQ(r.output[i * 24 + e], w.b_o[e]);
   }
@@ -130,18 +113,15 @@ TEST(TiledAttentionTest, OverflowingScoresGiveNaNLikeTheUntiledPath) {
   for (const EngineOptions& options : {Untiled(), TiledOptions(2, 3)}) {
     const RunResult r = RunEngine(*MakeEngine(d, w, options), c, b, false);
     int nan_rows = 0;
-    for (int64_t i = 0; i < 6; ++i)
-      nan_rows += std::isnan(r.output[i * 24]) ? 1 : 0;
+    for (int64_t i = 0; i < 6; ++i) nan_rows += std::isnan(r.output[i * 24]) ? 1 : 0;
     EXPECT_GT(nan_rows, 0) << "tiled " << options.tiled_min_keys;
   }
 }
 
 TEST(TiledAttentionTest, SteadyStateCallsDoNotGrowTheWorkspace) {
   const AttentionDims d = Dims(32, 4);
-  const std::unique_ptr<MhaEngine> engine =
-      MakeEngine(d, RandomWeights(d, 1), TiledOptions(8, 16));
-  const Case c{"steady",        d, {40, 33}, {}, false, MaskKind::kBool,
-               MaskKind::kFloat};
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, RandomWeights(d, 1), TiledOptions(8, 16));
+  const Case c{"steady", d, {40, 33}, {}, false, MaskKind::kBool, MaskKind::kFloat};
   const Built b = Build(c, 4);
   std::unique_ptr<Workspace> ws = engine->NewWorkspace();
   RunEngine(*engine, c, b, false, ws.get());

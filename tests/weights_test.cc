@@ -62,8 +62,7 @@ void ExpectSameWeights(const PackedWeights& got, const PackedWeights& want) {
 
 // Packs `tensors` for `dims` expecting INVALID_ARGUMENT containing `parts`.
 void ExpectPackError(const AttentionDims& dims, const v1::ModelConfig& config,
-                     const TensorMap& tensors,
-                     const std::vector<std::string>& parts) {
+                     const TensorMap& tensors, const std::vector<std::string>& parts) {
   absl::StatusOr<PackedWeights> packed = PackWeights(dims, config, tensors);
   ASSERT_FALSE(packed.ok());
   EXPECT_EQ(packed.status().code(), absl::StatusCode::kInvalidArgument);
@@ -88,8 +87,7 @@ TEST_P(PackWeightsLayoutTest, PacksExactlyTheOriginalWeights) {
 
 TEST_P(PackWeightsLayoutTest, CountsEveryStoredParameter) {
   const AttentionDims d = FullDims();
-  const TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 3), GetParam());
+  const TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 3), GetParam());
   absl::StatusOr<PackedWeights> packed = PackWeights(d, ConfigFor(d), tensors);
   ASSERT_TRUE(packed.ok()) << packed.status();
   // 4 E x E matrices, 4 E biases, bias_k, bias_v, norm weight and bias.
@@ -117,8 +115,7 @@ TEST_P(PackWeightsLayoutTest, NoBiasGivesZeroBiases) {
 TEST_P(PackWeightsLayoutTest, TensorPrefixIsPrepended) {
   const AttentionDims d = FullDims();
   const PackedWeights w = RandomWeights(d, 11);
-  const TensorMap tensors =
-      WeightsAsTensors(d, w, GetParam(), "encoder.layers.3.self_attn.");
+  const TensorMap tensors = WeightsAsTensors(d, w, GetParam(), "encoder.layers.3.self_attn.");
   v1::ModelConfig config = ConfigFor(d);
   config.set_tensor_prefix("encoder.layers.3.self_attn.");
   absl::StatusOr<PackedWeights> packed = PackWeights(d, config, tensors);
@@ -131,8 +128,7 @@ TEST_P(PackWeightsLayoutTest, IgnoresTensorsOfOtherLayers) {
   const AttentionDims d = BaseDims();
   const PackedWeights w = RandomWeights(d, 13);
   TensorMap tensors = WeightsAsTensors(d, w, GetParam(), "layer1.");
-  TensorMap other =
-      WeightsAsTensors(d, RandomWeights(d, 14), GetParam(), "layer2.");
+  TensorMap other = WeightsAsTensors(d, RandomWeights(d, 14), GetParam(), "layer2.");
   tensors.merge(other);
   v1::ModelConfig config = ConfigFor(d);
   config.set_tensor_prefix("layer1.");
@@ -141,14 +137,14 @@ TEST_P(PackWeightsLayoutTest, IgnoresTensorsOfOtherLayers) {
   ExpectSameWeights(*packed, w);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllLayouts, PackWeightsLayoutTest,
-    ::testing::Values(WeightLayout::kInProj, WeightLayout::kSeparateProjWeights,
-                      WeightLayout::kSeparateLinears,
-                      WeightLayout::kPerHeadLinears),
-    [](const ::testing::TestParamInfo<WeightLayout>& info) {
-      return std::string(WeightLayoutName(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllLayouts, PackWeightsLayoutTest,
+                         ::testing::Values(WeightLayout::kInProj,
+                                           WeightLayout::kSeparateProjWeights,
+                                           WeightLayout::kSeparateLinears,
+                                           WeightLayout::kPerHeadLinears),
+                         [](const ::testing::TestParamInfo<WeightLayout>& info) {
+                           return std::string(WeightLayoutName(info.param));
+                         });
 
 // --- Layout-specific shapes --------------------------------------------------
 
@@ -159,9 +155,8 @@ TEST(PackWeightsTest, SeparateLayoutsHoldDistinctKdimAndVdim) {
   d.kdim = 10;
   d.vdim = 14;
   const PackedWeights w = RandomWeights(d, 17);
-  for (WeightLayout layout :
-       {WeightLayout::kSeparateProjWeights, WeightLayout::kSeparateLinears,
-        WeightLayout::kPerHeadLinears}) {
+  for (WeightLayout layout : {WeightLayout::kSeparateProjWeights, WeightLayout::kSeparateLinears,
+                              WeightLayout::kPerHeadLinears}) {
     SCOPED_TRACE(WeightLayoutName(layout));
     absl::StatusOr<PackedWeights> packed =
         PackWeights(d, ConfigFor(d), WeightsAsTensors(d, w, layout));
@@ -179,8 +174,8 @@ TEST(PackWeightsTest, PerHeadLayoutWithDistinctHeadDims) {
   d.qk_head_dim = 5;
   d.v_head_dim = 3;
   const PackedWeights w = RandomWeights(d, 19);
-  absl::StatusOr<PackedWeights> packed = PackWeights(
-      d, ConfigFor(d), WeightsAsTensors(d, w, WeightLayout::kPerHeadLinears));
+  absl::StatusOr<PackedWeights> packed =
+      PackWeights(d, ConfigFor(d), WeightsAsTensors(d, w, WeightLayout::kPerHeadLinears));
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_EQ(packed->layout, WeightLayout::kPerHeadLinears);
   ExpectSameWeights(*packed, w);
@@ -314,17 +309,14 @@ TEST(PackWeightsTest, TensorNamesCanRenameSomeAndLeaveOthers) {
 
 TEST(PackWeightsTest, MissingTensorNamesFileNameAndExpectedShape) {
   const AttentionDims d = BaseDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateLinears);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateLinears);
   tensors.erase("k_proj.weight");
-  ExpectPackError(d, ConfigFor(d), tensors,
-                  {"missing", "'k_proj.weight'", "[24, 24]"});
+  ExpectPackError(d, ConfigFor(d), tensors, {"missing", "'k_proj.weight'", "[24, 24]"});
 }
 
 TEST(PackWeightsTest, MissingTensorIsNamedWithItsPrefix) {
   const AttentionDims d = BaseDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj, "m.");
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj, "m.");
   tensors.erase("m.out_proj.bias");
   v1::ModelConfig config = ConfigFor(d);
   config.set_tensor_prefix("m.");
@@ -333,8 +325,7 @@ TEST(PackWeightsTest, MissingTensorIsNamedWithItsPrefix) {
 
 TEST(PackWeightsTest, MissingRenamedTensorIsNamedAsInTheFile) {
   const AttentionDims d = BaseDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   v1::ModelConfig config = ConfigFor(d);
   (*config.mutable_tensor_names())["out_proj.weight"] = "attn.o.weight";
   ExpectPackError(d, config, tensors, {"'attn.o.weight'", "[24, 24]"});
@@ -342,27 +333,23 @@ TEST(PackWeightsTest, MissingRenamedTensorIsNamedAsInTheFile) {
 
 TEST(PackWeightsTest, MissingPerHeadTensorNamesTheHead) {
   const AttentionDims d = BaseDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kPerHeadLinears);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kPerHeadLinears);
   tensors.erase("v_proj.2.weight");
   ExpectPackError(d, ConfigFor(d), tensors, {"'v_proj.2.weight'", "[6, 24]"});
 }
 
 TEST(PackWeightsTest, WrongShapeNamesTensorAndBothShapes) {
   const AttentionDims d = BaseDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   tensors["out_proj.weight"] = Tensor(DType::kF32, {24, 23});
-  ExpectPackError(
-      d, ConfigFor(d), tensors,
-      {"'out_proj.weight'", "expected shape [24, 24], got [24, 23]"});
+  ExpectPackError(d, ConfigFor(d), tensors,
+                  {"'out_proj.weight'", "expected shape [24, 24], got [24, 23]"});
 }
 
 TEST(PackWeightsTest, TransposedShapeIsRejected) {
   AttentionDims d = BaseDims();
   d.kdim = 10;
-  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1),
-                                       WeightLayout::kSeparateProjWeights);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateProjWeights);
   tensors["k_proj_weight"] = Tensor(DType::kF32, {10, 24});
   ExpectPackError(d, ConfigFor(d), tensors,
                   {"'k_proj_weight'", "expected shape [24, 10], got [10, 24]"});
@@ -370,16 +357,15 @@ TEST(PackWeightsTest, TransposedShapeIsRejected) {
 
 TEST(PackWeightsTest, BoolWeightIsRejected) {
   const AttentionDims d = BaseDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateLinears);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateLinears);
   tensors["q_proj.weight"] = Tensor(DType::kBool, {24, 24});
   ExpectPackError(d, ConfigFor(d), tensors, {"'q_proj.weight'", "BOOL"});
 }
 
 TEST(PackWeightsTest, BiasTensorWithBiasFalseIsRejected) {
   const AttentionDims with_bias = BaseDims();
-  const TensorMap tensors = WeightsAsTensors(
-      with_bias, RandomWeights(with_bias, 1), WeightLayout::kInProj);
+  const TensorMap tensors =
+      WeightsAsTensors(with_bias, RandomWeights(with_bias, 1), WeightLayout::kInProj);
   AttentionDims d = with_bias;
   d.bias = false;
   ExpectPackError(d, ConfigFor(d), tensors, {"'in_proj_bias'", "bias"});
@@ -388,8 +374,7 @@ TEST(PackWeightsTest, BiasTensorWithBiasFalseIsRejected) {
 TEST(PackWeightsTest, OutProjBiasWithBiasFalseIsRejected) {
   AttentionDims d = BaseDims();
   d.bias = false;
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateLinears);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kSeparateLinears);
   tensors["out_proj.bias"] = Tensor(DType::kF32, {24});
   ExpectPackError(d, ConfigFor(d), tensors, {"'out_proj.bias'", "bias"});
 }
@@ -401,8 +386,8 @@ TEST(PackWeightsTest, NoRecognisableTensorsListsNamesLookedFor) {
   v1::ModelConfig config = ConfigFor(d);
   config.set_tensor_prefix("attn.");
   ExpectPackError(d, config, tensors,
-                  {"'attn.in_proj_weight'", "'attn.q_proj_weight'",
-                   "'attn.q_proj.weight'", "'attn.q_proj.0.weight'"});
+                  {"'attn.in_proj_weight'", "'attn.q_proj_weight'", "'attn.q_proj.weight'",
+                   "'attn.q_proj.0.weight'"});
 }
 
 TEST(PackWeightsTest, EmptyCheckpointIsRejected) {
@@ -414,41 +399,35 @@ TEST(PackWeightsTest, EmptyCheckpointIsRejected) {
 
 TEST(PackWeightsTest, AddBiasKvRequiresBiasK) {
   const AttentionDims d = FullDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   tensors.erase("bias_k");
   ExpectPackError(d, ConfigFor(d), tensors, {"'bias_k'", "[1, 1, 24]"});
 }
 
 TEST(PackWeightsTest, AddBiasKvRequiresBiasV) {
   const AttentionDims d = FullDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   tensors.erase("bias_v");
   ExpectPackError(d, ConfigFor(d), tensors, {"'bias_v'", "[1, 1, 24]"});
 }
 
 TEST(PackWeightsTest, BiasKvOfWrongShapeIsRejected) {
   const AttentionDims d = FullDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   tensors["bias_k"] = Tensor(DType::kF32, {24});
-  ExpectPackError(d, ConfigFor(d), tensors,
-                  {"'bias_k'", "expected shape [1, 1, 24], got [24]"});
+  ExpectPackError(d, ConfigFor(d), tensors, {"'bias_k'", "expected shape [1, 1, 24], got [24]"});
 }
 
 TEST(PackWeightsTest, PostNormRequiresNormWeight) {
   const AttentionDims d = FullDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   tensors.erase("norm.weight");
   ExpectPackError(d, ConfigFor(d), tensors, {"'norm.weight'", "[24]"});
 }
 
 TEST(PackWeightsTest, PostNormRequiresNormBias) {
   const AttentionDims d = FullDims();
-  TensorMap tensors =
-      WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
+  TensorMap tensors = WeightsAsTensors(d, RandomWeights(d, 1), WeightLayout::kInProj);
   tensors.erase("norm.bias");
   ExpectPackError(d, ConfigFor(d), tensors, {"'norm.bias'", "[24]"});
 }
@@ -456,8 +435,8 @@ TEST(PackWeightsTest, PostNormRequiresNormBias) {
 TEST(PackWeightsTest, WithoutBiasKvAndNormThoseVectorsStayEmpty) {
   const AttentionDims d = BaseDims();
   // The checkpoint has them, the config does not ask for them.
-  const TensorMap tensors = WeightsAsTensors(
-      FullDims(), RandomWeights(FullDims(), 1), WeightLayout::kInProj);
+  const TensorMap tensors =
+      WeightsAsTensors(FullDims(), RandomWeights(FullDims(), 1), WeightLayout::kInProj);
   absl::StatusOr<PackedWeights> packed = PackWeights(d, ConfigFor(d), tensors);
   ASSERT_TRUE(packed.ok()) << packed.status();
   EXPECT_TRUE(packed->bias_k.empty());
@@ -504,8 +483,7 @@ TensorMap Restored(const TensorMap& tensors, DType dtype) {
     Tensor r(dtype, t.shape());
     std::vector<uint16_t> bits;
     for (float x : ToFloatVector(t)) {
-      bits.push_back(dtype == DType::kF16 ? HalfBits(RoundToHalf(x))
-                                          : FloatToBf16(x));
+      bits.push_back(dtype == DType::kF16 ? HalfBits(RoundToHalf(x)) : FloatToBf16(x));
     }
     std::memcpy(r.raw(), bits.data(), r.num_bytes());
     out[name] = std::move(r);
@@ -523,9 +501,8 @@ float RoundToBf16(float f) { return RoundToSignificantBits(f, 8); }
 
 PackedWeights RoundedWeights(const PackedWeights& w, float (*round)(float)) {
   PackedWeights r = w;
-  for (std::vector<float>* v :
-       {&r.w_q, &r.w_k, &r.w_v, &r.b_q, &r.b_k, &r.b_v, &r.w_o, &r.b_o,
-        &r.bias_k, &r.bias_v, &r.norm_weight, &r.norm_bias}) {
+  for (std::vector<float>* v : {&r.w_q, &r.w_k, &r.w_v, &r.b_q, &r.b_k, &r.b_v, &r.w_o, &r.b_o,
+                                &r.bias_k, &r.bias_v, &r.norm_weight, &r.norm_bias}) {
     *v = Rounded(*v, round);
   }
   return r;
@@ -541,8 +518,8 @@ TEST(PackWeightsTest, HalfTestHelperMatchesKnownEncodings) {
 TEST(PackWeightsTest, F16WeightsAreConverted) {
   const AttentionDims d = FullDims();
   const PackedWeights w = RandomWeights(d, 31);
-  const TensorMap tensors = Restored(
-      WeightsAsTensors(d, w, WeightLayout::kSeparateLinears), DType::kF16);
+  const TensorMap tensors =
+      Restored(WeightsAsTensors(d, w, WeightLayout::kSeparateLinears), DType::kF16);
   absl::StatusOr<PackedWeights> packed = PackWeights(d, ConfigFor(d), tensors);
   ASSERT_TRUE(packed.ok()) << packed.status();
   const PackedWeights want = RoundedWeights(w, RoundToHalf);
@@ -553,8 +530,7 @@ TEST(PackWeightsTest, F16WeightsAreConverted) {
 TEST(PackWeightsTest, Bf16WeightsAreConverted) {
   const AttentionDims d = FullDims();
   const PackedWeights w = RandomWeights(d, 37);
-  const TensorMap tensors =
-      Restored(WeightsAsTensors(d, w, WeightLayout::kInProj), DType::kBF16);
+  const TensorMap tensors = Restored(WeightsAsTensors(d, w, WeightLayout::kInProj), DType::kBF16);
   absl::StatusOr<PackedWeights> packed = PackWeights(d, ConfigFor(d), tensors);
   ASSERT_TRUE(packed.ok()) << packed.status();
   const PackedWeights want = RoundedWeights(w, RoundToBf16);

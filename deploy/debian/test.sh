@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds, and runs every test
+# The test command: installs what is missing, checks the C++ formatting
+# (deploy/debian/format_check.sh), builds, and runs every test
 # through ctest: unit tests, the PyTorch parity battery (through mha_run and
 # through the server), the server and client tests against the real
 # binaries. Then the deploy test (tests/deploy: Docker image, compose stacks,
@@ -41,6 +42,8 @@ trap print_stage_times EXIT
 
 stage "install what is missing"
 bash "$here/install_deps.sh"
+stage "C++ formatting (.clang-format)"
+bash "$here/format_check.sh"
 stage "build (Release)"
 bash "$here/build.sh"
 stage "ctest (Release)"

@@ -79,9 +79,7 @@ MHA_AVX2 float ExpSumOf(float* row, int64_t cols, float max) {
 
 }  // namespace
 
-float ExpSumAvx2(float* row, int64_t cols, float max) {
-  return ExpSumOf<false>(row, cols, max);
-}
+float ExpSumAvx2(float* row, int64_t cols, float max) { return ExpSumOf<false>(row, cols, max); }
 
 float ExpSumAccurateAvx2(float* row, int64_t cols, float max) {
   return ExpSumOf<true>(row, cols, max);

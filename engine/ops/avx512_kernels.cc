@@ -127,8 +127,7 @@ MHA_AVX512_BF16 void ScaleToBf16Of(const float* in, float scale, uint16_t* out, 
   const __m512 factor = _mm512_set1_ps(scale);
   for (int64_t i = 0; i < count; i += 16) {
     const __mmask16 lanes = TailLanes(count - i);
-    StoreBf16<kNative>(out + i, lanes,
-                       _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, in + i), factor));
+    StoreBf16<kNative>(out + i, lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, in + i), factor));
   }
 }
 

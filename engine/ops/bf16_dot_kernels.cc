@@ -50,8 +50,8 @@ MHA_BF16_DOT inline __mmask16 FirstLanes(int64_t count) {
 
 }  // namespace
 
-MHA_BF16_DOT void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, float* out,
-                                     int64_t n, int64_t d, float scale, const void* next) {
+MHA_BF16_DOT void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, float* out, int64_t n,
+                                     int64_t d, float scale, const void* next) {
   if (next == nullptr) next = kt;
   // Two chains of sums, rows c, c + 1 into the first and c + 2, c + 3 into
   // the second, so their latency overlaps.
@@ -91,10 +91,8 @@ MHA_BF16_DOT void AccumulateContextBf16Dot(const float* probs, const uint16_t* v
   // Sums of columns c0 + 8L + 0..3 (lo) and + 4..7 (hi), as AddRowPair
   // leaves them, into acc's split order (kernels.h: even columns, then odd
   // ones, per 32).
-  const __m512i even =
-      _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
-  const __m512i odd =
-      _mm512_setr_epi32(1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
+  const __m512i even = _mm512_setr_epi32(0, 2, 16, 18, 4, 6, 20, 22, 8, 10, 24, 26, 12, 14, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
   int64_t c0 = 0;
   for (; c0 + 64 <= dv; c0 += 64) {
     __m512 lo0 = _mm512_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0;
@@ -104,10 +102,8 @@ MHA_BF16_DOT void AccumulateContextBf16Dot(const float* probs, const uint16_t* v
       FetchNext<128>(next, (j * dv + c0) * 2);
       FetchNext<128>(next, ((j + 1) * dv + c0) * 2);
       const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[j / 2]));
-      AddRowPair(_mm512_loadu_si512(row(j, 0)), _mm512_loadu_si512(row(j + 1, 0)), p, lo0,
-                 hi0);
-      AddRowPair(_mm512_loadu_si512(row(j, 1)), _mm512_loadu_si512(row(j + 1, 1)), p, lo1,
-                 hi1);
+      AddRowPair(_mm512_loadu_si512(row(j, 0)), _mm512_loadu_si512(row(j + 1, 0)), p, lo0, hi0);
+      AddRowPair(_mm512_loadu_si512(row(j, 1)), _mm512_loadu_si512(row(j + 1, 1)), p, lo1, hi1);
     }
     if (j < cols) {  // an odd last row, paired with zeros (the next slot may hold anything)
       const __m512i p = _mm512_set1_epi32(static_cast<int>(pairs[j / 2]));

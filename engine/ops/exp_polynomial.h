@@ -16,8 +16,8 @@ inline constexpr float kAccurate[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334
                                       4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 // ~4e-6 relative (fitted to exp on the interval), for probabilities rounded
 // to bf16: exp(r) = kBf16 in Horner's form.
-inline constexpr float kBf16[] = {4.15898298e-2f, 1.67906357e-1f, 5.00022231e-1f,
-                                  9.99963654e-1f, 1.0f};
+inline constexpr float kBf16[] = {4.15898298e-2f, 1.67906357e-1f, 5.00022231e-1f, 9.99963654e-1f,
+                                  1.0f};
 
 }  // namespace mha::exp_polynomial
 

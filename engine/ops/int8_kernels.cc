@@ -48,8 +48,8 @@ void ScoresPortable(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt
   ScaleScores(sums, key_scales, out, n, scale);
 }
 
-void ContextPortable(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                     int64_t dv, const void* next) {
+void ContextPortable(const float* probs, const int8_t* v, float* acc, int64_t cols, int64_t dv,
+                     const void* next) {
   for (int64_t j = 0; j < cols; ++j) {
     const float p = probs[j];
     const int8_t* row = v + j * dv;
@@ -69,8 +69,8 @@ MHA_AVX2 inline __m256 Widen8(const int8_t* p) {
 }
 
 MHA_AVX2 void ScoresAvx2(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
-                         const float* key_scales, float* out, int64_t n, int64_t d,
-                         float scale, const void* next) {
+                         const float* key_scales, float* out, int64_t n, int64_t d, float scale,
+                         const void* next) {
   // Two rows at a time into two sets of four sums (32 tokens each).
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                  _mm256_setzero_ps()};
@@ -99,8 +99,8 @@ MHA_AVX2 void ScoresAvx2(const float* q_f32, const uint16_t* q_bf16, const int8_
   ScaleScores(sums, key_scales, out, n, scale);
 }
 
-MHA_AVX2 void ContextAvx2(const float* probs, const int8_t* v, float* acc, int64_t cols,
-                          int64_t dv, const void* next) {
+MHA_AVX2 void ContextAvx2(const float* probs, const int8_t* v, float* acc, int64_t cols, int64_t dv,
+                          const void* next) {
   int64_t c0 = 0;
   for (; c0 + 8 <= dv; c0 += 8) {  // 8 columns, two rows at a time
     __m256 a = _mm256_loadu_ps(acc + c0), b = _mm256_setzero_ps();
@@ -132,8 +132,8 @@ MHA_AVX512 inline __m512 Widen16(const int8_t* p) {
 }
 
 MHA_AVX512 void ScoresAvx512(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
-                             const float* key_scales, float* out, int64_t n, int64_t d,
-                             float scale, const void* next) {
+                             const float* key_scales, float* out, int64_t n, int64_t d, float scale,
+                             const void* next) {
   // Four rows at a time into four pairs of sums (independent chains).
   __m512 lo[4], hi[4];
   for (int i = 0; i < 4; ++i) lo[i] = hi[i] = _mm512_setzero_ps();
@@ -153,8 +153,7 @@ MHA_AVX512 void ScoresAvx512(const float* q_f32, const uint16_t* q_bf16, const i
     hi[0] = _mm512_fmadd_ps(q, Widen16(kt + c * kTokens + 16), hi[0]);
   }
   float sums[kTokens];
-  _mm512_storeu_ps(sums,
-                   _mm512_add_ps(_mm512_add_ps(lo[0], lo[1]), _mm512_add_ps(lo[2], lo[3])));
+  _mm512_storeu_ps(sums, _mm512_add_ps(_mm512_add_ps(lo[0], lo[1]), _mm512_add_ps(lo[2], lo[3])));
   _mm512_storeu_ps(sums + 16,
                    _mm512_add_ps(_mm512_add_ps(hi[0], hi[1]), _mm512_add_ps(hi[2], hi[3])));
   ScaleScores(sums, key_scales, out, n, scale);
@@ -200,9 +199,8 @@ MHA_AVX512 void ContextAvx512(const float* probs, const int8_t* v, float* acc, i
   }
 }
 
-void Scores(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt,
-            const float* key_scales, float* out, int64_t n, int64_t d, float scale,
-            const void* next) {
+void Scores(const float* q_f32, const uint16_t* q_bf16, const int8_t* kt, const float* key_scales,
+            float* out, int64_t n, int64_t d, float scale, const void* next) {
   if (next == nullptr) next = kt;
   const KernelIsa isa = ActiveKernelIsa();
   if (isa >= KernelIsa::kAvx512) {
@@ -221,8 +219,8 @@ void BlockScoresF32Int8(const float* q, const int8_t* kt, const float* key_scale
   Scores(q, nullptr, kt, key_scales, out, n, d, scale, next);
 }
 
-void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales,
-                         float* out, int64_t n, int64_t d, float scale, const void* next) {
+void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales, float* out,
+                         int64_t n, int64_t d, float scale, const void* next) {
   Scores(nullptr, q, kt, key_scales, out, n, d, scale, next);
 }
 

@@ -158,8 +158,8 @@ void SoftmaxRowBf16Only(float* row, int64_t cols, const float* add_a, const floa
 
 }  // namespace
 
-void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
-                   const SoftmaxMasks& m, uint16_t* bf16_out, bool f32_probs) {
+void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols, const SoftmaxMasks& m,
+                   uint16_t* bf16_out, bool f32_probs) {
   const int64_t total_rows = heads * rows;
   const auto row_fn = bf16_out != nullptr && !f32_probs ? SoftmaxRowBf16Only : SoftmaxRow;
   ForRange(total_rows, total_rows * cols >= kParallelSoftmaxScores, [&](int64_t hr) {
@@ -179,9 +179,9 @@ namespace {
 // the tile. kBf16Only: the probabilities also go to `bf16_row`, computed
 // with the cheaper exp.
 template <bool kBf16Only>
-MHA_INLINE void OnlineSoftmaxRowOf(float* row, int64_t cols, const float* add_a,
-                                   const float* add_b, int64_t masked, int64_t causal_limit,
-                                   float& max, float& sum, float& rescale, uint16_t* bf16_row) {
+MHA_INLINE void OnlineSoftmaxRowOf(float* row, int64_t cols, const float* add_a, const float* add_b,
+                                   int64_t masked, int64_t causal_limit, float& max, float& sum,
+                                   float& rescale, uint16_t* bf16_row) {
   AddMasks(row, add_a, add_b, masked, causal_limit);
   float tile_max = kNegInf;
 #pragma omp simd reduction(max : tile_max)
@@ -229,8 +229,7 @@ void OnlineSoftmaxRowBf16(float* row, int64_t cols, const float* add_a, const fl
 }  // namespace
 
 void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
-                       const SoftmaxMasks& m, const OnlineSoftmaxRows& state,
-                       uint16_t* bf16_out) {
+                       const SoftmaxMasks& m, const OnlineSoftmaxRows& state, uint16_t* bf16_out) {
   const int64_t masked = std::clamp<int64_t>(m.masked_cols - col0, 0, cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* pad = m.key_padding == nullptr ? nullptr : m.key_padding + col0;
@@ -238,8 +237,8 @@ void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
     const int64_t causal_limit =
         m.causal ? std::clamp<int64_t>(m.first_row + r + 1 - col0, 0, masked) : masked;
     if (bf16_out != nullptr) {
-      OnlineSoftmaxRowBf16(scores + r * cols, cols, pad, attn, masked, causal_limit,
-                           state.max[r], state.sum[r], state.rescale[r], bf16_out + r * cols);
+      OnlineSoftmaxRowBf16(scores + r * cols, cols, pad, attn, masked, causal_limit, state.max[r],
+                           state.sum[r], state.rescale[r], bf16_out + r * cols);
     } else {
       OnlineSoftmaxRow(scores + r * cols, cols, pad, attn, masked, causal_limit, state.max[r],
                        state.sum[r], state.rescale[r]);
@@ -279,8 +278,8 @@ void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, 
 }
 
 MHA_MULTIVERSION
-void AddLayerNorm(float* out, const float* residual, const float* gamma,
-                  const float* beta, int64_t rows, int64_t n, float eps) {
+void AddLayerNorm(float* out, const float* residual, const float* gamma, const float* beta,
+                  int64_t rows, int64_t n, float eps) {
   for (int64_t t = 0; t < rows; ++t) {
     float* x = out + t * n;
     const float* res = residual + t * n;
@@ -328,8 +327,8 @@ void ConvertToBf16(const float* in, uint16_t* out, int64_t count) {
   });
 }
 
-void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
-                const HeadLayout& layout, uint8_t* dst) {
+void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows, const HeadLayout& layout,
+                uint8_t* dst) {
   const int64_t hb = layout.head_bytes;
   ForRange(rows, rows * layout.heads * hb > kParallelCopyBytes, [&](int64_t r) {
     for (int64_t h = 0; h < layout.heads; ++h) {
@@ -338,8 +337,8 @@ void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
   });
 }
 
-void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
-                uint8_t* dst, int64_t dst_row_bytes) {
+void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows, uint8_t* dst,
+                int64_t dst_row_bytes) {
   const int64_t hb = layout.head_bytes;
   ForRange(rows, rows * layout.heads * hb > kParallelCopyBytes, [&](int64_t r) {
     for (int64_t h = 0; h < layout.heads; ++h) {
@@ -366,8 +365,8 @@ void SmallScores(const float* q, const float* k, float* scores, int64_t batch, i
 }
 
 MHA_MULTIVERSION
-void SmallContext(const float* probs, const float* v, float* context, int64_t batch,
-                  int64_t rows, int64_t cols, int64_t dv) {
+void SmallContext(const float* probs, const float* v, float* context, int64_t batch, int64_t rows,
+                  int64_t cols, int64_t dv) {
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < rows; ++i) {
       float* out = context + (b * rows + i) * dv;
@@ -436,7 +435,7 @@ inline float ValueAsFloat(float x) { return x; }
 inline float ValueAsFloat(uint16_t x) { return Bf16Bits(x); }
 
 __attribute__((always_inline)) inline void AddFloats16(Floats16& sum, float p,
-                                                        const float* values) {
+                                                       const float* values) {
   sum += p * *reinterpret_cast<const Floats16*>(values);
 }
 // sum += p * (16 bf16 values widened to f32: their bits in the high half).
@@ -444,9 +443,9 @@ __attribute__((always_inline)) inline void AddFloats16(Floats16& sum, float p,
 typedef uint16_t Bf16x16 __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t Bits16 __attribute__((vector_size(64)));
 __attribute__((always_inline)) inline void AddBf16x16(Floats16& sum, float p,
-                                                       const uint16_t* values) {
-  const Bits16 wide =
-      __builtin_convertvector(*reinterpret_cast<const Bf16x16*>(values), Bits16) << 16;
+                                                      const uint16_t* values) {
+  const Bits16 wide = __builtin_convertvector(*reinterpret_cast<const Bf16x16*>(values), Bits16)
+                      << 16;
   sum += p * (Floats16)wide;  // the same bits, seen as floats
 }
 
@@ -457,10 +456,10 @@ constexpr int64_t kBlockScoreTokens = 32;
 
 template <typename Key, typename AddRow>
 __attribute__((always_inline)) inline void BlockScoresWith(const float* q_f32,
-                                                            const uint16_t* q_bf16,
-                                                            const Key* kt, float* out, int64_t n,
-                                                            int64_t d, float scale,
-                                                            const void* next, AddRow add_row) {
+                                                           const uint16_t* q_bf16, const Key* kt,
+                                                           float* out, int64_t n, int64_t d,
+                                                           float scale, const void* next,
+                                                           AddRow add_row) {
   Floats16 l0 = {}, l1 = {}, l2 = {}, l3 = {}, h0 = {}, h1 = {}, h2 = {}, h3 = {};
   auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16Bits(q_bf16[c]); };
   if (next == nullptr) next = kt;
@@ -482,8 +481,8 @@ __attribute__((always_inline)) inline void BlockScoresWith(const float* q_f32,
 }
 
 MHA_MULTIVERSION
-void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
-                 float scale, const void* next) {
+void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d, float scale,
+                 const void* next) {
   BlockScoresWith(q, nullptr, kt, out, n, d, scale, next,
                   [](Floats16& lo, Floats16& hi, float qc, const float* row) {
                     AddFloats16(lo, qc, row);
@@ -573,10 +572,10 @@ void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t 
 // two rows at a time into two sets of sums (independent chains of
 // multiply-adds), added at the end. `add` is one row's 16 values into a sum.
 template <typename Value, typename Add>
-__attribute__((always_inline)) inline void AccumulateContextWith(const float* probs,
-                                                                  const Value* v, float* acc,
-                                                                  int64_t cols, int64_t dv,
-                                                                  const void* next, Add add) {
+__attribute__((always_inline)) inline void AccumulateContextWith(const float* probs, const Value* v,
+                                                                 float* acc, int64_t cols,
+                                                                 int64_t dv, const void* next,
+                                                                 Add add) {
   if (next == nullptr) next = v;
   constexpr int kRowBytes = 64 * sizeof(Value);  // one row's 64 columns
   int64_t c0 = 0;
@@ -622,8 +621,8 @@ __attribute__((always_inline)) inline void AccumulateContextWith(const float* pr
 }
 
 MHA_MULTIVERSION
-void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
-                       int64_t dv, const void* next) {
+void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols, int64_t dv,
+                       const void* next) {
   AccumulateContextWith(probs, v, acc, cols, dv, next,
                         [](Floats16& sum, float p, const float* x) { AddFloats16(sum, p, x); });
 }
@@ -705,4 +704,3 @@ void AccumulateHeadMean(const float* probs, int64_t heads, int64_t total_heads, 
 }
 
 }  // namespace mha
-

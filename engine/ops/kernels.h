@@ -31,8 +31,7 @@ struct SoftmaxMasks {
 // product needs and nothing more.
 // Parallel over rows with OpenMP when the block is large.
 void MaskedSoftmax(float* scores, int64_t heads, int64_t rows, int64_t cols,
-                   const SoftmaxMasks& masks, uint16_t* bf16_out = nullptr,
-                   bool f32_probs = true);
+                   const SoftmaxMasks& masks, uint16_t* bf16_out = nullptr, bool f32_probs = true);
 
 // One key tile of an online (flash-attention style) softmax: `scores`
 // [rows, cols] are the scaled scores of columns [col0, col0 + cols) of each
@@ -66,8 +65,8 @@ void NormalizeRows(const float* acc, const float* sum, int64_t rows, int64_t n, 
                    void* out);
 
 // out[t] = LayerNorm(out[t] + residual[t]) * gamma + beta, per row of width n.
-void AddLayerNorm(float* out, const float* residual, const float* gamma,
-                  const float* beta, int64_t rows, int64_t n, float eps);
+void AddLayerNorm(float* out, const float* residual, const float* gamma, const float* beta,
+                  int64_t rows, int64_t n, float eps);
 
 // f32 -> bf16 (round to nearest even; on both threads when large).
 void ConvertToBf16(const float* in, uint16_t* out, int64_t count);
@@ -90,10 +89,10 @@ struct HeadLayout {
     return ((first * heads) + head * in_block + (row - first)) * head_bytes;
   }
 };
-void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows,
-                const HeadLayout& layout, uint8_t* dst);
-void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
-                uint8_t* dst, int64_t dst_row_bytes);
+void SplitHeads(const uint8_t* src, int64_t src_row_bytes, int64_t rows, const HeadLayout& layout,
+                uint8_t* dst);
+void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows, uint8_t* dst,
+                int64_t dst_row_bytes);
 
 // Small attention products in plain vectorised loops, for blocks so small
 // that a oneDNN call costs more than the arithmetic. All f32, contiguous:
@@ -102,8 +101,8 @@ void MergeHeads(const uint8_t* src, const HeadLayout& layout, int64_t rows,
 // context [batch, rows, dv].
 void SmallScores(const float* q, const float* k, float* scores, int64_t batch, int64_t rows,
                  int64_t cols, int64_t d, float scale);
-void SmallContext(const float* probs, const float* v, float* context, int64_t batch,
-                  int64_t rows, int64_t cols, int64_t dv);
+void SmallContext(const float* probs, const float* v, float* context, int64_t batch, int64_t rows,
+                  int64_t cols, int64_t dv);
 // The same with bf16 q, k, v and context (f32 arithmetic).
 void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_t batch,
                      int64_t rows, int64_t cols, int64_t d, float scale);
@@ -120,8 +119,8 @@ void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, 
 // transposed (kt [d, KvLayout::kBlockTokens], the token index fastest):
 // out[j] = scale * q . key_j for the block's first n (<= 32) tokens. Every
 // token slot is read (the others may hold anything); only n are written.
-void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d,
-                 float scale, const void* next = nullptr);
+void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d, float scale,
+                 const void* next = nullptr);
 void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t n, int64_t d,
                      float scale, const void* next = nullptr);
 // An fp32 query against a bf16 cache's keys.
@@ -138,14 +137,13 @@ float QuantizeInt8(const float* in, int64_t n, int8_t* out, int64_t stride);
 // key_scales[j] * (q . kt[:, j]), for an f32 or a bf16 query.
 void BlockScoresF32Int8(const float* q, const int8_t* kt, const float* key_scales, float* out,
                         int64_t n, int64_t d, float scale, const void* next = nullptr);
-void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales,
-                         float* out, int64_t n, int64_t d, float scale,
-                         const void* next = nullptr);
+void BlockScoresBf16Int8(const uint16_t* q, const int8_t* kt, const float* key_scales, float* out,
+                         int64_t n, int64_t d, float scale, const void* next = nullptr);
 
 // acc[c] += sum over j < cols of probs[j] * v[j, c]: one query row's
 // context over one block's values (v [cols, dv], f32, bf16 or int8).
-void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols,
-                       int64_t dv, const void* next = nullptr);
+void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols, int64_t dv,
+                       const void* next = nullptr);
 // Int8 values: the caller folds each row's value scale into its probability.
 void AccumulateContextInt8(const float* probs, const int8_t* v, float* acc, int64_t cols,
                            int64_t dv, const void* next = nullptr);

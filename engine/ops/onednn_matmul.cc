@@ -216,7 +216,8 @@ std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, dt act_dt, dt dst_dt)
     : engine_(engine), n_(n), k_(k), act_dt_(act_dt), dst_dt_(dst_dt), by_m_(kMaxEntries) {
-  weights_desc_ = MakePd(kReferenceRows, dnnl::memory::desc({k, n}, act_dt, tag::any)).weights_desc();
+  weights_desc_ =
+      MakePd(kReferenceRows, dnnl::memory::desc({k, n}, act_dt, tag::any)).weights_desc();
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
@@ -244,8 +245,8 @@ namespace {
 // to those columns: the same blocks and strides, whole column blocks
 // outermost, `first` on a block boundary and the range ending on one (or at
 // fused's last column, whose padding is fused's). -1 otherwise.
-int64_t ColumnOffset(const dnnl_memory_desc_t& fused, const dnnl_memory_desc_t& part,
-                     int64_t first, int64_t count) {
+int64_t ColumnOffset(const dnnl_memory_desc_t& fused, const dnnl_memory_desc_t& part, int64_t first,
+                     int64_t count) {
   if (fused.format_kind != dnnl_blocked || part.format_kind != dnnl_blocked) return -1;
   if (fused.extra.flags != 0 || part.extra.flags != 0) return -1;
   if (fused.offset0 != 0 || part.offset0 != 0) return -1;
@@ -298,9 +299,9 @@ std::unique_ptr<LinearLayer> LinearLayer::ColumnsOf(const LinearLayer& fused, in
   } else if (RowMajor(fused.weights_desc_.data)) {
     // (gemm-based matmuls, e.g. on AVX2.) The same implementation must take
     // the strided columns as it would take a layer of their own.
-    const dnnl::memory::desc strided = PlainDesc(
-        2, {fused.k_, count}, {fused.weights_desc_.data.format_desc.blocking.strides[0], 1},
-        fused.act_dt_);
+    const dnnl::memory::desc strided =
+        PlainDesc(2, {fused.k_, count},
+                  {fused.weights_desc_.data.format_desc.blocking.strides[0], 1}, fused.act_dt_);
     const dnnl::memory::desc own = part->weights_desc_;
     try {
       const std::string with_strides = part->MakePd(kReferenceRows, strided).impl_info_str();
@@ -359,8 +360,7 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
   misses_.fetch_add(1, std::memory_order_relaxed);
-  return Adopt(mu_, by_m_, std::make_pair(m, PrimitiveThreads()), std::move(created), tick,
-               budget);
+  return Adopt(mu_, by_m_, std::make_pair(m, PrimitiveThreads()), std::move(created), tick, budget);
 }
 
 namespace {
@@ -384,8 +384,7 @@ void LinearLayer::FitScratchpad() {
   };
   const int64_t few = at(kFew), many = at(kMany);
   scratchpad_per_row_ = std::max<int64_t>(0, (many - few + kMany - kFew - 1) / (kMany - kFew));
-  scratchpad_base_ =
-      std::max(few - scratchpad_per_row_ * kFew, many - scratchpad_per_row_ * kMany);
+  scratchpad_base_ = std::max(few - scratchpad_per_row_ * kFew, many - scratchpad_per_row_ * kMany);
 }
 
 int64_t LinearLayer::ScratchpadBytes(int64_t m) const {
@@ -403,8 +402,8 @@ void LinearLayer::Run(Workspace& ws, const void* x, int64_t m, void* y) const {
   for (int64_t done = 0; done < m;) {
     const int64_t chunk = LargestChunk(m - done);
     const std::shared_ptr<const MatmulPrimitive> p = PrimitiveFor(chunk);
-    ExecuteMatmul(*p, ws, static_cast<const uint8_t*>(x) + done * x_row, weights_data_,
-                  bias_data_, static_cast<uint8_t*>(y) + done * y_row);
+    ExecuteMatmul(*p, ws, static_cast<const uint8_t*>(x) + done * x_row, weights_data_, bias_data_,
+                  static_cast<uint8_t*>(y) + done * y_row);
     done += chunk;
   }
 }

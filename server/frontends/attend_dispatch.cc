@@ -56,9 +56,8 @@ void DispatchedCall::Finish(const absl::Status& status) {
 }
 
 void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
-                                std::unique_ptr<DispatchedCall> call,
-                                const std::string& model_name, int64_t version,
-                                const char* api) {
+                                std::unique_ptr<DispatchedCall> call, const std::string& model_name,
+                                int64_t version, const char* api) {
   DispatchedCall& c = *call;
   c.context_ = context;
   c.metrics_ = &metrics_;
@@ -76,8 +75,8 @@ void AttendDispatcher::Dispatch(grpc::CallbackServerContext* context,
     c.statistics = (*found)->statistics.get();
     c.version_ = *found;
   }
-  absl::Status admitted = draining_ ? absl::UnavailableError("server is shutting down")
-                                    : Authorize(*context);
+  absl::Status admitted =
+      draining_ ? absl::UnavailableError("server is shutting down") : Authorize(*context);
   if (admitted.ok()) admitted = found.status();
   if (!admitted.ok()) return c.Fail(admitted);
   const ModelVersion& model = **found;

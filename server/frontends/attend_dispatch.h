@@ -74,7 +74,7 @@ class DispatchedCall : public AttendCall {
  protected:
   // Fills the response from a successful result (on a worker thread).
   virtual absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
-                            const AttentionResult& result) = 0;
+                                    const AttentionResult& result) = 0;
   // Sends the answer: `status` OK once the response is filled. `took` is
   // handler in to now.
   virtual void Send(const absl::Status& status, absl::Duration took) = 0;

@@ -70,8 +70,7 @@ void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
                           const AttentionResult& result, v1::AttendResponse* response) {
   response->set_model(model.name);
   response->set_model_version(model.version);
-  EncodeTensor(result.output, layout.output_shape, layout.output_dtype,
-               response->mutable_output());
+  EncodeTensor(result.output, layout.output_shape, layout.output_dtype, response->mutable_output());
   if (!layout.weights_shape.empty()) {
     EncodeTensor(result.weights, layout.weights_shape, DType::kF32,
                  response->mutable_attn_weights());
@@ -177,19 +176,19 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerCo
     return reactor;
   }
   const ModelRepository& models = dispatcher_.models();
-  control_.Load(request->name(), [reactor, response, &models,
-                                  name = request->name()](absl::Status status) {
-    if (absl::StatusOr<ModelStatus> model = models.Status(name); model.ok()) {
-      *response = ToModelInfo(*model);
-    }
-    reactor->Finish(ToGrpcStatus(status));
-  });
+  control_.Load(request->name(),
+                [reactor, response, &models, name = request->name()](absl::Status status) {
+                  if (absl::StatusOr<ModelStatus> model = models.Status(name); model.ok()) {
+                    *response = ToModelInfo(*model);
+                  }
+                  reactor->Finish(ToGrpcStatus(status));
+                });
   return reactor;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::UnloadModel(
-    grpc::CallbackServerContext* context, const v1::UnloadModelRequest* request,
-    v1::UnloadModelResponse*) {
+grpc::ServerUnaryReactor* AttentionServiceImpl::UnloadModel(grpc::CallbackServerContext* context,
+                                                            const v1::UnloadModelRequest* request,
+                                                            v1::UnloadModelResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (absl::Status allowed = ControlAllowed(*context); !allowed.ok()) {
     reactor->Finish(ToGrpcStatus(allowed));

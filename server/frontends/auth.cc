@@ -30,7 +30,8 @@ absl::StatusOr<BearerAuth> BearerAuth::FromFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   std::string token(absl::StripAsciiWhitespace(text.str()));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   return BearerAuth(std::move(token));
 }
 

@@ -22,7 +22,7 @@ constexpr char kEmptyFinalResponse[] = "triton_enable_empty_final_response";
 constexpr char kSequenceId[] = "sequence_id";
 constexpr char kSequenceStart[] = "sequence_start";
 constexpr char kSequenceEnd[] = "sequence_end";
-constexpr const char* kCallParameterNames[] = {kTimeout,    kPriority,       kEmptyFinalResponse,
+constexpr const char* kCallParameterNames[] = {kTimeout,    kPriority,      kEmptyFinalResponse,
                                                kSequenceId, kSequenceStart, kSequenceEnd};
 constexpr char kKnownParameters[] =
     "known: is_causal, need_weights, per_head_weights (bool); timeout (int64, microseconds); "
@@ -59,8 +59,8 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
   }
   if (dtype == DType::kBool && contents.fp32_contents_size() + other_fields == 0) {
     std::string& bytes = converted.emplace_back(contents.bool_contents_size(), '\0');
-    std::transform(contents.bool_contents().begin(), contents.bool_contents().end(),
-                   bytes.begin(), [](bool b) { return static_cast<char>(b); });
+    std::transform(contents.bool_contents().begin(), contents.bool_contents().end(), bytes.begin(),
+                   [](bool b) { return static_cast<char>(b); });
     return Bytes(bytes.data(), bytes.size());
   }
   const char* name = DTypeName(dtype, DTypeSpelling::kKserve);
@@ -68,10 +68,9 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
     return absl::InvalidArgumentError(absl::StrCat(
         input, ": ", name, " has no typed contents field; send it in raw_input_contents"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(input, ": datatype ", name, " takes ",
-                                                 dtype == DType::kF32 ? "fp32_contents"
-                                                                      : "bool_contents",
-                                                 " only"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(input, ": datatype ", name, " takes ",
+                   dtype == DType::kF32 ? "fp32_contents" : "bool_contents", " only"));
 }
 
 constexpr char kShmRegion[] = "shared_memory_region";
@@ -100,9 +99,9 @@ absl::StatusOr<std::optional<SharedMemorySlice>> SharedMemoryOf(
   };
   for (const auto& [name, value] : parameters) {
     if (name != kShmRegion && name != kShmByteSize && name != kShmOffset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": unknown parameter \"", name, "\" (tensors take ", kShmRegion, ", ",
-          kShmByteSize, ", ", kShmOffset, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown parameter \"", name,
+                                                     "\" (tensors take ", kShmRegion, ", ",
+                                                     kShmByteSize, ", ", kShmOffset, ")"));
     }
   }
   auto region = parameters.find(kShmRegion);
@@ -118,8 +117,8 @@ absl::StatusOr<std::optional<SharedMemorySlice>> SharedMemoryOf(
         absl::StrCat(what, ": parameter ", kShmRegion, ": expected string_param"));
   }
   if (parameters.find(kShmByteSize) == parameters.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", kShmRegion, " needs ",
-                                                   kShmByteSize));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", kShmRegion, " needs ", kShmByteSize));
   }
   uint64_t byte_size = 0, offset = 0;
   RETURN_IF_ERROR(number(kShmByteSize, byte_size));
@@ -153,13 +152,13 @@ absl::StatusOr<absl::Span<const uint8_t>> ReadSharedInput(const SharedMemorySlic
         input, ": a shared-memory input is bounded like a message, ", max_bytes, " bytes"));
   }
   if (slice.byte_size != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        input, ": ", kShmByteSize, " ", slice.byte_size, " is not the ", expected,
-        " bytes its shape and datatype take"));
+    return absl::InvalidArgumentError(absl::StrCat(input, ": ", kShmByteSize, " ", slice.byte_size,
+                                                   " is not the ", expected,
+                                                   " bytes its shape and datatype take"));
   }
   std::string& bytes = converted.emplace_back(expected, '\0');
-  RETURN_IF_ERROR(slice.Read(absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()),
-                                            bytes.size())));
+  RETURN_IF_ERROR(
+      slice.Read(absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size())));
   return Bytes(bytes.data(), bytes.size());
 }
 
@@ -175,8 +174,7 @@ absl::Status ReadParameters(const inference::ModelInferRequest& request, Request
           absl::StrCat("unknown parameter \"", name, "\" (", kKnownParameters, ")"));
     }
     if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", name, ": expected bool_param"));
+      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, ": expected bool_param"));
     }
     if (name == "is_causal") in.is_causal = value.bool_param();
     if (name == "need_weights") in.need_weights = value.bool_param();
@@ -204,9 +202,9 @@ absl::StatusOr<std::vector<RequestedOutput>> RequestedOutputs(
     if (named(name)) {
       return absl::InvalidArgumentError(absl::StrCat("output ", name, " requested twice"));
     }
-    ASSIGN_OR_RETURN(std::optional<SharedMemorySlice> slice,
-                     SharedMemoryOf(requested.parameters(), shared_memory,
-                                    absl::StrCat("output ", name)));
+    ASSIGN_OR_RETURN(
+        std::optional<SharedMemorySlice> slice,
+        SharedMemoryOf(requested.parameters(), shared_memory, absl::StrCat("output ", name)));
     outputs.push_back(RequestedOutput{name, std::move(slice)});
   }
   if (outputs.empty()) {
@@ -223,14 +221,13 @@ absl::Status CheckOutputSlices(const std::vector<RequestedOutput>& outputs,
   for (const RequestedOutput& o : outputs) {
     if (!o.shared_memory.has_value()) continue;
     const bool is_output = o.name == kOutputName;
-    const std::vector<int64_t> shape =
-        is_output ? decoded.output_shape() : decoded.weights_shape();
+    const std::vector<int64_t> shape = is_output ? decoded.output_shape() : decoded.weights_shape();
     uint64_t bytes = is_output ? DTypeSize(decoded.output_dtype()) : sizeof(float);
     for (const int64_t d : shape) bytes *= static_cast<uint64_t>(d);
     if (bytes > o.shared_memory->byte_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "output ", o.name, ": ", kShmByteSize, " ", o.shared_memory->byte_size,
-          " cannot hold its ", bytes, " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("output ", o.name, ": ", kShmByteSize, " ",
+                                                     o.shared_memory->byte_size,
+                                                     " cannot hold its ", bytes, " bytes"));
     }
   }
   return absl::OkStatus();
@@ -247,8 +244,8 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
       }));
   if (raw && request.raw_input_contents_size() != in_messages) {
     return absl::InvalidArgumentError(
-        absl::StrCat("raw_input_contents has ", request.raw_input_contents_size(),
-                     " entries for ", in_messages, " inputs not in shared memory"));
+        absl::StrCat("raw_input_contents has ", request.raw_input_contents_size(), " entries for ",
+                     in_messages, " inputs not in shared memory"));
   }
   std::optional<TensorView> query;
   int raw_index = 0;
@@ -269,24 +266,25 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
                                                      "\" is not one of FP32, BF16, FP16, BOOL"));
     }
     if (raw && input.has_contents()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          input.name(), ": contents and raw_input_contents both given; use one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(input.name(), ": contents and raw_input_contents both given; use one"));
     }
     TensorView view{*dtype, std::vector<int64_t>(input.shape().begin(), input.shape().end()), {}};
     ASSIGN_OR_RETURN(std::optional<SharedMemorySlice> slice,
                      SharedMemoryOf(input.parameters(), shared_memory, input.name()));
     if (slice.has_value()) {
       if (input.has_contents()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            input.name(), ": contents and ", kShmRegion, " both given; use one"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(input.name(), ": contents and ", kShmRegion, " both given; use one"));
       }
-      ASSIGN_OR_RETURN(view.bytes, ReadSharedInput(*slice, view, input.name(), max_shared_bytes,
-                                                   converted));
+      ASSIGN_OR_RETURN(view.bytes,
+                       ReadSharedInput(*slice, view, input.name(), max_shared_bytes, converted));
     } else if (raw) {
       const std::string& bytes = request.raw_input_contents(raw_index++);
       view.bytes = Bytes(bytes.data(), bytes.size());
     } else {
-      ASSIGN_OR_RETURN(view.bytes, ContentsBytes(input.contents(), *dtype, input.name(), converted));
+      ASSIGN_OR_RETURN(view.bytes,
+                       ContentsBytes(input.contents(), *dtype, input.name(), converted));
     }
     *slot = std::move(view);
   }
@@ -341,8 +339,8 @@ absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInfer
     return absl::InvalidArgumentError(
         "value and key_padding_mask need a key (a cross-attention sequence's memory)");
   }
-  ASSIGN_OR_RETURN(AttentionRequest query, StepQuery(dims, in.query, in.need_weights, limits,
-                                                     DTypeSpelling::kKserve));
+  ASSIGN_OR_RETURN(AttentionRequest query,
+                   StepQuery(dims, in.query, in.need_weights, limits, DTypeSpelling::kKserve));
   if (!converted->empty()) query.KeepAlive(converted);
   SequenceInputs decoded{std::move(query), std::nullopt};
   if (memory) {
@@ -402,9 +400,9 @@ absl::Status ReadSequenceParameters(
   if (sequence.id.size() > kMaxSessionIdLength ||
       sequence.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                     "0123456789._:-") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter sequence_id: a number, or a string of at most ", kMaxSessionIdLength,
-        " characters of [A-Za-z0-9._:-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter sequence_id: a number, or a string of at most ",
+                     kMaxSessionIdLength, " characters of [A-Za-z0-9._:-]"));
   }
   call.sequence = std::move(sequence);
   return absl::OkStatus();
@@ -425,8 +423,7 @@ absl::StatusOr<InferCallParameters> ReadCallParameters(
                p.uint64_param() <= static_cast<uint64_t>(INT64_MAX)) {
       us = static_cast<int64_t>(p.uint64_param());
     } else {
-      return absl::InvalidArgumentError(
-          "parameter timeout: expected int64_param, in microseconds");
+      return absl::InvalidArgumentError("parameter timeout: expected int64_param, in microseconds");
     }
     if (us < 0) {
       return absl::InvalidArgumentError(
@@ -492,9 +489,9 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
     }
     const SharedMemorySlice& slice = *requested.shared_memory;
     if (values.size() * DTypeSize(dtype) > slice.byte_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "output ", requested.name, ": ", kShmByteSize, " ", slice.byte_size,
-          " cannot hold its ", values.size() * DTypeSize(dtype), " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("output ", requested.name, ": ", kShmByteSize,
+                                                     " ", slice.byte_size, " cannot hold its ",
+                                                     values.size() * DTypeSize(dtype), " bytes"));
     }
     if (dtype == DType::kF32) {  // straight from the engine's output
       RETURN_IF_ERROR(slice.Write(Bytes(values.data(), values.size() * sizeof(float))));
@@ -527,8 +524,7 @@ void DescribeModel(const std::string& name, const AttentionDims& dims,
   response->set_platform("mha_onednn");
   const char* fp32 = DTypeName(DType::kF32, DTypeSpelling::kKserve);
   const char* boolean = DTypeName(DType::kBool, DTypeSpelling::kKserve);
-  auto add = [](auto* list, const char* tensor, const char* datatype,
-                std::vector<int64_t> shape) {
+  auto add = [](auto* list, const char* tensor, const char* datatype, std::vector<int64_t> shape) {
     auto* meta = list->Add();
     meta->set_name(tensor);
     meta->set_datatype(datatype);

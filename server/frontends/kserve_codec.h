@@ -49,8 +49,7 @@ struct InferCallParameters {
   };
   std::optional<Sequence> sequence;
 };
-absl::StatusOr<InferCallParameters> ReadCallParameters(
-    const inference::ModelInferRequest& request);
+absl::StatusOr<InferCallParameters> ReadCallParameters(const inference::ModelInferRequest& request);
 
 // A requested output: its name, and the shared-memory slice it goes to
 // when the request placed it there (else it goes in raw_output_contents).

@@ -44,8 +44,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
   open.id = id;
   open.memory = std::move(in.memory);
   auto step = std::make_shared<Step>(
-      AppendParams{id, std::move(in.query), std::nullopt, std::move(version)},
-      std::move(outputs));
+      AppendParams{id, std::move(in.query), std::nullopt, std::move(version)}, std::move(outputs));
   step->open.emplace(std::move(open));
   return step;
 }
@@ -56,8 +55,8 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
   absl::StatusOr<VersionPtr> version = sessions_.VersionOf(id);
   if (!version.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sequence ", sequence_id, " of model ", request.model_name(),
-                     " is not open (", version.status().message(),
+        absl::StrCat("sequence ", sequence_id, " of model ", request.model_name(), " is not open (",
+                     version.status().message(),
                      "): a sequence begins with a request that sets sequence_start"));
   }
   found = *version;
@@ -66,8 +65,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
                    DecodeSequenceRequest(request, (*version)->model.dims, dispatcher_.limits(),
                                          shared_memory_, /*start=*/false, outputs));
   return std::make_shared<Step>(
-      AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)},
-      std::move(outputs));
+      AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)}, std::move(outputs));
 }
 
 void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
@@ -123,15 +121,14 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
       arrived(info.status(), /*is_open=*/true);
     });
   }
-  sessions_.Append(std::move(step->append),
-                   [step, arrived, &request, version, response](absl::StatusOr<AppendResult> r) {
-                     absl::Status status = r.status();
-                     if (r.ok()) {
-                       status = FillSequenceResponse(request, version, step->outputs,
-                                                     step->layout, *r, response);
-                     }
-                     arrived(std::move(status), /*is_open=*/false);
-                   });
+  sessions_.Append(std::move(step->append), [step, arrived, &request, version,
+                                             response](absl::StatusOr<AppendResult> r) {
+    absl::Status status = r.status();
+    if (r.ok()) {
+      status = FillSequenceResponse(request, version, step->outputs, step->layout, *r, response);
+    }
+    arrived(std::move(status), /*is_open=*/false);
+  });
 }
 
 }  // namespace mha::server

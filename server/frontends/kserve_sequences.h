@@ -46,9 +46,8 @@ class SequenceCalls {
   // at once when refused). `request` and `response` live until then;
   // `deadline` bounds the step as an Attend request's.
   void Infer(const grpc::CallbackServerContext& context,
-             const inference::ModelInferRequest& request,
-             const InferCallParameters& parameters, absl::Time deadline,
-             inference::ModelInferResponse* response, Done done);
+             const inference::ModelInferRequest& request, const InferCallParameters& parameters,
+             absl::Time deadline, inference::ModelInferResponse* response, Done done);
 
  private:
   struct Step;
@@ -60,8 +59,7 @@ class SequenceCalls {
   // Decodes a later request of the open session `id` (`found` as Start's).
   absl::StatusOr<std::shared_ptr<Step>> Continue(const inference::ModelInferRequest& request,
                                                  const std::string& id,
-                                                 const std::string& sequence_id,
-                                                 VersionPtr& found);
+                                                 const std::string& sequence_id, VersionPtr& found);
 
   AttendDispatcher& dispatcher_;
   SessionManager& sessions_;

@@ -8,12 +8,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "mha/v1/model_config.pb.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/message_stream.h"
 #include "server/frontends/triton_config.h"
 #include "server/models/model_upload.h"
-#include "google/protobuf/util/json_util.h"
-#include "mha/v1/model_config.pb.h"
 
 #ifndef MHA_VERSION
 #define MHA_VERSION "0"
@@ -22,8 +22,7 @@
 namespace mha::server {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -60,7 +59,7 @@ void FillStatistics(const ModelVersion& version, inference::ModelStatistics* out
 }  // namespace
 
 absl::StatusOr<VersionPtr> KserveServiceImpl::FindVersion(const std::string& name,
-                                                           const std::string& version) const {
+                                                          const std::string& version) const {
   absl::StatusOr<int64_t> number = ParseModelVersion(name, version);
   if (!number.ok()) return number.status();
   return dispatcher_.models().Find(name, *number);
@@ -73,9 +72,9 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ServerLive(grpc::CallbackServerCont
   return Finish(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::ServerReady(
-    grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
-    inference::ServerReadyResponse* response) {
+grpc::ServerUnaryReactor* KserveServiceImpl::ServerReady(grpc::CallbackServerContext* context,
+                                                         const inference::ServerReadyRequest*,
+                                                         inference::ServerReadyResponse* response) {
   response->set_ready(!dispatcher_.draining());  // as grpc.health.v1's overall status
   return Finish(context, absl::OkStatus());
 }
@@ -139,8 +138,8 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelConfig(
     absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
     // Triton: NOT_FOUND for a model that is unknown, unloaded or not ready.
     if (absl::IsFailedPrecondition(model.status())) {
-      status = absl::NotFoundError(absl::StrCat("model '", request->name(),
-                                                "' is not ready: ", model.status().message()));
+      status = absl::NotFoundError(
+          absl::StrCat("model '", request->name(), "' is not ready: ", model.status().message()));
     } else {
       status = model.status();
     }
@@ -189,7 +188,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
   // its parameters read well), else null.
   const InferCallParameters* sequence_parameters() const {
     return call_parameters_.ok() && call_parameters_->sequence.has_value() ? &*call_parameters_
-                                                                            : nullptr;
+                                                                           : nullptr;
   }
   inference::ModelInferResponse* response() const { return response_; }
   // The earlier of `context`'s deadline and the request's own timeout.
@@ -348,8 +347,8 @@ using RepositoryParameters =
 absl::Status CheckUnloadParameters(const RepositoryParameters& parameters) {
   for (const auto& [name, value] : parameters) {
     if (name != "unload_dependents") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", name, "\": an unload takes only unload_dependents (bool)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", name, "\": an unload takes only unload_dependents (bool)"));
     }
     if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBoolParam) {
       return absl::InvalidArgumentError("parameter unload_dependents: expected bool_param");
@@ -372,9 +371,10 @@ absl::StatusOr<ModelSource> LoadSource(const RepositoryParameters& parameters,
           "parameter \"", name, "\": a load takes config (string) and file:<path> (bytes)"));
     }
     if (mode != ModelControlMode::kExplicit) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "parameter \"", name, "\": a model's config or files are taken only with "
-          "--model_control_mode explicit"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("parameter \"", name,
+                       "\": a model's config or files are taken only with "
+                       "--model_control_mode explicit"));
     }
     if (is_file) {
       if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kBytesParam) {
@@ -415,9 +415,9 @@ absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServer
   RETURN_IF_ERROR(dispatcher_.Authorize(context));
   RETURN_IF_ERROR(control_.Allowed());
   if (!repository_name.empty() && repository_name != dispatcher_.models().dir()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "repository_name: this server has one repository, '", dispatcher_.models().dir(),
-        "' (or leave it empty)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("repository_name: this server has one repository, '",
+                     dispatcher_.models().dir(), "' (or leave it empty)"));
   }
   return absl::OkStatus();
 }
@@ -469,8 +469,7 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryStatus(
-    grpc::CallbackServerContext* context,
-    const inference::SystemSharedMemoryStatusRequest* request,
+    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
   absl::Status status = dispatcher_.Authorize(*context);
   if (status.ok()) {

@@ -23,8 +23,7 @@ namespace mha::server {
 // token when one is configured. Thread-safe.
 class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
  public:
-  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
-                    SessionManager& sessions)
+  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control, SessionManager& sessions)
       : dispatcher_(dispatcher),
         control_(control),
         sequences_(dispatcher, sessions, &shared_memory_) {}
@@ -52,18 +51,17 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
                                        inference::ModelInferResponse* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* ModelStatistics(
-      grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
-      inference::ModelStatisticsResponse* response) override;
-  grpc::ServerUnaryReactor* RepositoryIndex(
-      grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
-      inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const inference::RepositoryIndexRequest* request,
+                                            inference::RepositoryIndexResponse* response) override;
   grpc::ServerUnaryReactor* RepositoryModelLoad(
       grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
       inference::RepositoryModelLoadResponse* response) override;
   grpc::ServerUnaryReactor* RepositoryModelUnload(
-      grpc::CallbackServerContext* context,
-      const inference::RepositoryModelUnloadRequest* request,
+      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
       inference::RepositoryModelUnloadResponse* response) override;
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
       grpc::CallbackServerContext* context,
@@ -101,8 +99,7 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
   absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,
                                      const std::string& repository_name) const;
   // The version named ("": the newest ready one), or why not.
-  absl::StatusOr<VersionPtr> FindVersion(const std::string& name,
-                                         const std::string& version) const;
+  absl::StatusOr<VersionPtr> FindVersion(const std::string& name, const std::string& version) const;
 
   AttendDispatcher& dispatcher_;
   ModelControl& control_;

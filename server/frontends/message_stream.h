@@ -50,7 +50,7 @@ class MessageStream : public grpc::ServerBidiReactor<Request, Response> {
   std::mutex mu_;
   std::deque<std::shared_ptr<Outbound>> queue_;  // front: being written; guarded
   bool writing_ = false, reads_done_ = false, read_paused_ = false;  // guarded
-  bool write_failed_ = false, finished_ = false;                      // guarded
+  bool write_failed_ = false, finished_ = false;                     // guarded
   int in_flight_ = 0;  // started, unanswered; guarded by mu_
 };
 

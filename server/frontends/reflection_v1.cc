@@ -57,15 +57,15 @@ void Answer(const rv1::ServerReflectionRequest& request, const std::vector<std::
       const pb::FieldDescriptor* field =
           type == nullptr ? nullptr : pool->FindExtensionByNumber(type, ext.extension_number());
       if (field != nullptr) file = field->file();
-      missing = "extension " + std::to_string(ext.extension_number()) + " of " +
-                ext.containing_type();
+      missing =
+          "extension " + std::to_string(ext.extension_number()) + " of " + ext.containing_type();
       break;
     }
     case rv1::ServerReflectionRequest::kAllExtensionNumbersOfType: {
       const pb::Descriptor* type =
           pool->FindMessageTypeByName(request.all_extension_numbers_of_type());
-      if (type == nullptr) return NotFound("type " + request.all_extension_numbers_of_type(),
-                                           response);
+      if (type == nullptr)
+        return NotFound("type " + request.all_extension_numbers_of_type(), response);
       std::vector<const pb::FieldDescriptor*> extensions;
       pool->FindAllExtensions(type, &extensions);
       rv1::ExtensionNumberResponse* out = response->mutable_all_extension_numbers_response();
@@ -88,8 +88,7 @@ void Answer(const rv1::ServerReflectionRequest& request, const std::vector<std::
 
 grpc::Status ReflectionV1Service::ServerReflectionInfo(
     grpc::ServerContext*,
-    grpc::ServerReaderWriter<rv1::ServerReflectionResponse, rv1::ServerReflectionRequest>*
-        stream) {
+    grpc::ServerReaderWriter<rv1::ServerReflectionResponse, rv1::ServerReflectionRequest>* stream) {
   std::set<std::string> sent;  // files this stream has been sent
   rv1::ServerReflectionRequest request;
   while (stream->Read(&request)) {

@@ -18,8 +18,9 @@ absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field)
         " is not one of DATA_TYPE_FP32, DATA_TYPE_BF16, DATA_TYPE_FP16, DATA_TYPE_BOOL"));
   }
   const std::string& data = wire.data();
-  return TensorView{*dtype, std::vector<int64_t>(wire.shape().begin(), wire.shape().end()),
-                    absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size())};
+  return TensorView{
+      *dtype, std::vector<int64_t>(wire.shape().begin(), wire.shape().end()),
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size())};
 }
 
 namespace {
@@ -43,8 +44,8 @@ absl::StatusOr<AttentionRequest> DecodeAttendRequest(const v1::AttendRequest& re
   RETURN_IF_ERROR(ViewIfPresent(request.has_value(), request.value(), "value", in.value));
   RETURN_IF_ERROR(ViewIfPresent(request.has_key_padding_mask(), request.key_padding_mask(),
                                 "key_padding_mask", in.key_padding_mask));
-  RETURN_IF_ERROR(ViewIfPresent(request.has_attn_mask(), request.attn_mask(), "attn_mask",
-                                in.attn_mask));
+  RETURN_IF_ERROR(
+      ViewIfPresent(request.has_attn_mask(), request.attn_mask(), "attn_mask", in.attn_mask));
   in.is_causal = request.is_causal();
   in.need_weights = request.need_weights();
   in.per_head_weights = request.per_head_weights();

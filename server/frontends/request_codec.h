@@ -18,7 +18,7 @@ namespace mha::server {
 
 // Limits a single request may not exceed.
 struct RequestLimits {
-  int64_t max_tokens = int64_t{1} << 20;  // query + key rows
+  int64_t max_tokens = int64_t{1} << 20;          // query + key rows
   int64_t max_message_bytes = int64_t{64} << 20;  // a response larger is never sent
 };
 

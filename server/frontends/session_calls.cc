@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/time/time.h"
-
 #include "engine/status_macros.h"
 #include "server/frontends/session_codec.h"
 
@@ -11,8 +10,7 @@ namespace mha::server {
 
 void SessionCalls::Open(const grpc::CallbackServerContext& context,
                         const v1::OpenSessionRequest& request,
-                        std::shared_ptr<const void> keep_alive, v1::Session* response,
-                        Done done) {
+                        std::shared_ptr<const void> keep_alive, v1::Session* response, Done done) {
   auto decode = [&]() -> absl::StatusOr<OpenParams> {
     if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
     RETURN_IF_ERROR(dispatcher_.Authorize(context));
@@ -31,17 +29,16 @@ void SessionCalls::Open(const grpc::CallbackServerContext& context,
 }
 
 void SessionCalls::Append(const grpc::CallbackServerContext& context,
-                          const v1::AppendRequest& request,
-                          std::shared_ptr<const void> keep_alive, v1::AppendResponse* response,
-                          Done done) {
+                          const v1::AppendRequest& request, std::shared_ptr<const void> keep_alive,
+                          v1::AppendResponse* response, Done done) {
   const absl::Time arrived = absl::Now();
   VersionPtr found;  // the session's version, once known
   auto decode = [&]() -> absl::StatusOr<AppendParams> {
     RETURN_IF_ERROR(dispatcher_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
     found = version;
-    ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->model.engine->dims(),
-                                                       dispatcher_.limits()));
+    ASSIGN_OR_RETURN(AppendParams params,
+                     DecodeAppend(request, version->model.engine->dims(), dispatcher_.limits()));
     params.decoded_for = std::move(version);
     params.deadline = absl::FromChrono(context.deadline());
     params.cancelled = [&context] { return context.IsCancelled(); };
@@ -56,11 +53,11 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
   }
   if (keep_alive != nullptr) params->query.KeepAlive(std::move(keep_alive));
   const StepLayout layout = StepLayout::Of(*params);
-  sessions_.Append(*std::move(params), [response, layout, done = std::move(done)](
-                                           absl::StatusOr<AppendResult> result) {
-    if (result.ok()) EncodeAppendResult(layout, *result, response);
-    done(result.status());
-  });
+  sessions_.Append(*std::move(params),
+                   [response, layout, done = std::move(done)](absl::StatusOr<AppendResult> result) {
+                     if (result.ok()) EncodeAppendResult(layout, *result, response);
+                     done(result.status());
+                   });
 }
 
 absl::Status SessionCalls::Fork(const grpc::CallbackServerContext& context,

@@ -26,9 +26,10 @@ bool ValidSessionId(const std::string& id) {
 // key_padding_mask: the message says what OpenSession calls them.
 absl::Status RenameMemoryFields(const absl::Status& status) {
   const std::string message(status.message());
-  for (const auto& [from, to] : {std::pair<const char*, const char*>{"key_padding_mask", "memory_key_padding_mask"},
-                                 {"key", "memory"},
-                                 {"value", "memory_value"}}) {
+  for (const auto& [from, to] :
+       {std::pair<const char*, const char*>{"key_padding_mask", "memory_key_padding_mask"},
+        {"key", "memory"},
+        {"value", "memory_value"}}) {
     if (absl::StartsWith(message, absl::StrCat(from, ":")) ||
         absl::StartsWith(message, absl::StrCat(from, " "))) {
       return absl::Status(status.code(), absl::StrCat(to, message.substr(strlen(from))));
@@ -41,15 +42,15 @@ absl::Status RenameMemoryFields(const absl::Status& status) {
 
 absl::Status CheckSessionId(const std::string& id, const char* field) {
   if (!id.empty() && ValidSessionId(id)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": 1 to ", kMaxSessionIdLength, " characters of [A-Za-z0-9._:-]"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": 1 to ", kMaxSessionIdLength, " characters of [A-Za-z0-9._:-]"));
 }
 
 absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& request,
                                              VersionPtr version, const RequestLimits& limits) {
   if (!ValidSessionId(request.session_id())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session_id: at most ", kMaxSessionIdLength, " characters of [A-Za-z0-9._:-]"));
+    return absl::InvalidArgumentError(absl::StrCat("session_id: at most ", kMaxSessionIdLength,
+                                                   " characters of [A-Za-z0-9._:-]"));
   }
   if (request.idle_timeout_ms() < 0 || request.max_tokens() < 0) {
     return absl::InvalidArgumentError("idle_timeout_ms and max_tokens: 0 (default) or positive");
@@ -88,16 +89,16 @@ absl::StatusOr<AttentionRequest> MemoryRequest(const AttentionDims& dims, Reques
                                                DTypeSpelling spelling) {
   if (!memory.key.has_value()) return absl::InvalidArgumentError("key: required");
   if (memory.key->shape.size() == 3 && memory.key->shape[0] != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key: one sequence per session, [1, S, kdim] or [S, kdim]; got [",
-        absl::StrJoin(memory.key->shape, ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: one sequence per session, [1, S, kdim] or [S, kdim]; got [",
+                     absl::StrJoin(memory.key->shape, ", "), "]"));
   }
   // A one-token zero query of the memory's rank: AttentionRequest then
   // checks the memory as it checks an Attend's key.
   auto dummy = std::make_shared<std::vector<float>>(static_cast<size_t>(dims.embed_dim), 0.0f);
   memory.query.dtype = DType::kF32;
   memory.query.shape = memory.key->shape.size() == 3 ? std::vector<int64_t>{1, 1, dims.embed_dim}
-                                 : std::vector<int64_t>{1, dims.embed_dim};
+                                                     : std::vector<int64_t>{1, dims.embed_dim};
   memory.query.bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(dummy->data()),
                                            dummy->size() * sizeof(float));
   ASSIGN_OR_RETURN(AttentionRequest request,
@@ -131,8 +132,8 @@ absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
                                           const AttentionDims& dims, const RequestLimits& limits) {
   if (!request.has_query()) return absl::InvalidArgumentError("query: required");
   ASSIGN_OR_RETURN(TensorView view, ViewTensor(request.query(), "query"));
-  ASSIGN_OR_RETURN(AttentionRequest query, StepQuery(dims, view, request.need_weights(), limits,
-                                                     DTypeSpelling::kMhaV1));
+  ASSIGN_OR_RETURN(AttentionRequest query,
+                   StepQuery(dims, view, request.need_weights(), limits, DTypeSpelling::kMhaV1));
   AppendParams params{request.session_id(), std::move(query), std::nullopt,
                       /*decoded_for=*/nullptr};  // the caller knows the version
   if (request.has_expected_position()) params.expected_position = request.expected_position();

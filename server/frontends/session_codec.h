@@ -31,8 +31,7 @@ absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
 // when given; its query is ignored) as an AttentionRequest with a one-token
 // zero query, so that the request's own checks validate it.
 absl::StatusOr<AttentionRequest> MemoryRequest(const AttentionDims& dims, RequestInputs memory,
-                                               const RequestLimits& limits,
-                                               DTypeSpelling spelling);
+                                               const RequestLimits& limits, DTypeSpelling spelling);
 // A step's query ([1, T, E] or [T, E], T >= 1), checked as a self-attention
 // query of a model with `dims`.
 absl::StatusOr<AttentionRequest> StepQuery(const AttentionDims& dims, const TensorView& query,

@@ -1,16 +1,15 @@
 // AttentionServiceImpl's session RPCs: each a thin wrapper of SessionCalls.
-#include "server/frontends/attention_service.h"
-#include "server/frontends/session_transfer.h"
-
 #include <string>
 
 #include "absl/time/clock.h"
+#include "server/frontends/attention_service.h"
+#include "server/frontends/session_transfer.h"
 
 namespace mha::server {
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::OpenSession(
-    grpc::CallbackServerContext* context, const v1::OpenSessionRequest* request,
-    v1::Session* response) {
+grpc::ServerUnaryReactor* AttentionServiceImpl::OpenSession(grpc::CallbackServerContext* context,
+                                                            const v1::OpenSessionRequest* request,
+                                                            v1::Session* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   session_calls_.Open(*context, *request, nullptr, response,
                       [reactor](const absl::Status& s) { reactor->Finish(ToGrpcStatus(s)); });
@@ -26,9 +25,9 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerConte
   return reactor;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ForkSession(
-    grpc::CallbackServerContext* context, const v1::ForkSessionRequest* request,
-    v1::Session* response) {
+grpc::ServerUnaryReactor* AttentionServiceImpl::ForkSession(grpc::CallbackServerContext* context,
+                                                            const v1::ForkSessionRequest* request,
+                                                            v1::Session* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status status = session_calls_.Fork(*context, *request, response);
@@ -48,17 +47,17 @@ grpc::ServerReadReactor<v1::SessionChunk>* AttentionServiceImpl::ImportSession(
   return StartImportSession(context, response, dispatcher_, sessions_);
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::CloseSession(
-    grpc::CallbackServerContext* context, const v1::CloseSessionRequest* request,
-    v1::CloseSessionResponse* response) {
+grpc::ServerUnaryReactor* AttentionServiceImpl::CloseSession(grpc::CallbackServerContext* context,
+                                                             const v1::CloseSessionRequest* request,
+                                                             v1::CloseSessionResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(session_calls_.Close(*context, *request, response)));
   return reactor;
 }
 
-grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(
-    grpc::CallbackServerContext* context, const v1::ListSessionsRequest* request,
-    v1::ListSessionsResponse* response) {
+grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
+                                                             const v1::ListSessionsRequest* request,
+                                                             v1::ListSessionsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(session_calls_.List(*context, *request, response)));
   return reactor;

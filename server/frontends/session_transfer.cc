@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/match.h"
-
 #include "server/frontends/session_codec.h"
 #include "server/sessions/session_stream.h"
 
@@ -50,9 +49,8 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::SessionChunk> {
       : response_(response),
         sessions_(sessions),
         reader_(LookupIn(dispatcher.models()), sessions.cache_budget()) {
-    absl::Status status = dispatcher.draining()
-                              ? absl::UnavailableError("server is shutting down")
-                              : dispatcher.Authorize(*context);
+    absl::Status status = dispatcher.draining() ? absl::UnavailableError("server is shutting down")
+                                                : dispatcher.Authorize(*context);
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -94,9 +92,10 @@ grpc::ServerWriteReactor<v1::SessionChunk>* StartExportSession(
   return new ExportReactor(context, request, dispatcher, sessions);
 }
 
-grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(
-    grpc::CallbackServerContext* context, v1::Session* response, AttendDispatcher& dispatcher,
-    SessionManager& sessions) {
+grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(grpc::CallbackServerContext* context,
+                                                              v1::Session* response,
+                                                              AttendDispatcher& dispatcher,
+                                                              SessionManager& sessions) {
   return new ImportReactor(context, response, dispatcher, sessions);
 }
 

@@ -21,9 +21,10 @@ grpc::ServerWriteReactor<v1::SessionChunk>* StartExportSession(
 // Reads the chunks, checking each as it arrives (a bad header ends the call
 // at once), then imports the session whole, with a fresh idle timer.
 // Owns itself.
-grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(
-    grpc::CallbackServerContext* context, v1::Session* response, AttendDispatcher& dispatcher,
-    SessionManager& sessions);
+grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(grpc::CallbackServerContext* context,
+                                                              v1::Session* response,
+                                                              AttendDispatcher& dispatcher,
+                                                              SessionManager& sessions);
 
 }  // namespace mha::server
 

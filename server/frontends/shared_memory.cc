@@ -45,9 +45,9 @@ absl::Status SharedMemorySlice::Read(absl::Span<uint8_t> out) const {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoStatus(errno, absl::StrCat("reading region ", region.name));
     if (n == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "region ", region.name, ": its object '", region.key,
-          "' is now shorter than registered; register it again"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", region.name, ": its object '", region.key,
+                       "' is now shorter than registered; register it again"));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -99,13 +99,13 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
     return absl::InvalidArgumentError(absl::StrCat("'", key, "' is not a shared-memory object"));
   }
   if (static_cast<uint64_t>(st.st_size) < offset + byte_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", key, "' holds ", st.st_size, " bytes, fewer than offset ", offset, " + byte_size ",
-        byte_size));
+    return absl::InvalidArgumentError(absl::StrCat("'", key, "' holds ", st.st_size,
+                                                   " bytes, fewer than offset ", offset,
+                                                   " + byte_size ", byte_size));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = regions_.emplace(name, SharedMemoryRegion{name, key, offset, byte_size,
-                                                                  std::move(file)});
+  auto [it, inserted] =
+      regions_.emplace(name, SharedMemoryRegion{name, key, offset, byte_size, std::move(file)});
   if (!inserted) return absl::AlreadyExistsError(absl::StrCat("region ", name, " is registered"));
   return absl::OkStatus();
 }
@@ -136,8 +136,7 @@ absl::StatusOr<std::vector<SharedMemoryRegion>> SharedMemoryRegistry::Status(
 }
 
 absl::StatusOr<SharedMemorySlice> SharedMemoryRegistry::Slice(const std::string& name,
-                                                              uint64_t offset,
-                                                              uint64_t byte_size,
+                                                              uint64_t offset, uint64_t byte_size,
                                                               const std::string& what) const {
   SharedMemoryRegion region;
   {

@@ -52,11 +52,11 @@ void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
       return sessions_.Open(*context_, request->open_session(), request,
                             out->response.mutable_session(), done);
     case v1::StreamRequest::kAppend:
-      return sessions_.Append(*context_, request->append(), request,
-                              out->response.mutable_append(), done);
+      return sessions_.Append(*context_, request->append(), request, out->response.mutable_append(),
+                              done);
     case v1::StreamRequest::kForkSession:
-      return done(sessions_.Fork(*context_, request->fork_session(),
-                                 out->response.mutable_session()));
+      return done(
+          sessions_.Fork(*context_, request->fork_session(), out->response.mutable_session()));
     case v1::StreamRequest::kCloseSession:
       return done(sessions_.Close(*context_, request->close_session(),
                                   out->response.mutable_close_session()));

@@ -36,7 +36,7 @@ void SetVersionPolicy(const v1::VersionPolicy& ours, inference::ModelVersionPoli
       return;
     case v1::VersionPolicy::kSpecific:
       out->mutable_specific()->mutable_versions()->Assign(ours.specific().versions().begin(),
-                                                           ours.specific().versions().end());
+                                                          ours.specific().versions().end());
       return;
     case v1::VersionPolicy::kLatest:
       out->mutable_latest()->set_num_versions(

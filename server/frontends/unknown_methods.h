@@ -11,7 +11,8 @@ namespace mha::server {
 // Answers every method no registered service has. Stateless; thread-safe.
 class UnknownMethods final : public grpc::CallbackGenericService {
  public:
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override;
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override;
 };
 
 }  // namespace mha::server

@@ -59,8 +59,7 @@ void ContentHash::Update(absl::string_view bytes) {
 }
 
 uint64_t ContentHash::Finish() const {
-  uint64_t h = Rotl(lanes_[0], 1) + Rotl(lanes_[1], 7) + Rotl(lanes_[2], 12) +
-               Rotl(lanes_[3], 18);
+  uint64_t h = Rotl(lanes_[0], 1) + Rotl(lanes_[1], 7) + Rotl(lanes_[2], 12) + Rotl(lanes_[3], 18);
   for (int i = 0; i < 4; ++i) h = (h ^ Mix(0, lanes_[i])) * kMulA + kMulB;
   h += total_;
   for (uint64_t i = 0; i < pending_size_; ++i) h = Rotl(h ^ (pending_[i] * kMulB), 11) * kMulA;

@@ -18,8 +18,8 @@ absl::StatusOr<ModelControlMode> ParseModelControlMode(absl::string_view name) {
   if (name == "none") return ModelControlMode::kNone;
   if (name == "poll") return ModelControlMode::kPoll;
   if (name == "explicit") return ModelControlMode::kExplicit;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--model_control_mode: '", name, "' is not one of none, poll, explicit"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--model_control_mode: '", name, "' is not one of none, poll, explicit"));
 }
 
 absl::Status LoadAtStart(ModelRepository& repository, ModelControlMode mode,
@@ -65,9 +65,11 @@ absl::Status ModelControl::Allowed() const {
 
 void ModelControl::Load(std::string name, std::function<void(absl::Status)> done,
                         ModelSource source) {
-  Change([this, name, source = std::move(source)] {
-    return repository_.Load(name, /*retry_failed=*/true, source);
-  }, std::move(done));
+  Change(
+      [this, name, source = std::move(source)] {
+        return repository_.Load(name, /*retry_failed=*/true, source);
+      },
+      std::move(done));
 }
 
 void ModelControl::Unload(std::string name, std::function<void(absl::Status)> done) {

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/models/model_upload.h"
 #include "engine/threads.h"
+#include "server/models/model_upload.h"
 
 namespace mha::server {
 namespace {
@@ -78,13 +78,15 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   version->statistics = std::make_unique<ModelStatistics>();
   BatcherOptions batcher_options = BatcherOptionsFor(config, options_);
   batcher_options.statistics = version->statistics.get();
-  version->batcher = std::make_unique<Batcher>(name, *version->model.engine, batcher_options,
-                                               *version->metrics);
+  version->batcher =
+      std::make_unique<Batcher>(name, *version->model.engine, batcher_options, *version->metrics);
   if (version->model.dims.bf16 && !version->model.engine->dims().bf16) {
-    Log(absl::StrCat("warning: model '", name, "' asks for bf16 compute, but oneDNN has no bf16 "
+    Log(absl::StrCat("warning: model '", name,
+                     "' asks for bf16 compute, but oneDNN has no bf16 "
                      "kernels on this CPU (they need AVX-512): it computes in fp32"));
   } else if (version->model.dims.bf16 && !CpuHasNativeBf16()) {
-    Log(absl::StrCat("warning: model '", name, "' computes in bf16, but this CPU has no bf16 "
+    Log(absl::StrCat("warning: model '", name,
+                     "' computes in bf16, but this CPU has no bf16 "
                      "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32"));
   }
   return VersionPtr(std::move(version));
@@ -94,8 +96,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
                                    const ModelSource& source) {
   absl::MutexLock control(&control_mu_);
   if (!IsValidModelName(name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model names match [A-Za-z0-9_.-]+, at most ", kMaxModelNameBytes, " characters"));
+    return absl::InvalidArgumentError(absl::StrCat("model names match [A-Za-z0-9_.-]+, at most ",
+                                                   kMaxModelNameBytes, " characters"));
   }
   if (!source.files.empty() && !source.config.has_value()) {
     return absl::InvalidArgumentError("files sent over the API need a config with them");
@@ -110,8 +112,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
   }
   std::error_code error;
   if (!std::filesystem::is_directory(folder, error)) {
-    return absl::NotFoundError(absl::StrCat("model repository '", dir_, "' has no folder '", name,
-                                            "'"));
+    return absl::NotFoundError(
+        absl::StrCat("model repository '", dir_, "' has no folder '", name, "'"));
   }
   std::map<int64_t, VersionPtr> current;
   std::map<int64_t, std::string> failed_before;
@@ -124,8 +126,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
       failed_fingerprints = it->second.failed_fingerprints;
     }
   }
-  absl::StatusOr<ModelOnDisk> scan = ScanModelFolder(
-      folder, fingerprints_, source.config.has_value() ? &*source.config : nullptr);
+  absl::StatusOr<ModelOnDisk> scan =
+      ScanModelFolder(folder, fingerprints_, source.config.has_value() ? &*source.config : nullptr);
   if (!scan.ok()) {  // what served before goes on serving
     const absl::Status failed = absl::FailedPreconditionError(
         absl::StrCat("model '", name, "' failed to load: ", scan.status().message()));
@@ -149,8 +151,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
       next[v.version] = old->second;  // unchanged
       continue;
     }
-    if (auto f = failed_fingerprints.find(v.version); !retry_failed &&
-        f != failed_fingerprints.end() && f->second == v.fingerprint) {
+    if (auto f = failed_fingerprints.find(v.version);
+        !retry_failed && f != failed_fingerprints.end() && f->second == v.fingerprint) {
       errors[v.version] = failed_before[v.version];  // the same bytes: the same error
       failed[v.version] = v.fingerprint;
       if (old != current.end()) next[v.version] = old->second;
@@ -172,9 +174,9 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     errors[v.version] = message;
     failed[v.version] = v.fingerprint;
     if (first_error.ok()) {
-      first_error = absl::Status(loaded.status().code(),
-                                 absl::StrCat("model '", name, "' version ", v.version,
-                                              " failed to load: ", message));
+      first_error = absl::Status(
+          loaded.status().code(),
+          absl::StrCat("model '", name, "' version ", v.version, " failed to load: ", message));
     }
     if (old != current.end()) next[v.version] = old->second;
   }
@@ -213,8 +215,8 @@ absl::Status ModelRepository::Unload(const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
-    return absl::NotFoundError(absl::StrCat("model '", name, "' is not loaded; this server has: ",
-                                            ServedNames()));
+    return absl::NotFoundError(
+        absl::StrCat("model '", name, "' is not loaded; this server has: ", ServedNames()));
   }
   std::vector<VersionPtr> retire;
   for (const auto& [v, ptr] : it->second.ready) retire.push_back(ptr);
@@ -402,8 +404,8 @@ std::vector<ModelRepository::IndexEntry> ModelRepository::Index() const {
     if (versions.empty()) index.push_back({name, 0, false, std::string(entry.status.message())});
     for (const int64_t v : versions) {
       auto error = entry.errors.find(v);
-      index.push_back({name, v, entry.ready.count(v) > 0,
-                       error == entry.errors.end() ? "" : error->second});
+      index.push_back(
+          {name, v, entry.ready.count(v) > 0, error == entry.errors.end() ? "" : error->second});
     }
   }
   return index;

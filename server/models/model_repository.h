@@ -68,7 +68,7 @@ struct ModelStatus {
   bool ready = false;  // some version serves
   std::string error;   // the model's own error (config, no version)
   std::vector<Version> versions;
-  VersionPtr newest;   // null when none is ready
+  VersionPtr newest;  // null when none is ready
 };
 
 // Settings every model's batcher shares unless its config overrides them.
@@ -148,7 +148,7 @@ class ModelRepository {
   struct Entry {
     absl::Status status;  // the model's own error (config, no version)
     std::map<int64_t, VersionPtr> ready;
-    std::map<int64_t, std::string> errors;  // version -> its last load error
+    std::map<int64_t, std::string> errors;            // version -> its last load error
     std::map<int64_t, uint64_t> failed_fingerprints;  // what failed, by version
   };
   absl::StatusOr<VersionPtr> LoadVersion(const std::string& name, const v1::ModelConfig& config,

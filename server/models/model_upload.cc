@@ -56,18 +56,17 @@ absl::Status CheckUploadPath(const std::string& path) {
   const bool ok = (parts.size() == 1 && parts[0] == kWeights) ||
                   (parts.size() == 2 && IsVersionFolder(parts[0]) && parts[1] == kWeights);
   if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "file \"", path, "\": a model sent over the API holds ", kWeights,
-      " or <version>/", kWeights, " (version a positive number), nothing else"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("file \"", path, "\": a model sent over the API holds ", kWeights,
+                   " or <version>/", kWeights, " (version a positive number), nothing else"));
 }
 
 absl::StatusOr<std::string> WriteUpload(const std::string& root,
                                         const std::map<std::string, absl::string_view>& files) {
   if (files.empty()) return absl::InvalidArgumentError("no files");
   if (files.size() > kMaxUploadFiles) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(files.size(), " files; a model sent over the API has at most ",
-                     kMaxUploadFiles));
+    return absl::InvalidArgumentError(absl::StrCat(
+        files.size(), " files; a model sent over the API has at most ", kMaxUploadFiles));
   }
   for (const auto& [path, bytes] : files) {
     if (absl::Status s = CheckUploadPath(path); !s.ok()) return s;

@@ -8,12 +8,12 @@
 #include <fstream>
 #include <system_error>
 
-#include "server/models/content_hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/model.h"
 #include "engine/model_config.h"
+#include "server/models/content_hash.h"
 
 namespace mha::server {
 namespace fs = std::filesystem;
@@ -167,8 +167,8 @@ absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintC
   if (batching.default_priority_level() > batching.priority_levels()) {
     return absl::InvalidArgumentError(absl::StrCat(
         config_path, ": dynamic_batching: default_priority_level ",
-        batching.default_priority_level(), " is above priority_levels ",
-        batching.priority_levels(), " (levels are 1 to priority_levels; 1 is the highest)"));
+        batching.default_priority_level(), " is above priority_levels ", batching.priority_levels(),
+        " (levels are 1 to priority_levels; 1 is the highest)"));
   }
   absl::StatusOr<uint64_t> config_hash =
       config_given != nullptr
@@ -193,7 +193,8 @@ absl::StatusOr<ModelOnDisk> ScanModelFolder(const std::string& dir, FingerprintC
   if (model.versions.empty() && model.missing.empty()) {
     return absl::NotFoundError(absl::StrCat(dir, ": no ", kWeightsFileName,
                                             " beside the config nor in a numbered version "
-                                            "folder (1/", kWeightsFileName, ")"));
+                                            "folder (1/",
+                                            kWeightsFileName, ")"));
   }
   return model;
 }

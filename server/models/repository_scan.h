@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "mha/v1/model_config.pb.h"
 
 namespace mha::server {

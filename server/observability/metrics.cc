@@ -33,64 +33,81 @@ prometheus::Histogram::BucketBoundaries PowersOfTwo(int max_exponent) {
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      requests_(BuildCounter().Name("mha_requests_total")
+      requests_(BuildCounter()
+                    .Name("mha_requests_total")
                     .Help("Attention requests answered (Attend, ModelInfer), by model, version, "
                           "api and gRPC status code")
                     .Register(*registry_)),
-      request_duration_(BuildHistogram().Name("mha_request_duration_seconds")
+      request_duration_(BuildHistogram()
+                            .Name("mha_request_duration_seconds")
                             .Help("Attend handler in to response out")
                             .Register(*registry_)),
-      queue_duration_(BuildHistogram().Name("mha_queue_duration_seconds")
+      queue_duration_(BuildHistogram()
+                          .Name("mha_queue_duration_seconds")
                           .Help("Time a request waited in the batch queue")
                           .Register(*registry_)),
-      compute_duration_(BuildHistogram().Name("mha_compute_duration_seconds")
+      compute_duration_(BuildHistogram()
+                            .Name("mha_compute_duration_seconds")
                             .Help("Engine time of one batch")
                             .Register(*registry_)),
-      batch_requests_(BuildHistogram().Name("mha_batch_requests")
+      batch_requests_(BuildHistogram()
+                          .Name("mha_batch_requests")
                           .Help("Requests merged into one engine call")
                           .Register(*registry_)),
-      batch_tokens_(BuildHistogram().Name("mha_batch_tokens")
+      batch_tokens_(BuildHistogram()
+                        .Name("mha_batch_tokens")
                         .Help("Query + key tokens of one engine call")
                         .Register(*registry_)),
-      queue_depth_(BuildGauge().Name("mha_queue_depth")
+      queue_depth_(BuildGauge()
+                       .Name("mha_queue_depth")
                        .Help("Requests waiting in the batch queue")
                        .Register(*registry_)),
-      inflight_(BuildGauge().Name("mha_inflight_requests")
+      inflight_(BuildGauge()
+                    .Name("mha_inflight_requests")
                     .Help("Attend requests received and not yet answered")
                     .Register(*registry_)),
-      tokens_(BuildCounter().Name("mha_tokens_total")
+      tokens_(BuildCounter()
+                  .Name("mha_tokens_total")
                   .Help("Query + key tokens computed")
                   .Register(*registry_)),
-      dropped_(BuildCounter().Name("mha_dropped_requests_total")
+      dropped_(BuildCounter()
+                   .Name("mha_dropped_requests_total")
                    .Help("Requests not computed, by reason: deadline, cancelled, queue_full, "
                          "memory (the memory budget), message_size (response above the limit)")
                    .Register(*registry_)),
-      loaded_(BuildGauge().Name("mha_model_loaded")
+      loaded_(BuildGauge()
+                  .Name("mha_model_loaded")
                   .Help("1 when a version of the model serves, 0 when none does")
                   .Register(*registry_)),
-      load_failures_(BuildCounter().Name("mha_model_load_failures_total")
+      load_failures_(BuildCounter()
+                         .Name("mha_model_load_failures_total")
                          .Help("Loads and reloads of a model (or one of its versions) that "
                                "failed; what served before goes on serving")
                          .Register(*registry_)),
-      split_requests_(BuildCounter().Name("mha_split_requests_total")
+      split_requests_(BuildCounter()
+                          .Name("mha_split_requests_total")
                           .Help("Attend requests computed in chunks of query rows beside "
                                 "session steps (dynamic_batching.max_batch_tokens_with_steps)")
                           .Register(*registry_)),
-      primitive_cache_misses_(BuildCounter().Name("mha_engine_primitive_cache_misses_total")
+      primitive_cache_misses_(BuildCounter()
+                                  .Name("mha_engine_primitive_cache_misses_total")
                                   .Help("oneDNN primitives created while serving (a request "
                                         "of a new shape; warmup_lengths avoid them)")
                                   .Register(*registry_)),
-      memory_(BuildGauge().Name("mha_memory_limit_bytes")
+      memory_(BuildGauge()
+                  .Name("mha_memory_limit_bytes")
                   .Help("Memory limit for requests in flight and the engines' reserve "
                         "(--memory_limit_bytes)")
                   .Register(*registry_)
                   .Add({})),
-      memory_reserved_(BuildGauge().Name("mha_memory_reserved_bytes")
+      memory_reserved_(BuildGauge()
+                           .Name("mha_memory_reserved_bytes")
                            .Help("Working memory reserved by requests in flight "
                                  "(queued, computing, answering)")
                            .Register(*registry_)
                            .Add({})),
-      memory_set_aside_(BuildGauge().Name("mha_memory_engine_reserve_bytes")
+      memory_set_aside_(BuildGauge()
+                            .Name("mha_memory_engine_reserve_bytes")
                             .Help("Memory set aside from the limit before requests: the "
                                   "process, the models' packed weights and primitive "
                                   "allowance, the workers' workspaces and the session cache; "
@@ -192,8 +209,9 @@ void Metrics::CountLoadFailure(const std::string& model) {
 }
 
 void Metrics::CountUnknownModelRequest(const char* api, absl::StatusCode code) {
-  requests_.Add({{"model", kUnknownModelLabel}, {"version", ""}, {"api", api},
-                 {"code", CodeLabel(code)}})
+  requests_
+      .Add(
+          {{"model", kUnknownModelLabel}, {"version", ""}, {"api", api}, {"code", CodeLabel(code)}})
       .Increment();
 }
 
@@ -204,26 +222,37 @@ std::string CodeLabel(absl::StatusCode code) {
 
 SessionMetrics Metrics::Sessions() {
   SessionMetrics m;
-  m.active = &BuildGauge().Name("mha_sessions_active")
+  m.active = &BuildGauge()
+                  .Name("mha_sessions_active")
                   .Help("Sessions open (their key/value caches held), by model")
                   .Register(*registry_);
-  m.evictions = &BuildCounter().Name("mha_session_evictions_total")
-                     .Help("Sessions ended by the server, by model and reason: cache_full "
-                           "(evicted, least recently used first), expired (idle timeout), "
-                           "failed (a step the engine could not compute)")
+  m.evictions = &BuildCounter()
+                     .Name("mha_session_evictions_total")
+                     .Help(
+                         "Sessions ended by the server, by model and reason: cache_full "
+                         "(evicted, least recently used first), expired (idle timeout), "
+                         "failed (a step the engine could not compute)")
                      .Register(*registry_);
-  m.cache_bytes = &BuildGauge().Name("mha_session_cache_bytes")
+  m.cache_bytes = &BuildGauge()
+                       .Name("mha_session_cache_bytes")
                        .Help("Bytes of key/value cache blocks the sessions hold")
-                       .Register(*registry_).Add({});
-  m.append_tokens = &BuildCounter().Name("mha_append_tokens_total")
+                       .Register(*registry_)
+                       .Add({});
+  m.append_tokens = &BuildCounter()
+                         .Name("mha_append_tokens_total")
                          .Help("Tokens computed by session steps (Append)")
-                         .Register(*registry_).Add({});
-  m.append_duration = &BuildHistogram().Name("mha_append_duration_seconds")
+                         .Register(*registry_)
+                         .Add({});
+  m.append_duration = &BuildHistogram()
+                           .Name("mha_append_duration_seconds")
                            .Help("A session step from queued to computed")
-                           .Register(*registry_).Add({}, SecondsBuckets());
-  m.steps_dropped = &BuildCounter().Name("mha_session_steps_dropped_total")
-                         .Help("Session steps refused after they were queued, never computed, "
-                               "by model and reason: deadline, cancelled, memory")
+                           .Register(*registry_)
+                           .Add({}, SecondsBuckets());
+  m.steps_dropped = &BuildCounter()
+                         .Name("mha_session_steps_dropped_total")
+                         .Help(
+                             "Session steps refused after they were queued, never computed, "
+                             "by model and reason: deadline, cancelled, memory")
                          .Register(*registry_);
   return m;
 }

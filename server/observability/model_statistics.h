@@ -35,8 +35,8 @@ class ModelStatistics {
     // Executions: engine calls with answers that left OK (a split
     // request's projection and chunks are one).
     uint64_t execution_count = 0;
-    Duration success, fail;          // whole requests, arrival to answer
-    Duration queue;                  // waiting for an engine call
+    Duration success, fail;  // whole requests, arrival to answer
+    Duration queue;          // waiting for an engine call
     // Per request: merging inputs and allocating outputs, the engine call,
     // encoding the answers (each request counted with its call's time).
     Duration compute_input, compute_infer, compute_output;

@@ -55,8 +55,7 @@ absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCos
     if (weights > max_message_bytes / 2) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "attn_weights would be ", WithCommas(weights), " bytes (",
-          ShapeString(request.weights_shape()), " FP32); ", limit,
-          ": ask without need_weights",
+          ShapeString(request.weights_shape()), " FP32); ", limit, ": ask without need_weights",
           request.per_head_weights() ? ", without per_head_weights" : "",
           " or for fewer query rows"));
     }
@@ -64,9 +63,9 @@ absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCos
         "the response would be ", WithCommas(cost.response_bytes), " bytes (output ",
         ShapeString(request.output_shape()), " ",
         DTypeName(request.output_dtype(), DTypeSpelling::kKserve),
-        weights > 0 ? absl::StrCat(" + attn_weights ", ShapeString(request.weights_shape()),
-                                   " FP32")
-                    : "",
+        weights > 0
+            ? absl::StrCat(" + attn_weights ", ShapeString(request.weights_shape()), " FP32")
+            : "",
         "); ", limit, ": send fewer query rows per request"));
   }
   return absl::OkStatus();

@@ -74,9 +74,12 @@ namespace {
 
 const char* Noun(const Task& task) {
   switch (task.kind()) {
-    case Task::Kind::kAttend: return "request";
-    case Task::Kind::kStep: return "step";
-    case Task::Kind::kProjection: return "session memory";
+    case Task::Kind::kAttend:
+      return "request";
+    case Task::Kind::kStep:
+      return "step";
+    case Task::Kind::kProjection:
+      return "session memory";
   }
   return "task";
 }
@@ -86,8 +89,7 @@ const char* Noun(const Task& task) {
 absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("server is shutting down");
-  const int64_t waiting =
-      static_cast<int64_t>(queue_.size() + steps_.size() + projections_.size());
+  const int64_t waiting = static_cast<int64_t>(queue_.size() + steps_.size() + projections_.size());
   if (waiting >= options_.max_queue_size) {
     task->CountDropped(metrics_, "queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -96,8 +98,8 @@ absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
   if (queued_bytes_ + task->wire_bytes > options_.max_queue_bytes) {
     task->CountDropped(metrics_, "queue_full");
     return absl::ResourceExhaustedError(absl::StrCat(
-        "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this ",
-        Noun(*task), " ", task->wire_bytes, ", limit ", options_.max_queue_bytes, ")"));
+        "model '", model_, "': queue full (", queued_bytes_, " bytes waiting, this ", Noun(*task),
+        " ", task->wire_bytes, ", limit ", options_.max_queue_bytes, ")"));
   }
   MemoryBudget* memory = options_.memory;
   if (memory != nullptr && task->kind() == Task::Kind::kStep) {
@@ -115,7 +117,8 @@ absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the session's memory needs ", WithCommas(task->queued_bytes),
         " bytes of working memory to be projected; the server's memory budget for requests is ",
-        WithCommas(memory->capacity()), " (--memory_limit_bytes less the engines' reserve and "
+        WithCommas(memory->capacity()),
+        " (--memory_limit_bytes less the engines' reserve and "
         "the session cache): send a shorter memory"));
   }
   if (memory != nullptr && !memory->TryReserveQueued(task->queued_bytes, *task->memory)) {
@@ -149,7 +152,7 @@ void Batcher::Queue(std::unique_ptr<Task>& task) {
       // Behind every request of its level or a higher one (a lower number).
       const uint64_t levels = options_.priority_levels;
       const uint64_t asked = task->priority;
-      const uint64_t level = levels == 0 ? 0
+      const uint64_t level = levels == 0                      ? 0
                              : (asked == 0 || asked > levels) ? options_.default_priority_level
                                                               : asked;
       auto behind = queue_.end();
@@ -329,11 +332,11 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   // Nothing will give memory back (queued requests hold it), or nobody
   // waits for this one any more: it leaves alone, and Compute drops it.
   if (!unwanted) {
-    oldest.refusal = absl::ResourceExhaustedError(absl::StrCat(
-        "server memory budget full: requests waiting hold ",
-        WithCommas(options_.memory->reserved()), " of ", WithCommas(options_.memory->capacity()),
-        " bytes and this one needs ", WithCommas(oldest.active_bytes),
-        " more to compute; retry later"));
+    oldest.refusal = absl::ResourceExhaustedError(
+        absl::StrCat("server memory budget full: requests waiting hold ",
+                     WithCommas(options_.memory->reserved()), " of ",
+                     WithCommas(options_.memory->capacity()), " bytes and this one needs ",
+                     WithCommas(oldest.active_bytes), " more to compute; retry later"));
   }
   if (options_.memory != nullptr) options_.memory->MarkLeaving(*oldest.memory);
   queued_tokens_ -= oldest.input().tokens();
@@ -358,8 +361,8 @@ std::vector<std::unique_ptr<AttendCall>> Batcher::TakeBatch() {
       ++it;
       continue;
     }
-    const bool fits = batch.empty() || (options_.enabled &&
-                                        tokens + (*it)->input().tokens() <= limit);
+    const bool fits =
+        batch.empty() || (options_.enabled && tokens + (*it)->input().tokens() <= limit);
     if (!fits) break;
     if (!batch.empty() && ReserveActive(**it) != MemoryBudget::Growth::kGrown) break;
     tokens += (*it)->input().tokens();
@@ -393,11 +396,13 @@ Batcher::StepTaken Batcher::TryStartStep(std::unique_ptr<StepTask>& step, bool c
                                          StepPlan& plan) {
   absl::Status why;
   switch (step->Begin(plan, why)) {
-    case StepTask::Start::kWait: return StepTaken::kBusy;
+    case StepTask::Start::kWait:
+      return StepTaken::kBusy;
     case StepTask::Start::kRefused:
       step->refusal = std::move(why);
       return StepTaken::kRefused;
-    case StepTask::Start::kRun: break;
+    case StepTask::Start::kRun:
+      break;
   }
   // Started: a refusal from here gives the session back first, under this
   // lock, so that its next step may start in this call or the next.
@@ -525,8 +530,7 @@ void Batcher::WakeLeftSteps(bool ran_some, bool more) {
   pool_.Wake(registration_, /*steps=*/true);
 }
 
-void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps,
-                      Workspace& ws) {
+void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws) {
   // Drop what nobody waits for any more, before spending compute on it.
   const absl::Time now = clock_.Now();
   std::vector<std::unique_ptr<AttendCall>> live;
@@ -581,7 +585,8 @@ void Batcher::ReportPrimitiveCacheMisses() {
   uint64_t reported = reported_misses_.load();
   while (now > reported && !reported_misses_.compare_exchange_weak(reported, now)) {
   }
-  if (now > reported) metrics_.primitive_cache_misses->Increment(static_cast<double>(now - reported));
+  if (now > reported)
+    metrics_.primitive_cache_misses->Increment(static_cast<double>(now - reported));
 }
 
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
@@ -637,10 +642,11 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
     for (size_t i = 0; i < live.size(); ++i) {
       const AttentionResult result{merged->OutputOf(i, all_output),
                                    merged->WeightsOf(i, all_weights)};
-      answers[i] = FirstNonFinite(result.output) >= 0  // finite inputs that overflow f32
-                       ? absl::InvalidArgumentError(
-                             "inputs too large: the attention overflows float32 (non-finite result)")
-                       : live[i]->Prepare(result);
+      answers[i] =
+          FirstNonFinite(result.output) >= 0  // finite inputs that overflow f32
+              ? absl::InvalidArgumentError(
+                    "inputs too large: the attention overflows float32 (non-finite result)")
+              : live[i]->Prepare(result);
     }
     RecordCall(live, answers, steps, merging, start, computed);
   }
@@ -653,9 +659,9 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
     const int64_t t = s.plan.step.tokens;
     const int64_t w = step_weights_wanted ? t * s.plan.keys : 0;
     const absl::Span<const float> step_out = out.output.subspan(request_elements + row * e, t * e);
-    const absl::Span<const float> step_w = s.plan.need_weights
-                                               ? absl::Span<const float>(out.step_weights).subspan(w_off, w)
-                                               : absl::Span<const float>();
+    const absl::Span<const float> step_w =
+        s.plan.need_weights ? absl::Span<const float>(out.step_weights).subspan(w_off, w)
+                            : absl::Span<const float>();
     row += t;
     w_off += w;
     s.task->Finish(status, step_out, step_w);

@@ -36,7 +36,7 @@ struct BatcherOptions {
   // thread's share of a batch's activations stays near its L2 cache.
   static constexpr int64_t kTokensPerThread = 1024;
 
-  bool enabled = true;               // false: one request per engine call
+  bool enabled = true;  // false: one request per engine call
   // Query + key tokens per engine call; 0: kTokensPerThread per thread.
   int64_t max_batch_tokens = 0;
   // The default max_batch_tokens_with_steps (docs/PERFORMANCE.md: the curve).
@@ -46,7 +46,7 @@ struct BatcherOptions {
   // before its own. 0: max_batch_tokens (no cap).
   int64_t max_batch_tokens_with_steps = kTokensWithSteps;
   absl::Duration max_queue_delay = absl::ZeroDuration();
-  int64_t max_queue_size = 1024;     // requests waiting
+  int64_t max_queue_size = 1024;                 // requests waiting
   int64_t max_queue_bytes = int64_t{256} << 20;  // their tensor bytes
   // Triton's priority levels (1 is the highest; 0: none), and the level of
   // requests that name none, 0 or one above them. The queue is kept in level
@@ -58,8 +58,8 @@ struct BatcherOptions {
   // Null: the batcher makes a pool of its own with `workers` threads of
   // `compute_threads` each (tests, tools).
   WorkerPool* pool = nullptr;
-  int workers = 1;                   // threads calling the engine, own pool only
-  int compute_threads = 0;           // threads per engine call, own pool only (0: the free cores)
+  int workers = 1;          // threads calling the engine, own pool only
+  int compute_threads = 0;  // threads per engine call, own pool only (0: the free cores)
   // The server's memory budget (borrowed; null: no accounting). Requests
   // reserve their queued bytes at Enqueue and their active bytes when a
   // batch takes them.
@@ -204,7 +204,7 @@ class Batcher final : public PoolQueue {
   const Clock& clock_;
   std::unique_ptr<WorkerPool> own_pool_;  // when options_.pool is null
   WorkerPool& pool_;
-  const int64_t max_batch_tokens_;  // options_' value, 0 resolved
+  const int64_t max_batch_tokens_;   // options_' value, 0 resolved
   const int64_t tokens_with_steps_;  // options_' max_batch_tokens_with_steps, resolved
   WorkerPool::Registration* registration_ = nullptr;
 
@@ -219,7 +219,7 @@ class Batcher final : public PoolQueue {
   int64_t queued_bytes_ = 0;                                 // guarded by mu_
   bool stopping_ = false;                                    // guarded by mu_
   // Steps may start: a worker takes them into its next call.
-  bool steps_ready_ = false;                                 // guarded by mu_
+  bool steps_ready_ = false;               // guarded by mu_
   std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };
 

@@ -41,8 +41,8 @@ std::optional<int64_t> CgroupLimit(std::string* which) {
     std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (parts.size() != 3) continue;
     if (parts[0] == "0" && parts[1].empty()) {
-      candidates.push_back({absl::StrCat("/sys/fs/cgroup", parts[2], "/memory.max"),
-                            "cgroup memory.max"});
+      candidates.push_back(
+          {absl::StrCat("/sys/fs/cgroup", parts[2], "/memory.max"), "cgroup memory.max"});
     } else if (absl::StrContains(parts[1], "memory")) {
       candidates.push_back(
           {absl::StrCat("/sys/fs/cgroup/memory", parts[2], "/memory.limit_in_bytes"),
@@ -50,8 +50,8 @@ std::optional<int64_t> CgroupLimit(std::string* which) {
     }
   }
   candidates.push_back({"/sys/fs/cgroup/memory.max", "cgroup memory.max"});
-  candidates.push_back({"/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                        "cgroup memory.limit_in_bytes"});
+  candidates.push_back(
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "cgroup memory.limit_in_bytes"});
   for (const auto& [path, name] : candidates) {
     std::optional<std::string> text = ReadFirstLine(path);
     if (!text.has_value()) continue;
@@ -86,7 +86,7 @@ std::optional<int64_t> AddressSpaceLeft() {
     }
   }
   return std::max<int64_t>(0,
-                          static_cast<int64_t>(limit.rlim_cur) - mapped - kAddressSpaceOverhead);
+                           static_cast<int64_t>(limit.rlim_cur) - mapped - kAddressSpaceOverhead);
 }
 
 }  // namespace

@@ -68,10 +68,10 @@ struct SplitState {
   ModelStatistics* const statistics;
   const KvLayout layout;
   KvBlockPool pool;
-  KvCache cache;                // written by the projection only
-  std::vector<float> output;    // [q_len, embed_dim]
-  int64_t chunks_left = 0;      // guarded by mu
-  absl::Duration computing;     // guarded by mu
+  KvCache cache;              // written by the projection only
+  std::vector<float> output;  // [q_len, embed_dim]
+  int64_t chunks_left = 0;    // guarded by mu
+  absl::Duration computing;   // guarded by mu
 };
 
 // Rows [begin, begin + rows) of the request's query, attending to the
@@ -115,7 +115,7 @@ class Chunk final : public StepTask {
     state_->ChunkDone(absl::Now() - started_);
   }
   void Fail(const absl::Status& status) override {
-    const char* reason = status.code() == absl::StatusCode::kCancelled ? "cancelled"
+    const char* reason = status.code() == absl::StatusCode::kCancelled          ? "cancelled"
                          : status.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
                                                                                 : nullptr;
     state_->Fail(status, reason);
@@ -159,8 +159,7 @@ class SplitProjection final : public ProjectionTask {
         batch.kind == AttentionKind::kCross ? batch.value : absl::Span<const float>();
     absl::Status status = s.cache.Reserve(in.kv_len());
     if (status.ok()) {
-      status = s.engine.ProjectMemory(key, value, in.kv_len(), batch.key_padding_mask, s.cache,
-                                      ws);
+      status = s.engine.ProjectMemory(key, value, in.kv_len(), batch.key_padding_mask, s.cache, ws);
     }
     MhaEngine::ReleaseLargeWorkspace(ws);
     if (!status.ok()) return s.Fail(status);
@@ -198,10 +197,9 @@ std::unique_ptr<ProjectionTask> SplitAttendCall(std::unique_ptr<AttendCall>& cal
                                                 const MhaEngine& engine, int64_t chunk_rows,
                                                 QueueChunks queue, const ModelMetrics& metrics,
                                                 ModelStatistics* statistics) {
-  auto state =
-      std::make_shared<SplitState>(call->input().kv_len(), engine, metrics, statistics);
-  auto task = std::make_unique<SplitProjection>(state, std::max<int64_t>(1, chunk_rows),
-                                                std::move(queue));
+  auto state = std::make_shared<SplitState>(call->input().kv_len(), engine, metrics, statistics);
+  auto task =
+      std::make_unique<SplitProjection>(state, std::max<int64_t>(1, chunk_rows), std::move(queue));
   state->call = std::move(call);  // nothing allocates from here
   task->deadline = state->call->deadline;
   return task;

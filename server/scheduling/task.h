@@ -86,10 +86,10 @@ class Task {
 
 // What a started step gives the engine call, valid until Finish.
 struct StepPlan {
-  AppendStep step;                  // its cache (room reserved), tokens, cross
-  absl::Span<const float> query;    // [tokens, embed_dim] f32
+  AppendStep step;                // its cache (room reserved), tokens, cross
+  absl::Span<const float> query;  // [tokens, embed_dim] f32
   bool need_weights = false;
-  int64_t keys = 0;                 // what its weights row spans after the step
+  int64_t keys = 0;  // what its weights row spans after the step
 };
 
 // A session step. Steps of one session run in the order they were queued,

@@ -18,11 +18,11 @@ class WorkerPool::Registration {
  public:
   explicit Registration(PoolQueue* q) : queue(q) {}
   PoolQueue* queue;
-  bool woken = true;                  // asked since it was last polled
-  bool steps = false;                 // woken for session steps since
-  bool memory_wait = false;           // its last poll waits for memory
+  bool woken = true;                             // asked since it was last polled
+  bool steps = false;                            // woken for session steps since
+  bool memory_wait = false;                      // its last poll waits for memory
   absl::Time retry_at = absl::InfiniteFuture();  // its last poll's retry time
-  int running = 0;                    // its works on workers now
+  int running = 0;                               // its works on workers now
   bool detaching = false;
 };
 
@@ -145,7 +145,7 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
       r.woken = true;  // it may hold more: ask again on the next scan
       ++r.running;
       from = &r;
-      next_ = it;  // the next scan starts after it: round-robin
+      next_ = it;             // the next scan starts after it: round-robin
       work_cv_.notify_one();  // another worker may take what it holds next
       return work;
     }
@@ -181,7 +181,7 @@ void WorkerPool::WorkerLoop() {
     work->Run(*ws);
     threads_of_this_call = 0;
     calls_running_.fetch_sub(1);  // its cores are free for the next call now
-    work.reset();  // what it held goes before the queue may be detached
+    work.reset();                 // what it held goes before the queue may be detached
     // After a large call, give its memory back to the system: the
     // workspace's buffers, and what glibc keeps of freed blocks.
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);

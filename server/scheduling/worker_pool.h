@@ -50,7 +50,7 @@ class PoolQueue {
 };
 
 struct WorkerPoolOptions {
-  int workers = 1;          // threads calling the engine
+  int workers = 1;  // threads calling the engine
   // Threads per engine call. 0: a call that starts while no other runs
   // gets all cores, one that starts beside others its share (cores /
   // workers); the two may overlap until the first ends.
@@ -100,7 +100,8 @@ class WorkerPool {
   void WorkerLoop();
   // With mu_ held: the next work, round-robin; null when none is ready
   // (then `wait_until` and `memory_wait` say how long to sleep).
-  std::unique_ptr<PoolWork> NextWork(Registration*& from, absl::Time& wait_until, bool& memory_wait);
+  std::unique_ptr<PoolWork> NextWork(Registration*& from, absl::Time& wait_until,
+                                     bool& memory_wait);
   // One round-robin scan of NextWork; `steps_only`: only queues woken for
   // steps.
   std::unique_ptr<PoolWork> Scan(bool steps_only, absl::Time now, Registration*& from,
@@ -110,12 +111,12 @@ class WorkerPool {
   const int all_threads_, share_threads_;
   const Clock& clock_;
   std::mutex mu_;
-  std::condition_variable work_cv_;  // a queue was woken, or stopping
-  std::condition_variable idle_cv_;  // a queue's work finished (Detach waits)
+  std::condition_variable work_cv_;         // a queue was woken, or stopping
+  std::condition_variable idle_cv_;         // a queue's work finished (Detach waits)
   std::list<Registration> queues_;          // guarded by mu_
   std::list<Registration>::iterator next_;  // where the next scan starts; guarded by mu_
-  bool stopping_ = false;            // guarded by mu_
-  std::atomic<int> calls_running_{0};  // engine calls running now
+  bool stopping_ = false;                   // guarded by mu_
+  std::atomic<int> calls_running_{0};       // engine calls running now
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
   std::atomic<int64_t> steps_woken_at_ns_{kNever};  // clock_'s Unix nanoseconds
   std::vector<std::thread> threads_;

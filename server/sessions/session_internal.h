@@ -74,7 +74,7 @@ class SessionManager::StepCall final : public StepTask {
   SessionPtr session_;
   AppendParams params_;
   AppendDone done_;
-  bool started_ = false;   // Begin said kRun, not yet undone; guarded by manager_.mu_
+  bool started_ = false;  // Begin said kRun, not yet undone; guarded by manager_.mu_
   bool answered_ = false;
   int64_t position_after_ = 0;  // set by Begin
 };

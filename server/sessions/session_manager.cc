@@ -1,5 +1,4 @@
 #include "server/sessions/session_manager.h"
-#include "server/sessions/session_internal.h"
 
 #include <algorithm>
 #include <random>
@@ -10,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/mha_engine.h"
 #include "server/scheduling/admission.h"
+#include "server/sessions/session_internal.h"
 
 namespace mha::server {
 
@@ -30,7 +30,6 @@ std::string Seconds(absl::Duration d) {
 }
 
 }  // namespace
-
 
 SessionManager::SessionManager(SessionOptions options, SessionMetrics metrics)
     : options_(options),
@@ -133,9 +132,10 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   const MhaEngine& engine = *params.version->model.engine;
   const bool cross = params.memory.has_value();
   if (!cross && !engine.CanAppendSelf()) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "model ", params.version->name, " has kdim or vdim != embed_dim: it opens only "
-        "cross-attention sessions (send a memory; a sequence's start sends a key)")));
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("model ", params.version->name,
+                     " has kdim or vdim != embed_dim: it opens only "
+                     "cross-attention sessions (send a memory; a sequence's start sends a key)")));
   }
   if (params.max_tokens > options_.max_tokens) {
     return refuse(absl::InvalidArgumentError(
@@ -155,8 +155,8 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   session->cache = std::make_unique<KvCache>(engine.kv_layout(), pool_);
   session->cross = cross;
   session->max_tokens = params.max_tokens > 0 ? params.max_tokens : options_.max_tokens;
-  session->idle_timeout = params.idle_timeout > absl::ZeroDuration() ? params.idle_timeout
-                                                                    : options_.idle_timeout;
+  session->idle_timeout =
+      params.idle_timeout > absl::ZeroDuration() ? params.idle_timeout : options_.idle_timeout;
   session->last_used = clock_.Now();
   if (cross) {
     if (absl::Status room = ReserveLocked(*session, params.memory->kv_len()); !room.ok()) {
@@ -170,11 +170,10 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   PublishLocked();
   if (cross) {  // its memory is projected by its version's batcher: a task
     const VersionPtr version = params.version;
-    const RequestCost cost =
-        CostOf(*params.memory, engine, version->batcher->MaxThreadsPerCall());
+    const RequestCost cost = CostOf(*params.memory, engine, version->batcher->MaxThreadsPerCall());
     const int64_t wire_bytes = params.memory->wire_bytes();
-    auto open = std::make_unique<MemoryProjection>(*this, std::move(params), std::move(done),
-                                                   session);
+    auto open =
+        std::make_unique<MemoryProjection>(*this, std::move(params), std::move(done), session);
     ++tasks_;
     open->queued_bytes = cost.total();  // held from arrival: it runs alone, soon
     open->wire_bytes = wire_bytes;
@@ -195,8 +194,7 @@ absl::Status SessionManager::ReopenedLocked(const Session& session) const {
       "' version ", session.version->version, ") while this step was read; send it again"));
 }
 
-absl::StatusOr<SessionInfo> SessionManager::Fork(const std::string& id,
-                                                 const std::string& new_id) {
+absl::StatusOr<SessionInfo> SessionManager::Fork(const std::string& id, const std::string& new_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (draining_ || stopping_) {
     return absl::UnavailableError("the server is shutting down: no new sessions");
@@ -327,9 +325,10 @@ absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {
   int64_t room = pool_.budget() - pool_.bytes_in_use();
   for (const Session* s : idle) room += s->cache->exclusive_bytes();
   if (room < session.cache->BlocksToReserve(tokens) * layout.block_bytes()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        status.message(), "; evicting every idle session would not make room "
-        "(--session_cache_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(status.message(),
+                     "; evicting every idle session would not make room "
+                     "(--session_cache_bytes)"));
   }
   std::sort(idle.begin(), idle.end(),
             [](const Session* a, const Session* b) { return a->last_used < b->last_used; });

@@ -28,9 +28,9 @@
 #include "server/observability/metrics.h"
 #include "server/scheduling/admission.h"
 #include "server/scheduling/batcher.h"
-#include "server/scheduling/task.h"
 #include "server/scheduling/clock.h"
 #include "server/scheduling/memory_budget.h"
+#include "server/scheduling/task.h"
 
 namespace mha::server {
 
@@ -41,7 +41,7 @@ struct SessionOptions {
   int64_t max_tokens = 8192;                        // default and cap per session
   // How long Stop waits for queued steps before refusing them.
   absl::Duration stop_timeout = absl::Seconds(30);
-  const Clock* clock = nullptr;                     // null: the real clock
+  const Clock* clock = nullptr;  // null: the real clock
 };
 
 // A cache's element type as ListSessions, session headers and Triton's
@@ -53,8 +53,8 @@ struct SessionInfo {
   std::string id, model;
   int64_t version = 0;
   int64_t position = 0;
-  int64_t bytes = 0;      // of the blocks it holds
-  int64_t own_bytes = 0;  // of those, the ones no fork shares
+  int64_t bytes = 0;                 // of the blocks it holds
+  int64_t own_bytes = 0;             // of those, the ones no fork shares
   const char* cache_dtype = "FP32";  // of its keys and values: FP32, BF16 or INT8
   int64_t max_tokens = 0;
   bool cross = false;
@@ -230,8 +230,7 @@ class SessionManager {
   // ABORTED: a step read for another version of the session's id.
   absl::Status ReopenedLocked(const Session& session) const;
   // `id` by value: it may be the removed session's own.
-  void RemoveLocked(std::string id, const std::string& reason,
-                    const std::string& metric_reason);
+  void RemoveLocked(std::string id, const std::string& reason, const std::string& metric_reason);
   void RememberGoneLocked(const std::string& id, const std::string& why);
   void ExpireIdleLocked();
   SessionInfo InfoLocked(const Session& s) const;
@@ -246,16 +245,16 @@ class SessionManager {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, SessionPtr> sessions_;                 // guarded by mu_
-  std::map<std::string, std::string> gone_;                    // id -> why; guarded
-  std::deque<std::string> gone_order_;                         // guarded by mu_
-  std::map<std::string, int64_t> active_per_model_;            // guarded by mu_
-  bool draining_ = false, stopping_ = false;                   // guarded by mu_
+  std::map<std::string, SessionPtr> sessions_;       // guarded by mu_
+  std::map<std::string, std::string> gone_;          // id -> why; guarded
+  std::deque<std::string> gone_order_;               // guarded by mu_
+  std::map<std::string, int64_t> active_per_model_;  // guarded by mu_
+  bool draining_ = false, stopping_ = false;         // guarded by mu_
   // Set by Stop once its wait is over: steps still queued are refused.
-  bool refusing_ = false;                                      // guarded by mu_
-  uint64_t id_counter_ = 0;                                    // guarded by mu_
+  bool refusing_ = false;    // guarded by mu_
+  uint64_t id_counter_ = 0;  // guarded by mu_
   // Steps and memory projections given to a batcher and not yet destroyed.
-  int64_t tasks_ = 0;                                          // guarded by mu_
+  int64_t tasks_ = 0;  // guarded by mu_
   std::thread expiry_;
 };
 

@@ -30,8 +30,7 @@ SpillCounts SpillSessions(SessionManager& sessions, const std::string& dir) {
     absl::Status status = snapshot.status();
     if (snapshot.ok()) {
       // Ids may hold ':' or '/' (sequences): the file is named by a hash.
-      const std::string path =
-          absl::StrFormat("%s/%016x%s", dir, HashBytes(id), kExtension);
+      const std::string path = absl::StrFormat("%s/%016x%s", dir, HashBytes(id), kExtension);
       status = WriteSessionFile(path, *std::move(snapshot));
     }
     if (status.ok()) {

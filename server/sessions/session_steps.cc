@@ -64,8 +64,7 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   ExpireIdleLocked();
   auto it = sessions_.find(params.id);
   if (it == sessions_.end() || it->second->version != params.decoded_for) {
-    return refuse(it == sessions_.end() ? NotFoundLocked(params.id)
-                                        : ReopenedLocked(*it->second));
+    return refuse(it == sessions_.end() ? NotFoundLocked(params.id) : ReopenedLocked(*it->second));
   }
   Session& session = *it->second;
   // Its cost as of the position now: the batcher checks it against the
@@ -102,15 +101,13 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
   const int64_t position = s.position, t = step.tokens();
   const std::optional<int64_t>& expected = step.params_.expected_position;
   if (expected.has_value() && *expected != position) {
-    why = absl::FailedPreconditionError(absl::StrCat("session ", s.id, " is at position ",
-                                                     position, ", not at expected_position ",
-                                                     *expected));
+    why = absl::FailedPreconditionError(absl::StrCat("session ", s.id, " is at position ", position,
+                                                     ", not at expected_position ", *expected));
     return StepTask::Start::kRefused;
   }
   if (!s.cross && position + t > s.max_tokens) {
-    why = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position, " tokens; ",
-                                             t, " more would pass its max_tokens ",
-                                             s.max_tokens));
+    why = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position, " tokens; ", t,
+                                             " more would pass its max_tokens ", s.max_tokens));
     return StepTask::Start::kRefused;
   }
   step.active_bytes = CostLocked(s, step.params_.query).active_bytes;

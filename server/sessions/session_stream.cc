@@ -19,13 +19,11 @@ std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 }  // namespace
 
 VersionLookup LookupIn(const ModelRepository& models) {
-  return [&models](const std::string& model, int64_t version) {
-    return models.Find(model, version);
-  };
+  return
+      [&models](const std::string& model, int64_t version) { return models.Find(model, version); };
 }
 
-SessionChunkWriter::SessionChunkWriter(SessionSnapshot snapshot)
-    : snapshot_(std::move(snapshot)) {}
+SessionChunkWriter::SessionChunkWriter(SessionSnapshot snapshot) : snapshot_(std::move(snapshot)) {}
 
 bool SessionChunkWriter::Next(v1::SessionChunk& out) {
   out.Clear();
@@ -72,51 +70,49 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
 absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
   header_id_ = h.session_id();
   if (h.format_version() != kSessionFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session format version ", h.format_version(), "; this server reads ",
-        kSessionFormatVersion));
+    return absl::InvalidArgumentError(absl::StrCat("session format version ", h.format_version(),
+                                                   "; this server reads ", kSessionFormatVersion));
   }
   absl::StatusOr<VersionPtr> found = lookup_(h.model(), h.model_version());
   if (!found.ok()) {
-    return absl::NotFoundError(absl::StrCat("session ", h.session_id(), " was made on model ",
-                                            h.model(), " version ", h.model_version(),
-                                            ", which this server does not serve (",
-                                            found.status().message(), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "session ", h.session_id(), " was made on model ", h.model(), " version ",
+        h.model_version(), ", which this server does not serve (", found.status().message(), ")"));
   }
   const VersionPtr& version = *found;
   if (version->fingerprint != h.fingerprint()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", h.session_id(), " was made on model ", h.model(), " version ",
-        h.model_version(), " with fingerprint ", Hex(h.fingerprint()),
-        "; this server's has fingerprint ", Hex(version->fingerprint),
-        " (other weights or config)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", h.session_id(), " was made on model ", h.model(), " version ",
+                     h.model_version(), " with fingerprint ", Hex(h.fingerprint()),
+                     "; this server's has fingerprint ", Hex(version->fingerprint),
+                     " (other weights or config)"));
   }
   const KvLayout& layout = version->model.engine->kv_layout();
   if (h.heads() != layout.heads || h.qk_head_dim() != layout.qk_head_dim ||
       h.v_head_dim() != layout.v_head_dim || h.cache_dtype() != CacheDtypeName(layout) ||
       h.block_bytes() != layout.block_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session header: heads ", h.heads(), ", head dims ", h.qk_head_dim(), "/",
-        h.v_head_dim(), ", ", h.cache_dtype(), ", blocks of ", h.block_bytes(),
-        " bytes do not match the model's cache layout"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session header: heads ", h.heads(), ", head dims ", h.qk_head_dim(), "/",
+                     h.v_head_dim(), ", ", h.cache_dtype(), ", blocks of ", h.block_bytes(),
+                     " bytes do not match the model's cache layout"));
   }
   if (h.position() < (h.cross() ? 1 : 0) || (!h.cross() && h.position() > h.max_tokens())) {
     return absl::InvalidArgumentError(absl::StrCat("session header: position ", h.position(),
                                                    " with max_tokens ", h.max_tokens()));
   }
   if (h.blocks() != layout.BlocksFor(h.position())) {
-    return absl::InvalidArgumentError(absl::StrCat("session header: ", h.blocks(),
-                                                   " blocks for position ", h.position()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session header: ", h.blocks(), " blocks for position ", h.position()));
   }
   if (h.blocks() > max_bytes_ / layout.block_bytes()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "session of ", h.blocks(), " blocks of ", layout.block_bytes(),
-        " bytes: more than the cache holds (", max_bytes_, " bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session of ", h.blocks(), " blocks of ", layout.block_bytes(),
+                     " bytes: more than the cache holds (", max_bytes_, " bytes)"));
   }
   const std::string& padding = h.key_padding();
   if (padding.size() % sizeof(float) != 0 ||
-      (!padding.empty() && (!h.cross() || padding.size() / sizeof(float) !=
-                                               static_cast<size_t>(h.position())))) {
+      (!padding.empty() &&
+       (!h.cross() || padding.size() / sizeof(float) != static_cast<size_t>(h.position())))) {
     return absl::InvalidArgumentError("session header: key_padding is not one f32 per token");
   }
   SessionImport in;
@@ -151,14 +147,14 @@ absl::Status SessionChunkReader::Add(const v1::SessionChunk& chunk) {
         return absl::InvalidArgumentError("session stream: a block before the header");
       }
       if (static_cast<int64_t>(session_->blocks.size()) == blocks_expected_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "session stream: more than the header's ", blocks_expected_, " blocks"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("session stream: more than the header's ", blocks_expected_, " blocks"));
       }
       const int64_t block_bytes = session_->version->model.engine->kv_layout().block_bytes();
       if (static_cast<int64_t>(chunk.block().size()) != block_bytes) {
         return absl::InvalidArgumentError(absl::StrCat("session stream: a block of ",
-                                                       chunk.block().size(),
-                                                       " bytes; blocks are ", block_bytes));
+                                                       chunk.block().size(), " bytes; blocks are ",
+                                                       block_bytes));
       }
       checksum_.Update(chunk.block());
       session_->blocks.push_back(chunk.block());
@@ -167,14 +163,15 @@ absl::Status SessionChunkReader::Add(const v1::SessionChunk& chunk) {
     case v1::SessionChunk::kTrailer:
       if (!session_.has_value() ||
           static_cast<int64_t>(session_->blocks.size()) != blocks_expected_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "session stream: the trailer after ",
-            session_.has_value() ? session_->blocks.size() : 0, " of ", blocks_expected_,
-            " blocks"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("session stream: the trailer after ",
+                         session_.has_value() ? session_->blocks.size() : 0, " of ",
+                         blocks_expected_, " blocks"));
       }
       if (chunk.trailer().checksum() != checksum_.Finish()) {
-        return absl::DataLossError("session stream: the blocks' checksum does not match; "
-                                   "the stream is corrupt");
+        return absl::DataLossError(
+            "session stream: the blocks' checksum does not match; "
+            "the stream is corrupt");
       }
       trailer_seen_ = true;
       return absl::OkStatus();
@@ -185,10 +182,10 @@ absl::Status SessionChunkReader::Add(const v1::SessionChunk& chunk) {
 
 absl::StatusOr<SessionImport> SessionChunkReader::Finish() {
   if (!trailer_seen_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session stream ended early: ", session_.has_value() ? "" : "no header, ",
-        session_.has_value() ? session_->blocks.size() : 0, " of ", blocks_expected_,
-        " blocks, no trailer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session stream ended early: ", session_.has_value() ? "" : "no header, ",
+                     session_.has_value() ? session_->blocks.size() : 0, " of ", blocks_expected_,
+                     " blocks, no trailer"));
   }
   SessionImport done = *std::move(session_);
   session_.reset();
@@ -207,10 +204,9 @@ absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot)
     while (writer.Next(chunk)) {
       chunk.SerializeToString(&bytes);
       const uint32_t size = static_cast<uint32_t>(bytes.size());
-      const unsigned char prefix[4] = {static_cast<unsigned char>(size),
-                                       static_cast<unsigned char>(size >> 8),
-                                       static_cast<unsigned char>(size >> 16),
-                                       static_cast<unsigned char>(size >> 24)};
+      const unsigned char prefix[4] = {
+          static_cast<unsigned char>(size), static_cast<unsigned char>(size >> 8),
+          static_cast<unsigned char>(size >> 16), static_cast<unsigned char>(size >> 24)};
       out.write(reinterpret_cast<const char*>(prefix), 4);
       out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     }
@@ -224,8 +220,7 @@ absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot)
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path,
-                                              SessionChunkReader& reader) {
+absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionChunkReader& reader) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   char magic[8];
@@ -236,8 +231,8 @@ absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path,
   v1::SessionChunk chunk;
   unsigned char prefix[4];
   while (in.read(reinterpret_cast<char*>(prefix), 4)) {
-    const uint32_t size = prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) |
-                          (static_cast<uint32_t>(prefix[3]) << 24);
+    const uint32_t size =
+        prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) | (static_cast<uint32_t>(prefix[3]) << 24);
     if (size > (uint32_t{64} << 20)) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": a chunk of ", size, " bytes"));
     }

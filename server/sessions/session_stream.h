@@ -81,8 +81,7 @@ class SessionChunkReader {
 // `snapshot` as a file at `path` (written to a temporary name, then renamed).
 absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot);
 // The session in the file at `path`, read through `reader`.
-absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path,
-                                              SessionChunkReader& reader);
+absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionChunkReader& reader);
 
 }  // namespace mha::server
 

@@ -54,8 +54,8 @@ absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
   }
   for (const std::string& b : in.blocks) {
     if (static_cast<int64_t>(b.size()) != layout.block_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("a block of ", b.size(), " bytes; expected ",
-                                                     layout.block_bytes()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a block of ", b.size(), " bytes; expected ", layout.block_bytes()));
     }
   }
   if (!in.key_padding.empty() &&
@@ -63,8 +63,8 @@ absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
     return absl::InvalidArgumentError("key padding: one value per memory token, cross only");
   }
   if (!in.cross && !engine.CanAppendSelf()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", in.version->name, " opens only cross-attention sessions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", in.version->name, " opens only cross-attention sessions"));
   }
   if (in.position < (in.cross ? 1 : 0) || in.max_tokens < 1 ||
       (!in.cross && in.position > in.max_tokens)) {
@@ -82,8 +82,8 @@ absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
   session->cache = std::make_unique<KvCache>(layout, pool_);
   session->cross = in.cross;
   session->max_tokens = in.max_tokens;
-  session->idle_timeout = in.idle_timeout > absl::ZeroDuration() ? in.idle_timeout
-                                                                 : options_.idle_timeout;
+  session->idle_timeout =
+      in.idle_timeout > absl::ZeroDuration() ? in.idle_timeout : options_.idle_timeout;
   session->position = in.position;
   auto refusal = [&]() -> absl::Status {  // with mu_ held
     if (draining_ || stopping_) {

@@ -1,5 +1,7 @@
 #include "tests/bench/decode_bench.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -8,10 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <omp.h>
-
 #include "absl/strings/str_format.h"
-
 #include "engine/kv_cache.h"
 #include "engine/mha_engine.h"
 #include "tests/test_models.h"
@@ -44,8 +43,8 @@ double FastestOf(int reps, Fn&& fn) {
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(
-        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -109,16 +108,17 @@ double KvBytes(int64_t sessions, int64_t cached, double token_bytes = 2 * kE * 4
 // The probe's rate for this run (ProbeReadBandwidth, set by BenchDecode).
 double probe_gb_per_s = 0;
 
-void Print(bool json, const char* name, double ms, const char* what, double ratio,
-           double target, double kv_bytes = 0) {
+void Print(bool json, const char* name, double ms, const char* what, double ratio, double target,
+           double kv_bytes = 0) {
   const double gb_per_s = kv_bytes > 0 ? kv_bytes / (ms * 1e-3) / 1e9 : 0;
   if (json) {
-    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %g", name, ms,
-                what, ratio, target);
+    std::printf("{\"name\": \"%s\", \"ms\": %.4f, \"%s\": %.2f, \"target\": %g", name, ms, what,
+                ratio, target);
     if (kv_bytes > 0) {
-      std::printf(", \"kv_bytes\": %.0f, \"kv_gb_per_s\": %.2f, \"probe_gb_per_s\": %.2f, "
-                  "\"of_probe\": %.3f",
-                  kv_bytes, gb_per_s, probe_gb_per_s, gb_per_s / probe_gb_per_s);
+      std::printf(
+          ", \"kv_bytes\": %.0f, \"kv_gb_per_s\": %.2f, \"probe_gb_per_s\": %.2f, "
+          "\"of_probe\": %.3f",
+          kv_bytes, gb_per_s, probe_gb_per_s, gb_per_s / probe_gb_per_s);
     }
     std::printf("}\n");
   } else {
@@ -161,8 +161,11 @@ class BatchedSteps {
   static constexpr int64_t kSessions = 64;
 
   BatchedSteps(const MhaEngine& engine, KvBlockPool& pool, int64_t cached, Workspace& ws)
-      : engine_(engine), ws_(ws), cached_(cached),
-        tokens_(testing::RandomVector(kSessions * kE, 9)), out_(tokens_.size()) {
+      : engine_(engine),
+        ws_(ws),
+        cached_(cached),
+        tokens_(testing::RandomVector(kSessions * kE, 9)),
+        out_(tokens_.size()) {
     batched_.query = tokens_;
     for (int64_t s = 0; s < kSessions; ++s) {
       caches_.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
@@ -189,9 +192,10 @@ class BatchedSteps {
     const KvLayout layout = engine_.kv_layout();
     const double token_bytes =
         static_cast<double>(layout.block_bytes()) / static_cast<double>(KvLayout::kBlockTokens);
-    const std::string name = absl::StrFormat(
-        "decode_64x1_at%d%s", cached_,
-        layout.int8() ? "_int8cache" : layout.elem_bytes == 2 ? "_bf16cache" : "");
+    const std::string name = absl::StrFormat("decode_64x1_at%d%s", cached_,
+                                             layout.int8()            ? "_int8cache"
+                                             : layout.elem_bytes == 2 ? "_bf16cache"
+                                                                      : "");
     const double kv_bytes = KvBytes(kSessions, cached_, token_bytes);
     mha::Print(json, (name + "_batched").c_str(), batched_s * 1e3, "tokens_per_s_ratio",
                one_call_each_s / batched_s, 8, kv_bytes);
@@ -346,10 +350,10 @@ void BenchDecode(bool json) {
   bf16.Print(json, s[2], s[3]);
   int8.Print(json, s[4], s[5]);
   Print(json, "decode_64x1_at1_batched", s[6] * 1e3, "ratio", 1.0, 1);
-  Print(json, "decode_64x1_at1_bf16cache_batched", s[7] * 1e3, "fp32_cache_over_bf16",
-        s[6] / s[7], 1);
-  Print(json, "decode_64x1_at1_int8cache_batched", s[8] * 1e3, "fp32_cache_over_int8",
-        s[6] / s[8], 1);
+  Print(json, "decode_64x1_at1_bf16cache_batched", s[7] * 1e3, "fp32_cache_over_bf16", s[6] / s[7],
+        1);
+  Print(json, "decode_64x1_at1_int8cache_batched", s[8] * 1e3, "fp32_cache_over_int8", s[6] / s[8],
+        1);
   Print(json, "decode_64x1_at1024_bf16cache_speedup", s[2] * 1e3, "fp32_cache_over_bf16",
         s[0] / s[2], 1.7);
   Print(json, "decode_64x1_at1024_int8cache_speedup", s[4] * 1e3, "fp32_cache_over_int8",

@@ -25,8 +25,7 @@
 
 ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per measurement");
 ABSL_FLAG(double, min_seconds, 0.3, "minimum timed seconds per measurement");
-ABSL_FLAG(int, rounds, 3,
-          "measurements per shape, each right after one of the matmul ceiling");
+ABSL_FLAG(int, rounds, 3, "measurements per shape, each right after one of the matmul ceiling");
 ABSL_FLAG(std::string, dtypes, "f32,bf16", "compute types to run");
 ABSL_FLAG(std::string, shapes, "", "only shapes whose name contains this");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
@@ -104,7 +103,8 @@ std::vector<int64_t> Lengths(const Shape& s) {
 double Flops(const Shape& s) {
   if (s.ragged) {
     double flops = 0;
-    for (int64_t l : Lengths(s)) flops += 8.0 * l * s.embed_dim * s.embed_dim + 4.0 * l * l * s.embed_dim;
+    for (int64_t l : Lengths(s))
+      flops += 8.0 * l * s.embed_dim * s.embed_dim + 4.0 * l * l * s.embed_dim;
     return flops;
   }
   const double t = s.batch * s.q_len, e = s.embed_dim;
@@ -223,10 +223,11 @@ void BenchOverhead(bool bf16) {
         SetUniformOffsets(1, len, kv, 4, batch);
         const testing::AllocationCounts before = testing::CurrentAllocationCounts();
         const auto start = std::chrono::steady_clock::now();
-        const absl::Status status = (*engine)->Run(
-            batch, {absl::MakeSpan(output.data(), len * 256), {}, false}, *ws);
-        pass_us[pass] += std::chrono::duration<double, std::micro>(
-                             std::chrono::steady_clock::now() - start).count();
+        const absl::Status status =
+            (*engine)->Run(batch, {absl::MakeSpan(output.data(), len * 256), {}, false}, *ws);
+        pass_us[pass] +=
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count();
         if (pass == 1) warm = warm + (testing::CurrentAllocationCounts() - before);
         if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
       }
@@ -319,8 +320,9 @@ int main(int argc, char** argv) {
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
     const bool bf16 = dtype == "bf16";
     if (bf16 && !mha::CpuCanComputeBf16()) {
-      std::fprintf(stderr, "mha_bench: no bf16 on this CPU (oneDNN's bf16 kernels need "
-                           "AVX-512): bf16 skipped\n");
+      std::fprintf(stderr,
+                   "mha_bench: no bf16 on this CPU (oneDNN's bf16 kernels need "
+                   "AVX-512): bf16 skipped\n");
       continue;
     }
     if (absl::GetFlag(FLAGS_overhead)) {

@@ -42,8 +42,8 @@ void RunOn(Model& m, const absl::StatusOr<mha::AttentionRequest>& d) {
   const mha::AttentionBatch& batch = d->batch();
   std::vector<float> output(d->output_elements());
   std::vector<float> weights(d->weights_elements());
-  if (d->need_weights() &&
-      static_cast<int64_t>(weights.size()) != m.engine->WeightsElements(batch, d->per_head_weights())) {
+  if (d->need_weights() && static_cast<int64_t>(weights.size()) !=
+                               m.engine->WeightsElements(batch, d->per_head_weights())) {
     __builtin_trap();
   }
   // Admission's cost, from the shapes alone, must bound what the call

@@ -5,7 +5,8 @@
 // model and a small cross-attention model with bias_kv and zero_attn;
 // ForkSession and CloseSession ids through the manager. Inputs that start
 // with "MHASESS1" are a session file instead: its chunks go through the
-// import checks, and a session they accept must compute its next step. What the codec accepts must compute.
+// import checks, and a session they accept must compute its next step. What the codec accepts must
+// compute.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -63,8 +64,7 @@ void OnOpen(const mha::v1::OpenSessionRequest& request, const VersionPtr& versio
   mha::KvCache cache(engine.kv_layout(), pool);
   if (!cache.Reserve(memory.kv_len()).ok()) return;
   const mha::AttentionBatch& b = memory.batch();
-  if (!engine.ProjectMemory(b.key, b.value, memory.kv_len(), b.key_padding_mask, cache, ws)
-           .ok()) {
+  if (!engine.ProjectMemory(b.key, b.value, memory.kv_len(), b.key_padding_mask, cache, ws).ok()) {
     __builtin_trap();
   }
   // A one-token step on the memory.
@@ -96,8 +96,7 @@ void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
   }
   mha::KvCache memory(engine.kv_layout(), pool);  // a 3-token memory of zeros
   const std::vector<float> zeros(3 * engine.dims().kdim, 0.0f);
-  if (!memory.Reserve(3).ok() ||
-      !engine.ProjectMemory(zeros, {}, 3, {}, memory, ws).ok()) {
+  if (!memory.Reserve(3).ok() || !engine.ProjectMemory(zeros, {}, 3, {}, memory, ws).ok()) {
     __builtin_trap();
   }
   Step(engine, memory, /*cross=*/true, params->query, ws);
@@ -139,7 +138,8 @@ void OnSessionFile(const uint8_t* data, size_t size, const VersionPtr& version,
   if (!session->key_padding.empty()) cache.set_key_padding(std::move(session->key_padding));
   std::vector<float> storage(2 * engine.dims().embed_dim, 0.5f);
   mha::RequestInputs in;
-  in.query = mha::TensorView{mha::DType::kF32, {1, 2, engine.dims().embed_dim},
+  in.query = mha::TensorView{mha::DType::kF32,
+                             {1, 2, engine.dims().embed_dim},
                              absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
                                                  storage.size() * sizeof(float))};
   mha::AttentionDims query_dims = engine.dims();
