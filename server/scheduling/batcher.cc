@@ -593,11 +593,10 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                           std::vector<StartedStep>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
-  int64_t tokens = 0, sequences = 0;
+  int64_t tokens = 0;
   for (const auto& r : live) {
     inputs.push_back(&r->input());
     tokens += r->input().tokens();
-    sequences += r->input().sequences();
   }
   // The steps' query rows go right after the requests' (one buffer, one
   // projection product, no copy in the engine).
