@@ -12,7 +12,7 @@ namespace mha {
 void KvBlockPool::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
 
 uint8_t* KvBlockPool::Acquire(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto same = free_.find(bytes);
   if (same != free_.end() && !same->second.empty()) {
     uint8_t* block = same->second.back().release();
@@ -38,18 +38,18 @@ uint8_t* KvBlockPool::Acquire(int64_t bytes) {
 
 void KvBlockPool::Release(uint8_t* block, int64_t bytes) {
   if (block == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   in_use_ -= bytes;
   free_[bytes].emplace_back(block);
 }
 
 int64_t KvBlockPool::bytes_in_use() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return in_use_;
 }
 
 int64_t KvBlockPool::bytes_held() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return held_;
 }
 

@@ -7,11 +7,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "engine/mutex.h"
 
 namespace mha {
 
@@ -66,10 +66,10 @@ class KvBlockPool {
   using Block = std::unique_ptr<uint8_t, FreeAligned>;
 
   const int64_t budget_;
-  mutable std::mutex mu_;
-  absl::flat_hash_map<int64_t, std::vector<Block>> free_;  // by size; guarded by mu_
-  int64_t in_use_ = 0;                                     // guarded by mu_
-  int64_t held_ = 0;                                       // guarded by mu_
+  mutable Mutex mu_;
+  absl::flat_hash_map<int64_t, std::vector<Block>> free_ ABSL_GUARDED_BY(mu_);  // by size
+  int64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // One session's projected keys and values: `length()` tokens in blocks from

@@ -2,11 +2,11 @@
 
 #include <omp.h>
 
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "engine/mutex.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace mha {
@@ -32,8 +32,8 @@ void SetComputeThreads(int n) {
 
 namespace {
 
-std::mutex call_thread_counts_mu;
-std::vector<int>& CallThreadCountsLocked() {
+Mutex call_thread_counts_mu;
+std::vector<int>& CallThreadCountsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_thread_counts_mu) {
   static std::vector<int>* counts = new std::vector<int>();
   return *counts;
 }
@@ -41,12 +41,12 @@ std::vector<int>& CallThreadCountsLocked() {
 }  // namespace
 
 void SetCallThreadCounts(std::vector<int> counts) {
-  std::lock_guard<std::mutex> lock(call_thread_counts_mu);
+  MutexLock lock(call_thread_counts_mu);
   CallThreadCountsLocked() = std::move(counts);
 }
 
 std::vector<int> CallThreadCounts() {
-  std::lock_guard<std::mutex> lock(call_thread_counts_mu);
+  MutexLock lock(call_thread_counts_mu);
   return CallThreadCountsLocked();
 }
 

@@ -2,10 +2,6 @@
 #ifndef MHA_TESTS_MANUAL_CLOCK_H_
 #define MHA_TESTS_MANUAL_CLOCK_H_
 
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/scheduling/clock.h"
@@ -21,9 +17,8 @@ class ManualClock final : public server::Clock {
     absl::MutexLock lock(&mu_);
     return now_;
   }
-  void WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                 absl::Time deadline) const override {
-    if (Now() < deadline) cv.wait_for(lock, std::chrono::milliseconds(1));
+  void WaitUntil(CondVar& cv, MutexLock& lock, absl::Time deadline) const override {
+    if (Now() < deadline) cv.WaitFor(lock, absl::Milliseconds(1));
   }
   void Advance(absl::Duration d) {
     absl::MutexLock lock(&mu_);

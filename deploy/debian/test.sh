@@ -8,7 +8,8 @@
 # UndefinedBehaviorSanitizer (build-asan/), which must be clean: the C++ tests
 # abort on a report, and the Python tests fail when a server's stderr has one.
 # Then the engine and batcher tests on a ThreadSanitizer build (build-tsan/),
-# and the libFuzzer targets (build-fuzz/).
+# and a clang build (build-fuzz/) that checks the locks at compile time
+# (-Werror=thread-safety) and runs the libFuzzer targets.
 # ctest runs as many tests at once as there are cores (most of the server
 # tests wait on sockets and clocks; the longest start first). At the end,
 # pass or fail, it prints each stage's time, so that growth shows.
@@ -73,10 +74,17 @@ cmake --build "$root/build-tsan" -j "$(nproc)" --target engine_test server_unit_
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
   OMP_NUM_THREADS=1 ctest --output-on-failure --timeout 1800 -L threads)
 
-stage "fuzz build (libFuzzer, clang, ASan + UBSan)"
+stage "clang build: locks checked (-Werror=thread-safety) and the libFuzzer targets"
+# One clang build does both: every clang build compiles with
+# -Werror=thread-safety (CMakeLists.txt), and these targets compile all of
+# engine/ and server/ (mha_server and mha_run add main.cc and the CLI); a
+# guarded member touched without its lock fails here. A probe first shows
+# that the analysis is live (deploy/debian/thread_safety_check.sh).
+bash "$here/thread_safety_check.sh"
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-60}" \
   >/dev/null
-cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request fuzz_kserve fuzz_session
+cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request \
+  fuzz_kserve fuzz_session mha_server mha_run
 stage "fuzzing: each target for a bounded time"
 (cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -j "$(nproc)" -R "^(fuzz_|regression_)")

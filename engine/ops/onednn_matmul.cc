@@ -83,27 +83,20 @@ void* Scratchpad(const MatmulPrimitive& p, Workspace& ws) {
   return ws.Get(Workspace::kOnednnScratchpad, md == nullptr ? 0 : dnnl_memory_desc_get_size(md));
 }
 
-// Puts a primitive made outside the lock into `cache` (guarded by `mu`)
-// unless another thread cached one for `key` meanwhile, and returns the
-// cached one; the shared budget learns of the entry added outside the lock
-// (it may evict from here too).
+// Puts a primitive made outside the lock into `cache` (the caller holds its
+// lock) unless another thread cached one for `key` meanwhile, and returns the
+// cached one; `added` is how many entries the cache grew by, for the shared
+// budget to learn of outside the lock (it may evict from this cache too).
 template <typename Cache, typename Key>
-std::shared_ptr<const MatmulPrimitive> Adopt(std::mutex& mu, Cache& cache, const Key& key,
+std::shared_ptr<const MatmulPrimitive> Adopt(Cache& cache, const Key& key,
                                              std::shared_ptr<const MatmulPrimitive> created,
-                                             uint64_t tick, PrimitiveBudget& budget) {
-  std::shared_ptr<const MatmulPrimitive> result;
-  int64_t added = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const size_t before = cache.size();
-    bool inserted = false;
-    std::shared_ptr<const MatmulPrimitive>& entry = cache.FindOrInsert(key, inserted, tick);
-    if (inserted) entry = std::move(created);
-    result = entry;
-    added = static_cast<int64_t>(cache.size()) - static_cast<int64_t>(before);
-  }
-  if (added > 0) budget.Added(added);
-  return result;
+                                             uint64_t tick, int64_t& added) {
+  const size_t before = cache.size();
+  bool inserted = false;
+  std::shared_ptr<const MatmulPrimitive>& entry = cache.FindOrInsert(key, inserted, tick);
+  if (inserted) entry = std::move(created);
+  added = static_cast<int64_t>(cache.size()) - static_cast<int64_t>(before);
+  return entry;
 }
 
 }  // namespace
@@ -184,17 +177,17 @@ MatmulCache::~MatmulCache() {
 }
 
 size_t MatmulCache::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return cache_.size();
 }
 
 uint64_t MatmulCache::OldestUse() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return cache_.OldestUse();
 }
 
 bool MatmulCache::EvictOldest() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return cache_.EvictOldest();
 }
 
@@ -202,7 +195,7 @@ std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
   PrimitiveBudget& budget = PrimitiveBudget::Get();
   const uint64_t tick = budget.Tick();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (const auto* found = cache_.Find({s, PrimitiveThreads()}, tick)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
@@ -210,8 +203,14 @@ std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
       dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
   created->primitive = dnnl::matmul(created->pd);
   misses_.fetch_add(1, std::memory_order_relaxed);
-  return Adopt(mu_, cache_, std::make_pair(s, PrimitiveThreads()), std::move(created), tick,
-               budget);
+  std::shared_ptr<const MatmulPrimitive> result;
+  int64_t added = 0;
+  {
+    MutexLock lock(mu_);
+    result = Adopt(cache_, std::make_pair(s, PrimitiveThreads()), std::move(created), tick, added);
+  }
+  if (added > 0) budget.Added(added);
+  return result;
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, dt act_dt, dt dst_dt)
@@ -334,17 +333,17 @@ dnnl::matmul::primitive_desc LinearLayer::MakePd(int64_t m, const dnnl::memory::
 
 LinearLayer::~LinearLayer() {
   PrimitiveBudget::Get().Unregister(this);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   PrimitiveBudget::Get().Removed(static_cast<int64_t>(by_m_.size()));
 }
 
 uint64_t LinearLayer::OldestUse() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return by_m_.OldestUse();
 }
 
 bool LinearLayer::EvictOldest() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return by_m_.EvictOldest();
 }
 
@@ -352,7 +351,7 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   PrimitiveBudget& budget = PrimitiveBudget::Get();
   const uint64_t tick = budget.Tick();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (const auto* found = by_m_.Find({m, PrimitiveThreads()}, tick)) return *found;
   }
   auto created = std::make_shared<MatmulPrimitive>();
@@ -360,7 +359,14 @@ std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) cons
   created->primitive = dnnl::matmul(created->pd);
   created->has_bias = true;
   misses_.fetch_add(1, std::memory_order_relaxed);
-  return Adopt(mu_, by_m_, std::make_pair(m, PrimitiveThreads()), std::move(created), tick, budget);
+  std::shared_ptr<const MatmulPrimitive> result;
+  int64_t added = 0;
+  {
+    MutexLock lock(mu_);
+    result = Adopt(by_m_, std::make_pair(m, PrimitiveThreads()), std::move(created), tick, added);
+  }
+  if (added > 0) budget.Added(added);
+  return result;
 }
 
 namespace {

@@ -8,12 +8,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "engine/mutex.h"
 #include "engine/ops/lru_cache.h"
 #include "engine/ops/primitive_budget.h"
 #include "engine/workspace.h"
@@ -132,9 +132,7 @@ class MatmulCache final : public PrimitiveBudget::Cache {
 
  private:
   dnnl::engine engine_;
-  // std::mutex, not absl::Mutex: Debian's libabsl is not built with
-  // ThreadSanitizer, which then cannot see its locks (see the TSan build).
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   // By (spec, PrimitiveThreads()).
   LruCache<std::pair<MatmulSpec, int>, std::shared_ptr<const MatmulPrimitive>> cache_
       ABSL_GUARDED_BY(mu_);
@@ -205,7 +203,7 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   dnnl::memory::desc weights_desc_;  // this layer's [k, n] in its packed format
   const uint8_t* weights_data_ = nullptr;
   const uint8_t* bias_data_ = nullptr;
-  mutable std::mutex mu_;  // std::mutex for TSan, as in MatmulCache
+  mutable Mutex mu_;
   // By (m, PrimitiveThreads()).
   mutable LruCache<std::pair<int64_t, int>, std::shared_ptr<const MatmulPrimitive>> by_m_
       ABSL_GUARDED_BY(mu_);

@@ -10,18 +10,18 @@ PrimitiveBudget& PrimitiveBudget::Get() {
 }
 
 void PrimitiveBudget::Register(Cache* cache) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   caches_.push_back(cache);
 }
 
 void PrimitiveBudget::Unregister(Cache* cache) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   caches_.remove(cache);
 }
 
 void PrimitiveBudget::Added(int64_t added) {
   if (held_.fetch_add(added, std::memory_order_relaxed) + added <= capacity()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (held() > capacity()) {
     // The cache whose least recently used primitive is the oldest of all:
     // a scan (misses only; a few thousand caches at a thousand models).

@@ -11,7 +11,8 @@
 #include <atomic>
 #include <cstdint>
 #include <list>
-#include <mutex>
+
+#include "engine/mutex.h"
 
 namespace mha {
 
@@ -58,8 +59,8 @@ class PrimitiveBudget {
  private:
   PrimitiveBudget() = default;
 
-  std::mutex mu_;
-  std::list<Cache*> caches_;  // guarded by mu_
+  Mutex mu_;
+  std::list<Cache*> caches_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> clock_{0};
   std::atomic<int64_t> held_{0};
   std::atomic<int64_t> capacity_{kDefaultCapacity};

@@ -7,19 +7,19 @@
 namespace mha::server {
 
 void HealthReporter::Attach(grpc::Server* server, bool serving) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   server_ = server;
   serving_ = serving;
   ReportLocked();
 }
 
 void HealthReporter::Update() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ReportLocked();
 }
 
 void HealthReporter::StopServing() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   serving_ = false;
   ReportLocked();
 }

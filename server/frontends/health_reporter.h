@@ -2,10 +2,10 @@
 #ifndef MHA_SERVER_FRONTENDS_HEALTH_REPORTER_H_
 #define MHA_SERVER_FRONTENDS_HEALTH_REPORTER_H_
 
-#include <mutex>
 #include <set>
 #include <string>
 
+#include "engine/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/models/model_repository.h"
 
@@ -27,13 +27,13 @@ class HealthReporter {
   void StopServing();
 
  private:
-  void ReportLocked();
+  void ReportLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelRepository& models_;
-  std::mutex mu_;
-  grpc::Server* server_ = nullptr;  // guarded by mu_
-  bool serving_ = false;            // guarded by mu_
-  std::set<std::string> named_;     // every model name reported, guarded by mu_
+  Mutex mu_;
+  grpc::Server* server_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool serving_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> named_ ABSL_GUARDED_BY(mu_);  // every model name reported
 };
 
 }  // namespace mha::server

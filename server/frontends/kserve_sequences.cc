@@ -1,11 +1,11 @@
 #include "server/frontends/kserve_sequences.h"
 
-#include <mutex>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/mutex.h"
 #include "engine/status_macros.h"
 
 namespace mha::server {
@@ -96,20 +96,22 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
   // the open's error if it failed, else the step's. A start whose step
   // failed leaves no session; an end closes it whatever happened.
   struct Join {
-    std::mutex mu;
-    int left = 2;
-    absl::Status open, step;
+    explicit Join(int answers) : left(answers) {}
+    Mutex mu;
+    int left ABSL_GUARDED_BY(mu);
+    absl::Status open ABSL_GUARDED_BY(mu);
+    absl::Status step ABSL_GUARDED_BY(mu);
   };
-  auto join = std::make_shared<Join>();
-  if (!step->open.has_value()) join->left = 1;
+  auto join = std::make_shared<Join>(step->open.has_value() ? 2 : 1);
   const bool start = sequence.start, end = sequence.end;
   auto arrived = [this, join, id, start, end, done](absl::Status status, bool is_open) {
+    absl::Status answer;
     {
-      std::lock_guard<std::mutex> lock(join->mu);
+      MutexLock lock(join->mu);
       (is_open ? join->open : join->step) = std::move(status);
       if (--join->left > 0) return;
+      answer = join->open.ok() ? join->step : join->open;
     }
-    const absl::Status answer = join->open.ok() ? join->step : join->open;
     if (end || (start && !answer.ok())) (void)sessions_.Close(id);
     done(answer);
   };

@@ -7,9 +7,9 @@
 
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <utility>
 
+#include "engine/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/scheduling/memory_budget.h"
 
@@ -44,14 +44,17 @@ class MessageStream : public grpc::ServerBidiReactor<Request, Response> {
 
  private:
   // Whether to Finish now (then marks it done). With mu_ held.
-  bool ShouldFinishLocked();
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Request read_;  // the read in progress
-  std::mutex mu_;
-  std::deque<std::shared_ptr<Outbound>> queue_;  // front: being written; guarded
-  bool writing_ = false, reads_done_ = false, read_paused_ = false;  // guarded
-  bool write_failed_ = false, finished_ = false;                     // guarded
-  int in_flight_ = 0;  // started, unanswered; guarded by mu_
+  Mutex mu_;
+  std::deque<std::shared_ptr<Outbound>> queue_ ABSL_GUARDED_BY(mu_);  // front: being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // started, unanswered
 };
 
 template <typename Request, typename Response>
@@ -59,7 +62,7 @@ void MessageStream<Request, Response>::OnReadDone(bool ok) {
   if (!ok) {  // the client half-closed, or the call ended
     bool finish = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       reads_done_ = true;
       finish = ShouldFinishLocked();
     }
@@ -70,7 +73,7 @@ void MessageStream<Request, Response>::OnReadDone(bool ok) {
   read_.Clear();
   bool read_more = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++in_flight_;
     read_more = in_flight_ < kMaxInFlight;
     read_paused_ = !read_more;
@@ -84,7 +87,7 @@ void MessageStream<Request, Response>::Reply(std::shared_ptr<Outbound> out) {
   const Response* write = nullptr;
   bool resume = false, finish = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     --in_flight_;
     if (!write_failed_) {
       queue_.push_back(std::move(out));
@@ -107,7 +110,7 @@ void MessageStream<Request, Response>::OnWriteDone(bool ok) {
   const Response* next = nullptr;
   bool finish = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.pop_front();
     if (!ok) {  // the client went away: answers have nowhere to go
       write_failed_ = true;

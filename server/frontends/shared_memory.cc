@@ -81,7 +81,7 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
     return absl::InvalidArgumentError("offset and byte_size: too large");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (regions_.count(name) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("region ", name, " is registered"));
     }
@@ -103,7 +103,7 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
                                                    " bytes, fewer than offset ", offset,
                                                    " + byte_size ", byte_size));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto [it, inserted] =
       regions_.emplace(name, SharedMemoryRegion{name, key, offset, byte_size, std::move(file)});
   if (!inserted) return absl::AlreadyExistsError(absl::StrCat("region ", name, " is registered"));
@@ -111,7 +111,7 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
 }
 
 void SharedMemoryRegistry::Unregister(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (name.empty()) {
     regions_.clear();
   } else {
@@ -121,7 +121,7 @@ void SharedMemoryRegistry::Unregister(const std::string& name) {
 
 absl::StatusOr<std::vector<SharedMemoryRegion>> SharedMemoryRegistry::Status(
     const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<SharedMemoryRegion> out;
   if (name.empty()) {
     for (const auto& [n, region] : regions_) out.push_back(region);
@@ -140,7 +140,7 @@ absl::StatusOr<SharedMemorySlice> SharedMemoryRegistry::Slice(const std::string&
                                                               const std::string& what) const {
   SharedMemoryRegion region;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = regions_.find(name);
     if (it == regions_.end()) {
       return absl::InvalidArgumentError(

@@ -7,13 +7,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/mutex.h"
 
 namespace mha::server {
 
@@ -79,8 +79,8 @@ class SharedMemoryRegistry {
 
  private:
   const size_t max_regions_;
-  mutable std::mutex mu_;
-  std::map<std::string, SharedMemoryRegion> regions_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, SharedMemoryRegion> regions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mha::server

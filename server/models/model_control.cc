@@ -88,10 +88,10 @@ void ModelControl::Change(std::function<absl::Status()> change,
 
 void ModelControl::Post(Task task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!stopping_ && thread_.joinable()) {
       tasks_.push_back(std::move(task));
-      cv_.notify_one();
+      cv_.NotifyOne();
       return;
     }
   }
@@ -101,14 +101,14 @@ void ModelControl::Post(Task task) {
 void ModelControl::Stop() {
   std::deque<Task> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     left.swap(tasks_);
   }
   for (Task& task : left) task(false);
@@ -120,14 +120,14 @@ void ModelControl::Loop() {
   while (true) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       absl::Time wake = mode_ == ModelControlMode::kPoll ? next_poll : absl::InfiniteFuture();
       if (draining > 0) wake = std::min(wake, absl::Now() + kRetiredCheck);
       while (!stopping_ && tasks_.empty() && absl::Now() < wake) {
         if (wake == absl::InfiniteFuture()) {
-          cv_.wait(lock);
+          cv_.Wait(lock);
         } else {
-          cv_.wait_until(lock, absl::ToChronoTime(wake));
+          cv_.WaitUntil(lock, wake);
         }
       }
       if (stopping_) return;

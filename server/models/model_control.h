@@ -5,10 +5,8 @@
 #ifndef MHA_SERVER_MODELS_MODEL_CONTROL_H_
 #define MHA_SERVER_MODELS_MODEL_CONTROL_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "engine/mutex.h"
 #include "server/models/model_repository.h"
 
 namespace mha::server {
@@ -68,10 +67,10 @@ class ModelControl {
   const ModelControlMode mode_;
   const absl::Duration poll_interval_;
   const std::function<void()> changed_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;  // guarded by mu_
-  bool stopping_ = false;   // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

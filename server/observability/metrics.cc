@@ -152,17 +152,17 @@ void Metrics::Remove(ModelMetrics* m) {
   primitive_cache_misses_.Remove(m->primitive_cache_misses);
   split_requests_.Remove(m->split_requests);
   for (const auto& [reason, counter] : m->dropped) dropped_.Remove(counter);
-  std::lock_guard<std::mutex> lock(m->requests_mu);
+  MutexLock lock(m->requests_mu);
   for (const auto& [key, counter] : m->requests) requests_.Remove(counter);
 }
 
 std::shared_ptr<ModelMetrics> Metrics::ForVersion(const std::string& model,
                                                   const std::string& version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::weak_ptr<ModelMetrics>& slot = versions_[{model, version}];
   if (std::shared_ptr<ModelMetrics> held = slot.lock()) return held;
   std::shared_ptr<ModelMetrics> created(Create(model, version), [this](ModelMetrics* m) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = versions_.find({m->model, m->version});
     // A holder that came after the last one let go got the same series from
     // the families (they were not removed yet): they stay for it.
@@ -177,7 +177,7 @@ std::shared_ptr<ModelMetrics> Metrics::ForVersion(const std::string& model,
 }
 
 ModelMetrics& Metrics::ForModel(const std::string& model) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::unique_ptr<ModelMetrics>& m = models_[model];
   if (m == nullptr) m.reset(Create(model, ""));
   return *m;
@@ -186,7 +186,7 @@ ModelMetrics& Metrics::ForModel(const std::string& model) {
 void ModelMetrics::CountRequest(const char* api, absl::StatusCode code) {
   prometheus::Counter* counter;
   {
-    std::lock_guard<std::mutex> lock(requests_mu);
+    MutexLock lock(requests_mu);
     prometheus::Counter*& slot = requests[{api, static_cast<int>(code)}];
     if (slot == nullptr) {
       slot = &requests_family->Add(

@@ -4,11 +4,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "engine/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -42,8 +42,8 @@ struct ModelMetrics {
 
   // Set by Metrics: the requests_total family and the series made in it.
   prometheus::Family<prometheus::Counter>* requests_family = nullptr;
-  std::mutex requests_mu;
-  std::map<std::pair<std::string, int>, prometheus::Counter*> requests;  // guarded
+  Mutex requests_mu;
+  std::map<std::pair<std::string, int>, prometheus::Counter*> requests ABSL_GUARDED_BY(requests_mu);
 };
 
 // The sessions' families and series (pointers into the registry; labels
@@ -107,9 +107,10 @@ class Metrics {
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;
   prometheus::Gauge& memory_set_aside_;
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<ModelMetrics>> models_;  // version "", guarded
-  std::map<std::pair<std::string, std::string>, std::weak_ptr<ModelMetrics>> versions_;
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);  // version ""
+  std::map<std::pair<std::string, std::string>, std::weak_ptr<ModelMetrics>> versions_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // Values of the `api` label of mha_requests_total: which front end answered.

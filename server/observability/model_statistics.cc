@@ -34,7 +34,7 @@ void ModelStatistics::Call::AddAnswer(absl::Duration since_arrival, absl::Durati
 
 void ModelStatistics::Record(const Call& call) {
   if (call.answers == 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // The entries first: if one cannot be made, nothing changes.
   BatchStages *by_requests = nullptr, *by_size = nullptr;
   try {
@@ -59,12 +59,12 @@ void ModelStatistics::Record(const Call& call) {
 }
 
 void ModelStatistics::RecordFailure(absl::Duration total) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   data_.fail.Add(total);
 }
 
 ModelStatistics::Snapshot ModelStatistics::Read() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return data_;
 }
 

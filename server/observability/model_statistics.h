@@ -5,9 +5,9 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 
 #include "absl/time/time.h"
+#include "engine/mutex.h"
 
 namespace mha::server {
 
@@ -71,8 +71,8 @@ class ModelStatistics {
   Snapshot Read() const;
 
  private:
-  mutable std::mutex mu_;
-  Snapshot data_;  // guarded by mu_
+  mutable Mutex mu_;
+  Snapshot data_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace mha::server

@@ -87,7 +87,7 @@ const char* Noun(const Task& task) {
 }  // namespace
 
 absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (stopping_) return absl::UnavailableError("server is shutting down");
   const int64_t waiting = static_cast<int64_t>(queue_.size() + steps_.size() + projections_.size());
   if (waiting >= options_.max_queue_size) {
@@ -169,12 +169,12 @@ void Batcher::Queue(std::unique_ptr<Task>& task) {
 
 void Batcher::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   pool_.Wake(registration_);  // what is queued goes now
-  std::unique_lock<std::mutex> lock(mu_);
-  drained_cv_.wait(lock, [this] { return Drained(); });
+  MutexLock lock(mu_);
+  while (!Drained()) drained_cv_.Wait(lock);
 }
 
 void Batcher::PublishDepth() {
@@ -229,7 +229,7 @@ bool Batcher::SplitsOldest() const {
 
 void Batcher::QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& chunk : chunks) {
       chunk->enqueued = clock_.Now();
       steps_.push_back(std::move(chunk));
@@ -258,10 +258,10 @@ std::unique_ptr<PoolWork> Batcher::Hand(std::unique_ptr<Work> work) {
 Batcher::Work::~Work() {
   if (!counted) return;  // never handed out (Poll holds the lock then)
   {
-    std::lock_guard<std::mutex> lock(batcher.mu_);
+    MutexLock lock(batcher.mu_);
     --batcher.in_flight_;
   }
-  batcher.drained_cv_.notify_all();
+  batcher.drained_cv_.NotifyAll();
 }
 
 void Batcher::Work::Run(Workspace& ws) {
@@ -270,7 +270,7 @@ void Batcher::Work::Run(Workspace& ws) {
 }
 
 std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Made first: once requests leave the queue, nothing allocates.
   auto work = std::make_unique<Work>(*this);
   if (!projections_.empty()) {
@@ -448,7 +448,7 @@ absl::Status Batcher::AdmitStartedStep(StepTask& step, bool call_empty, bool& no
 
 std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr<Task>>& refused,
                                                      bool& more) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const absl::Time now = clock_.Now();
   // Room made first: once a step has started, nothing here allocates.
   std::vector<StartedStep> started;
@@ -466,15 +466,9 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
       ++it;
       continue;
     }
-    auto remove = [&] {
-      if (options_.memory != nullptr) options_.memory->MarkLeaving(*step.memory);
-      queued_bytes_ -= step.wire_bytes;
-      refused.push_back(std::move(*it));
-      it = steps_.erase(it);
-    };
     if (absl::Status unwanted = Unwanted(step, now); !unwanted.ok()) {
       step.refusal = std::move(unwanted);
-      remove();
+      RefuseWaitingStep(it, refused);
       continue;
     }
     // One step per session and call; a step that stays keeps its
@@ -501,7 +495,7 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
         ++it;
         continue;
       case StepTaken::kRefused:
-        remove();
+        RefuseWaitingStep(it, refused);
         continue;
       case StepTaken::kTaken:
         blocked.push_back(step.session());
@@ -518,12 +512,21 @@ std::vector<Batcher::StartedStep> Batcher::TakeSteps(std::vector<std::unique_ptr
   return started;
 }
 
+void Batcher::RefuseWaitingStep(std::deque<std::unique_ptr<StepTask>>::iterator& it,
+                                std::vector<std::unique_ptr<Task>>& refused) {
+  StepTask& step = **it;
+  if (options_.memory != nullptr) options_.memory->MarkLeaving(*step.memory);
+  queued_bytes_ -= step.wire_bytes;
+  refused.push_back(std::move(*it));
+  it = steps_.erase(it);
+}
+
 void Batcher::WakeSteps() { WakeLeftSteps(/*ran_some=*/true, /*more=*/false); }
 
 void Batcher::WakeLeftSteps(bool ran_some, bool more) {
   if (!ran_some && !more) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (steps_.empty()) return;
     steps_ready_ = true;
   }

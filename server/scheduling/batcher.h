@@ -4,10 +4,8 @@
 #define MHA_SERVER_SCHEDULING_BATCHER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
+#include "engine/mutex.h"
 #include "engine/ragged_batch.h"
 #include "server/observability/metrics.h"
 #include "server/observability/model_statistics.h"
@@ -131,26 +130,26 @@ class Batcher final : public PoolQueue {
   // Why the task cannot wait in the queue, or OK (then it is queued).
   absl::Status Admit(std::unique_ptr<Task>& task);
   // With mu_ held: puts an admitted task in its kind's lane.
-  void Queue(std::unique_ptr<Task>& task);
+  void Queue(std::unique_ptr<Task>& task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With mu_ held: counts `work` in flight and returns it for the pool.
-  std::unique_ptr<PoolWork> Hand(std::unique_ptr<Work> work);
+  std::unique_ptr<PoolWork> Hand(std::unique_ptr<Work> work) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The queue depth gauge: tasks of every kind waiting (mu_ held).
-  void PublishDepth();
+  void PublishDepth() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether Stop may return: nothing queued or in flight (mu_ held).
-  bool Drained() const;
+  bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why nobody wants `task` computed any more (cancelled, deadline passed,
   // counted), or OK.
   absl::Status Unwanted(Task& task, absl::Time now) const;
   // Takes the next batch of Attend requests once BatchReady (see Poll).
-  std::vector<std::unique_ptr<AttendCall>> TakeBatch();
+  std::vector<std::unique_ptr<AttendCall>> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes a batch early when `steps` ride along (they never wait).
-  bool BatchReady(bool steps) const;
+  bool BatchReady(bool steps) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Query + key tokens queued that may join the oldest request's batch, up
   // to `limit`.
-  int64_t TokensJoiningOldest(int64_t limit) const;
+  int64_t TokensJoiningOldest(int64_t limit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the oldest request goes in chunks (mu_ held): sessions step,
   // the cap is on, it has more query rows than the cap and is Splittable.
-  bool SplitsOldest() const;
+  bool SplitsOldest() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A split request's chunks join the steps (no admission: the request was
   // admitted).
   void QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks);
@@ -165,15 +164,22 @@ class Batcher final : public PoolQueue {
   // at most the cap with steps; those refused go to `refused` (their
   // `refusal` set). `more`: some were left for lack of room.
   std::vector<StartedStep> TakeSteps(std::vector<std::unique_ptr<Task>>& refused, bool& more);
+  // Moves the waiting step at `it` to `refused` (its memory leaving);
+  // `it` then points past it.
+  void RefuseWaitingStep(std::deque<std::unique_ptr<StepTask>>::iterator& it,
+                         std::vector<std::unique_ptr<Task>>& refused)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts one waiting step (mu_ held): kTaken (its memory reserved, its
   // blocks allocated, `plan` set), kBusy (its session computes another
   // step), kNoRoom (its memory may fit once this call is done), or kRefused
   // (its `refusal` set; the caller moves it out).
   enum class StepTaken { kTaken, kBusy, kNoRoom, kRefused };
-  StepTaken TryStartStep(std::unique_ptr<StepTask>& step, bool call_empty, StepPlan& plan);
+  StepTaken TryStartStep(std::unique_ptr<StepTask>& step, bool call_empty, StepPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The memory and the blocks of a step Begin started (mu_ held): OK, or
   // `no_room` (it may fit once this call is done), or why it is refused.
-  absl::Status AdmitStartedStep(StepTask& step, bool call_empty, bool& no_room);
+  absl::Status AdmitStartedStep(StepTask& step, bool call_empty, bool& no_room)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections, Workspace& ws);
   void Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws);
   // Computes the requests and the steps in one engine call, encodes the
@@ -208,18 +214,18 @@ class Batcher final : public PoolQueue {
   const int64_t tokens_with_steps_;  // options_' max_batch_tokens_with_steps, resolved
   WorkerPool::Registration* registration_ = nullptr;
 
-  std::mutex mu_;
-  std::condition_variable drained_cv_;  // Stop waits on it
-  int in_flight_ = 0;                   // works handed out; guarded by mu_
+  Mutex mu_;
+  CondVar drained_cv_;                      // Stop waits on it
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // works handed out
   // The lanes, each oldest first (Attend requests in priority level order).
-  std::deque<std::unique_ptr<AttendCall>> queue_;            // guarded by mu_
-  std::deque<std::unique_ptr<StepTask>> steps_;              // guarded by mu_
-  std::deque<std::unique_ptr<ProjectionTask>> projections_;  // guarded by mu_
-  int64_t queued_tokens_ = 0;                                // Attend's; guarded by mu_
-  int64_t queued_bytes_ = 0;                                 // guarded by mu_
-  bool stopping_ = false;                                    // guarded by mu_
+  std::deque<std::unique_ptr<AttendCall>> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<StepTask>> steps_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<ProjectionTask>> projections_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // Attend's
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Steps may start: a worker takes them into its next call.
-  bool steps_ready_ = false;               // guarded by mu_
+  bool steps_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };
 

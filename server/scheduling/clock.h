@@ -2,11 +2,9 @@
 #ifndef MHA_SERVER_SCHEDULING_CLOCK_H_
 #define MHA_SERVER_SCHEDULING_CLOCK_H_
 
-#include <condition_variable>
-#include <mutex>
-
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/mutex.h"
 
 namespace mha::server {
 
@@ -17,17 +15,15 @@ class Clock {
   virtual absl::Time Now() const = 0;
   // Waits on `cv` (whose mutex `lock` holds) until it is notified or this
   // clock reaches `deadline`; may return early (callers re-check).
-  virtual void WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                         absl::Time deadline) const = 0;
+  virtual void WaitUntil(CondVar& cv, MutexLock& lock, absl::Time deadline) const = 0;
 };
 
 // absl::Now() and the condition variable's own timed wait. Stateless.
 class RealClock final : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
-  void WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                 absl::Time deadline) const override {
-    cv.wait_until(lock, absl::ToChronoTime(deadline));
+  void WaitUntil(CondVar& cv, MutexLock& lock, absl::Time deadline) const override {
+    cv.WaitUntil(lock, deadline);
   }
 
   static const Clock& Get() {

@@ -145,17 +145,17 @@ MemoryBudget::MemoryBudget(int64_t limit, prometheus::Gauge* reserved_gauge)
     : limit_(limit), reserved_gauge_(reserved_gauge) {}
 
 int64_t MemoryBudget::reserved() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return queued_ + active_;
 }
 
 int64_t MemoryBudget::active() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return active_;
 }
 
 bool MemoryBudget::TryReserveQueued(int64_t bytes, MemoryReservation& into) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (queued_ + active_ + bytes > capacity()) return false;
   queued_ += bytes;
   into.budget_ = this;
@@ -165,7 +165,7 @@ bool MemoryBudget::TryReserveQueued(int64_t bytes, MemoryReservation& into) {
 }
 
 MemoryBudget::Growth MemoryBudget::TryGrowActive(int64_t bytes, MemoryReservation& into) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (queued_ + active_ + bytes > capacity()) {
     return active_ > 0 ? Growth::kFullUntilActiveReturns : Growth::kFull;
   }
@@ -178,7 +178,7 @@ MemoryBudget::Growth MemoryBudget::TryGrowActive(int64_t bytes, MemoryReservatio
 
 void MemoryBudget::MarkLeaving(MemoryReservation& reservation) {
   if (reservation.budget_ != this) return;  // nothing reserved here
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   queued_ -= reservation.queued_;
   active_ += reservation.queued_;
   reservation.active_ += reservation.queued_;
@@ -186,18 +186,18 @@ void MemoryBudget::MarkLeaving(MemoryReservation& reservation) {
 }
 
 void MemoryBudget::WaitForRelease(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  released_.wait_for(lock, absl::ToChronoNanoseconds(timeout));
+  MutexLock lock(mu_);
+  released_.WaitFor(lock, timeout);
 }
 
 void MemoryBudget::Release(int64_t queued, int64_t active) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queued_ -= queued;
     active_ -= active;
     Publish();
   }
-  released_.notify_all();
+  released_.NotifyAll();
   // A large request's blocks are free now: have glibc give back what it
   // would keep (freed heap pages, in every arena).
   if (queued + active >= kTrimAfterBytes) malloc_trim(0);

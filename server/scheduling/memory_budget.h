@@ -5,13 +5,12 @@
 #define MHA_SERVER_SCHEDULING_MEMORY_BUDGET_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/time/time.h"
+#include "engine/mutex.h"
 #include "prometheus/gauge.h"
 
 namespace mha::server {
@@ -98,15 +97,15 @@ class MemoryBudget {
  private:
   friend class MemoryReservation;
   void Release(int64_t queued, int64_t active);
-  void Publish();  // with mu_ held
+  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // with mu_ held
 
   const int64_t limit_;
   std::atomic<int64_t> reserve_{0};
   prometheus::Gauge* const reserved_gauge_;
-  mutable std::mutex mu_;
-  std::condition_variable released_;
-  int64_t queued_ = 0;  // guarded by mu_
-  int64_t active_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar released_;
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t active_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace mha::server

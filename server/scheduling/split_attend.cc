@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_cache.h"
+#include "engine/mutex.h"
 #include "engine/ragged_batch.h"
 
 namespace mha::server {
@@ -28,14 +28,14 @@ struct SplitState {
 
   // Answers with `status` unless answered; counts a drop once.
   void Fail(const absl::Status& status, const char* dropped = nullptr) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (call->answered()) return;
     if (dropped != nullptr) call->CountDropped(metrics, dropped);
     call->Fail(status);
   }
   // A chunk's rows are in: the last one answers.
   void ChunkDone(absl::Duration compute) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     computing += compute;
     if (--chunks_left > 0 || call->answered()) return;
     const AttentionRequest& in = call->input();
@@ -61,8 +61,10 @@ struct SplitState {
     call->Answer(answer);
   }
 
-  std::mutex mu;
-  std::unique_ptr<AttendCall> call;  // answered under mu
+  Mutex mu;
+  // Set once; answered under mu (the analysis cannot guard a pointee's
+  // state: answered() and Answer are read and called with mu held).
+  std::unique_ptr<AttendCall> call;
   const MhaEngine& engine;
   const ModelMetrics& metrics;
   ModelStatistics* const statistics;
@@ -70,8 +72,8 @@ struct SplitState {
   KvBlockPool pool;
   KvCache cache;              // written by the projection only
   std::vector<float> output;  // [q_len, embed_dim]
-  int64_t chunks_left = 0;    // guarded by mu
-  absl::Duration computing;   // guarded by mu
+  int64_t chunks_left ABSL_GUARDED_BY(mu) = 0;
+  absl::Duration computing ABSL_GUARDED_BY(mu);
 };
 
 // Rows [begin, begin + rows) of the request's query, attending to the
@@ -91,7 +93,7 @@ class Chunk final : public StepTask {
   void CountDropped(const ModelMetrics&, const char*) override {}  // counted by Fail
   Start Begin(StepPlan& plan, absl::Status& why) override {
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      MutexLock lock(state_->mu);
       if (state_->call->answered()) {  // an earlier chunk failed: nothing to compute
         why = absl::AbortedError("the request already failed");
         return Start::kRefused;
@@ -134,7 +136,7 @@ class SplitProjection final : public ProjectionTask {
       : state_(std::move(state)), chunk_rows_(chunk_rows), queue_(std::move(queue)) {}
   bool Cancelled() const override { return state_->call->Cancelled(); }
   void CountDropped(const ModelMetrics& model, const char* reason) override {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(state_->mu);
     state_->call->CountDropped(model, reason);
   }
   void Fail(const absl::Status& status) override { state_->Fail(status); }
@@ -171,7 +173,7 @@ class SplitProjection final : public ProjectionTask {
           std::make_unique<Chunk>(state_, begin, std::min(chunk_rows_, q_len - begin)));
     }
     {
-      std::lock_guard<std::mutex> lock(s.mu);
+      MutexLock lock(s.mu);
       s.chunks_left = static_cast<int64_t>(chunks.size());
       s.computing = absl::Now() - start;
     }

@@ -30,7 +30,7 @@ namespace {
 
 // How often a queue waiting for memory held by computing requests is asked
 // again (real time: memory comes back on the real clock).
-constexpr auto kMemoryRetry = std::chrono::milliseconds(2);
+constexpr absl::Duration kMemoryRetry = absl::Milliseconds(2);
 
 int Cores(const WorkerPoolOptions& o) {
   return std::max(1, o.cores > 0 ? o.cores : AvailableCores());
@@ -61,23 +61,23 @@ WorkerPool::WorkerPool(WorkerPoolOptions options)
 
 WorkerPool::~WorkerPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
   for (std::thread& t : threads_) t.join();
 }
 
 WorkerPool::Registration* WorkerPool::Attach(PoolQueue* queue) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   queues_.emplace_back(queue);
   return &queues_.back();
 }
 
 void WorkerPool::Detach(Registration* registration) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   registration->detaching = true;
-  idle_cv_.wait(lock, [registration] { return registration->running == 0; });
+  while (registration->running != 0) idle_cv_.Wait(lock);
   auto it = std::find_if(queues_.begin(), queues_.end(),
                          [registration](const Registration& r) { return &r == registration; });
   if (it == next_) ++next_;
@@ -87,11 +87,11 @@ void WorkerPool::Detach(Registration* registration) {
 void WorkerPool::Wake(Registration* registration, bool steps) {
   if (steps) steps_woken_at_ns_.store(absl::ToUnixNanos(clock_.Now()), std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     registration->woken = true;
     registration->steps = registration->steps || steps;
   }
-  work_cv_.notify_one();
+  work_cv_.NotifyOne();
 }
 
 int WorkerPool::ThreadsOfThisCall() { return threads_of_this_call; }
@@ -145,8 +145,8 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
       r.woken = true;  // it may hold more: ask again on the next scan
       ++r.running;
       from = &r;
-      next_ = it;             // the next scan starts after it: round-robin
-      work_cv_.notify_one();  // another worker may take what it holds next
+      next_ = it;            // the next scan starts after it: round-robin
+      work_cv_.NotifyOne();  // another worker may take what it holds next
       return work;
     }
     wait_until = std::min(wait_until, r.retry_at);
@@ -157,7 +157,7 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
 
 void WorkerPool::WorkerLoop() {
   std::unique_ptr<Workspace> ws = MhaEngine::NewWorkspace();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
     Registration* from = nullptr;
     absl::Time wait_until;
@@ -166,9 +166,9 @@ void WorkerPool::WorkerLoop() {
     if (work == nullptr) {
       if (stopping_) return;
       if (memory_wait) {
-        work_cv_.wait_for(lock, kMemoryRetry);
+        work_cv_.WaitFor(lock, kMemoryRetry);
       } else if (wait_until == absl::InfiniteFuture()) {
-        work_cv_.wait(lock);
+        work_cv_.Wait(lock);
       } else {
         clock_.WaitUntil(work_cv_, lock, wait_until);
       }
@@ -176,7 +176,7 @@ void WorkerPool::WorkerLoop() {
     }
     // All cores for a call alone, its share for one beside others.
     threads_of_this_call = calls_running_.fetch_add(1) == 0 ? all_threads_ : share_threads_;
-    lock.unlock();
+    lock.Unlock();
     SetComputeThreads(threads_of_this_call);
     work->Run(*ws);
     threads_of_this_call = 0;
@@ -185,8 +185,8 @@ void WorkerPool::WorkerLoop() {
     // After a large call, give its memory back to the system: the
     // workspace's buffers, and what glibc keeps of freed blocks.
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
-    lock.lock();
-    if (--from->running == 0 && from->detaching) idle_cv_.notify_all();
+    lock.Lock();
+    if (--from->running == 0 && from->detaching) idle_cv_.NotifyAll();
   }
 }
 

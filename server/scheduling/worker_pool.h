@@ -6,16 +6,15 @@
 #define MHA_SERVER_SCHEDULING_WORKER_POOL_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <limits>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "engine/mutex.h"
 #include "server/scheduling/clock.h"
 
 namespace mha {
@@ -100,23 +99,24 @@ class WorkerPool {
   void WorkerLoop();
   // With mu_ held: the next work, round-robin; null when none is ready
   // (then `wait_until` and `memory_wait` say how long to sleep).
-  std::unique_ptr<PoolWork> NextWork(Registration*& from, absl::Time& wait_until,
-                                     bool& memory_wait);
+  std::unique_ptr<PoolWork> NextWork(Registration*& from, absl::Time& wait_until, bool& memory_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One round-robin scan of NextWork; `steps_only`: only queues woken for
   // steps.
   std::unique_ptr<PoolWork> Scan(bool steps_only, absl::Time now, Registration*& from,
-                                 absl::Time& wait_until, bool& memory_wait);
+                                 absl::Time& wait_until, bool& memory_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Threads of a call that starts while no other runs, and beside others.
   const int all_threads_, share_threads_;
   const Clock& clock_;
-  std::mutex mu_;
-  std::condition_variable work_cv_;         // a queue was woken, or stopping
-  std::condition_variable idle_cv_;         // a queue's work finished (Detach waits)
-  std::list<Registration> queues_;          // guarded by mu_
-  std::list<Registration>::iterator next_;  // where the next scan starts; guarded by mu_
-  bool stopping_ = false;                   // guarded by mu_
-  std::atomic<int> calls_running_{0};       // engine calls running now
+  Mutex mu_;
+  CondVar work_cv_;  // a queue was woken, or stopping
+  CondVar idle_cv_;  // a queue's work finished (Detach waits)
+  std::list<Registration> queues_ ABSL_GUARDED_BY(mu_);
+  std::list<Registration>::iterator next_ ABSL_GUARDED_BY(mu_);  // where the next scan starts
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> calls_running_{0};  // engine calls running now
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
   std::atomic<int64_t> steps_woken_at_ns_{kNever};  // clock_'s Unix nanoseconds
   std::vector<std::thread> threads_;

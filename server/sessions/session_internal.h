@@ -74,7 +74,7 @@ class SessionManager::StepCall final : public StepTask {
   SessionPtr session_;
   AppendParams params_;
   AppendDone done_;
-  bool started_ = false;  // Begin said kRun, not yet undone; guarded by manager_.mu_
+  bool started_ ABSL_GUARDED_BY(manager_.mu_) = false;  // Begin said kRun, not yet undone
   bool answered_ = false;
   int64_t position_after_ = 0;  // set by Begin
 };

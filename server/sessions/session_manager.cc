@@ -42,40 +42,40 @@ SessionManager::SessionManager(SessionOptions options, SessionMetrics metrics)
 SessionManager::~SessionManager() { Stop(); }
 
 void SessionManager::StartDraining() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   draining_ = true;
 }
 
 void SessionManager::Stop() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ && !expiry_.joinable()) return;
     stopping_ = true;
     // The batchers compute what is queued, then refuse what is left; a
     // task they hold always ends (it points back here).
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.stop_timeout),
-                 [this] { return tasks_ == 0; });
+    const absl::Time give_up = absl::Now() + options_.stop_timeout;
+    while (tasks_ != 0 && absl::Now() < give_up) cv_.WaitUntil(lock, give_up);
     refusing_ = true;
     std::set<const ModelVersion*> seen;
     std::vector<VersionPtr> waiting;  // versions whose batchers hold steps
     for (const auto& [id, s] : sessions_) {
       if (s->queued > 0 && seen.insert(s->version.get()).second) waiting.push_back(s->version);
     }
-    lock.unlock();
+    lock.Unlock();
     for (const VersionPtr& v : waiting) v->batcher->WakeSteps();  // they refuse them now
-    lock.lock();
-    cv_.wait(lock, [this] { return tasks_ == 0; });
+    lock.Lock();
+    while (tasks_ != 0) cv_.Wait(lock);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (expiry_.joinable()) expiry_.join();
 }
 
 void SessionManager::TaskGone() {
   // Notified under the lock: once Stop sees no task, it may return and the
   // manager go.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   --tasks_;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 std::string SessionManager::NewIdLocked() {
@@ -105,7 +105,7 @@ SessionInfo SessionManager::InfoLocked(const Session& s) const {
 }
 
 void SessionManager::PublishCacheBytes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   PublishLocked();
 }
 
@@ -120,35 +120,46 @@ void SessionManager::PublishLocked() {
   }
 }
 
-void SessionManager::Open(OpenParams params, OpenDone done) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto refuse = [&](absl::Status status) {
-    lock.unlock();
-    done(std::move(status));
-  };
+absl::Status SessionManager::CanAddLocked(const std::string& id) const {
   if (draining_ || stopping_) {
-    return refuse(absl::UnavailableError("the server is shutting down: no new sessions"));
+    return absl::UnavailableError("the server is shutting down: no new sessions");
+  }
+  if (!id.empty() && sessions_.count(id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("session ", id, " is open"));
+  }
+  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        options_.max_sessions, " sessions are open (--max_sessions): close one first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::CanOpenLocked(const OpenParams& params) const {
+  if (draining_ || stopping_) {
+    return absl::UnavailableError("the server is shutting down: no new sessions");
+  }
+  if (!params.memory.has_value() && !params.version->model.engine->CanAppendSelf()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", params.version->name,
+                     " has kdim or vdim != embed_dim: it opens only "
+                     "cross-attention sessions (send a memory; a sequence's start sends a key)"));
+  }
+  if (params.max_tokens > options_.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens ", params.max_tokens,
+                                                   " exceeds the server's limit of ",
+                                                   options_.max_tokens, " (--session_max_tokens)"));
+  }
+  return CanAddLocked(params.id);
+}
+
+void SessionManager::Open(OpenParams params, OpenDone done) {
+  MutexLock lock(mu_);
+  if (absl::Status refused = CanOpenLocked(params); !refused.ok()) {
+    lock.Unlock();
+    return done(std::move(refused));
   }
   const MhaEngine& engine = *params.version->model.engine;
   const bool cross = params.memory.has_value();
-  if (!cross && !engine.CanAppendSelf()) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("model ", params.version->name,
-                     " has kdim or vdim != embed_dim: it opens only "
-                     "cross-attention sessions (send a memory; a sequence's start sends a key)")));
-  }
-  if (params.max_tokens > options_.max_tokens) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("max_tokens ", params.max_tokens, " exceeds the server's limit of ",
-                     options_.max_tokens, " (--session_max_tokens)")));
-  }
-  if (!params.id.empty() && sessions_.count(params.id) != 0) {
-    return refuse(absl::AlreadyExistsError(absl::StrCat("session ", params.id, " is open")));
-  }
-  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-    return refuse(absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_sessions, " sessions are open (--max_sessions): close one first")));
-  }
   auto session = std::make_shared<Session>();
   session->id = params.id.empty() ? NewIdLocked() : params.id;
   session->version = params.version;
@@ -160,7 +171,8 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
   session->last_used = clock_.Now();
   if (cross) {
     if (absl::Status room = ReserveLocked(*session, params.memory->kv_len()); !room.ok()) {
-      return refuse(std::move(room));
+      lock.Unlock();
+      return done(std::move(room));
     }
     session->busy = true;  // until its memory is projected
   }
@@ -177,12 +189,12 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
     ++tasks_;
     open->queued_bytes = cost.total();  // held from arrival: it runs alone, soon
     open->wire_bytes = wire_bytes;
-    lock.unlock();
+    lock.Unlock();
     version->batcher->Enqueue(std::move(open));
     return;
   }
   const SessionInfo info = InfoLocked(*session);
-  lock.unlock();
+  lock.Unlock();
   done(info);
 }
 
@@ -195,7 +207,7 @@ absl::Status SessionManager::ReopenedLocked(const Session& session) const {
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Fork(const std::string& id, const std::string& new_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (draining_ || stopping_) {
     return absl::UnavailableError("the server is shutting down: no new sessions");
   }
@@ -233,7 +245,7 @@ absl::StatusOr<SessionInfo> SessionManager::Fork(const std::string& id, const st
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ExpireIdleLocked();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFoundLocked(id);
@@ -243,14 +255,14 @@ absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
 }
 
 absl::StatusOr<VersionPtr> SessionManager::VersionOf(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFoundLocked(id);
   return it->second->version;
 }
 
 std::vector<SessionInfo> SessionManager::List(const std::string& model) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<SessionInfo> out;
   for (const auto& [id, session] : sessions_) {
     if (model.empty() || session->version->name == model) out.push_back(InfoLocked(*session));
@@ -345,7 +357,7 @@ absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {
 }
 
 void SessionManager::ExpiryLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     clock_.WaitUntil(cv_, lock, clock_.Now() + kExpiryTick);
     ExpireIdleLocked();

@@ -7,13 +7,11 @@
 #ifndef MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
 #define MHA_SERVER_SESSIONS_SESSION_MANAGER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -24,6 +22,7 @@
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
 #include "engine/kv_cache.h"
+#include "engine/mutex.h"
 #include "server/models/model_repository.h"
 #include "server/observability/metrics.h"
 #include "server/scheduling/admission.h"
@@ -204,7 +203,8 @@ class SessionManager {
 
   void ExpiryLoop();
   // What a step costs at its session's position now (mu_ held).
-  RequestCost CostLocked(const Session& s, const AttentionRequest& query) const;
+  RequestCost CostLocked(const Session& s, const AttentionRequest& query) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A step's life as its batcher asks (StepTask): whether it may start
   // (its session free, open, at the expected position, within max_tokens),
   // its blocks, back to waiting, answered.
@@ -221,21 +221,28 @@ class SessionManager {
   void FailOpen(MemoryProjection& open, const absl::Status& status);
   // Makes room for `tokens` in `session`'s cache, evicting idle sessions
   // least recently used first. With mu_ held.
-  absl::Status ReserveLocked(Session& session, int64_t tokens);
+  absl::Status ReserveLocked(Session& session, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a session `id` cannot be added now (draining, --max_sessions, the id
+  // taken); an empty id is never taken.
+  absl::Status CanAddLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `params` cannot open a session now (CanAddLocked, the model, limits).
+  absl::Status CanOpenLocked(const OpenParams& params) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `s` is still the open session of its id (not closed, evicted,
   // or replaced by a new session of the same id).
-  bool IsOpenLocked(const Session& s) const;
+  bool IsOpenLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `id` is not open (closed, evicted, expired) as NOT_FOUND.
-  absl::Status NotFoundLocked(const std::string& id) const;
+  absl::Status NotFoundLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ABORTED: a step read for another version of the session's id.
-  absl::Status ReopenedLocked(const Session& session) const;
+  absl::Status ReopenedLocked(const Session& session) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `id` by value: it may be the removed session's own.
-  void RemoveLocked(std::string id, const std::string& reason, const std::string& metric_reason);
-  void RememberGoneLocked(const std::string& id, const std::string& why);
-  void ExpireIdleLocked();
-  SessionInfo InfoLocked(const Session& s) const;
-  std::string NewIdLocked();
-  void PublishLocked();
+  void RemoveLocked(std::string id, const std::string& reason, const std::string& metric_reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberGoneLocked(const std::string& id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SessionInfo InfoLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishCacheBytes();  // PublishLocked under the lock
 
   const SessionOptions options_;
@@ -243,18 +250,19 @@ class SessionManager {
   const Clock& clock_;
   KvBlockPool pool_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, SessionPtr> sessions_;       // guarded by mu_
-  std::map<std::string, std::string> gone_;          // id -> why; guarded
-  std::deque<std::string> gone_order_;               // guarded by mu_
-  std::map<std::string, int64_t> active_per_model_;  // guarded by mu_
-  bool draining_ = false, stopping_ = false;         // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, SessionPtr> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> gone_ ABSL_GUARDED_BY(mu_);  // id -> why
+  std::deque<std::string> gone_order_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> active_per_model_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Set by Stop once its wait is over: steps still queued are refused.
-  bool refusing_ = false;    // guarded by mu_
-  uint64_t id_counter_ = 0;  // guarded by mu_
+  bool refusing_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t id_counter_ ABSL_GUARDED_BY(mu_) = 0;
   // Steps and memory projections given to a batcher and not yet destroyed.
-  int64_t tasks_ = 0;  // guarded by mu_
+  int64_t tasks_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread expiry_;
 };
 

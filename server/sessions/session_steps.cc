@@ -53,18 +53,25 @@ RequestCost SessionManager::CostLocked(const Session& s, const AttentionRequest&
 
 void SessionManager::Append(AppendParams params, AppendDone done) {
   const absl::Time arrived = absl::Now();
-  std::unique_lock<std::mutex> lock(mu_);
-  // Counted once, in the statistics of the version it was decoded for.
-  auto refuse = [&](absl::Status status) {
-    lock.unlock();
+  MutexLock lock(mu_);
+  absl::Status refused;
+  auto it = sessions_.end();
+  if (stopping_) {
+    refused = absl::UnavailableError("the server is shutting down");
+  } else {
+    ExpireIdleLocked();
+    it = sessions_.find(params.id);
+    if (it == sessions_.end()) {
+      refused = NotFoundLocked(params.id);
+    } else if (it->second->version != params.decoded_for) {
+      refused = ReopenedLocked(*it->second);
+    }
+  }
+  if (!refused.ok()) {
+    lock.Unlock();
+    // Counted once, in the statistics of the version it was decoded for.
     if (params.decoded_for != nullptr) params.decoded_for->CountRefusal(arrived);
-    done(std::move(status));
-  };
-  if (stopping_) return refuse(absl::UnavailableError("the server is shutting down"));
-  ExpireIdleLocked();
-  auto it = sessions_.find(params.id);
-  if (it == sessions_.end() || it->second->version != params.decoded_for) {
-    return refuse(it == sessions_.end() ? NotFoundLocked(params.id) : ReopenedLocked(*it->second));
+    return done(std::move(refused));
   }
   Session& session = *it->second;
   // Its cost as of the position now: the batcher checks it against the
@@ -82,12 +89,13 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   ++tasks_;
   // The step's session holds its version (and so the batcher) alive.
   Batcher& batcher = *session.version->batcher;
-  lock.unlock();
+  lock.Unlock();
   batcher.Enqueue(std::move(step));
 }
 
 StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  step.manager_.mu_.AssertHeld();  // step.manager_ is *this
   Session& s = *step.session_;
   if (refusing_) {
     why = absl::UnavailableError("the server is shutting down");
@@ -123,14 +131,15 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
 }
 
 absl::Status SessionManager::AllocateStep(StepCall& step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Session& s = *step.session_;
   if (s.cross) return absl::OkStatus();  // it reads its memory, appends nothing
   return ReserveLocked(s, s.position + step.tokens());
 }
 
 void SessionManager::AbandonStep(StepCall& step) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
+  step.manager_.mu_.AssertHeld();  // step.manager_ is *this
   Session& s = *step.session_;
   s.busy = false;
   ++s.queued;
@@ -141,7 +150,8 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
                                 absl::Span<const float> output, absl::Span<const float> weights) {
   Session& s = *step.session_;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
+    step.manager_.mu_.AssertHeld();  // step.manager_ is *this
     s.busy = false;
     s.last_used = clock_.Now();
     s.position = s.cache->length();
@@ -151,7 +161,7 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
     }
     PublishLocked();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   step.answered_ = true;
   if (!status.ok()) {
     step.done_(status);
@@ -172,7 +182,8 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
 
 void SessionManager::FailStep(StepCall& step, const absl::Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
+    step.manager_.mu_.AssertHeld();  // step.manager_ is *this
     Session& s = *step.session_;
     if (step.started_) {
       s.busy = false;
@@ -181,7 +192,7 @@ void SessionManager::FailStep(StepCall& step, const absl::Status& status) {
       --s.queued;
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   step.answered_ = true;
   step.memory->Release();  // before the answer: the caller may send again at once
   step.done_(status);
@@ -194,7 +205,7 @@ void SessionManager::RunOpen(MemoryProjection& open, Workspace& ws) {
       memory.key, memory.value, open.params_.memory->kv_len(), memory.key_padding_mask, *s.cache,
       ws);
   MhaEngine::ReleaseLargeWorkspace(ws);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   s.busy = false;
   s.last_used = clock_.Now();
   s.position = s.cache->length();
@@ -202,19 +213,19 @@ void SessionManager::RunOpen(MemoryProjection& open, Workspace& ws) {
   // them next, or they are refused (NOT_FOUND, saying why) when it failed.
   if (!projected.ok()) {
     if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", projected.message()), "");
-    lock.unlock();
+    lock.Unlock();
     open.done_(projected);
     return;
   }
   const SessionInfo info = InfoLocked(s);
   PublishLocked();
-  lock.unlock();
+  lock.Unlock();
   open.done_(info);
 }
 
 void SessionManager::FailOpen(MemoryProjection& open, const absl::Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Session& s = *open.session_;
     s.busy = false;
     if (IsOpenLocked(s)) RemoveLocked(s.id, absl::StrCat("not opened: ", status.message()), "");

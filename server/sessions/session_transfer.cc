@@ -12,7 +12,7 @@
 namespace mha::server {
 
 absl::StatusOr<SessionSnapshot> SessionManager::Snapshot(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ExpireIdleLocked();
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFoundLocked(id);
@@ -32,7 +32,7 @@ absl::StatusOr<SessionSnapshot> SessionManager::Snapshot(const std::string& id) 
 }
 
 std::vector<std::string> SessionManager::Ids() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> ids;
   ids.reserve(sessions_.size());
   for (const auto& [id, s] : sessions_) ids.push_back(id);
@@ -40,7 +40,7 @@ std::vector<std::string> SessionManager::Ids() const {
 }
 
 void SessionManager::MarkGone(const std::string& id, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (sessions_.count(id) == 0) RememberGoneLocked(id, why);
 }
 
@@ -85,22 +85,9 @@ absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
   session->idle_timeout =
       in.idle_timeout > absl::ZeroDuration() ? in.idle_timeout : options_.idle_timeout;
   session->position = in.position;
-  auto refusal = [&]() -> absl::Status {  // with mu_ held
-    if (draining_ || stopping_) {
-      return absl::UnavailableError("the server is shutting down: no new sessions");
-    }
-    if (sessions_.count(in.id) != 0) {
-      return absl::AlreadyExistsError(absl::StrCat("session ", in.id, " is open"));
-    }
-    if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          options_.max_sessions, " sessions are open (--max_sessions): close one first"));
-    }
-    return absl::OkStatus();
-  };
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (absl::Status s = refusal(); !s.ok()) return s;
+    MutexLock lock(mu_);
+    if (absl::Status s = CanAddLocked(in.id); !s.ok()) return s;
     if (absl::Status s = ReserveLocked(*session, in.position); !s.ok()) return s;
   }
   // The copy runs outside the lock: the blocks are this cache's alone.
@@ -110,8 +97,8 @@ absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
   }
   session->cache->set_length(in.position);
   if (!in.key_padding.empty()) session->cache->set_key_padding(std::move(in.key_padding));
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = refusal(); !s.ok()) return s;  // the blocks go back with `session`
+  MutexLock lock(mu_);
+  if (absl::Status s = CanAddLocked(in.id); !s.ok()) return s;  // the blocks go back with `session`
   const absl::Duration left = std::clamp(in.idle_left, absl::ZeroDuration(), session->idle_timeout);
   session->last_used = clock_.Now() - (session->idle_timeout - left);
   gone_.erase(session->id);
