@@ -319,6 +319,37 @@ TEST_P(KernelsIsaTest, LargeConversionToBf16RoundsEveryElementToNearestEven) {
   }
 }
 
+// NaN stays NaN (quiet, its sign kept) and infinities stay infinite through
+// every bf16 conversion: the vector rows at each level and dtype.h's scalar
+// FloatToBf16 agree. Rounding a NaN like a number would carry its mantissa
+// into the exponent and sign: 0x7fffffff would become -0.
+TEST_P(KernelsIsaTest, ConversionToBf16KeepsNaNAndInfinity) {
+  const uint32_t specials[] = {0x7fffffffu, 0xffffffffu, 0x7f800001u, 0x7fc00000u,
+                               0xff800000u, 0x7f800000u, 0x7f7fffffu, 0x00000000u};
+  constexpr int64_t kCopies = 5;  // 40 values: whole vectors and a tail
+  std::vector<float> in;
+  for (int64_t c = 0; c < kCopies; ++c) {
+    for (uint32_t bits : specials) {
+      float x;
+      std::memcpy(&x, &bits, 4);
+      in.push_back(x);
+    }
+  }
+  std::vector<uint16_t> out(in.size());
+  ConvertToBf16(in.data(), out.data(), static_cast<int64_t>(in.size()));
+  for (size_t i = 0; i < in.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &in[i], 4);
+    EXPECT_EQ(out[i], FloatToBf16(in[i])) << std::hex << "bits 0x" << bits;
+    if (std::isnan(in[i])) {
+      EXPECT_TRUE(std::isnan(Bf16ToFloat(out[i]))) << std::hex << "bits 0x" << bits;
+      EXPECT_EQ(out[i] >> 15, bits >> 31) << "the sign is kept";
+    }
+  }
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(FloatToBf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to inf
+}
+
 // An int8 cache row keeps each element within half a step (scale / 2) of
 // its value, scale = max |x| / 127: at ordinary sizes, at 1e30 (no
 // overflow) and at 2e-37 (where 127 / max |x| would overflow);

@@ -62,18 +62,23 @@ MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Stores v as bf16, rounded to nearest even. kNative: the AVX512-BF16
-// conversion (one instruction; denormals become 0). Otherwise integer
-// steps: add 0x7fff plus the lowest kept bit, keep the top half.
+// Stores v as bf16, rounded to nearest even, NaN kept quiet. kNative: the
+// AVX512-BF16 conversion (one instruction; denormals become 0). Otherwise
+// dtype.h's FloatToBf16 in integer steps: add 0x7fff plus the lowest kept
+// bit and keep the top half, except NaN lanes, whose top half is kept with
+// the quiet bit set (the sum could carry a NaN into another value).
 template <bool kNative>
 MHA_AVX512_BF16 inline void StoreBf16(uint16_t* out, __mmask16 lanes, __m512 v) {
   if constexpr (kNative) {
     _mm256_mask_storeu_epi16(out, lanes, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
   } else {
     const __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
+    const __m512i top = _mm512_srli_epi32(bits, 16);
+    const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_srli_epi32(
         _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, top, _mm512_set1_epi32(0x40));
     _mm512_mask_cvtepi32_storeu_epi16(out, lanes, rounded);
   }
 }

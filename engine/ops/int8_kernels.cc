@@ -4,9 +4,13 @@
 // per instruction; GCC 12 turns a vector conversion from int8 into scalar
 // code) or portable loops. Tests cap the level to run each path on one CPU.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
+#include "engine/dtype.h"
 #include "engine/kv_cache.h"
 #include "engine/ops/avx512_kernels.h"
 #include "engine/ops/intrinsics.h"
@@ -21,10 +25,7 @@ static_assert(kTokens == 32, "the loops below read blocks of 32 tokens");
 
 inline float QueryAt(const float* q_f32, const uint16_t* q_bf16, int64_t c) {
   if (q_f32 != nullptr) return q_f32[c];
-  const uint32_t bits = static_cast<uint32_t>(q_bf16[c]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return Bf16ToFloat(q_bf16[c]);
 }
 
 // out[j] = scale * key_scales[j] * sums[j] for j < n.
@@ -231,6 +232,30 @@ void AccumulateContextInt8(const float* probs, const int8_t* v, float* acc, int6
   if (isa >= KernelIsa::kAvx512) return ContextAvx512(probs, v, acc, cols, dv, next);
   if (isa == KernelIsa::kAvx2) return ContextAvx2(probs, v, acc, cols, dv, next);
   ContextPortable(probs, v, acc, cols, dv, next);
+}
+
+MHA_MULTIVERSION
+float QuantizeInt8(const float* in, int64_t n, int8_t* out, int64_t stride) {
+  float largest = 0.0f;
+  bool finite = true;
+  for (int64_t c = 0; c < n; ++c) {
+    largest = std::max(largest, std::fabs(in[c]));
+    finite &= std::isfinite(in[c]);
+  }
+  if (!finite) {
+    for (int64_t c = 0; c < n; ++c) out[c * stride] = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  if (largest == 0.0f) {
+    for (int64_t c = 0; c < n; ++c) out[c * stride] = 0;
+    return 0.0f;
+  }
+  // x / largest first: 127 / largest overflows for rows below ~4e-37.
+  for (int64_t c = 0; c < n; ++c) {
+    const float q = std::nearbyint(in[c] / largest * 127.0f);
+    out[c * stride] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+  }
+  return largest / 127.0f;
 }
 
 }  // namespace mha

@@ -1,6 +1,9 @@
-// The element-wise parts of attention that are not matrix products: masked
-// safe softmax, LayerNorm with residual, bf16 conversion. Plain functions on
-// raw buffers; vectorised for the machine at run time (AVX-512/AVX2/base).
+// The parts of attention that are not oneDNN matrix products: masked safe
+// softmax and LayerNorm with residual (softmax_kernels.cc), bf16 rows and the
+// heads' layout (layout_kernels.cc), the small path's scores and context
+// (small_block_kernels.cc), the session steps' block loops
+// (block_kernels.cc, int8_kernels.cc). Plain functions on raw buffers;
+// vectorised for the machine at run time (AVX-512/AVX2/base).
 #ifndef MHA_ENGINE_OPS_KERNELS_H_
 #define MHA_ENGINE_OPS_KERNELS_H_
 

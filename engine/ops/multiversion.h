@@ -12,6 +12,10 @@
 #define MHA_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 
+// Bodies shared by several multiversioned functions: inlined into each clone,
+// so each is compiled for that clone's instruction set.
+#define MHA_INLINE inline __attribute__((always_inline))
+
 namespace mha {
 
 // Fetches the kBytes (a multiple of 64) at `base + offset` into the cache:
