@@ -98,4 +98,12 @@ absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity) {
   return absl::OkStatus();
 }
 
+absl::Status MemoryBudgetFull(int64_t reserved, int64_t capacity, const char* work, int64_t bytes,
+                              const char* purpose) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("server memory budget full: requests in flight hold ", WithCommas(reserved),
+                   " of ", WithCommas(capacity), " bytes and this ", work, " needs ",
+                   WithCommas(bytes), " ", purpose, "; retry later"));
+}
+
 }  // namespace mha::server

@@ -42,6 +42,13 @@ absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCo
 // The same for a session step.
 absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity);
 
+// The one refusal of work the memory budget has no room for now (it fits the
+// budget alone, but not beside what is held): RESOURCE_EXHAUSTED naming what
+// is held (`reserved` of `capacity` bytes), what this `work` ("request",
+// "step") needs, and what for ("to wait in the queue", "more to compute").
+absl::Status MemoryBudgetFull(int64_t reserved, int64_t capacity, const char* work, int64_t bytes,
+                              const char* purpose);
+
 }  // namespace mha::server
 
 #endif  // MHA_SERVER_SCHEDULING_ADMISSION_H_

@@ -82,6 +82,10 @@ struct BatcherOptions {
 // cache blocks), then Attend requests, capped while sessions step. Every
 // method is thread-safe; Enqueue never blocks on compute; Stop waits for the
 // pool to compute what is queued, so it must not run on a pool worker.
+// In three files by job: batcher.cc (lanes, admission, forming a call),
+// batcher_steps.cc (which waiting steps start, through StepTask's Begin,
+// Allocate and Abandon) and engine_call.cc (running a call, scattering its
+// results, recording it).
 class Batcher final : public PoolQueue {
  public:
   Batcher(std::string model, const MhaEngine& engine, BatcherOptions options,

@@ -95,6 +95,9 @@ struct StepPlan {
 // A session step. Steps of one session run in the order they were queued,
 // one per engine call. The scheduler asks the session's owner (through
 // Begin) whether it may run now; the owner allocates its cache blocks.
+// Lock order: Begin, Allocate and Abandon are called with the batcher's
+// lock held (Batcher::mu_) and take the owner's (SessionManager::mu_)
+// inside it; the owner never calls into a batcher while holding its own.
 class StepTask : public Task {
  public:
   StepTask() : Task(Kind::kStep) {}

@@ -1,0 +1,206 @@
+// Batcher's engine calls: running one (the requests and steps a worker
+// took, or the memory projections), scattering its results to the calls
+// waiting on it, and recording its statistics and metrics. Runs on a pool
+// worker, outside the batcher's lock.
+
+#include <algorithm>
+#include <new>
+#include <optional>
+#include <utility>
+
+#include "engine/mha_engine.h"
+#include "server/scheduling/batcher.h"
+
+namespace mha::server {
+
+void Batcher::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections,
+                             Workspace& ws) {
+  const absl::Time now = clock_.Now();
+  for (auto& p : projections) {
+    if (absl::Status unwanted = Unwanted(*p, now); !unwanted.ok()) {
+      p->Fail(unwanted);
+    } else {
+      p->Run(ws);
+    }
+    p.reset();  // its memory comes back before the next one runs
+  }
+  WakeLeftSteps(/*ran_some=*/true, /*more=*/false);
+}
+
+void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws) {
+  // Drop what nobody waits for any more, before spending compute on it.
+  const absl::Time now = clock_.Now();
+  std::vector<std::unique_ptr<AttendCall>> live;
+  for (std::unique_ptr<AttendCall>& r : batch) {
+    r->waited = now - r->enqueued;
+    metrics_.queue_duration->Observe(absl::ToDoubleSeconds(r->waited));
+    if (!r->refusal.ok()) {
+      r->CountDropped(metrics_, "memory");
+      r->Fail(r->refusal);
+    } else if (absl::Status unwanted = Unwanted(*r, now); !unwanted.ok()) {
+      r->Fail(unwanted);
+    } else {
+      live.push_back(std::move(r));
+    }
+  }
+  std::vector<StartedStep> started;
+  bool more = false, refusals = false;
+  if (steps) {
+    std::vector<std::unique_ptr<Task>> refused;
+    try {
+      started = TakeSteps(refused, more);
+    } catch (const std::bad_alloc&) {  // nothing started; they wait for the next call
+      more = true;
+    }
+    refusals = !refused.empty();
+    for (auto& step : refused) step->Fail(step->refusal);  // outside the lock
+  }
+  size_t answered = 0;
+  if (!live.empty() || !started.empty()) {
+    try {
+      ComputeLive(live, started, ws, answered);
+    } catch (const std::bad_alloc&) {  // the call fails, the server goes on
+      const absl::Status status = absl::ResourceExhaustedError(
+          "out of memory while computing this request's batch; retry later");
+      for (size_t i = answered; i < started.size() + live.size(); ++i) {
+        if (i < started.size()) {
+          started[i].task->Finish(status, {}, {});
+        } else {
+          live[i - started.size()]->Fail(status);
+        }
+      }
+    }
+  }
+  const bool ran_steps = !started.empty();
+  started.clear();  // their memory and sessions' blocks come back first
+  // Refused steps freed their sessions too: the steps behind them may go.
+  WakeLeftSteps(ran_steps || refusals, more);
+}
+
+void Batcher::ReportPrimitiveCacheMisses() {
+  const uint64_t now = engine_.PrimitiveCacheMisses();
+  uint64_t reported = reported_misses_.load();
+  while (now > reported && !reported_misses_.compare_exchange_weak(reported, now)) {
+  }
+  if (now > reported)
+    metrics_.primitive_cache_misses->Increment(static_cast<double>(now - reported));
+}
+
+void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
+                          std::vector<StartedStep>& steps, Workspace& ws, size_t& answered) {
+  const absl::Time merging = absl::Now();
+  std::vector<const AttentionRequest*> inputs;
+  int64_t tokens = 0;
+  for (const auto& r : live) {
+    inputs.push_back(&r->input());
+    tokens += r->input().tokens();
+  }
+  // The steps' query rows go right after the requests' (one buffer, one
+  // projection product, no copy in the engine).
+  std::vector<float> step_query;
+  AppendBatch step_batch;
+  bool step_weights_wanted = false;
+  for (const StartedStep& s : steps) {
+    step_query.insert(step_query.end(), s.plan.query.begin(), s.plan.query.end());
+    step_batch.steps.push_back(s.plan.step);
+    step_weights_wanted |= s.plan.need_weights;
+  }
+  step_batch.query = step_query;
+  std::optional<RaggedBatch> merged;
+  if (!live.empty()) {
+    merged.emplace(inputs, step_batch.query);
+    if (!steps.empty()) step_batch.query = merged->rows_after();
+  }
+  static const AttentionBatch kNoSequences;
+  const int64_t request_elements = merged ? merged->output_elements() : 0;
+  const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
+  const int64_t step_weights_elements =
+      step_weights_wanted ? engine_.AppendWeightsElements(step_batch) : 0;
+  // Every element is written by the engine: no zero-fill.
+  const std::unique_ptr<float[]> output(new float[request_elements + step_elements]);
+  const std::unique_ptr<float[]> weights(new float[merged ? merged->weights_elements() : 0]);
+  const std::unique_ptr<float[]> step_weights(new float[step_weights_elements]);
+  const absl::Span<float> all_output(output.get(), request_elements);
+  const absl::Span<float> all_weights(weights.get(), merged ? merged->weights_elements() : 0);
+  const MixedOutputs out{absl::MakeSpan(output.get(), request_elements + step_elements),
+                         all_weights, merged && merged->per_head_weights(),
+                         absl::MakeSpan(step_weights.get(), step_weights_elements)};
+  const absl::Time start = absl::Now();
+  const absl::Status status =
+      engine_.Compute(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
+  const absl::Time computed = absl::Now();
+  metrics_.compute_duration->Observe(absl::ToDoubleSeconds(computed - start));
+  ReportPrimitiveCacheMisses();
+  // The requests' answers are encoded, then the call's statistics recorded
+  // in one step, before any answer leaves.
+  std::vector<absl::Status> answers(live.size(), status);
+  if (status.ok()) {
+    for (size_t i = 0; i < live.size(); ++i) {
+      const AttentionResult result{merged->OutputOf(i, all_output),
+                                   merged->WeightsOf(i, all_weights)};
+      answers[i] =
+          FirstNonFinite(result.output) >= 0  // finite inputs that overflow f32
+              ? absl::InvalidArgumentError(
+                    "inputs too large: the attention overflows float32 (non-finite result)")
+              : live[i]->Prepare(result);
+    }
+    RecordCall(live, answers, steps, merging, start, computed);
+  }
+  // The steps first. If an answer throws (out of memory), Compute fails
+  // the rest.
+  const int64_t e = engine_.dims().embed_dim;
+  int64_t row = 0, w_off = 0;
+  for (; answered < steps.size(); ++answered) {
+    const StartedStep& s = steps[answered];
+    const int64_t t = s.plan.step.tokens;
+    const int64_t w = step_weights_wanted ? t * s.plan.keys : 0;
+    const absl::Span<const float> step_out = out.output.subspan(request_elements + row * e, t * e);
+    const absl::Span<const float> step_w =
+        s.plan.need_weights ? absl::Span<const float>(out.step_weights).subspan(w_off, w)
+                            : absl::Span<const float>();
+    row += t;
+    w_off += w;
+    s.task->Finish(status, step_out, step_w);
+  }
+  if (live.empty()) return;
+  metrics_.batch_requests->Observe(static_cast<double>(live.size()));
+  metrics_.batch_tokens->Observe(static_cast<double>(tokens));
+  metrics_.tokens->Increment(static_cast<double>(tokens));
+  for (; answered < steps.size() + live.size(); ++answered) {
+    const size_t i = answered - steps.size();
+    live[i]->Answer(answers[i]);
+  }
+}
+
+void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
+                         const std::vector<absl::Status>& answers,
+                         const std::vector<StartedStep>& steps, absl::Time merging,
+                         absl::Time start, absl::Time computed) {
+  if (options_.statistics == nullptr) return;
+  ModelStatistics::Call call;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < live.size(); ++i) {
+    AttendCall& r = *live[i];
+    if (r.statistics == nullptr) continue;
+    ++call.batch_requests;
+    call.batch_sequences += static_cast<uint64_t>(r.input().sequences());
+    if (!answers[i].ok()) continue;
+    call.AddAnswer(now - r.arrived, r.waited, r.input().sequences());
+    r.counted = true;
+  }
+  // A session step is a request of one sequence (a chunk of a long
+  // request is not counted: its request is, when its last chunk is done).
+  for (const StartedStep& s : steps) {
+    if (s.task->statistics == nullptr) continue;
+    ++call.batch_requests;
+    ++call.batch_sequences;
+    call.AddAnswer(now - s.task->arrived, s.task->waited, 1);
+    s.task->counted = true;
+  }
+  call.input = start - merging;
+  call.infer = computed - start;
+  call.output = now - computed;
+  options_.statistics->Record(call);
+}
+
+}  // namespace mha::server
