@@ -27,7 +27,6 @@
 #include <random>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -42,12 +41,12 @@
 #include "absl/time/clock.h"
 #include "client/client_common.h"
 #include "client/load_generator.h"
+#include "client/model_commands.h"
 #include "client/session_command.h"
 #include "client/session_file.h"
 #include "client/session_load.h"
 #include "client/tensor_files.h"
 #include "engine/status_macros.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
 ABSL_FLAG(bool, tls, false, "connect with TLS");
@@ -115,90 +114,6 @@ std::unique_ptr<grpc::ClientContext> Context() {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms)));
   return context;
-}
-
-// grpc.health.v1 Check of the server ("") or of one model.
-int Health(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(channel);
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  grpc::health::v1::HealthCheckResponse response;
-  const grpc::Status status = stub->Check(Context().get(), request, &response);
-  if (status.error_code() == grpc::StatusCode::NOT_FOUND && !service.empty()) {
-    // The health service only says "unknown": name what is served.
-    v1::ListModelsResponse models;
-    auto attention = v1::AttentionService::NewStub(channel);
-    std::vector<std::string> names;
-    if (attention->ListModels(Context().get(), {}, &models).ok()) {
-      for (const v1::ModelInfo& m : models.models()) names.push_back(m.name());
-    }
-    std::fprintf(stderr, "NOT_FOUND: no model '%s' on this server; it has: %s\n", service.c_str(),
-                 absl::StrJoin(names, ", ").c_str());
-    return 1;
-  }
-  if (!status.ok()) return ReportError(status);
-  const bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-  std::printf("%s: %s\n", service.empty() ? "server" : service.c_str(),
-              grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
-  return serving ? 0 : 1;
-}
-
-int Models(v1::AttentionService::Stub& stub) {
-  v1::ListModelsResponse response;
-  const grpc::Status status = stub.ListModels(Context().get(), {}, &response);
-  if (!status.ok()) return ReportError(status);
-  for (const v1::ModelInfo& m : response.models()) {
-    std::vector<int64_t> ready;
-    for (const v1::ModelVersionStatus& v : m.versions()) {
-      if (v.state() == v1::ModelInfo::STATE_READY) ready.push_back(v.version());
-    }
-    std::printf(
-        "%-24s %-6s %s\n", m.name().c_str(),
-        m.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
-        m.state() == v1::ModelInfo::STATE_READY
-            ? absl::StrCat("E=", m.embed_dim(), " h=", m.num_heads(), " layout=", m.weight_layout(),
-                           " params=", m.parameter_count(), " versions=", absl::StrJoin(ready, ","))
-                  .c_str()
-            : m.error().c_str());
-  }
-  return 0;
-}
-
-int Info(v1::AttentionService::Stub& stub, const std::string& name) {
-  v1::GetModelRequest request;
-  request.set_name(name);
-  v1::ModelInfo info;
-  const grpc::Status status = stub.GetModel(Context().get(), request, &info);
-  if (!status.ok()) return ReportError(status);
-  std::printf("%s", info.DebugString().c_str());
-  return 0;
-}
-
-// `load_model NAME` / `unload_model NAME` (--model_control_mode poll or
-// explicit on the server): waits for the load, then prints the versions.
-int ControlModel(v1::AttentionService::Stub& stub, bool load, const std::string& name) {
-  std::unique_ptr<grpc::ClientContext> context = Context();
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-  if (!load) {
-    v1::UnloadModelRequest request;
-    request.set_name(name);
-    v1::UnloadModelResponse response;
-    const grpc::Status status = stub.UnloadModel(context.get(), request, &response);
-    if (!status.ok()) return ReportError(status);
-    std::printf("%s: unloaded\n", name.c_str());
-    return 0;
-  }
-  v1::LoadModelRequest request;
-  request.set_name(name);
-  v1::ModelInfo info;
-  const grpc::Status status = stub.LoadModel(context.get(), request, &info);
-  if (!status.ok()) return ReportError(status);
-  for (const v1::ModelVersionStatus& v : info.versions()) {
-    std::printf("%s version %lld: %s%s%s\n", name.c_str(), static_cast<long long>(v.version()),
-                v.state() == v1::ModelInfo::STATE_READY ? "READY" : "FAILED",
-                v.error().empty() ? "" : " ", v.error().c_str());
-  }
-  return 0;
 }
 
 // The names of the flags on the command line (Abseil of this version keeps
@@ -497,10 +412,13 @@ int main(int argc, char** argv) {
                  command.c_str(), args[expected_args]);
     return 2;
   }
-  if (command == "health") return mha::client::Health(channel, absl::GetFlag(FLAGS_model));
+  const mha::client::ContextFactory context = [] { return mha::client::Context(); };
+  if (command == "health") {
+    return mha::client::Health(channel, absl::GetFlag(FLAGS_model), context);
+  }
   if (absl::GetFlag(FLAGS_model).empty()) absl::SetFlag(&FLAGS_model, "demo");
-  if (command == "models") return mha::client::Models(*stub);
-  if (command == "info") return mha::client::Info(*stub, args[2]);
+  if (command == "models") return mha::client::Models(*stub, context);
+  if (command == "info") return mha::client::Info(*stub, args[2], context);
   if (command == "attend") return mha::client::Attend(*stub);
   if (command == "load") return mha::client::Load(channel);
   if (command == "session") {
@@ -512,10 +430,10 @@ int main(int argc, char** argv) {
                 .fork_at = std::max<int64_t>(0, absl::GetFlag(FLAGS_fork_at)),
                 .seed = absl::GetFlag(FLAGS_seed),
                 .quiet = absl::GetFlag(FLAGS_quiet),
-                .context = [] { return mha::client::Context(); }});
+                .context = context});
   }
-  if (command == "load_model") return mha::client::ControlModel(*stub, true, args[2]);
-  if (command == "unload_model") return mha::client::ControlModel(*stub, false, args[2]);
+  if (command == "load_model") return mha::client::ControlModel(*stub, true, args[2], context);
+  if (command == "unload_model") return mha::client::ControlModel(*stub, false, args[2], context);
   std::fprintf(stderr, "unknown command '%s'\nusage: %s\n", command.c_str(),
                absl::ProgramUsageMessage().data());
   return 2;

@@ -1,6 +1,6 @@
 // The engine's implementation behind MhaEngine: its weights, its two
 // attention paths and the plan of a call. Internal to engine/ (compute.cc,
-// mha_engine.cc, incremental_attention.cc, memory_estimate.cc, warm_up.cc);
+// mha_engine.cc, step_cache.cc, memory_estimate.cc, warm_up.cc);
 // nothing outside the engine includes it.
 #ifndef MHA_ENGINE_ENGINE_IMPL_H_
 #define MHA_ENGINE_ENGINE_IMPL_H_
@@ -17,7 +17,7 @@
 #include "engine/ops/kernels.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/packed_weights.h"
-#include "engine/sequence_attention.h"
+#include "engine/request_attention.h"
 #include "engine/step_attention.h"
 #include "engine/workspace.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -40,7 +40,7 @@ absl::Status GuardEngineCall(Call&& call) {
 
 // MhaEngine's implementation (see mha_engine.h for what each public method
 // does): owns the packed, reordered weights of one attention layer (its
-// linear layers) and the two attention paths, SequenceAttention for whole
+// linear layers) and the two attention paths, RequestAttention for whole
 // sequences and StepAttention for session steps. One call is planned from
 // its shapes (PlanCall), projected in as few products as the plan allows
 // (ProjectCall), attended on each path, and finished by one output product
@@ -56,11 +56,12 @@ class EngineImpl {
   void Compute(const AttentionBatch& sequences, const AppendBatch& steps, const MixedOutputs& out,
                Workspace& ws) const;
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
-  // Sessions (engine/incremental_attention.cc).
+  // Sessions (engine/step_cache.cc).
   KvLayout kv_layout() const;
   bool CanAppendSelf() const { return qkv_ != nullptr; }
-  void ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value, int64_t len,
-                     const MaskView& key_padding, KvCache& cache, Workspace& ws) const;
+  void ProjectEncoderMemory(absl::Span<const float> memory, absl::Span<const float> value,
+                            int64_t len, const MaskView& key_padding, KvCache& cache,
+                            Workspace& ws) const;
   // INVALID_ARGUMENT when `batch` and `out` do not fit each other or this
   // engine (ValidateBatch, and the weights' size).
   absl::Status ValidateRun(const AttentionBatch& batch, const AttentionOutputs& out) const;
@@ -75,7 +76,7 @@ class EngineImpl {
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
   int64_t StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights, int threads) const;
   uint64_t PrimitiveCacheMisses() const;
-  // Warm-up's part that needs no lengths (SequenceAttention's).
+  // Warm-up's part that needs no lengths (RequestAttention's).
   void MakeRuntimePrimitives() const { sequences_->MakeRuntimePrimitives(); }
   int64_t WeightBytes() const;
   const AttentionDims& dims() const { return dims_; }
@@ -110,7 +111,7 @@ class EngineImpl {
   std::unique_ptr<LinearLayer> k_, v_;
   std::unique_ptr<LinearLayer> out_;
   std::vector<float> norm_weight_, norm_bias_;
-  std::unique_ptr<const SequenceAttention> sequences_;
+  std::unique_ptr<const RequestAttention> sequences_;
   std::unique_ptr<const StepAttention> steps_;
 };
 

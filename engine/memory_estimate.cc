@@ -30,7 +30,7 @@ int64_t EngineImpl::ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const 
     if (layer != nullptr) bytes = std::max(bytes, Grown(layer->ScratchpadBytes(rows)));
   };
   // Self-attention rows (kv_rows 0) go through qkv_, or through q_ and the
-  // key/value layers when a long request is split (ProjectMemory).
+  // key/value layers when a long request is split (ProjectEncoderMemory).
   const int64_t keys = kv_rows > 0 ? kv_rows : q_rows;
   for (const auto* layer : {&qkv_, &q_, &out_}) need(*layer, q_rows);
   for (const auto* layer : {&kv_, &k_, &v_}) need(*layer, keys);
@@ -76,7 +76,7 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
                           kOnednnScratchpadAllowance;
     return bytes + std::max(1, threads) * child;
   }
-  // The largest block's scores (and bf16 probabilities), as SequenceAttention cuts them.
+  // The largest block's scores (and bf16 probabilities), as RequestAttention cuts them.
   const int64_t per_seq = h * shape.q_len * keys;
   const int64_t count = per_seq <= sequences_->ScoreCap()
                             ? std::clamp<int64_t>(sequences_->ScoreCap() / per_seq, 1, n)

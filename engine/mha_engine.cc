@@ -105,7 +105,7 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
   }
   norm_weight_ = w.norm_weight;
   norm_bias_ = w.norm_bias;
-  sequences_ = std::make_unique<const SequenceAttention>(dims, options, act_dt_, bias_k, bias_v);
+  sequences_ = std::make_unique<const RequestAttention>(dims, options, act_dt_, bias_k, bias_v);
   steps_ =
       std::make_unique<const StepAttention>(dims, act_dt_, std::move(bias_k), std::move(bias_v));
 }

@@ -105,9 +105,9 @@ class MhaEngine {
   // `cache`'s keys and values: once, at the session's start. `cache` must be
   // empty with room for `len` tokens; `key_padding` (empty or [len], BOOL or
   // F32 as in Run) becomes its additive mask.
-  absl::Status ProjectMemory(absl::Span<const float> memory, absl::Span<const float> value,
-                             int64_t len, const MaskView& key_padding, KvCache& cache,
-                             Workspace& ws) const;
+  absl::Status ProjectEncoderMemory(absl::Span<const float> memory, absl::Span<const float> value,
+                                    int64_t len, const MaskView& key_padding, KvCache& cache,
+                                    Workspace& ws) const;
   // Elements Append writes into AppendOutputs::weights for `batch`.
   int64_t AppendWeightsElements(const AppendBatch& batch) const;
 

@@ -17,9 +17,9 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
-#include "server/frontends/attend_dispatch.h"
 #include "server/frontends/attention_service.h"
 #include "server/frontends/auth.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/frontends/health_reporter.h"
 #include "server/frontends/kserve_service.h"
 #include "server/frontends/reflection_v1.h"
@@ -57,7 +57,7 @@ struct ModelsNeed {
 ModelsNeed NeedOf(const ModelRepository& models) {
   ModelsNeed need;
   if (absl::StatusOr<std::vector<VersionPtr>> all = models.Select("", 0); all.ok()) {
-    for (const VersionPtr& v : *all) need.weights += v->model.engine->WeightBytes();
+    for (const VersionPtr& v : *all) need.weights += v->loaded.engine->WeightBytes();
   }
   return need;
 }
@@ -170,11 +170,11 @@ absl::Status Server::Build() {
         health_->Update();
         UpdateReserve();
       });
-  dispatcher_ = std::make_unique<AttendDispatcher>(
-      *models_, *metrics_,
-      RequestLimits{.max_tokens = options_.max_request_tokens,
-                    .max_message_bytes = options_.max_message_bytes},
-      *memory_, std::move(auth));
+  gate_ =
+      std::make_unique<FrontEndGate>(*models_, *metrics_,
+                                     RequestLimits{.max_tokens = options_.max_request_tokens,
+                                                   .max_message_bytes = options_.max_message_bytes},
+                                     std::move(auth));
   sessions_ =
       std::make_unique<SessionManager>(SessionOptions{.cache_bytes = session_cache_bytes_,
                                                       .max_sessions = options_.max_sessions,
@@ -193,8 +193,8 @@ absl::Status Server::Build() {
                    static_cast<long long>(restored.failed));
     }
   }
-  service_ = std::make_unique<AttentionServiceImpl>(*dispatcher_, *control_, *sessions_);
-  kserve_ = std::make_unique<KserveServiceImpl>(*dispatcher_, *control_, *sessions_);
+  service_ = std::make_unique<AttentionServiceImpl>(*gate_, *control_, *sessions_);
+  kserve_ = std::make_unique<KserveServiceImpl>(*gate_, *control_, *sessions_);
   reflection_v1_ = std::make_unique<ReflectionV1Service>(ServedServiceNames());
   unknown_methods_ = std::make_unique<UnknownMethods>();
 
@@ -243,7 +243,7 @@ void Server::StartDraining() {
   if (draining_ || grpc_server_ == nullptr) return;
   draining_ = true;
   health_->StopServing();
-  dispatcher_->StartDraining();
+  gate_->StartDraining();
   sessions_->StartDraining();  // no new sessions; steps go on until the grace period ends
 }
 

@@ -21,7 +21,7 @@ class Exposer;
 
 namespace mha::server {
 
-class AttendDispatcher;
+class FrontEndGate;
 class AttentionServiceImpl;
 class HealthReporter;
 class KserveServiceImpl;
@@ -65,7 +65,7 @@ struct ServerOptions {
 };
 
 // Owns the object graph of one server: metrics, the memory budget, the
-// worker pool, the model repository and its control, the dispatcher, the
+// worker pool, the model repository and its control, the front-end gate, the
 // sessions, the gRPC services and server, the metrics endpoint. Start and
 // Drain are called from one thread (main's); the server itself serves from
 // gRPC's threads and the pool's.
@@ -106,7 +106,7 @@ class Server {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<HealthReporter> health_;
   std::unique_ptr<ModelControl> control_;
-  std::unique_ptr<AttendDispatcher> dispatcher_;
+  std::unique_ptr<FrontEndGate> gate_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<KserveServiceImpl> kserve_;

@@ -83,22 +83,6 @@ void* Scratchpad(const MatmulPrimitive& p, Workspace& ws) {
   return ws.Get(Workspace::kOnednnScratchpad, md == nullptr ? 0 : dnnl_memory_desc_get_size(md));
 }
 
-// Puts a primitive made outside the lock into `cache` (the caller holds its
-// lock) unless another thread cached one for `key` meanwhile, and returns the
-// cached one; `added` is how many entries the cache grew by, for the shared
-// budget to learn of outside the lock (it may evict from this cache too).
-template <typename Cache, typename Key>
-std::shared_ptr<const MatmulPrimitive> Adopt(Cache& cache, const Key& key,
-                                             std::shared_ptr<const MatmulPrimitive> created,
-                                             uint64_t tick, int64_t& added) {
-  const size_t before = cache.size();
-  bool inserted = false;
-  std::shared_ptr<const MatmulPrimitive>& entry = cache.FindOrInsert(key, inserted, tick);
-  if (inserted) entry = std::move(created);
-  added = static_cast<int64_t>(cache.size()) - static_cast<int64_t>(before);
-  return entry;
-}
-
 }  // namespace
 
 dnnl::memory::desc MatmulSpec::SrcDesc() const {
@@ -167,50 +151,20 @@ void ExecuteMatmul(const MatmulPrimitive& p, const MatmulSpec& actual, Workspace
 int PrimitiveThreads() { return omp_get_max_threads(); }
 
 MatmulCache::MatmulCache(const dnnl::engine& engine, size_t capacity)
-    : engine_(engine), cache_(capacity) {
-  PrimitiveBudget::Get().Register(this);
-}
-
-MatmulCache::~MatmulCache() {
-  PrimitiveBudget::Get().Unregister(this);
-  PrimitiveBudget::Get().Removed(static_cast<int64_t>(size()));
-}
-
-size_t MatmulCache::size() const {
-  MutexLock lock(mu_);
-  return cache_.size();
-}
-
-uint64_t MatmulCache::OldestUse() const {
-  MutexLock lock(mu_);
-  return cache_.OldestUse();
-}
-
-bool MatmulCache::EvictOldest() {
-  MutexLock lock(mu_);
-  return cache_.EvictOldest();
-}
+    : engine_(engine), primitives_(capacity) {}
 
 std::shared_ptr<const MatmulPrimitive> MatmulCache::Get(const MatmulSpec& s) {
-  PrimitiveBudget& budget = PrimitiveBudget::Get();
-  const uint64_t tick = budget.Tick();
-  {
-    MutexLock lock(mu_);
-    if (const auto* found = cache_.Find({s, PrimitiveThreads()}, tick)) return *found;
-  }
-  auto created = std::make_shared<MatmulPrimitive>();
-  created->pd = dnnl::matmul::primitive_desc(
-      dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale), engine_);
-  created->primitive = dnnl::matmul(created->pd);
-  misses_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const MatmulPrimitive> result;
-  int64_t added = 0;
-  {
-    MutexLock lock(mu_);
-    result = Adopt(cache_, std::make_pair(s, PrimitiveThreads()), std::move(created), tick, added);
-  }
-  if (added > 0) budget.Added(added);
-  return result;
+  return primitives_.Get(
+      {s, PrimitiveThreads()},
+      [&] {
+        auto created = std::make_shared<MatmulPrimitive>();
+        created->pd = dnnl::matmul::primitive_desc(
+            dnnl::matmul::desc(s.SrcDesc(), s.WeightsDesc(), s.DstDesc()), MakeAttr(s.scale),
+            engine_);
+        created->primitive = dnnl::matmul(created->pd);
+        return created;
+      },
+      misses_);
 }
 
 LinearLayer::LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, dt act_dt, dt dst_dt)
@@ -234,7 +188,6 @@ LinearLayer::LinearLayer(const dnnl::engine& engine, const std::vector<float>& w
   weights_data_ = static_cast<const uint8_t*>(weights_.get_data_handle());
   bias_data_ = static_cast<const uint8_t*>(bias_.get_data_handle());
   FitScratchpad();
-  PrimitiveBudget::Get().Register(this);  // last: the budget may call it from now on
 }
 
 namespace {
@@ -319,7 +272,6 @@ std::unique_ptr<LinearLayer> LinearLayer::ColumnsOf(const LinearLayer& fused, in
   part->weights_data_ = fused.weights_data_ + offset * element;
   part->bias_data_ = fused.bias_data_ + first * static_cast<int64_t>(sizeof(float));
   part->FitScratchpad();
-  PrimitiveBudget::Get().Register(part.get());
   return part;
 }
 
@@ -331,42 +283,17 @@ dnnl::matmul::primitive_desc LinearLayer::MakePd(int64_t m, const dnnl::memory::
                                       engine_);
 }
 
-LinearLayer::~LinearLayer() {
-  PrimitiveBudget::Get().Unregister(this);
-  MutexLock lock(mu_);
-  PrimitiveBudget::Get().Removed(static_cast<int64_t>(by_m_.size()));
-}
-
-uint64_t LinearLayer::OldestUse() const {
-  MutexLock lock(mu_);
-  return by_m_.OldestUse();
-}
-
-bool LinearLayer::EvictOldest() {
-  MutexLock lock(mu_);
-  return by_m_.EvictOldest();
-}
-
 std::shared_ptr<const MatmulPrimitive> LinearLayer::PrimitiveFor(int64_t m) const {
-  PrimitiveBudget& budget = PrimitiveBudget::Get();
-  const uint64_t tick = budget.Tick();
-  {
-    MutexLock lock(mu_);
-    if (const auto* found = by_m_.Find({m, PrimitiveThreads()}, tick)) return *found;
-  }
-  auto created = std::make_shared<MatmulPrimitive>();
-  created->pd = MakePd(m, weights_desc_);
-  created->primitive = dnnl::matmul(created->pd);
-  created->has_bias = true;
-  misses_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_ptr<const MatmulPrimitive> result;
-  int64_t added = 0;
-  {
-    MutexLock lock(mu_);
-    result = Adopt(by_m_, std::make_pair(m, PrimitiveThreads()), std::move(created), tick, added);
-  }
-  if (added > 0) budget.Added(added);
-  return result;
+  return by_m_.Get(
+      {m, PrimitiveThreads()},
+      [&] {
+        auto created = std::make_shared<MatmulPrimitive>();
+        created->pd = MakePd(m, weights_desc_);
+        created->primitive = dnnl::matmul(created->pd);
+        created->has_bias = true;
+        return created;
+      },
+      misses_);
 }
 
 namespace {

@@ -112,30 +112,85 @@ class BoundMemories {
 // the threads its caller set, whoever created a primitive of its shape.
 int PrimitiveThreads();
 
+// Owns the primitives of one cache by `Key`, the `capacity` most recently
+// used, within the process-wide PrimitiveBudget: registered with it while
+// alive (it may take the least recently used back) and telling it of each
+// one added. A primitive is made outside the lock; when two threads make one
+// for the same key, the first cached is the one both use. Thread-safe.
+template <typename Key>
+class BudgetedPrimitives final : public PrimitiveBudget::Cache {
+ public:
+  explicit BudgetedPrimitives(size_t capacity) : cache_(capacity) {
+    PrimitiveBudget::Get().Register(this);
+  }
+  ~BudgetedPrimitives() override {
+    PrimitiveBudget::Get().Unregister(this);
+    PrimitiveBudget::Get().Removed(static_cast<int64_t>(size()));
+  }
+
+  // The primitive of `key`, made by `make()` when absent (counted in
+  // `made`).
+  template <typename Make>
+  std::shared_ptr<const MatmulPrimitive> Get(const Key& key, Make make,
+                                             std::atomic<uint64_t>& made) {
+    PrimitiveBudget& budget = PrimitiveBudget::Get();
+    const uint64_t tick = budget.Tick();
+    {
+      MutexLock lock(mu_);
+      if (const auto* found = cache_.Find(key, tick)) return *found;
+    }
+    std::shared_ptr<const MatmulPrimitive> created = make();
+    made.fetch_add(1, std::memory_order_relaxed);
+    std::shared_ptr<const MatmulPrimitive> result;
+    int64_t added = 0;
+    {
+      MutexLock lock(mu_);
+      const size_t before = cache_.size();
+      bool inserted = false;
+      std::shared_ptr<const MatmulPrimitive>& entry = cache_.FindOrInsert(key, inserted, tick);
+      if (inserted) entry = std::move(created);
+      result = entry;
+      added = static_cast<int64_t>(cache_.size()) - static_cast<int64_t>(before);
+    }
+    if (added > 0) budget.Added(added);  // outside the lock: it may evict from here
+    return result;
+  }
+  size_t size() const {
+    MutexLock lock(mu_);
+    return cache_.size();
+  }
+
+  // PrimitiveBudget::Cache.
+  uint64_t OldestUse() const override {
+    MutexLock lock(mu_);
+    return cache_.OldestUse();
+  }
+  bool EvictOldest() override {
+    MutexLock lock(mu_);
+    return cache_.EvictOldest();
+  }
+
+ private:
+  mutable Mutex mu_;
+  LruCache<Key, std::shared_ptr<const MatmulPrimitive>> cache_ ABSL_GUARDED_BY(mu_);
+};
+
 // Creates each distinct MatmulSpec's primitive once per thread count and
 // keeps the `capacity` most recently used, within the process-wide
 // PrimitiveBudget (which may take its least recently used ones back).
 // Thread-safe.
-class MatmulCache final : public PrimitiveBudget::Cache {
+class MatmulCache final {
  public:
   static constexpr size_t kDefaultCapacity = 4096;
   explicit MatmulCache(const dnnl::engine& engine, size_t capacity = kDefaultCapacity);
-  ~MatmulCache() override;
   std::shared_ptr<const MatmulPrimitive> Get(const MatmulSpec& spec);
   // Primitives created since construction (lookups that found none).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
-  size_t size() const;
-
-  // PrimitiveBudget::Cache.
-  uint64_t OldestUse() const override;
-  bool EvictOldest() override;
+  size_t size() const { return primitives_.size(); }
 
  private:
   dnnl::engine engine_;
-  mutable Mutex mu_;
-  // By (spec, PrimitiveThreads()).
-  LruCache<std::pair<MatmulSpec, int>, std::shared_ptr<const MatmulPrimitive>> cache_
-      ABSL_GUARDED_BY(mu_);
+  BudgetedPrimitives<std::pair<MatmulSpec, int>> primitives_;  // by (spec, PrimitiveThreads())
   std::atomic<uint64_t> misses_{0};
 };
 
@@ -144,7 +199,7 @@ class MatmulCache final : public PrimitiveBudget::Cache {
 // it is a column range of, and one primitive per m and thread count seen (the
 // most recently used 1024, within the process-wide PrimitiveBudget). Immutable after
 // construction apart from that cache; thread-safe.
-class LinearLayer final : public PrimitiveBudget::Cache {
+class LinearLayer final {
  public:
   // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
   // `act_dt` (f32 or bf16); the output is `dst_dt`.
@@ -160,8 +215,6 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   // outlive the result.
   static std::unique_ptr<LinearLayer> ColumnsOf(const LinearLayer& fused, int64_t first,
                                                 int64_t count);
-
-  ~LinearLayer() override;
 
   void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
   // What its own packed weights and bias hold (0 for a column range of
@@ -179,10 +232,6 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   int64_t ScratchpadBytes(int64_t m) const;
   // Primitives created since construction (per number of rows and threads).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
-
-  // PrimitiveBudget::Cache.
-  uint64_t OldestUse() const override;
-  bool EvictOldest() override;
 
  private:
   LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, onednn::dt act_dt,
@@ -203,10 +252,7 @@ class LinearLayer final : public PrimitiveBudget::Cache {
   dnnl::memory::desc weights_desc_;  // this layer's [k, n] in its packed format
   const uint8_t* weights_data_ = nullptr;
   const uint8_t* bias_data_ = nullptr;
-  mutable Mutex mu_;
-  // By (m, PrimitiveThreads()).
-  mutable LruCache<std::pair<int64_t, int>, std::shared_ptr<const MatmulPrimitive>> by_m_
-      ABSL_GUARDED_BY(mu_);
+  mutable BudgetedPrimitives<std::pair<int64_t, int>> by_m_{kMaxEntries};  // by (m, threads)
   mutable std::atomic<uint64_t> misses_{0};
   // ScratchpadBytes' line: bytes at 0 rows and per row (FitScratchpad).
   int64_t scratchpad_base_ = 0, scratchpad_per_row_ = 0;

@@ -5,15 +5,11 @@
 
 #include "engine/status_macros.h"
 #include "engine/weights.h"
+#include "server/frontends/statistics_fill.h"
 #include "server/frontends/stream_reactor.h"
 
 namespace mha::server {
 namespace {
-
-void Fill(const ModelStatistics::Duration& d, v1::StageDuration* out) {
-  out->set_count(d.count);
-  out->set_ns(d.ns);
-}
 
 void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out) {
   const ModelStatistics::Snapshot s = version.statistics->Read();
@@ -22,18 +18,11 @@ void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out
   out->set_last_inference_ms(s.last_inference_ms);
   out->set_inference_count(s.inference_count);
   out->set_execution_count(s.execution_count);
-  Fill(s.success, out->mutable_success());
-  Fill(s.fail, out->mutable_fail());
-  Fill(s.queue, out->mutable_queue());
-  Fill(s.compute_input, out->mutable_compute_input());
-  Fill(s.compute_infer, out->mutable_compute_infer());
-  Fill(s.compute_output, out->mutable_compute_output());
+  FillStages(s, out);
   for (const auto& [requests, stages] : s.batches) {
     v1::BatchStatistics* batch = out->add_batches();
     batch->set_requests(requests);
-    Fill(stages.compute_input, batch->mutable_compute_input());
-    Fill(stages.compute_infer, batch->mutable_compute_infer());
-    Fill(stages.compute_output, batch->mutable_compute_output());
+    FillComputeStages(stages, batch);
   }
 }
 
@@ -52,7 +41,7 @@ v1::ModelInfo ToModelInfo(const ModelStatus& status) {
     info.set_state(v1::ModelInfo::STATE_FAILED);
     return info;
   }
-  const LoadedModel& newest = status.newest->model;
+  const LoadedModel& newest = status.newest->loaded;
   info.set_state(v1::ModelInfo::STATE_READY);
   *info.mutable_config() = newest.config;
   info.set_weight_layout(WeightLayoutName(newest.layout));
@@ -79,7 +68,7 @@ void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
 
 grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionServiceImpl::Stream(
     grpc::CallbackServerContext* context) {
-  return new StreamReactor(context, dispatcher_, session_calls_);
+  return new StreamReactor(context, gate_, session_calls_);
 }
 
 namespace {
@@ -90,15 +79,11 @@ class UnaryAttendCall final : public DispatchedCall {
  public:
   UnaryAttendCall(grpc::CallbackServerContext* context, CallReactor* reactor,
                   const v1::AttendRequest* request, v1::AttendResponse* response,
-                  const AttendDispatcher& dispatcher)
-      : context_(context),
-        reactor_(reactor),
-        request_(request),
-        response_(response),
-        dispatcher_(dispatcher) {}
+                  const FrontEndGate& gate)
+      : context_(context), reactor_(reactor), request_(request), response_(response), gate_(gate) {}
 
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
-    return DecodeAttendRequest(*request_, model.model.dims, dispatcher_.limits());
+    return DecodeAttendRequest(*request_, model.loaded.dims, gate_.limits());
   }
 
  private:
@@ -118,7 +103,7 @@ class UnaryAttendCall final : public DispatchedCall {
   CallReactor* const reactor_;
   const v1::AttendRequest* const request_;
   v1::AttendResponse* const response_;
-  const AttendDispatcher& dispatcher_;
+  const FrontEndGate& gate_;
 };
 
 }  // namespace
@@ -127,55 +112,49 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
                                                        const v1::AttendRequest* request,
                                                        v1::AttendResponse* response) {
   auto* reactor = new CallReactor();
-  dispatcher_.Dispatch(
-      context, std::make_unique<UnaryAttendCall>(context, reactor, request, response, dispatcher_),
-      request->model(), request->model_version(), kApiMha);
+  gate_.Dispatch(context,
+                 std::make_unique<UnaryAttendCall>(context, reactor, request, response, gate_),
+                 request->model(), request->model_version(), kApiMha);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerContext* context,
                                                            const v1::ListModelsRequest*,
                                                            v1::ListModelsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Status allowed = dispatcher_.Authorize(*context);
+  const absl::Status allowed = gate_.Authorize(*context);
   if (allowed.ok()) {
-    for (const ModelStatus& status : dispatcher_.models().Statuses()) {
+    for (const ModelStatus& status : gate_.models().Statuses()) {
       *response->add_models() = ToModelInfo(status);
     }
   }
-  reactor->Finish(ToGrpcStatus(allowed));
-  return reactor;
+  return FinishUnary(context, allowed);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerContext* context,
                                                          const v1::GetModelRequest* request,
                                                          v1::ModelInfo* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (absl::Status allowed = dispatcher_.Authorize(*context); !allowed.ok()) {
-    reactor->Finish(ToGrpcStatus(allowed));
-    return reactor;
+  if (absl::Status allowed = gate_.Authorize(*context); !allowed.ok()) {
+    return FinishUnary(context, allowed);
   }
-  absl::StatusOr<ModelStatus> status = dispatcher_.models().Status(request->name());
+  absl::StatusOr<ModelStatus> status = gate_.models().Status(request->name());
   if (status.ok()) *response = ToModelInfo(*status);
-  reactor->Finish(ToGrpcStatus(status.status()));
-  return reactor;
+  return FinishUnary(context, status.status());
 }
 
 absl::Status AttentionServiceImpl::ControlAllowed(
     const grpc::CallbackServerContext& context) const {
-  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  RETURN_IF_ERROR(gate_.Authorize(context));
   return control_.Allowed();
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerContext* context,
                                                           const v1::LoadModelRequest* request,
                                                           v1::ModelInfo* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (absl::Status allowed = ControlAllowed(*context); !allowed.ok()) {
-    reactor->Finish(ToGrpcStatus(allowed));
-    return reactor;
+    return FinishUnary(context, allowed);
   }
-  const ModelRepository& models = dispatcher_.models();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const ModelRepository& models = gate_.models();
   control_.Load(request->name(),
                 [reactor, response, &models, name = request->name()](absl::Status status) {
                   if (absl::StatusOr<ModelStatus> model = models.Status(name); model.ok()) {
@@ -189,31 +168,27 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* AttentionServiceImpl::UnloadModel(grpc::CallbackServerContext* context,
                                                             const v1::UnloadModelRequest* request,
                                                             v1::UnloadModelResponse*) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (absl::Status allowed = ControlAllowed(*context); !allowed.ok()) {
-    reactor->Finish(ToGrpcStatus(allowed));
-    return reactor;
+    return FinishUnary(context, allowed);
   }
-  control_.Unload(request->name(),
-                  [reactor](absl::Status status) { reactor->Finish(ToGrpcStatus(status)); });
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  control_.Unload(request->name(), FinisherOf(reactor));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::GetModelStatistics(
     grpc::CallbackServerContext* context, const v1::GetModelStatisticsRequest* request,
     v1::ModelStatisticsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok()) {
     absl::StatusOr<std::vector<VersionPtr>> selected =
-        dispatcher_.models().Select(request->name(), request->version());
+        gate_.models().Select(request->name(), request->version());
     status = selected.status();
     if (selected.ok()) {
       for (const VersionPtr& v : *selected) FillStatistics(*v, response->add_models());
     }
   }
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishUnary(context, status);
 }
 
 }  // namespace mha::server

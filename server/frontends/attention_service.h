@@ -4,7 +4,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.grpc.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/frontends/session_calls.h"
 #include "server/models/model_control.h"
 #include "server/sessions/session_manager.h"
@@ -15,18 +15,14 @@ namespace mha::server {
 void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
                           const AttentionResult& result, v1::AttendResponse* response);
 
-// Borrows the dispatcher, the model control and the sessions (all outlive
+// Borrows the front-end gate, the model control and the sessions (all outlive
 // the server).
 // Handlers validate, enqueue and return; they never wait for compute or for
 // a load. Thread-safe.
 class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
  public:
-  AttentionServiceImpl(AttendDispatcher& dispatcher, ModelControl& control,
-                       SessionManager& sessions)
-      : dispatcher_(dispatcher),
-        control_(control),
-        sessions_(sessions),
-        session_calls_(dispatcher, sessions) {}
+  AttentionServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions)
+      : gate_(gate), control_(control), sessions_(sessions), session_calls_(gate, sessions) {}
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -73,7 +69,7 @@ class AttentionServiceImpl final : public v1::AttentionService::CallbackService 
   // Why a model control call may not run (auth, mode none), or OK.
   absl::Status ControlAllowed(const grpc::CallbackServerContext& context) const;
 
-  AttendDispatcher& dispatcher_;
+  FrontEndGate& gate_;
   ModelControl& control_;
   SessionManager& sessions_;
   SessionCalls session_calls_;

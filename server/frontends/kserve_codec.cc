@@ -73,10 +73,6 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
                    dtype == DType::kF32 ? "fp32_contents" : "bool_contents", " only"));
 }
 
-constexpr char kShmRegion[] = "shared_memory_region";
-constexpr char kShmByteSize[] = "shared_memory_byte_size";
-constexpr char kShmOffset[] = "shared_memory_offset";
-
 // An input's or output's shared-memory slice (Triton's parameters), or none
 // when it names no region. Any other tensor parameter is refused.
 absl::StatusOr<std::optional<SharedMemorySlice>> SharedMemoryOf(
@@ -293,6 +289,19 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
   return absl::OkStatus();
 }
 
+// The inputs, parameters and requested outputs of `request`, as DecodeInferRequest
+// and DecodeSequenceRequest both start; inputs converted from other dtypes
+// live in `converted`.
+absl::Status ReadRequest(const inference::ModelInferRequest& request,
+                         const SharedMemoryRegistry* shared_memory, const RequestLimits& limits,
+                         RequestInputs& in, std::deque<std::string>& converted,
+                         std::vector<RequestedOutput>& outputs) {
+  RETURN_IF_ERROR(ViewInputs(request, shared_memory, limits.max_message_bytes, in, converted));
+  RETURN_IF_ERROR(ReadParameters(request, in));
+  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
@@ -302,9 +311,7 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
                                                     std::vector<RequestedOutput>& outputs) {
   auto converted = std::make_shared<std::deque<std::string>>();
   RequestInputs in;
-  RETURN_IF_ERROR(ViewInputs(request, shared_memory, limits.max_message_bytes, in, *converted));
-  RETURN_IF_ERROR(ReadParameters(request, in));
-  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
+  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, *converted, outputs));
   ASSIGN_OR_RETURN(AttentionRequest decoded,
                    AttentionRequest::Create(dims, in, limits.max_tokens, DTypeSpelling::kKserve));
   RETURN_IF_ERROR(CheckOutputSlices(outputs, decoded));
@@ -320,9 +327,7 @@ absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInfer
                                                      std::vector<RequestedOutput>& outputs) {
   auto converted = std::make_shared<std::deque<std::string>>();
   RequestInputs in;
-  RETURN_IF_ERROR(ViewInputs(request, shared_memory, limits.max_message_bytes, in, *converted));
-  RETURN_IF_ERROR(ReadParameters(request, in));
-  ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
+  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, *converted, outputs));
   if (in.attn_mask.has_value() || in.is_causal || in.per_head_weights) {
     return absl::InvalidArgumentError(
         "a sequence request takes no attn_mask, is_causal or per_head_weights: its tokens "
@@ -464,79 +469,6 @@ absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::s
                                             "\": versions are positive numbers"));
   }
   return number;
-}
-
-absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
-                               const std::vector<RequestedOutput>& outputs,
-                               const ResultLayout& layout, const AttentionResult& result,
-                               inference::ModelInferResponse* response) {
-  response->set_model_name(request.model_name());
-  response->set_model_version(absl::StrCat(version));
-  response->set_id(request.id());
-  for (const RequestedOutput& requested : outputs) {
-    const bool is_output = requested.name == kOutputName;
-    const DType dtype = is_output ? layout.output_dtype : DType::kF32;
-    const std::vector<int64_t>& shape = is_output ? layout.output_shape : layout.weights_shape;
-    inference::ModelInferResponse::InferOutputTensor* tensor = response->add_outputs();
-    tensor->set_name(requested.name);
-    tensor->set_datatype(DTypeName(dtype, DTypeSpelling::kKserve));
-    tensor->mutable_shape()->Assign(shape.begin(), shape.end());
-    std::string* raw = response->add_raw_output_contents();
-    const absl::Span<const float> values = is_output ? result.output : result.weights;
-    if (!requested.shared_memory.has_value()) {
-      EncodeBytes(values, dtype, *raw);
-      continue;
-    }
-    const SharedMemorySlice& slice = *requested.shared_memory;
-    if (values.size() * DTypeSize(dtype) > slice.byte_size) {
-      return absl::InvalidArgumentError(absl::StrCat("output ", requested.name, ": ", kShmByteSize,
-                                                     " ", slice.byte_size, " cannot hold its ",
-                                                     values.size() * DTypeSize(dtype), " bytes"));
-    }
-    if (dtype == DType::kF32) {  // straight from the engine's output
-      RETURN_IF_ERROR(slice.Write(Bytes(values.data(), values.size() * sizeof(float))));
-    } else {
-      std::string converted;
-      EncodeBytes(values, dtype, converted);
-      RETURN_IF_ERROR(slice.Write(Bytes(converted.data(), converted.size())));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
-                                  const std::vector<RequestedOutput>& outputs,
-                                  const StepLayout& layout, const AppendResult& result,
-                                  inference::ModelInferResponse* response) {
-  const int64_t tokens = layout.output_shape[layout.output_shape.size() - 2];
-  std::vector<int64_t> weights_shape = {tokens, result.keys};
-  if (layout.output_shape.size() == 3) weights_shape.insert(weights_shape.begin(), 1);
-  ResultLayout as_attend{layout.output_dtype, layout.output_shape, std::move(weights_shape)};
-  return FillInferResponse(request, version, outputs, as_attend,
-                           AttentionResult{result.output, result.weights}, response);
-}
-
-void DescribeModel(const std::string& name, const AttentionDims& dims,
-                   const std::vector<int64_t>& versions,
-                   inference::ModelMetadataResponse* response) {
-  response->set_name(name);
-  for (const int64_t v : versions) response->add_versions(absl::StrCat(v));
-  response->set_platform("mha_onednn");
-  const char* fp32 = DTypeName(DType::kF32, DTypeSpelling::kKserve);
-  const char* boolean = DTypeName(DType::kBool, DTypeSpelling::kKserve);
-  auto add = [](auto* list, const char* tensor, const char* datatype, std::vector<int64_t> shape) {
-    auto* meta = list->Add();
-    meta->set_name(tensor);
-    meta->set_datatype(datatype);
-    meta->mutable_shape()->Assign(shape.begin(), shape.end());
-  };
-  add(response->mutable_inputs(), "query", fp32, {-1, -1, dims.embed_dim});
-  add(response->mutable_inputs(), "key", fp32, {-1, -1, dims.kdim});
-  add(response->mutable_inputs(), "value", fp32, {-1, -1, dims.vdim});
-  add(response->mutable_inputs(), "key_padding_mask", boolean, {-1, -1});
-  add(response->mutable_inputs(), "attn_mask", boolean, {-1, -1});
-  add(response->mutable_outputs(), kOutputName, fp32, {-1, -1, dims.embed_dim});
-  add(response->mutable_outputs(), kWeightsName, fp32, {-1, -1, -1});
 }
 
 }  // namespace mha::server

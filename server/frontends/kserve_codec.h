@@ -14,7 +14,7 @@
 #include "engine/attention_request.h"
 #include "engine/model_config.h"
 #include "inference/grpc_service.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/frontends/request_codec.h"
 #include "server/frontends/session_codec.h"
 #include "server/frontends/shared_memory.h"
@@ -24,6 +24,10 @@ namespace mha::server {
 // Output tensor names of ModelInfer.
 inline constexpr char kOutputName[] = "output";
 inline constexpr char kWeightsName[] = "attn_weights";
+// Triton's tensor parameters naming a shared-memory slice.
+inline constexpr char kShmRegion[] = "shared_memory_region";
+inline constexpr char kShmByteSize[] = "shared_memory_byte_size";
+inline constexpr char kShmOffset[] = "shared_memory_offset";
 // A KServe model_version: "" -> 0 (the newest ready one), else a positive
 // decimal number; NOT_FOUND for anything else.
 absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version);

@@ -28,14 +28,14 @@ struct SequenceCalls::Step {
 
 absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
     const inference::ModelInferRequest& request, const std::string& id, VersionPtr& found) {
-  if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
+  if (gate_.draining()) return absl::UnavailableError("server is shutting down");
   ASSIGN_OR_RETURN(const int64_t number,
                    ParseModelVersion(request.model_name(), request.model_version()));
-  ASSIGN_OR_RETURN(VersionPtr version, dispatcher_.models().Find(request.model_name(), number));
+  ASSIGN_OR_RETURN(VersionPtr version, gate_.models().Find(request.model_name(), number));
   found = version;
   std::vector<RequestedOutput> outputs;
   ASSIGN_OR_RETURN(SequenceInputs in,
-                   DecodeSequenceRequest(request, version->model.dims, dispatcher_.limits(),
+                   DecodeSequenceRequest(request, version->loaded.dims, gate_.limits(),
                                          shared_memory_, /*start=*/true, outputs));
   // Triton's rule: a start on an id still open ends that sequence first.
   (void)sessions_.Close(id);
@@ -62,7 +62,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
   found = *version;
   std::vector<RequestedOutput> outputs;
   ASSIGN_OR_RETURN(SequenceInputs in,
-                   DecodeSequenceRequest(request, (*version)->model.dims, dispatcher_.limits(),
+                   DecodeSequenceRequest(request, (*version)->loaded.dims, gate_.limits(),
                                          shared_memory_, /*start=*/false, outputs));
   return std::make_shared<Step>(
       AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)}, std::move(outputs));
@@ -77,7 +77,7 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
   const absl::Time received = absl::Now();
   VersionPtr found;
   absl::StatusOr<std::shared_ptr<Step>> decoded = [&]() -> absl::StatusOr<std::shared_ptr<Step>> {
-    RETURN_IF_ERROR(dispatcher_.Authorize(context));
+    RETURN_IF_ERROR(gate_.Authorize(context));
     return sequence.start ? Start(request, id, found) : Continue(request, id, sequence.id, found);
   }();
   if (!decoded.ok()) {

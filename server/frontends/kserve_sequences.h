@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/sessions/session_manager.h"
 
@@ -22,7 +22,7 @@ namespace mha::server {
 // session ids cannot hold '/', so no OpenSession takes one of these ids.
 std::string SequenceSessionId(const std::string& model, const std::string& sequence_id);
 
-// Borrows the dispatcher (auth, repository, limits, draining), the session
+// Borrows the front-end gate (auth, repository, limits, draining), the session
 // manager and the shared-memory registry, which outlive it. Thread-safe.
 //
 // A start request ends the sequence of that id if one is open (Triton's
@@ -37,9 +37,9 @@ class SequenceCalls {
   using Done = std::function<void(const absl::Status&)>;
 
   // `shared_memory` (may be null) is the registry requests name regions of.
-  SequenceCalls(AttendDispatcher& dispatcher, SessionManager& sessions,
+  SequenceCalls(FrontEndGate& gate, SessionManager& sessions,
                 const SharedMemoryRegistry* shared_memory)
-      : dispatcher_(dispatcher), sessions_(sessions), shared_memory_(shared_memory) {}
+      : gate_(gate), sessions_(sessions), shared_memory_(shared_memory) {}
 
   // Runs `request` (read as `parameters`, whose `sequence` is set) and fills
   // `response`; `done` is called exactly once, after that (on a worker, or
@@ -61,7 +61,7 @@ class SequenceCalls {
                                                  const std::string& id,
                                                  const std::string& sequence_id, VersionPtr& found);
 
-  AttendDispatcher& dispatcher_;
+  FrontEndGate& gate_;
   SessionManager& sessions_;
   const SharedMemoryRegistry* const shared_memory_;
 };

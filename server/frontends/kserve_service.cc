@@ -12,6 +12,7 @@
 #include "mha/v1/model_config.pb.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/message_stream.h"
+#include "server/frontends/statistics_fill.h"
 #include "server/frontends/triton_config.h"
 #include "server/models/model_upload.h"
 
@@ -22,17 +23,6 @@
 namespace mha::server {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
-void Fill(const ModelStatistics::Duration& d, inference::StatisticDuration* out) {
-  out->set_count(d.count);
-  out->set_ns(d.ns);
-}
-
 void FillStatistics(const ModelVersion& version, inference::ModelStatistics* out) {
   const ModelStatistics::Snapshot s = version.statistics->Read();
   out->set_name(version.name);
@@ -41,18 +31,11 @@ void FillStatistics(const ModelVersion& version, inference::ModelStatistics* out
   out->set_inference_count(s.inference_count);
   out->set_execution_count(s.execution_count);
   inference::InferStatistics* stats = out->mutable_inference_stats();
-  Fill(s.success, stats->mutable_success());
-  Fill(s.fail, stats->mutable_fail());
-  Fill(s.queue, stats->mutable_queue());
-  Fill(s.compute_input, stats->mutable_compute_input());
-  Fill(s.compute_infer, stats->mutable_compute_infer());
-  Fill(s.compute_output, stats->mutable_compute_output());
+  FillStages(s, stats);
   for (const auto& [sequences, stages] : s.batch_sizes) {
     inference::InferBatchStatistics* batch = out->add_batch_stats();
     batch->set_batch_size(sequences);
-    Fill(stages.compute_input, batch->mutable_compute_input());
-    Fill(stages.compute_infer, batch->mutable_compute_infer());
-    Fill(stages.compute_output, batch->mutable_compute_output());
+    FillComputeStages(stages, batch);
   }
 }
 
@@ -62,21 +45,21 @@ absl::StatusOr<VersionPtr> KserveServiceImpl::FindVersion(const std::string& nam
                                                           const std::string& version) const {
   absl::StatusOr<int64_t> number = ParseModelVersion(name, version);
   if (!number.ok()) return number.status();
-  return dispatcher_.models().Find(name, *number);
+  return gate_.models().Find(name, *number);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ServerLive(grpc::CallbackServerContext* context,
                                                         const inference::ServerLiveRequest*,
                                                         inference::ServerLiveResponse* response) {
   response->set_live(true);
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ServerReady(grpc::CallbackServerContext* context,
                                                          const inference::ServerReadyRequest*,
                                                          inference::ServerReadyResponse* response) {
-  response->set_ready(!dispatcher_.draining());  // as grpc.health.v1's overall status
-  return Finish(context, absl::OkStatus());
+  response->set_ready(!gate_.draining());  // as grpc.health.v1's overall status
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelReady(grpc::CallbackServerContext* context,
@@ -87,16 +70,16 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelReady(grpc::CallbackServerCont
   // load is not ready, and that is an answer, not an error.
   if (absl::IsFailedPrecondition(model.status()) || absl::IsNotFound(model.status())) {
     response->set_ready(false);
-    return Finish(context, absl::OkStatus());
+    return FinishUnary(context, absl::OkStatus());
   }
-  if (model.ok()) response->set_ready(!dispatcher_.draining());
-  return Finish(context, model.status());
+  if (model.ok()) response->set_ready(!gate_.draining());
+  return FinishUnary(context, model.status());
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
-  const absl::Status allowed = dispatcher_.Authorize(*context);
+  const absl::Status allowed = gate_.Authorize(*context);
   if (allowed.ok()) {
     response->set_name("mha-serve");
     response->set_version(MHA_VERSION);
@@ -112,28 +95,28 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ServerMetadata(
     response->add_extensions("sequence");
     response->add_extensions("system_shared_memory");
   }
-  return Finish(context, allowed);
+  return FinishUnary(context, allowed);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok()) {
     absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
     status = model.status();
     if (status.ok()) {
-      DescribeModel((*model)->name, (*model)->model.dims,
-                    dispatcher_.models().ReadyVersions(request->name()), response);
+      DescribeModel((*model)->name, (*model)->loaded.dims,
+                    gate_.models().ReadyVersions(request->name()), response);
     }
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok()) {
     absl::StatusOr<VersionPtr> model = FindVersion(request->name(), request->version());
     // Triton: NOT_FOUND for a model that is unknown, unloaded or not ready.
@@ -144,10 +127,10 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelConfig(
       status = model.status();
     }
     if (status.ok()) {
-      DescribeTritonConfig(**model, dispatcher_.limits().max_tokens, response->mutable_config());
+      DescribeTritonConfig(**model, gate_.limits().max_tokens, response->mutable_config());
     }
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 // A ModelInfer request as a call: decoded and encoded the KServe way (the
@@ -159,7 +142,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
             const KserveServiceImpl& service)
       : request_(request),
         response_(response),
-        dispatcher_(service.dispatcher_),
+        gate_(service.gate_),
         shared_memory_(service.shared_memory_),
         version_(ParseModelVersion(request.model_name(), request.model_version())),
         call_parameters_(ReadCallParameters(request)),
@@ -175,7 +158,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
     if (!call_parameters_.ok()) return call_parameters_.status();
     LimitTime(call_parameters_->timeout);
     priority = call_parameters_->priority;
-    return DecodeInferRequest(request_, model.model.dims, dispatcher_.limits(), &shared_memory_,
+    return DecodeInferRequest(request_, model.loaded.dims, gate_.limits(), &shared_memory_,
                               outputs_);
   }
   // Whether each response should say it is its request's last (known
@@ -196,9 +179,6 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
     return std::min(absl::FromChrono(context.deadline()),
                     arrival_ + call_parameters_.value_or(InferCallParameters{}).timeout);
   }
-  // Answers a sequence request, which a session step computed (not the
-  // batcher: its answer does not pass Respond or Fail).
-  void AnswerSequence(const absl::Status& status) { Send(status, absl::Now() - arrival_); }
 
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
@@ -208,7 +188,7 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
 
   const inference::ModelInferRequest& request_;
   inference::ModelInferResponse* const response_;
-  const AttendDispatcher& dispatcher_;
+  const FrontEndGate& gate_;
   const SharedMemoryRegistry& shared_memory_;
   const absl::StatusOr<int64_t> version_;
   const absl::StatusOr<InferCallParameters> call_parameters_;
@@ -248,16 +228,19 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
 void KserveServiceImpl::StartInfer(grpc::CallbackServerContext* context,
                                    std::unique_ptr<InferCall> call) {
   if (const InferCallParameters* sequence = call->sequence_parameters(); sequence != nullptr) {
-    // Owned by the step's callback until it has answered.
+    // Owned by the step's callback until it has answered. The gate
+    // tracks it as every call (metrics, in flight); its session step computes
+    // it, and it answers through Answer, once.
     std::shared_ptr<InferCall> owned = std::move(call);
+    (void)gate_.Track(context, *owned, owned->request().model_name(), owned->version(), kApiKserve);
     sequences_.Infer(*context, owned->request(), *sequence, owned->Deadline(*context),
                      owned->response(),
-                     [owned](const absl::Status& status) { owned->AnswerSequence(status); });
+                     [owned](const absl::Status& status) { owned->Answer(status); });
     return;
   }
   const std::string model = call->request().model_name();
   const int64_t version = call->version();
-  dispatcher_.Dispatch(context, std::move(call), model, version, kApiKserve);
+  gate_.Dispatch(context, std::move(call), model, version, kApiKserve);
 }
 
 // One ModelStreamInfer call: each request runs as ModelInfer does; an error
@@ -322,18 +305,18 @@ KserveServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(
     grpc::CallbackServerContext* context, const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   absl::StatusOr<int64_t> version = ParseModelVersion(request->name(), request->version());
   if (status.ok()) status = version.status();
   if (status.ok()) {
     absl::StatusOr<std::vector<VersionPtr>> selected =
-        dispatcher_.models().Select(request->name(), *version);
+        gate_.models().Select(request->name(), *version);
     status = selected.status();
     if (selected.ok()) {
       for (const VersionPtr& v : *selected) FillStatistics(*v, response->add_model_stats());
     }
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 namespace {
@@ -412,12 +395,12 @@ absl::StatusOr<ModelSource> LoadSource(const RepositoryParameters& parameters,
 
 absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServerContext& context,
                                                       const std::string& repository_name) const {
-  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  RETURN_IF_ERROR(gate_.Authorize(context));
   RETURN_IF_ERROR(control_.Allowed());
-  if (!repository_name.empty() && repository_name != dispatcher_.models().dir()) {
+  if (!repository_name.empty() && repository_name != gate_.models().dir()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("repository_name: this server has one repository, '",
-                     dispatcher_.models().dir(), "' (or leave it empty)"));
+        absl::StrCat("repository_name: this server has one repository, '", gate_.models().dir(),
+                     "' (or leave it empty)"));
   }
   return absl::OkStatus();
 }
@@ -427,7 +410,7 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
     inference::RepositoryIndexResponse* response) {
   const absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
   if (status.ok()) {
-    for (const ModelRepository::IndexEntry& e : dispatcher_.models().Index()) {
+    for (const ModelRepository::IndexEntry& e : gate_.models().Index()) {
       if (request->ready() && !e.ready) continue;
       auto* model = response->add_models();
       model->set_name(e.name);
@@ -436,7 +419,7 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
       model->set_reason(e.reason);
     }
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
@@ -446,13 +429,10 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
   absl::StatusOr<ModelSource> source = absl::UnknownError("");
   if (status.ok()) source = LoadSource(request->parameters(), control_.mode());
   if (status.ok()) status = source.status();
-  if (!status.ok()) return Finish(context, status);
+  if (!status.ok()) return FinishUnary(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The request (whose files the source views) lives until Finish.
-  control_.Load(
-      request->model_name(),
-      [reactor](absl::Status loaded) { reactor->Finish(ToGrpcStatus(loaded)); },
-      *std::move(source));
+  control_.Load(request->model_name(), FinisherOf(reactor), *std::move(source));
   return reactor;
 }
 
@@ -461,17 +441,16 @@ grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
     inference::RepositoryModelUnloadResponse*) {
   absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
   if (status.ok()) status = CheckUnloadParameters(request->parameters());
-  if (!status.ok()) return Finish(context, status);
+  if (!status.ok()) return FinishUnary(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  control_.Unload(request->model_name(),
-                  [reactor](absl::Status unloaded) { reactor->Finish(ToGrpcStatus(unloaded)); });
+  control_.Unload(request->model_name(), FinisherOf(reactor));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
     inference::SystemSharedMemoryStatusResponse* response) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok()) {
     absl::StatusOr<std::vector<SharedMemoryRegion>> regions =
         shared_memory_.Status(request->name());
@@ -486,57 +465,57 @@ grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryStatus(
       }
     }
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryRegisterRequest* request,
     inference::SystemSharedMemoryRegisterResponse*) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok()) {
     status = shared_memory_.Register(request->name(), request->key(), request->offset(),
                                      request->byte_size());
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryUnregister(
     grpc::CallbackServerContext* context,
     const inference::SystemSharedMemoryUnregisterRequest* request,
     inference::SystemSharedMemoryUnregisterResponse*) {
-  const absl::Status status = dispatcher_.Authorize(*context);
+  const absl::Status status = gate_.Authorize(*context);
   if (status.ok()) shared_memory_.Unregister(request->name());
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryStatus(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
     inference::CudaSharedMemoryStatusResponse*) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok() && !request->name().empty()) {
     status = absl::NotFoundError(absl::StrCat("no CUDA shared-memory region ", request->name(),
                                               " is registered (no GPU here)"));
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryRegister(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
     inference::CudaSharedMemoryRegisterResponse*) {
-  absl::Status status = dispatcher_.Authorize(*context);
+  absl::Status status = gate_.Authorize(*context);
   if (status.ok()) {
     status = absl::UnimplementedError(
         "CUDA shared memory is not served: this server computes on the CPU (use system shared "
         "memory)");
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryUnregister(
     grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
     inference::CudaSharedMemoryUnregisterResponse*) {
-  return Finish(context, dispatcher_.Authorize(*context));  // none registered: done
+  return FinishUnary(context, gate_.Authorize(*context));  // none registered: done
 }
 
 }  // namespace mha::server

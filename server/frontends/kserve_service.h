@@ -1,5 +1,5 @@
 // inference.GRPCInferenceService (KServe v2 / Open Inference Protocol) on the
-// same port as mha.v1: ModelInfer runs through the same dispatcher, batcher
+// same port as mha.v1: ModelInfer runs through the same front-end gate, batcher
 // and engine as Attend.
 #ifndef MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_
 #define MHA_SERVER_FRONTENDS_KSERVE_SERVICE_H_
@@ -8,7 +8,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.grpc.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/frontends/kserve_sequences.h"
 #include "server/frontends/shared_memory.h"
 #include "server/models/model_control.h"
@@ -16,17 +16,15 @@
 
 namespace mha::server {
 
-// Borrows the dispatcher, the model control and the session manager (which
+// Borrows the front-end gate, the model control and the session manager (which
 // outlive the server); requests with Triton's sequence_id are session steps
 // (kserve_sequences.h). Liveness and readiness
 // RPCs stay open like grpc.health.v1; metadata and inference need the bearer
 // token when one is configured. Thread-safe.
 class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
  public:
-  KserveServiceImpl(AttendDispatcher& dispatcher, ModelControl& control, SessionManager& sessions)
-      : dispatcher_(dispatcher),
-        control_(control),
-        sequences_(dispatcher, sessions, &shared_memory_) {}
+  KserveServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions)
+      : gate_(gate), control_(control), sequences_(gate, sessions, &shared_memory_) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -101,7 +99,7 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
   // The version named ("": the newest ready one), or why not.
   absl::StatusOr<VersionPtr> FindVersion(const std::string& name, const std::string& version) const;
 
-  AttendDispatcher& dispatcher_;
+  FrontEndGate& gate_;
   ModelControl& control_;
   SharedMemoryRegistry shared_memory_;  // Triton's system shared memory
   SequenceCalls sequences_;

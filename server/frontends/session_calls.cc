@@ -12,11 +12,11 @@ void SessionCalls::Open(const grpc::CallbackServerContext& context,
                         const v1::OpenSessionRequest& request,
                         std::shared_ptr<const void> keep_alive, v1::Session* response, Done done) {
   auto decode = [&]() -> absl::StatusOr<OpenParams> {
-    if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
-    RETURN_IF_ERROR(dispatcher_.Authorize(context));
+    if (gate_.draining()) return absl::UnavailableError("server is shutting down");
+    RETURN_IF_ERROR(gate_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version,
-                     dispatcher_.models().Find(request.model(), request.model_version()));
-    return DecodeOpenSession(request, std::move(version), dispatcher_.limits());
+                     gate_.models().Find(request.model(), request.model_version()));
+    return DecodeOpenSession(request, std::move(version), gate_.limits());
   };
   absl::StatusOr<OpenParams> params = decode();
   if (!params.ok()) return done(params.status());
@@ -34,11 +34,11 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
   const absl::Time arrived = absl::Now();
   VersionPtr found;  // the session's version, once known
   auto decode = [&]() -> absl::StatusOr<AppendParams> {
-    RETURN_IF_ERROR(dispatcher_.Authorize(context));
+    RETURN_IF_ERROR(gate_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
     found = version;
     ASSIGN_OR_RETURN(AppendParams params,
-                     DecodeAppend(request, version->model.engine->dims(), dispatcher_.limits()));
+                     DecodeAppend(request, version->loaded.engine->dims(), gate_.limits()));
     params.decoded_for = std::move(version);
     params.deadline = absl::FromChrono(context.deadline());
     params.cancelled = [&context] { return context.IsCancelled(); };
@@ -62,8 +62,8 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
 
 absl::Status SessionCalls::Fork(const grpc::CallbackServerContext& context,
                                 const v1::ForkSessionRequest& request, v1::Session* response) {
-  if (dispatcher_.draining()) return absl::UnavailableError("server is shutting down");
-  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  if (gate_.draining()) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(gate_.Authorize(context));
   if (!request.new_session_id().empty()) {
     RETURN_IF_ERROR(CheckSessionId(request.new_session_id(), "new_session_id"));
   }
@@ -76,7 +76,7 @@ absl::Status SessionCalls::Fork(const grpc::CallbackServerContext& context,
 absl::Status SessionCalls::Close(const grpc::CallbackServerContext& context,
                                  const v1::CloseSessionRequest& request,
                                  v1::CloseSessionResponse* response) {
-  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  RETURN_IF_ERROR(gate_.Authorize(context));
   ASSIGN_OR_RETURN(SessionInfo closed, sessions_.Close(request.session_id()));
   response->set_freed_bytes(closed.own_bytes);
   response->set_position(closed.position);
@@ -86,7 +86,7 @@ absl::Status SessionCalls::Close(const grpc::CallbackServerContext& context,
 absl::Status SessionCalls::List(const grpc::CallbackServerContext& context,
                                 const v1::ListSessionsRequest& request,
                                 v1::ListSessionsResponse* response) {
-  RETURN_IF_ERROR(dispatcher_.Authorize(context));
+  RETURN_IF_ERROR(gate_.Authorize(context));
   for (const SessionInfo& info : sessions_.List(request.model())) {
     v1::SessionStatus* out = response->add_sessions();
     out->set_session_id(info.id);

@@ -9,12 +9,12 @@
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/sessions/session_manager.h"
 
 namespace mha::server {
 
-// Borrows the dispatcher (auth, repository, limits) and the session manager,
+// Borrows the front-end gate (auth, repository, limits) and the session manager,
 // which outlive it. Thread-safe. `done` is called exactly once, after the
 // response is filled (on the worker that computed the step, or at once when
 // refused);
@@ -23,8 +23,7 @@ class SessionCalls {
  public:
   using Done = std::function<void(const absl::Status&)>;
 
-  SessionCalls(AttendDispatcher& dispatcher, SessionManager& sessions)
-      : dispatcher_(dispatcher), sessions_(sessions) {}
+  SessionCalls(FrontEndGate& gate, SessionManager& sessions) : gate_(gate), sessions_(sessions) {}
 
   void Open(const grpc::CallbackServerContext& context, const v1::OpenSessionRequest& request,
             std::shared_ptr<const void> keep_alive, v1::Session* response, Done done);
@@ -38,7 +37,7 @@ class SessionCalls {
                     const v1::ListSessionsRequest& request, v1::ListSessionsResponse* response);
 
  private:
-  AttendDispatcher& dispatcher_;
+  FrontEndGate& gate_;
   SessionManager& sessions_;
 };
 

@@ -77,7 +77,7 @@ absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& reque
                      ViewTensor(request.memory_key_padding_mask(), "memory_key_padding_mask"));
   }
   absl::StatusOr<AttentionRequest> memory =
-      MemoryRequest(version->model.dims, in, limits, DTypeSpelling::kMhaV1);
+      MemoryRequest(version->loaded.dims, in, limits, DTypeSpelling::kMhaV1);
   if (!memory.ok()) return RenameMemoryFields(memory.status());
   params.memory.emplace(*std::move(memory));
   params.version = std::move(version);

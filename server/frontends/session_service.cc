@@ -11,8 +11,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::OpenSession(grpc::CallbackServer
                                                             const v1::OpenSessionRequest* request,
                                                             v1::Session* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  session_calls_.Open(*context, *request, nullptr, response,
-                      [reactor](const absl::Status& s) { reactor->Finish(ToGrpcStatus(s)); });
+  session_calls_.Open(*context, *request, nullptr, response, FinisherOf(reactor));
   return reactor;
 }
 
@@ -20,8 +19,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerConte
                                                        const v1::AppendRequest* request,
                                                        v1::AppendResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  session_calls_.Append(*context, *request, nullptr, response,
-                        [reactor](const absl::Status& s) { reactor->Finish(ToGrpcStatus(s)); });
+  session_calls_.Append(*context, *request, nullptr, response, FinisherOf(reactor));
   return reactor;
 }
 
@@ -39,28 +37,24 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ForkSession(grpc::CallbackServer
 
 grpc::ServerWriteReactor<v1::SessionChunk>* AttentionServiceImpl::ExportSession(
     grpc::CallbackServerContext* context, const v1::ExportSessionRequest* request) {
-  return StartExportSession(context, *request, dispatcher_, sessions_);
+  return StartExportSession(context, *request, gate_, sessions_);
 }
 
 grpc::ServerReadReactor<v1::SessionChunk>* AttentionServiceImpl::ImportSession(
     grpc::CallbackServerContext* context, v1::Session* response) {
-  return StartImportSession(context, response, dispatcher_, sessions_);
+  return StartImportSession(context, response, gate_, sessions_);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::CloseSession(grpc::CallbackServerContext* context,
                                                              const v1::CloseSessionRequest* request,
                                                              v1::CloseSessionResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(session_calls_.Close(*context, *request, response)));
-  return reactor;
+  return FinishUnary(context, session_calls_.Close(*context, *request, response));
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::ListSessions(grpc::CallbackServerContext* context,
                                                              const v1::ListSessionsRequest* request,
                                                              v1::ListSessionsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(session_calls_.List(*context, *request, response)));
-  return reactor;
+  return FinishUnary(context, session_calls_.List(*context, *request, response));
 }
 
 }  // namespace mha::server

@@ -14,8 +14,8 @@ namespace {
 class ExportReactor final : public grpc::ServerWriteReactor<v1::SessionChunk> {
  public:
   ExportReactor(grpc::CallbackServerContext* context, const v1::ExportSessionRequest& request,
-                AttendDispatcher& dispatcher, SessionManager& sessions) {
-    absl::Status status = dispatcher.Authorize(*context);
+                FrontEndGate& gate, SessionManager& sessions) {
+    absl::Status status = gate.Authorize(*context);
     absl::StatusOr<SessionSnapshot> snapshot =
         status.ok() ? sessions.Snapshot(request.session_id()) : status;
     if (!snapshot.ok()) {
@@ -44,13 +44,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::SessionChunk> {
 
 class ImportReactor final : public grpc::ServerReadReactor<v1::SessionChunk> {
  public:
-  ImportReactor(grpc::CallbackServerContext* context, v1::Session* response,
-                AttendDispatcher& dispatcher, SessionManager& sessions)
+  ImportReactor(grpc::CallbackServerContext* context, v1::Session* response, FrontEndGate& gate,
+                SessionManager& sessions)
       : response_(response),
         sessions_(sessions),
-        reader_(LookupIn(dispatcher.models()), sessions.cache_budget()) {
-    absl::Status status = dispatcher.draining() ? absl::UnavailableError("server is shutting down")
-                                                : dispatcher.Authorize(*context);
+        reader_(LookupIn(gate.models()), sessions.cache_budget()) {
+    absl::Status status = gate.draining() ? absl::UnavailableError("server is shutting down")
+                                          : gate.Authorize(*context);
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -88,15 +88,15 @@ class ImportReactor final : public grpc::ServerReadReactor<v1::SessionChunk> {
 
 grpc::ServerWriteReactor<v1::SessionChunk>* StartExportSession(
     grpc::CallbackServerContext* context, const v1::ExportSessionRequest& request,
-    AttendDispatcher& dispatcher, SessionManager& sessions) {
-  return new ExportReactor(context, request, dispatcher, sessions);
+    FrontEndGate& gate, SessionManager& sessions) {
+  return new ExportReactor(context, request, gate, sessions);
 }
 
 grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(grpc::CallbackServerContext* context,
                                                               v1::Session* response,
-                                                              AttendDispatcher& dispatcher,
+                                                              FrontEndGate& gate,
                                                               SessionManager& sessions) {
-  return new ImportReactor(context, response, dispatcher, sessions);
+  return new ImportReactor(context, response, gate, sessions);
 }
 
 }  // namespace mha::server

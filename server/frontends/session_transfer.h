@@ -6,24 +6,24 @@
 
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/sessions/session_manager.h"
 
 namespace mha::server {
 
 // Streams the session's chunks, one write at a time, then finishes. The
 // session stays open. Owns itself (deleted in OnDone); borrows the
-// dispatcher and sessions, which outlive the server.
+// gate and sessions, which outlive the server.
 grpc::ServerWriteReactor<v1::SessionChunk>* StartExportSession(
     grpc::CallbackServerContext* context, const v1::ExportSessionRequest& request,
-    AttendDispatcher& dispatcher, SessionManager& sessions);
+    FrontEndGate& gate, SessionManager& sessions);
 
 // Reads the chunks, checking each as it arrives (a bad header ends the call
 // at once), then imports the session whole, with a fresh idle timer.
 // Owns itself.
 grpc::ServerReadReactor<v1::SessionChunk>* StartImportSession(grpc::CallbackServerContext* context,
                                                               v1::Session* response,
-                                                              AttendDispatcher& dispatcher,
+                                                              FrontEndGate& gate,
                                                               SessionManager& sessions);
 
 }  // namespace mha::server

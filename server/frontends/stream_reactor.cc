@@ -18,7 +18,7 @@ class StreamReactor::AttendMessage final : public DispatchedCall {
 
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
     absl::StatusOr<AttentionRequest> decoded =
-        DecodeAttendRequest(request_->attend(), model.model.dims, stream_.dispatcher_.limits());
+        DecodeAttendRequest(request_->attend(), model.loaded.dims, stream_.gate_.limits());
     if (decoded.ok()) decoded->KeepAlive(request_);
     return decoded;
   }
@@ -45,9 +45,8 @@ void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
   auto done = [this, out](const absl::Status& status) { Answer(out, status); };
   switch (request->message_case()) {
     case v1::StreamRequest::kAttend:
-      return dispatcher_.Dispatch(context_, std::make_unique<AttendMessage>(*this, request, out),
-                                  request->attend().model(), request->attend().model_version(),
-                                  kApiMha);
+      return gate_.Dispatch(context_, std::make_unique<AttendMessage>(*this, request, out),
+                            request->attend().model(), request->attend().model_version(), kApiMha);
     case v1::StreamRequest::kOpenSession:
       return sessions_.Open(*context_, request->open_session(), request,
                             out->response.mutable_session(), done);

@@ -8,21 +8,20 @@
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.pb.h"
-#include "server/frontends/attend_dispatch.h"
+#include "server/frontends/front_end_gate.h"
 #include "server/frontends/message_stream.h"
 #include "server/frontends/session_calls.h"
 
 namespace mha::server {
 
 // One Stream call (see MessageStream for reading, writing and lifetime):
-// Attend messages go through the dispatcher, session messages through
+// Attend messages go through the front-end gate, session messages through
 // SessionCalls; a message's error is its answer's code and error_message,
-// never the end of the stream. Borrows the dispatcher and the session calls.
+// never the end of the stream. Borrows the front-end gate and the session calls.
 class StreamReactor final : public MessageStream<v1::StreamRequest, v1::StreamResponse> {
  public:
-  StreamReactor(grpc::CallbackServerContext* context, AttendDispatcher& dispatcher,
-                SessionCalls& sessions)
-      : context_(context), dispatcher_(dispatcher), sessions_(sessions) {
+  StreamReactor(grpc::CallbackServerContext* context, FrontEndGate& gate, SessionCalls& sessions)
+      : context_(context), gate_(gate), sessions_(sessions) {
     StartReading();
   }
 
@@ -34,7 +33,7 @@ class StreamReactor final : public MessageStream<v1::StreamRequest, v1::StreamRe
   void Answer(std::shared_ptr<Outbound> out, const absl::Status& status);
 
   grpc::CallbackServerContext* const context_;
-  AttendDispatcher& dispatcher_;
+  FrontEndGate& gate_;
   SessionCalls& sessions_;
 };
 

@@ -48,8 +48,8 @@ void SetVersionPolicy(const v1::VersionPolicy& ours, inference::ModelVersionPoli
 }
 
 void SetParameters(const ModelVersion& version, inference::ModelConfig* out) {
-  const AttentionDims& d = version.model.dims;
-  const v1::ModelConfig& config = version.model.config;
+  const AttentionDims& d = version.loaded.dims;
+  const v1::ModelConfig& config = version.loaded.config;
   auto set = [out](const char* name, const auto& value) {
     (*out->mutable_parameters())[name].set_string_value(absl::StrCat(value));
   };
@@ -65,9 +65,9 @@ void SetParameters(const ModelVersion& version, inference::ModelConfig* out) {
   set("add_zero_attn", flag(d.add_zero_attn));
   set("post_norm", flag(d.post_norm));
   set("compute_dtype", d.bf16 ? "BF16" : "FP32");  // what it computes in on this CPU
-  set("kv_cache_dtype", CacheDtypeName(version.model.engine->kv_layout()));
-  set("weight_layout", WeightLayoutName(version.model.layout));
-  set("parameter_count", version.model.parameter_count);
+  set("kv_cache_dtype", CacheDtypeName(version.loaded.engine->kv_layout()));
+  set("weight_layout", WeightLayoutName(version.loaded.layout));
+  set("parameter_count", version.loaded.parameter_count);
   set("max_batch_tokens", config.dynamic_batching().max_batch_tokens());
   set("max_queue_size", config.dynamic_batching().max_queue_size());
 }
@@ -76,8 +76,8 @@ void SetParameters(const ModelVersion& version, inference::ModelConfig* out) {
 
 void DescribeTritonConfig(const ModelVersion& version, int64_t max_request_tokens,
                           inference::ModelConfig* out) {
-  const AttentionDims& d = version.model.dims;
-  const v1::ModelConfig& config = version.model.config;
+  const AttentionDims& d = version.loaded.dims;
+  const v1::ModelConfig& config = version.loaded.config;
   out->set_name(version.name);
   out->set_platform("mha_onednn");
   out->set_backend("mha_onednn");

@@ -78,6 +78,7 @@ void ModelControl::Unload(std::string name, std::function<void(absl::Status)> do
 
 void ModelControl::Change(std::function<absl::Status()> change,
                           std::function<void(absl::Status)> done) {
+  if (absl::Status allowed = Allowed(); !allowed.ok()) return done(allowed);  // mode none
   Post([this, change = std::move(change), done = std::move(done)](bool run) {
     if (!run) return done(absl::UnavailableError("server is shutting down"));
     const absl::Status status = change();

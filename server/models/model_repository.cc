@@ -73,18 +73,18 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   version->name = name;
   version->version = on_disk.version;
   version->fingerprint = on_disk.fingerprint;
-  version->model = *std::move(loaded);
+  version->loaded = *std::move(loaded);
   version->metrics = metrics_.ForVersion(name, absl::StrCat(on_disk.version));
   version->statistics = std::make_unique<ModelStatistics>();
   BatcherOptions batcher_options = BatcherOptionsFor(config, options_);
   batcher_options.statistics = version->statistics.get();
   version->batcher =
-      std::make_unique<Batcher>(name, *version->model.engine, batcher_options, *version->metrics);
-  if (version->model.dims.bf16 && !version->model.engine->dims().bf16) {
+      std::make_unique<Batcher>(name, *version->loaded.engine, batcher_options, *version->metrics);
+  if (version->loaded.dims.bf16 && !version->loaded.engine->dims().bf16) {
     Log(absl::StrCat("warning: model '", name,
                      "' asks for bf16 compute, but oneDNN has no bf16 "
                      "kernels on this CPU (they need AVX-512): it computes in fp32"));
-  } else if (version->model.dims.bf16 && !CpuHasNativeBf16()) {
+  } else if (version->loaded.dims.bf16 && !CpuHasNativeBf16()) {
     Log(absl::StrCat("warning: model '", name,
                      "' computes in bf16, but this CPU has no bf16 "
                      "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32"));

@@ -38,7 +38,7 @@ struct ModelVersion {
   std::string name;
   int64_t version = 0;
   uint64_t fingerprint = 0;  // what was loaded (see VersionOnDisk)
-  LoadedModel model;
+  LoadedModel loaded;        // its config, dims, layout and engine
   // Both outlive the batcher, which feeds them; the series leave /metrics
   // when the version is freed.
   std::shared_ptr<ModelMetrics> metrics;

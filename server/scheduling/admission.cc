@@ -98,6 +98,26 @@ absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity) {
   return absl::OkStatus();
 }
 
+absl::Status CheckFitsBudget(const Task& task, int64_t memory_capacity) {
+  const RequestCost cost{.queued_bytes = task.queued_bytes, .active_bytes = task.active_bytes};
+  switch (task.kind()) {
+    case Task::Kind::kAttend:
+      return CheckWorkingMemory(static_cast<const AttendCall&>(task).input(), cost,
+                                memory_capacity);
+    case Task::Kind::kStep:
+      return CheckStepMemory(cost, memory_capacity);
+    case Task::Kind::kProjection:
+      if (task.queued_bytes <= memory_capacity) return absl::OkStatus();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the session's encoder memory needs ", WithCommas(task.queued_bytes),
+          " bytes of working memory to be projected; the server's memory budget for requests is ",
+          WithCommas(memory_capacity),
+          " (--memory_limit_bytes less the engines' reserve and the session cache): send a "
+          "shorter memory"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MemoryBudgetFull(int64_t reserved, int64_t capacity, const char* work, int64_t bytes,
                               const char* purpose) {
   return absl::ResourceExhaustedError(

@@ -9,6 +9,8 @@
 #include "absl/status/status.h"
 #include "engine/attention_request.h"
 #include "engine/mha_engine.h"
+#include "server/scheduling/attend_call.h"
+#include "server/scheduling/task.h"
 
 namespace mha::server {
 
@@ -41,6 +43,12 @@ absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCo
                                 int64_t memory_capacity);
 // The same for a session step.
 absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity);
+
+// RESOURCE_EXHAUSTED when `task` alone needs more than the memory budget
+// gives all work in flight (`memory_capacity`), whatever its kind: an Attend
+// request (CheckWorkingMemory), a session step (CheckStepMemory) or an
+// encoder memory's projection. The one check Batcher::Admit makes.
+absl::Status CheckFitsBudget(const Task& task, int64_t memory_capacity);
 
 // The one refusal of work the memory budget has no room for now (it fits the
 // budget alone, but not beside what is held): RESOURCE_EXHAUSTED naming what

@@ -51,7 +51,7 @@ class AttendCall : public Task {
   // fails) and ends the call. Counts no success: the batcher's path is
   // Prepare, the call's record, then Answer.
   void Respond(const AttentionResult& result) {
-    if (!answered_) Answer(Prepare(result));
+    if (!once_.answered()) Answer(Prepare(result));
   }
   // The two halves of Respond, for answers whose statistics are recorded
   // between them, before any leaves. Prepare encodes `result` and says
@@ -65,16 +65,13 @@ class AttendCall : public Task {
     }
   }
   void Answer(const absl::Status& status) {
-    if (answered_) return;
-    answered_ = true;
+    if (!once_.Claim()) return;
     if (!status.ok()) CountFailure();
     Finish(status);
   }
   // Answers with an error (never OK).
-  void Fail(const absl::Status& status) final {
-    Answer(status.ok() ? absl::InternalError("a call failed with OK") : status);
-  }
-  bool answered() const { return answered_; }
+  void Fail(const absl::Status& status) final { Answer(AnswerOnce::AsFailure(status)); }
+  bool answered() const { return once_.answered(); }
   void CountDropped(const ModelMetrics& model, const char* reason) final {
     model.CountDropped(reason);
   }
@@ -89,7 +86,7 @@ class AttendCall : public Task {
  private:
   std::optional<AttentionRequest> input_;
   BatchSignature signature_;
-  bool answered_ = false;
+  AnswerOnce once_;
 };
 
 }  // namespace mha::server

@@ -96,24 +96,13 @@ absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
         " ", task->wire_bytes, ", limit ", options_.max_queue_bytes, ")"));
   }
   MemoryBudget* memory = options_.memory;
-  if (memory != nullptr && task->kind() == Task::Kind::kStep) {
-    // Its working memory as of its session's position now (an Attend
-    // request's front end checked its own).
-    const RequestCost cost{.queued_bytes = task->queued_bytes, .active_bytes = task->active_bytes};
-    if (absl::Status fits = CheckStepMemory(cost, memory->capacity()); !fits.ok()) {
+  // Its working memory (a step's as of its session's position now) against
+  // the whole budget, then against what is free.
+  if (memory != nullptr) {
+    if (absl::Status fits = CheckFitsBudget(*task, memory->capacity()); !fits.ok()) {
       task->CountDropped(metrics_, "memory");
       return fits;
     }
-  }
-  if (memory != nullptr && task->kind() == Task::Kind::kProjection &&
-      task->queued_bytes > memory->capacity()) {
-    task->CountDropped(metrics_, "memory");
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the session's memory needs ", WithCommas(task->queued_bytes),
-        " bytes of working memory to be projected; the server's memory budget for requests is ",
-        WithCommas(memory->capacity()),
-        " (--memory_limit_bytes less the engines' reserve and "
-        "the session cache): send a shorter memory"));
   }
   if (memory != nullptr && !memory->TryReserveQueued(task->queued_bytes, *task->memory)) {
     task->CountDropped(metrics_, "memory");

@@ -16,7 +16,7 @@ Batcher::StepTaken Batcher::TryStartStep(std::unique_ptr<StepTask>& step, bool c
                                          StepPlan& plan) {
   absl::Status why;
   switch (step->Begin(plan, why)) {
-    case StepTask::Start::kWait:
+    case StepTask::Start::kBusy:
       return StepTaken::kBusy;
     case StepTask::Start::kRefused:
       step->refusal = std::move(why);

@@ -161,7 +161,8 @@ class SplitProjection final : public ProjectionTask {
         batch.kind == AttentionKind::kCross ? batch.value : absl::Span<const float>();
     absl::Status status = s.cache.Reserve(in.kv_len());
     if (status.ok()) {
-      status = s.engine.ProjectMemory(key, value, in.kv_len(), batch.key_padding_mask, s.cache, ws);
+      status = s.engine.ProjectEncoderMemory(key, value, in.kv_len(), batch.key_padding_mask,
+                                             s.cache, ws);
     }
     MhaEngine::ReleaseLargeWorkspace(ws);
     if (!status.ok()) return s.Fail(status);

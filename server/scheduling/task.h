@@ -23,6 +23,27 @@ class Workspace;
 
 namespace mha::server {
 
+// The rule every answer keeps: a call is answered exactly once (the first
+// answer wins, later ones do nothing) and a failure is never OK. One per
+// task; not thread-safe (its task's owner answers).
+class AnswerOnce {
+ public:
+  // True the first time: the caller answers now. False after.
+  bool Claim() {
+    if (answered_) return false;
+    answered_ = true;
+    return true;
+  }
+  bool answered() const { return answered_; }
+  // `status` as a failure: INTERNAL when it is OK.
+  static absl::Status AsFailure(const absl::Status& status) {
+    return status.ok() ? absl::InternalError("a call failed with OK") : status;
+  }
+
+ private:
+  bool answered_ = false;
+};
+
 // Owns what one unit of work holds while the scheduler has it: its memory
 // reservation (shared with the transport, so it comes back when both the
 // computing and the sending of the answer are done), its deadline and
@@ -112,7 +133,7 @@ class StepTask : public Task {
   enum class Start {
     kRun,      // started: its session is its own until Finish or Fail;
                // `plan` and active_bytes are set
-    kWait,     // its session is computing another step: ask again later
+    kBusy,     // its session is computing another step: ask again later
     kRefused,  // `why` says why; Fail it
   };
   // Asked as a call is formed, after the scheduler's own checks.

@@ -58,14 +58,14 @@ class SessionManager::StepCall final : public StepTask {
   void Abandon() override { manager_.AbandonStep(*this); }
   void Finish(const absl::Status& status, absl::Span<const float> output,
               absl::Span<const float> weights) override {
-    if (answered_) return;
+    if (!once_.Claim()) return;
     if (!status.ok()) CountFailure();
     manager_.FinishStep(*this, status, output, weights);
   }
   void Fail(const absl::Status& status) override {
-    if (answered_) return;
+    if (!once_.Claim()) return;
     CountFailure();
-    manager_.FailStep(*this, status.ok() ? absl::InternalError("failed with OK") : status);
+    manager_.FailStep(*this, AnswerOnce::AsFailure(status));
   }
 
  private:
@@ -75,30 +75,27 @@ class SessionManager::StepCall final : public StepTask {
   AppendParams params_;
   AppendDone done_;
   bool started_ ABSL_GUARDED_BY(manager_.mu_) = false;  // Begin said kRun, not yet undone
-  bool answered_ = false;
+  AnswerOnce once_;
   int64_t position_after_ = 0;  // set by Begin
 };
 
 // A cross session's memory as its batcher carries it: owns the open's
 // parameters, its answer callback and the session being opened (busy until
 // projected). Answered exactly once (Run or Fail). Not thread-safe.
-class SessionManager::MemoryProjection final : public ProjectionTask {
+class SessionManager::EncoderProjection final : public ProjectionTask {
  public:
-  MemoryProjection(SessionManager& manager, OpenParams params, OpenDone done, SessionPtr session)
+  EncoderProjection(SessionManager& manager, OpenParams params, OpenDone done, SessionPtr session)
       : manager_(manager),
         params_(std::move(params)),
         done_(std::move(done)),
         session_(std::move(session)) {}
-  ~MemoryProjection() override;
+  ~EncoderProjection() override;
 
   void Run(Workspace& ws) override {
-    answered_ = true;
-    manager_.RunOpen(*this, ws);
+    if (once_.Claim()) manager_.RunOpen(*this, ws);
   }
   void Fail(const absl::Status& status) override {
-    if (answered_) return;
-    answered_ = true;
-    manager_.FailOpen(*this, status.ok() ? absl::InternalError("failed with OK") : status);
+    if (once_.Claim()) manager_.FailOpen(*this, AnswerOnce::AsFailure(status));
   }
   void CountDropped(const ModelMetrics& model, const char* reason) override {
     model.CountDropped(reason);
@@ -110,7 +107,7 @@ class SessionManager::MemoryProjection final : public ProjectionTask {
   OpenParams params_;
   OpenDone done_;
   SessionPtr session_;
-  bool answered_ = false;
+  AnswerOnce once_;
 };
 
 }  // namespace mha::server

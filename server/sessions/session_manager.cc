@@ -138,7 +138,7 @@ absl::Status SessionManager::CanOpenLocked(const OpenParams& params) const {
   if (draining_ || stopping_) {
     return absl::UnavailableError("the server is shutting down: no new sessions");
   }
-  if (!params.memory.has_value() && !params.version->model.engine->CanAppendSelf()) {
+  if (!params.memory.has_value() && !params.version->loaded.engine->CanAppendSelf()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", params.version->name,
                      " has kdim or vdim != embed_dim: it opens only "
@@ -158,7 +158,7 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
     lock.Unlock();
     return done(std::move(refused));
   }
-  const MhaEngine& engine = *params.version->model.engine;
+  const MhaEngine& engine = *params.version->loaded.engine;
   const bool cross = params.memory.has_value();
   auto session = std::make_shared<Session>();
   session->id = params.id.empty() ? NewIdLocked() : params.id;
@@ -185,7 +185,7 @@ void SessionManager::Open(OpenParams params, OpenDone done) {
     const RequestCost cost = CostOf(*params.memory, engine, version->batcher->MaxThreadsPerCall());
     const int64_t wire_bytes = params.memory->wire_bytes();
     auto open =
-        std::make_unique<MemoryProjection>(*this, std::move(params), std::move(done), session);
+        std::make_unique<EncoderProjection>(*this, std::move(params), std::move(done), session);
     ++tasks_;
     open->queued_bytes = cost.total();  // held from arrival: it runs alone, soon
     open->wire_bytes = wire_bytes;

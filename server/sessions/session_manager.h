@@ -198,7 +198,7 @@ class SessionManager {
  private:
   struct Session;
   class StepCall;
-  class MemoryProjection;
+  class EncoderProjection;
   using SessionPtr = std::shared_ptr<Session>;
 
   void ExpiryLoop();
@@ -217,8 +217,8 @@ class SessionManager {
   void CountDropped(const std::string& model, const char* reason);
   // A task of this manager ends (Stop waits for every one).
   void TaskGone();
-  void RunOpen(MemoryProjection& open, Workspace& ws);
-  void FailOpen(MemoryProjection& open, const absl::Status& status);
+  void RunOpen(EncoderProjection& open, Workspace& ws);
+  void FailOpen(EncoderProjection& open, const absl::Status& status);
   // Makes room for `tokens` in `session`'s cache, evicting idle sessions
   // least recently used first. With mu_ held.
   absl::Status ReserveLocked(Session& session, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

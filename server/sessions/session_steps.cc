@@ -2,7 +2,7 @@
 // becomes a StepCall, which the batcher admits and, as it forms a call,
 // starts here (BeginStep), gives blocks (AllocateStep) and answers
 // (FinishStep / FailStep); a cross session's memory becomes a
-// MemoryProjection.
+// EncoderProjection.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +33,7 @@ void SessionManager::StepCall::CountDropped(const ModelMetrics&, const char* rea
   manager_.CountDropped(session_->version->name, reason);
 }
 
-SessionManager::MemoryProjection::~MemoryProjection() {
+SessionManager::EncoderProjection::~EncoderProjection() {
   memory->Release();
   session_.reset();
   params_.memory.reset();
@@ -46,7 +46,7 @@ void SessionManager::CountDropped(const std::string& model, const char* reason) 
 }
 
 RequestCost SessionManager::CostLocked(const Session& s, const AttentionRequest& query) const {
-  const MhaEngine& engine = *s.version->model.engine;
+  const MhaEngine& engine = *s.version->loaded.engine;
   return CostOfStep(query, StepKeys(engine, s.position, query.q_len(), s.cross), engine,
                     s.version->batcher->MaxThreadsPerCall());
 }
@@ -105,7 +105,7 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
     why = NotFoundLocked(s.id);
     return StepTask::Start::kRefused;
   }
-  if (s.busy) return StepTask::Start::kWait;
+  if (s.busy) return StepTask::Start::kBusy;
   const int64_t position = s.position, t = step.tokens();
   const std::optional<int64_t>& expected = step.params_.expected_position;
   if (expected.has_value() && *expected != position) {
@@ -126,7 +126,7 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
   plan.step = AppendStep{s.cache.get(), t, s.cross};
   plan.query = step.params_.query.batch().query;
   plan.need_weights = step.params_.query.need_weights();
-  plan.keys = step.position_after_ + s.version->model.engine->dims().extra_keys();
+  plan.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
   return StepTask::Start::kRun;
 }
 
@@ -162,7 +162,6 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
     PublishLocked();
   }
   cv_.NotifyAll();
-  step.answered_ = true;
   if (!status.ok()) {
     step.done_(status);
     return;
@@ -172,7 +171,7 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
   result.output = output;
   result.weights = weights;
   result.position = step.position_after_;
-  result.keys = step.position_after_ + s.version->model.engine->dims().extra_keys();
+  result.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
   if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
   if (metrics_.append_duration != nullptr) {
     metrics_.append_duration->Observe(absl::ToDoubleSeconds(clock_.Now() - step.enqueued));
@@ -193,15 +192,14 @@ void SessionManager::FailStep(StepCall& step, const absl::Status& status) {
     }
   }
   cv_.NotifyAll();
-  step.answered_ = true;
   step.memory->Release();  // before the answer: the caller may send again at once
   step.done_(status);
 }
 
-void SessionManager::RunOpen(MemoryProjection& open, Workspace& ws) {
+void SessionManager::RunOpen(EncoderProjection& open, Workspace& ws) {
   Session& s = *open.session_;
   const AttentionBatch& memory = open.params_.memory->batch();
-  const absl::Status projected = s.version->model.engine->ProjectMemory(
+  const absl::Status projected = s.version->loaded.engine->ProjectEncoderMemory(
       memory.key, memory.value, open.params_.memory->kv_len(), memory.key_padding_mask, *s.cache,
       ws);
   MhaEngine::ReleaseLargeWorkspace(ws);
@@ -223,7 +221,7 @@ void SessionManager::RunOpen(MemoryProjection& open, Workspace& ws) {
   open.done_(info);
 }
 
-void SessionManager::FailOpen(MemoryProjection& open, const absl::Status& status) {
+void SessionManager::FailOpen(EncoderProjection& open, const absl::Status& status) {
   {
     MutexLock lock(mu_);
     Session& s = *open.session_;

@@ -87,7 +87,7 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
                      "; this server's has fingerprint ", Hex(version->fingerprint),
                      " (other weights or config)"));
   }
-  const KvLayout& layout = version->model.engine->kv_layout();
+  const KvLayout& layout = version->loaded.engine->kv_layout();
   if (h.heads() != layout.heads || h.qk_head_dim() != layout.qk_head_dim ||
       h.v_head_dim() != layout.v_head_dim || h.cache_dtype() != CacheDtypeName(layout) ||
       h.block_bytes() != layout.block_bytes()) {
@@ -150,7 +150,7 @@ absl::Status SessionChunkReader::Add(const v1::SessionChunk& chunk) {
         return absl::InvalidArgumentError(
             absl::StrCat("session stream: more than the header's ", blocks_expected_, " blocks"));
       }
-      const int64_t block_bytes = session_->version->model.engine->kv_layout().block_bytes();
+      const int64_t block_bytes = session_->version->loaded.engine->kv_layout().block_bytes();
       if (static_cast<int64_t>(chunk.block().size()) != block_bytes) {
         return absl::InvalidArgumentError(absl::StrCat("session stream: a block of ",
                                                        chunk.block().size(), " bytes; blocks are ",
@@ -197,18 +197,10 @@ absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot)
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
-    out.write(kSessionFileMagic, 8);
+    v1::SessionFileWriter file(out);
     SessionChunkWriter writer(std::move(snapshot));
     v1::SessionChunk chunk;
-    std::string bytes;
-    while (writer.Next(chunk)) {
-      chunk.SerializeToString(&bytes);
-      const uint32_t size = static_cast<uint32_t>(bytes.size());
-      const unsigned char prefix[4] = {
-          static_cast<unsigned char>(size), static_cast<unsigned char>(size >> 8),
-          static_cast<unsigned char>(size >> 16), static_cast<unsigned char>(size >> 24)};
-      out.write(reinterpret_cast<const char*>(prefix), 4);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    while (writer.Next(chunk) && file.Write(chunk)) {
     }
     out.flush();
     if (!out) return absl::InternalError(absl::StrCat("writing ", temporary, " failed"));
@@ -223,23 +215,16 @@ absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot)
 absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionChunkReader& reader) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  char magic[8];
-  if (!in.read(magic, 8) || std::memcmp(magic, kSessionFileMagic, 8) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a session file"));
-  }
-  std::string bytes;
+  v1::SessionFileReader file(in);
+  auto in_file = [&path](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  };
+  if (absl::Status s = file.Open(); !s.ok()) return in_file(s);
   v1::SessionChunk chunk;
-  unsigned char prefix[4];
-  while (in.read(reinterpret_cast<char*>(prefix), 4)) {
-    const uint32_t size =
-        prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) | (static_cast<uint32_t>(prefix[3]) << 24);
-    if (size > (uint32_t{64} << 20)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": a chunk of ", size, " bytes"));
-    }
-    bytes.resize(size);
-    if (!in.read(bytes.data(), size) || !chunk.ParseFromString(bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": a truncated or corrupt chunk"));
-    }
+  while (true) {
+    absl::StatusOr<bool> more = file.Next(chunk);
+    if (!more.ok()) return in_file(more.status());
+    if (!*more) break;
     if (absl::Status s = reader.Add(chunk); !s.ok()) return s;
   }
   return reader.Finish();

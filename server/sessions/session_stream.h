@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "mha/v1/attention.pb.h"
+#include "mha/v1/session_file.h"
 #include "server/models/content_hash.h"
 #include "server/models/model_repository.h"
 #include "server/sessions/session_manager.h"
@@ -22,8 +23,6 @@
 namespace mha::server {
 
 inline constexpr uint32_t kSessionFormatVersion = 1;
-// The first 8 bytes of a session file.
-inline constexpr char kSessionFileMagic[] = "MHASESS1";
 
 // Gives a snapshot's chunks one at a time: the header, each block, the
 // trailer. Owns the snapshot (its blocks stay alive until it is done).

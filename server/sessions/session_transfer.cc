@@ -45,7 +45,7 @@ void SessionManager::MarkGone(const std::string& id, const std::string& why) {
 }
 
 absl::StatusOr<SessionInfo> SessionManager::Import(SessionImport in) {
-  const MhaEngine& engine = *in.version->model.engine;
+  const MhaEngine& engine = *in.version->loaded.engine;
   const KvLayout& layout = engine.kv_layout();
   if (static_cast<int64_t>(in.blocks.size()) != layout.BlocksFor(in.position)) {
     return absl::InvalidArgumentError(absl::StrCat(in.blocks.size(), " blocks for ", in.position,

@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/kv_cache.h"
 #include "engine/mha_engine.h"
-#include "tests/test_models.h"
+#include "tests/engine/test_models.h"
 
 namespace mha {
 namespace {

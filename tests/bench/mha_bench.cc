@@ -19,9 +19,9 @@
 #include "engine/mha_engine.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/threads.h"
-#include "tests/alloc_counter.h"
 #include "tests/bench/decode_bench.h"
-#include "tests/test_models.h"
+#include "tests/engine/alloc_counter.h"
+#include "tests/engine/test_models.h"
 
 ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per measurement");
 ABSL_FLAG(double, min_seconds, 0.3, "minimum timed seconds per measurement");

@@ -378,7 +378,7 @@ first call also creates the projections' primitives for its row count
 (one per count below 64, then powers of two: bounded, created once).
 Steady-state calls allocate nothing of ours: workspace buffers are reused
 and each workspace keeps the oneDNN memory objects of the primitives it
-ran, re-pointing them at each call's buffers (tests/engine_alloc_test.cc
+ran, re-pointing them at each call's buffers (tests/engine/engine_alloc_test.cc
 asserts zero). What remains are the `operator new` calls oneDNN 2.6 makes
 inside every `dnnl_primitive_execute` (it builds an argument map per call;
 counted through a link-time wrapper), shown per warm call with the mean

@@ -15,7 +15,7 @@
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/request_codec.h"
 #include "server/scheduling/admission.h"
-#include "tests/test_models.h"
+#include "tests/engine/test_models.h"
 
 namespace {
 

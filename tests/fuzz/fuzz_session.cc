@@ -19,7 +19,7 @@
 #include "server/frontends/session_codec.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_stream.h"
-#include "tests/test_models.h"
+#include "tests/engine/test_models.h"
 
 namespace {
 
@@ -30,11 +30,11 @@ constexpr int64_t kPoolBytes = int64_t{64} << 20;
 
 VersionPtr MakeVersion(int64_t kdim, bool extras) {
   auto v = std::make_shared<mha::server::ModelVersion>();
-  mha::AttentionDims& d = v->model.dims;
+  mha::AttentionDims& d = v->loaded.dims;
   d.embed_dim = 8, d.num_heads = 2, d.kdim = kdim, d.vdim = kdim;
   d.qk_head_dim = d.v_head_dim = 4;
   d.add_bias_kv = d.add_zero_attn = extras;
-  v->model.engine = mha::MhaEngine::Create(d, mha::testing::RandomWeights(d, 1)).value();
+  v->loaded.engine = mha::MhaEngine::Create(d, mha::testing::RandomWeights(d, 1)).value();
   v->name = "m";
   v->version = 1;
   return v;
@@ -58,13 +58,14 @@ void OnOpen(const mha::v1::OpenSessionRequest& request, const VersionPtr& versio
   absl::StatusOr<mha::server::OpenParams> params =
       mha::server::DecodeOpenSession(request, version, kLimits);
   if (!params.ok() || !params->memory.has_value()) return;
-  const mha::MhaEngine& engine = *version->model.engine;
+  const mha::MhaEngine& engine = *version->loaded.engine;
   const mha::AttentionRequest& memory = *params->memory;
   mha::KvBlockPool pool(kPoolBytes);
   mha::KvCache cache(engine.kv_layout(), pool);
   if (!cache.Reserve(memory.kv_len()).ok()) return;
   const mha::AttentionBatch& b = memory.batch();
-  if (!engine.ProjectMemory(b.key, b.value, memory.kv_len(), b.key_padding_mask, cache, ws).ok()) {
+  if (!engine.ProjectEncoderMemory(b.key, b.value, memory.kv_len(), b.key_padding_mask, cache, ws)
+           .ok()) {
     __builtin_trap();
   }
   // A one-token step on the memory.
@@ -80,7 +81,7 @@ void OnOpen(const mha::v1::OpenSessionRequest& request, const VersionPtr& versio
 
 void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
               mha::Workspace& ws) {
-  const mha::MhaEngine& engine = *version->model.engine;
+  const mha::MhaEngine& engine = *version->loaded.engine;
   absl::StatusOr<mha::server::AppendParams> params =
       mha::server::DecodeAppend(request, engine.dims(), kLimits);
   if (!params.ok()) return;
@@ -96,7 +97,7 @@ void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
   }
   mha::KvCache memory(engine.kv_layout(), pool);  // a 3-token memory of zeros
   const std::vector<float> zeros(3 * engine.dims().kdim, 0.0f);
-  if (!memory.Reserve(3).ok() || !engine.ProjectMemory(zeros, {}, 3, {}, memory, ws).ok()) {
+  if (!memory.Reserve(3).ok() || !engine.ProjectEncoderMemory(zeros, {}, 3, {}, memory, ws).ok()) {
     __builtin_trap();
   }
   Step(engine, memory, /*cross=*/true, params->query, ws);
@@ -126,7 +127,7 @@ void OnSessionFile(const uint8_t* data, size_t size, const VersionPtr& version,
   }
   absl::StatusOr<mha::server::SessionImport> session = reader.Finish();
   if (!session.ok()) return;
-  const mha::MhaEngine& engine = *version->model.engine;
+  const mha::MhaEngine& engine = *version->loaded.engine;
   mha::KvBlockPool pool(kPoolBytes);
   mha::KvCache cache(engine.kv_layout(), pool);
   if (!cache.Reserve(session->position).ok()) return;
@@ -160,10 +161,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const VersionPtr self = MakeVersion(8, false);
   static const VersionPtr cross = MakeVersion(6, true);
-  static std::unique_ptr<mha::Workspace> ws = self->model.engine->NewWorkspace();
-  static std::unique_ptr<mha::Workspace> cross_ws = cross->model.engine->NewWorkspace();
+  static std::unique_ptr<mha::Workspace> ws = self->loaded.engine->NewWorkspace();
+  static std::unique_ptr<mha::Workspace> cross_ws = cross->loaded.engine->NewWorkspace();
   static mha::server::SessionManager sessions({}, {});
-  if (size >= 8 && std::memcmp(data, mha::server::kSessionFileMagic, 8) == 0) {
+  if (size >= 8 && std::memcmp(data, mha::v1::kSessionFileMagic, 8) == 0) {
     OnSessionFile(data, size, self, *ws);
     OnSessionFile(data, size, cross, *cross_ws);
     return 0;

@@ -18,12 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 import urllib.request
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO_ROOT, "client", "python"))
 import mha_client  # noqa: E402
 from mha_local_server import LocalServer  # noqa: E402
+
+# The binary under test: ctest passes its build's; by hand, build/'s.
+MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 
 
 def load_stubs():
@@ -49,6 +53,69 @@ class TestServer(LocalServer):
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as r:
             return r.read().decode()
+
+
+class OneServerPerClass(unittest.TestCase):
+    """The tests of a class share one mha_server: setUpClass writes a model
+    repository into a temporary folder (the class's make_repository, which
+    returns what the tests keep as `models`), starts the server on it with
+    `server_flags` and opens `channel`; tearDownClass closes and stops them
+    and fails the class when the server exited non-zero (with its stderr).
+    Subclasses add their stubs in setUpClass after calling this one."""
+
+    server_flags = ()
+
+    @classmethod
+    def make_repository(cls, folder):
+        raise NotImplementedError("a OneServerPerClass names its models")
+
+    @classmethod
+    def make_server(cls):
+        """The server to start on the repository in cls.repo (not started)."""
+        return TestServer(MHA_SERVER, cls.repo, list(cls.server_flags))
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="mha_test_repo_")
+        cls.repo = cls.tmp.name
+        cls.models = cls.make_repository(cls.repo)
+        cls.server = cls.make_server()
+        cls.server.start()
+        cls.channel = cls.server.channel()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        code = cls.server.stop()
+        cls.tmp.cleanup()
+        if code != 0:
+            raise AssertionError(f"{cls.__name__}'s server exited with {code}; stderr:\n"
+                                 f"{cls.server.stderr()}")
+        cls.server.remove_log()
+
+
+def random_layer(seed, embed_dim, heads):
+    """A torch.nn.MultiheadAttention (batch_first, eval) with seeded weights
+    and biases drawn from U(-0.5, 0.5), so that a wrong bias shows."""
+    import torch
+    torch.manual_seed(seed)
+    m = torch.nn.MultiheadAttention(embed_dim, heads, batch_first=True).eval()
+    with torch.no_grad():
+        m.in_proj_bias.uniform_(-0.5, 0.5)
+        m.out_proj.bias.uniform_(-0.5, 0.5)
+    return m
+
+
+def rss_bytes(pid):
+    """The resident set of process `pid`, in bytes (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        pass
+    return 0
 
 
 def wait_for(predicate, timeout=30.0, what="condition"):

@@ -35,11 +35,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_model_io import read_safetensors, tensors_to_params  # noqa: E402
 from mha_reference import reference_mha  # noqa: E402
-from mha_test_server import (REPO_ROOT, TestServer, load_stubs,  # noqa: E402
+from mha_test_server import (MHA_SERVER, REPO_ROOT, TestServer, load_stubs,  # noqa: E402
                              metric_value, tensor, to_numpy)
 
-MHA_SERVER = os.environ.get("MHA_SERVER",
-                            os.path.join(REPO_ROOT, "build", "mha_server"))
 DEMO_DIR = os.path.join(REPO_ROOT, "models", "demo")
 MODEL = "demo"
 EMBED_DIM, NUM_HEADS = 256, 4

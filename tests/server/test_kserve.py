@@ -20,7 +20,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import TestServer, load_stubs, metric_value, tensor  # noqa: E402
+from mha_test_server import OneServerPerClass, TestServer, load_stubs, metric_value, tensor  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, DEMO_H, MHA_SERVER,  # noqa: E402
                          make_repository, reference)
 import mha_client  # noqa: E402
@@ -96,22 +96,16 @@ def random_inputs(seed, batch, length, source=None, embed=DEMO_E, kdim=None, vdi
     return Inputs(**arrays)
 
 
-class KserveTest(unittest.TestCase):
+class KserveTest(OneServerPerClass):
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.models = make_repository(cls.tmp.name, names=("demo", "cross", "broken"))
-        cls.server = TestServer(MHA_SERVER, cls.tmp.name)
-        cls.server.start()
-        cls.channel = cls.server.channel()
-        cls.kserve = krpc.GRPCInferenceServiceStub(cls.channel)
-        cls.attend = rpc.AttentionServiceStub(cls.channel)
+    def make_repository(cls, folder):
+        return make_repository(folder, names=("demo", "cross", "broken"))
 
     @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        cls.server.stop()
-        cls.tmp.cleanup()
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.kserve = krpc.GRPCInferenceServiceStub(cls.channel)
+        cls.attend = rpc.AttentionServiceStub(cls.channel)
 
     def both(self, inputs, model="demo", params=None, outputs=(), raw=True, bf16_query=False):
         """(ModelInferResponse, AttendResponse) for the same request."""

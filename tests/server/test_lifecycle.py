@@ -28,16 +28,15 @@ import unittest
 import grpc
 import numpy as np
 import torch
-from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import (REPO_ROOT, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
-                             metric_sample, metric_value, tensor, to_numpy, wait_for)
+from mha_test_server import (MHA_SERVER, REPO_ROOT, TestServer, load_grpc_stubs,  # noqa: E402
+                             load_stubs, metric_sample, metric_value, random_layer, rss_bytes,
+                             tensor, to_numpy, wait_for)
 from mha_export import export  # noqa: E402
 import mha_client  # noqa: E402
 
-MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 E, HEADS, LEN = 32, 4, 6
 FP32_TOL = 1e-5
 CLIENTS = 32
@@ -52,12 +51,7 @@ health_pb2, health_pb2_grpc, _, _ = load_grpc_stubs()
 
 
 def layer(seed, embed_dim=E):
-    torch.manual_seed(seed)
-    m = nn.MultiheadAttention(embed_dim, HEADS, batch_first=True).eval()
-    with torch.no_grad():
-        m.in_proj_bias.uniform_(-0.5, 0.5)
-        m.out_proj.bias.uniform_(-0.5, 0.5)
-    return m
+    return random_layer(seed, embed_dim, HEADS)
 
 
 def write_version(model_dir, version, module, config_extra=""):
@@ -286,9 +280,9 @@ class LifecycleTest(unittest.TestCase):
         with self.server("--model_control_mode=explicit", "--load_model=small") as s:
             stub = s.stub()
             reserve = lambda: metric_sample(s.metrics(), "mha_memory_engine_reserve_bytes")
-            rss_without, reserve_without = rss(s.process.pid), reserve()
+            rss_without, reserve_without = rss_bytes(s.process.pid), reserve()
             stub.LoadModel(pb.LoadModelRequest(name="big"), timeout=60)
-            rss_with, reserve_with = rss(s.process.pid), reserve()
+            rss_with, reserve_with = rss_bytes(s.process.pid), reserve()
             self.assertGreater(rss_with - rss_without, 12 << 20)
             # The reserve follows the models: big's packed weights (in_proj
             # and out_proj; the layers of cross calls read in_proj in place
@@ -310,7 +304,7 @@ class LifecycleTest(unittest.TestCase):
                 self.assertIn("this server has: big", e)
             stub.UnloadModel(pb.UnloadModelRequest(name="big"), timeout=60)
             if not ASAN:
-                wait_for(lambda: rss(s.process.pid) < rss_without + (rss_with - rss_without) / 2,
+                wait_for(lambda: rss_bytes(s.process.pid) < rss_without + (rss_with - rss_without) / 2,
                          what="the unloaded model's memory to come back")
             # The version is freed (and its series leave) by the control thread
             # once it has drained, just after UnloadModel answers: under ASan,
@@ -386,14 +380,6 @@ def series(metrics_text, model, version):
     """The lines of /metrics of that model version."""
     return [line for line in metrics_text.splitlines()
             if f'model="{model}"' in line and f'version="{version}"' in line]
-
-
-def rss(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 if __name__ == "__main__":

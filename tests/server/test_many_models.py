@@ -27,14 +27,13 @@ import unittest
 import grpc
 import numpy as np
 import torch
-from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import REPO_ROOT, TestServer, load_stubs, tensor, to_numpy  # noqa: E402
+from mha_test_server import (MHA_SERVER, TestServer, load_stubs, random_layer,  # noqa: E402
+                             rss_bytes, tensor, to_numpy)
 from mha_export import export  # noqa: E402
 
-MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 MODELS = 1000
 E, HEADS, LEN = 64, 4, 5
 FP32_TOL = 1e-5
@@ -52,12 +51,7 @@ def name_of(i):
 
 
 def layer(seed):
-    torch.manual_seed(seed)
-    m = nn.MultiheadAttention(E, HEADS, batch_first=True).eval()
-    with torch.no_grad():
-        m.in_proj_bias.uniform_(-0.5, 0.5)
-        m.out_proj.bias.uniform_(-0.5, 0.5)
-    return m
+    return random_layer(seed, E, HEADS)
 
 
 def expected(module, q):
@@ -68,14 +62,6 @@ def expected(module, q):
 
 def threads_of(pid):
     return len(os.listdir(f"/proc/{pid}/task"))
-
-
-def rss(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 class ManyModelsTest(unittest.TestCase):
@@ -103,7 +89,7 @@ class ManyModelsTest(unittest.TestCase):
                         ["--model_control_mode=explicit", "--load_model=" + ",".join(at_start)],
                         ready_timeout=600) as s:
             print(f"{MODELS - 1} models: ready in {time.monotonic() - started:.1f} s, "
-                  f"{threads_of(s.process.pid)} threads, RSS {rss(s.process.pid) >> 20} MiB",
+                  f"{threads_of(s.process.pid)} threads, RSS {rss_bytes(s.process.pid) >> 20} MiB",
                   flush=True)
             stub = s.stub()
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -114,7 +100,7 @@ class ManyModelsTest(unittest.TestCase):
             self.assertLessEqual(threads, MAX_THREADS)
             if not ASAN:
                 limit = (200 << 20) + 1.5 * MODELS * WEIGHT_BYTES
-                self.assertLessEqual(rss(s.process.pid), limit)
+                self.assertLessEqual(rss_bytes(s.process.pid), limit)
             self.load_and_unload_while_others_serve(s, stub)
             self.assertLessEqual(threads_of(s.process.pid), MAX_THREADS)
 

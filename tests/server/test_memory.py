@@ -23,7 +23,6 @@ import concurrent.futures
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -35,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_model_io import format_pbtxt, write_safetensors  # noqa: E402
-from mha_test_server import (TestServer, load_grpc_stubs, load_stubs, metric_sample,  # noqa: E402
+from mha_test_server import (OneServerPerClass, TestServer, load_grpc_stubs, load_stubs, metric_sample,  # noqa: E402
                              tensor, to_numpy, wait_for)
 from test_server import DEMO_E, DEMO_H, MHA_SERVER, make_repository, reference  # noqa: E402
 import mha_client  # noqa: E402
@@ -119,31 +118,30 @@ def infer(query, need_weights=False, per_head=False):
     return request
 
 
-class MemoryTestBase(unittest.TestCase):
-    server_flags = ()
+class MemoryTestBase(OneServerPerClass):
+    """A server under RLIMIT_AS `address_space` on the demo and wide models
+    (in cls.repo's models/, its core files beside)."""
+
     address_space = RLIMIT_AS_BYTES
 
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        repository = os.path.join(cls.tmp.name, "models")
+    def make_repository(cls, folder):
+        repository = os.path.join(folder, "models")
         os.makedirs(repository)
-        cls.models = make_repository(repository, names=("demo",))
+        models = make_repository(repository, names=("demo",))
         make_wide_model(repository)
-        cls.server = LimitedServer(repository, cls.server_flags,
-                                   folder=cls.tmp.name, address_space=cls.address_space)
-        cls.server.start()
-        cls.channel = cls.server.channel()
-        cls.stub = rpc.AttentionServiceStub(cls.channel)
-        cls.kserve = krpc.GRPCInferenceServiceStub(cls.channel)
+        return models
 
     @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        code = cls.server.stop()
-        cls.server.remove_log()
-        cls.tmp.cleanup()
-        assert code == 0, f"server exit code {code}"
+    def make_server(cls):
+        return LimitedServer(os.path.join(cls.repo, "models"), cls.server_flags, folder=cls.repo,
+                             address_space=cls.address_space)
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.stub = rpc.AttentionServiceStub(cls.channel)
+        cls.kserve = krpc.GRPCInferenceServiceStub(cls.channel)
 
     def assertRefused(self, call, *needles):
         """The call fails RESOURCE_EXHAUSTED in under 3 s (sending the request

@@ -26,11 +26,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import REPO_ROOT, TestServer, load_stubs, tensor  # noqa: E402
+from mha_test_server import MHA_SERVER, TestServer, load_stubs, tensor  # noqa: E402
 from test_lifecycle import layer, write_version  # noqa: E402
 from triton_messages import triton_stubs  # noqa: E402
 
-MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 pb, rpc, cfg = load_stubs()
 
 tpb, trpc = triton_stubs()

@@ -16,9 +16,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import REPO_ROOT, TestServer  # noqa: E402
+from mha_test_server import MHA_SERVER, REPO_ROOT, TestServer  # noqa: E402
 
-MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
 TOKEN = "s3cr3t-token-for-tests"
 

@@ -23,7 +23,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import TestServer, metric_value, wait_for  # noqa: E402
+from mha_test_server import OneServerPerClass, TestServer, metric_value, wait_for  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          make_repository, randn, reference)
 from triton_messages import triton_stubs  # noqa: E402
@@ -63,20 +63,21 @@ def outputs_of(response):
             for o, raw in zip(response.outputs, response.raw_output_contents)}
 
 
-class SequenceTest(unittest.TestCase):
+class SequenceTest(OneServerPerClass):
+    @classmethod
+    def make_repository(cls, folder):
+        return make_repository(folder, ("demo", "cross"))
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.models = make_repository(cls.tmp.name, ("demo", "cross"))
-        cls.server = TestServer(MHA_SERVER, cls.tmp.name, []).__enter__()
-        cls.triton = trpc.GRPCInferenceServiceStub(cls.server.channel())
+        super().setUpClass()
+        cls.triton = trpc.GRPCInferenceServiceStub(cls.channel)
         cls.client = mha_client.MhaClient(cls.server.target(), timeout=TIMEOUT)
 
     @classmethod
     def tearDownClass(cls):
         cls.client.close()
-        cls.server.__exit__(None, None, None)
-        cls.tmp.cleanup()
+        super().tearDownClass()
 
     def assert_close(self, actual, expected, what):
         np.testing.assert_allclose(actual, expected, rtol=TOL, atol=TOL, err_msg=what)

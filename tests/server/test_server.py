@@ -33,11 +33,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_model_io import format_pbtxt, read_safetensors, write_safetensors  # noqa: E402
-from mha_test_server import (REPO_ROOT, TestServer, from_wire, half_tensor,  # noqa: E402
-                             load_grpc_stubs, load_stubs, metric_sample, metric_value,
-                             tensor, to_numpy)
-
-MHA_SERVER = os.environ.get("MHA_SERVER", "/work/main/build/mha_server")
+from mha_test_server import (MHA_SERVER, REPO_ROOT, OneServerPerClass,  # noqa: E402
+                             TestServer, from_wire, half_tensor, load_grpc_stubs, load_stubs,
+                             metric_sample, metric_value, tensor, to_numpy)
 DEMO_DIR = os.path.join(REPO_ROOT, "models", "demo")
 pb, rpc, cfg = load_stubs()
 health_pb2, health_grpc, reflection_pb2, reflection_grpc = load_grpc_stubs()
@@ -214,27 +212,17 @@ def request_fields(query, key=None, value=None, key_padding_mask=None, attn_mask
 
 # ----------------------------------------------------------------- shared server
 
-class SharedServerTest(ServerTestCase):
+class SharedServerTest(ServerTestCase, OneServerPerClass):
     """Most behaviour, against one server on a four-model repository."""
 
     @classmethod
-    def setUpClass(cls):
-        cls.repo = tempfile.mkdtemp(prefix="mha_server_test_repo_")
-        cls.models = make_repository(cls.repo)
-        cls.server = TestServer(MHA_SERVER, cls.repo)
-        cls.server.start()
-        cls.channel = cls.server.channel()
-        cls.stub = cls.server.stub(cls.channel)
+    def make_repository(cls, folder):
+        return make_repository(folder)
 
     @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        code = cls.server.stop()
-        shutil.rmtree(cls.repo, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(f"shared server exited with {code}; stderr:\n"
-                                 f"{cls.server.stderr()}")
-        os.unlink(cls.server.stderr_path)
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.stub = cls.server.stub(cls.channel)
 
     def setUp(self):
         self.rng = np.random.default_rng(zlib.crc32(self.id().encode()))
@@ -772,34 +760,27 @@ class SharedServerTest(ServerTestCase):
 
 # ----------------------------------------------------------------- small limits
 
-class RestrictedServerTest(ServerTestCase):
+class RestrictedServerTest(ServerTestCase, OneServerPerClass):
     """A server with a 100 kB message limit, a 64-token request limit and
     batching off."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.repo = tempfile.mkdtemp(prefix="mha_server_test_repo_")
-        cls.models = make_repository(cls.repo, names=("demo",))
-        # The demo model again, with primitives for 8 and 12 tokens made at load.
-        shutil.copytree(DEMO_DIR, os.path.join(cls.repo, "warm"))
-        with open(os.path.join(cls.repo, "warm", "config.pbtxt"), "a") as f:
-            f.write("warmup_lengths: [8, 12]\n")
-        cls.models["warm"] = cls.models["demo"]
-        cls.server = TestServer(MHA_SERVER, cls.repo, extra_flags=[
-            "--max_message_bytes=100000", "--max_request_tokens=64", "--disable_batching"])
-        cls.server.start()
-        cls.channel = cls.server.channel()
-        cls.stub = cls.server.stub(cls.channel)
+    server_flags = ("--max_message_bytes=100000", "--max_request_tokens=64",
+                    "--disable_batching")
 
     @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        code = cls.server.stop()
-        shutil.rmtree(cls.repo, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(f"restricted server exited with {code}; stderr:\n"
-                                 f"{cls.server.stderr()}")
-        os.unlink(cls.server.stderr_path)
+    def make_repository(cls, folder):
+        models = make_repository(folder, names=("demo",))
+        # The demo model again, with primitives for 8 and 12 tokens made at load.
+        shutil.copytree(DEMO_DIR, os.path.join(folder, "warm"))
+        with open(os.path.join(folder, "warm", "config.pbtxt"), "a") as f:
+            f.write("warmup_lengths: [8, 12]\n")
+        models["warm"] = models["demo"]
+        return models
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.stub = cls.server.stub(cls.channel)
 
     def setUp(self):
         self.rng = np.random.default_rng(7)

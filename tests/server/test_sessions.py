@@ -33,7 +33,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
-from mha_test_server import TestServer, load_stubs, metric_value, wait_for  # noqa: E402
+from mha_test_server import OneServerPerClass, TestServer, load_stubs, metric_value, wait_for  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          POST_E, _randomize_biases, _write_model, make_repository, randn,
                          reference)
@@ -84,34 +84,30 @@ def add_cache_dtype_copies(root, models):
             models[name + suffix] = models[name]
 
 
-class SessionServer:
+class SessionServer(OneServerPerClass):
     """A server on a repository of demo, cross, post, extras, demo16 and
-    cross16 (bf16 caches), and demo8 and cross8 (int8 caches)."""
+    cross16 (bf16 caches), and demo8 and cross8 (int8 caches), and an
+    mha_client.MhaClient of it."""
 
     @classmethod
-    def start(cls, flags=()):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.models = make_repository(cls.tmp.name, ("demo", "cross", "post"))
-        cls.models["extras"] = make_extras_model(cls.tmp.name)
-        add_cache_dtype_copies(cls.tmp.name, cls.models)
-        cls.server = TestServer(MHA_SERVER, cls.tmp.name, list(flags)).__enter__()
+    def make_repository(cls, folder):
+        models = make_repository(folder, ("demo", "cross", "post"))
+        models["extras"] = make_extras_model(folder)
+        add_cache_dtype_copies(folder, models)
+        return models
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
         cls.client = mha_client.MhaClient(cls.server.target(), timeout=60)
 
     @classmethod
-    def stop(cls):
-        cls.client.close()
-        cls.server.__exit__(None, None, None)
-        cls.tmp.cleanup()
-
-
-class SessionParityTest(unittest.TestCase, SessionServer):
-    @classmethod
-    def setUpClass(cls):
-        cls.start()
-
-    @classmethod
     def tearDownClass(cls):
-        cls.stop()
+        cls.client.close()
+        super().tearDownClass()
+
+
+class SessionParityTest(SessionServer):
 
     def assert_close(self, actual, expected, what):
         np.testing.assert_allclose(actual, expected, rtol=TOL, atol=TOL, err_msg=what)
@@ -551,16 +547,10 @@ class SessionParityTest(unittest.TestCase, SessionServer):
         self.assertIn(f"session {session_id} was closed", caught.exception.details())
 
 
-class SessionLimitsTest(unittest.TestCase, SessionServer):
+class SessionLimitsTest(SessionServer):
     """A server whose cache holds 4 demo blocks (128 tokens)."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.start(["--session_cache_bytes", str(4 * DEMO_BLOCK_BYTES)])
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.stop()
+    server_flags = ("--session_cache_bytes", str(4 * DEMO_BLOCK_BYTES))
 
     def test_full_cache_evicts_the_least_recently_used_idle_session(self):
         rng = np.random.default_rng(8)

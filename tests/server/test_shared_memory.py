@@ -17,7 +17,6 @@ region.
 import concurrent.futures
 import os
 import sys
-import tempfile
 import unittest
 from multiprocessing import shared_memory
 
@@ -26,8 +25,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import TestServer  # noqa: E402
-from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
+from mha_test_server import OneServerPerClass  # noqa: E402
+from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E,  # noqa: E402
                          make_repository, randn, reference)
 from triton_messages import triton_stubs  # noqa: E402
 
@@ -64,18 +63,15 @@ class Region:
         self.shm.unlink()
 
 
-class SharedMemoryTest(unittest.TestCase):
+class SharedMemoryTest(OneServerPerClass):
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.models = make_repository(cls.tmp.name, ("demo", "cross"))
-        cls.server = TestServer(MHA_SERVER, cls.tmp.name, []).__enter__()
-        cls.triton = trpc.GRPCInferenceServiceStub(cls.server.channel())
+    def make_repository(cls, folder):
+        return make_repository(folder, ("demo", "cross"))
 
     @classmethod
-    def tearDownClass(cls):
-        cls.server.__exit__(None, None, None)
-        cls.tmp.cleanup()
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.triton = trpc.GRPCInferenceServiceStub(cls.channel)
 
     def setUp(self):
         self.regions = []

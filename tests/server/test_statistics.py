@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 import unittest
 
 import numpy as np

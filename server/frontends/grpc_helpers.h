@@ -1,0 +1,53 @@
+// The gRPC helpers every front end shares: the one status mapping, the
+// server-time trailer, and finishing unary calls (at once, from a callback,
+// or through an attention call's reactor). Stream reactors are
+// stream_reactor.h's and message_stream.h's.
+#ifndef MHA_SERVER_FRONTENDS_GRPC_HELPERS_H_
+#define MHA_SERVER_FRONTENDS_GRPC_HELPERS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "server/scheduling/memory_budget.h"
+
+namespace mha::server {
+
+// Trailing metadata of every attention answer: microseconds from handler in
+// to response out.
+inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
+
+// The one conversion from absl::Status to grpc::Status. No error leaves
+// without a message (Triton's C++ client takes an empty one for success).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+// `status`'s message, or its code's name when it has none.
+std::string MessageOf(const absl::Status& status);
+
+// Finishes a unary call now with `status` (its default reactor).
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status);
+// What finishes `reactor` with a status given later (a callback's answer).
+std::function<void(const absl::Status&)> FinisherOf(grpc::ServerUnaryReactor* reactor);
+
+// The reactor of one unary attention call. Its call finishes it exactly
+// once; it holds the request's memory reservation until gRPC is done with
+// the call (response sent, or call cancelled), then deletes itself.
+class CallReactor : public grpc::ServerUnaryReactor {
+ public:
+  void Hold(std::shared_ptr<MemoryReservation> memory) { memory_ = std::move(memory); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<MemoryReservation> memory_;
+};
+
+// Answers a unary attention call: the server-time trailer, then the status.
+void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,
+               const absl::Status& status, absl::Duration took);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_GRPC_HELPERS_H_

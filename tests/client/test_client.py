@@ -1,0 +1,281 @@
+#!/usr/bin/python3
+"""mha_client against a real mha_server: every subcommand, its output and its
+exit code, and the load generator's counts against the server's metrics.
+
+  MHA_SERVER=build/mha_server MHA_CLIENT=build/mha_client \
+    /usr/bin/python3 tests/client/test_client.py
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "server"))  # the shared harness
+sys.path.insert(0, os.path.join(HERE, "..", "parity"))
+import numpy as np  # noqa: E402
+from mha_model_io import read_safetensors, write_safetensors  # noqa: E402
+from mha_test_server import (MHA_SERVER, REPO_ROOT, TestServer, load_stubs, metric_value,  # noqa: E402
+                             tensor, to_numpy)
+
+MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
+
+
+LONG_NAME = "m" * 128
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.repo = tempfile.mkdtemp(prefix="mha_client_repo_")
+        shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "demo"))
+        shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, "twin"))
+        # Names of the longest length allowed (128) and one longer.
+        for name in (LONG_NAME, LONG_NAME + "x"):
+            shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(cls.repo, name))
+        broken = os.path.join(cls.repo, "broken")
+        os.mkdir(broken)
+        with open(os.path.join(broken, "config.pbtxt"), "w") as f:
+            f.write("embed_dim: 8\nnum_heads: 3\n")  # 8 is not divisible by 3
+        with open(os.path.join(broken, "weights.safetensors"), "wb") as f:
+            f.write(b"\0" * 8)
+        cls.server = TestServer(MHA_SERVER, cls.repo)
+        cls.server.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.repo, ignore_errors=True)
+
+    def client(self, *args):
+        return subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    def test_health_of_server_and_models(self):
+        r = self.client("health")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("server: SERVING", r.stdout)
+        self.assertEqual(self.client("health", "--model=demo").returncode, 0)
+        broken = self.client("health", "--model=broken")
+        self.assertEqual(broken.returncode, 1)
+        self.assertIn("broken: NOT_SERVING", broken.stdout)
+        unknown = self.client("health", "--model=nope")
+        self.assertEqual(unknown.returncode, 1)
+        self.assertIn("NOT_FOUND: no model 'nope' on this server; it has: broken, demo",
+                      unknown.stderr)
+
+    def test_health_of_a_model_with_a_128_character_name(self):
+        # The name's length is a varint of two bytes from 128 on.
+        r = self.client("health", f"--model={LONG_NAME}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"{LONG_NAME}: SERVING", r.stdout)
+
+    def test_model_names_longer_than_128_characters_are_skipped_at_load(self):
+        self.assertIn(f"skipping folder '{LONG_NAME}x'", self.server.stderr())
+        self.assertIn("at most 128 characters", self.server.stderr())
+        self.assertNotIn(LONG_NAME + "x", self.client("models").stdout)
+
+    def test_load_refuses_a_concurrency_below_one(self):
+        for value in ("0", "-3"):
+            r = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "load",
+                                "--model=demo", f"--concurrency={value}", "--duration=5s"],
+                               capture_output=True, text=True, timeout=20)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--concurrency: expected at least 1", r.stderr)
+
+    def test_models_and_info(self):
+        r = self.client("models")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"demo\s+READY\s+E=256 h=4 layout=in_proj params=263168")
+        self.assertRegex(r.stdout, r"broken\s+FAILED\s+.*not divisible")
+        info = self.client("info", "demo")
+        self.assertEqual(info.returncode, 0, info.stderr)
+        self.assertIn('weight_layout: "in_proj"', info.stdout)
+        missing = self.client("info", "nope")
+        self.assertNotEqual(missing.returncode, 0)
+        self.assertTrue(missing.stderr.startswith("NOT_FOUND: model 'nope' not found"),
+                        missing.stderr)
+
+    def test_attend_prints_shapes_and_errors_exit_non_zero(self):
+        r = self.client("attend", "--model=demo", "--batch=2", "--len=5", "--need_weights",
+                        "--per_head_weights")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("output [2, 5, 256]", r.stdout)
+        self.assertIn("attn_weights [2, 4, 5, 5]", r.stdout)
+        self.assertRegex(r.stdout, r"server \d+\.\d{3} ms, round trip \d+\.\d{3} ms")
+        # --random (the earlier CLI's flag) is accepted and changes nothing.
+        same = [self.client("attend", "--model=demo", "--len=5", "--seed=3", *extra)
+                for extra in ((), ("--random",))]
+        for run in same:
+            self.assertEqual(run.returncode, 0, run.stderr)
+        values = [[line for line in run.stdout.splitlines() if "round trip" not in line]
+                  for run in same]
+        self.assertEqual(values[0], values[1])
+        self.assertIn("output [1, 5, 256]", same[1].stdout)
+        failed = self.client("attend", "--model=demo", "--random", "--query=q.safetensors")
+        self.assertEqual(failed.returncode, 2, failed.stderr)
+        self.assertIn("--random", failed.stderr)
+        failed = self.client("attend", "--model=broken")
+        self.assertNotEqual(failed.returncode, 0)
+        self.assertTrue(failed.stderr.startswith("FAILED_PRECONDITION: "), failed.stderr)
+        self.assertNotEqual(self.client("frobnicate").returncode, 0)
+
+    def test_load_json_report_matches_server_counts(self):
+        before = metric_value(self.server.metrics(), "mha_requests_total",
+                              model="demo", code="OK")
+        r = self.client("load", "--model=demo", "--concurrency=8", "--requests=300",
+                        "--duration=60s", "--len_range=8:32", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual(report["requests"], 300)
+        self.assertEqual(report["errors"], {})
+        self.assertLessEqual(report["p50_ms"], report["p99_ms"])
+        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        self.assertEqual(after - before, 300)
+
+    def test_streamed_load_sends_each_request_once_over_streams(self):
+        before = metric_value(self.server.metrics(), "mha_requests_total",
+                              model="demo", code="OK")
+        r = self.client("load", "--model=demo", "--stream", "--concurrency=8", "--requests=300",
+                        "--duration=60s", "--len_range=8:32", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual(report["requests"], 300)
+        self.assertEqual(report["errors"], {})
+        self.assertEqual(report["streams"], 8)  # each client's Stream, ended OK by the server
+        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        self.assertEqual(after - before, 300)
+        refused = self.client("load", "--model=demo", "--stream", "--rate=10", "--duration=1s")
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn("--stream: a closed loop only", refused.stderr)
+
+    def test_attend_files_round_trip(self):
+        work = tempfile.mkdtemp(prefix="mha_client_files_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        rng = np.random.default_rng(3)
+        query = (rng.standard_normal((2, 6, 256)) * 0.5).astype(np.float32)
+        mask = rng.random((2, 6)) < 0.3
+        mask[:, 0] = False
+        write_safetensors(os.path.join(work, "q.safetensors"), {"query": (query, "F32")})
+        write_safetensors(os.path.join(work, "m.safetensors"),
+                          {"key_padding_mask": (mask, "BOOL")})
+        out = os.path.join(work, "out.safetensors")
+        r = self.client("attend", "--model=demo", f"--query={work}/q.safetensors",
+                        f"--masks={work}/m.safetensors", "--need_weights", f"--out={out}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        got, dtypes = read_safetensors(out)
+        self.assertEqual(dtypes, {"output": "F32", "attn_weights": "F32"})
+        # The same request through the stubs gives the same bits.
+        pb, _, cfg = load_stubs()
+        expected = self.server.stub().Attend(pb.AttendRequest(
+            model="demo", query=tensor(pb, cfg, query), key_padding_mask=tensor(pb, cfg, mask),
+            need_weights=True))
+        np.testing.assert_array_equal(got["output"], to_numpy(expected.output))
+        np.testing.assert_array_equal(got["attn_weights"], to_numpy(expected.attn_weights))
+        missing = self.client("attend", "--model=demo", f"--query={work}/nope.safetensors")
+        self.assertNotEqual(missing.returncode, 0)
+        self.assertIn("nope.safetensors", missing.stderr)
+
+    def test_input_files_with_unknown_tensor_names_are_refused(self):
+        # A misspelt mask must not give an unmasked answer with exit 0.
+        work = tempfile.mkdtemp(prefix="mha_client_names_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        query = np.ones((1, 4, 256), np.float32)
+        write_safetensors(f"{work}/q.safetensors", {"query": (query, "F32")})
+        write_safetensors(f"{work}/typo.safetensors",
+                          {"key_pading_mask": (np.zeros((1, 4), np.bool_), "BOOL")})
+        write_safetensors(f"{work}/two.safetensors",
+                          {"query": (query, "F32"), "quer": (query, "F32")})
+        write_safetensors(f"{work}/alone.safetensors", {"x": (query, "F32")})
+        r = self.client("attend", f"--query={work}/q.safetensors",
+                        f"--masks={work}/typo.safetensors")
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("unknown tensor 'key_pading_mask'; the names it may hold: "
+                      "key_padding_mask, attn_mask", r.stderr)
+        r = self.client("attend", f"--query={work}/two.safetensors")
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("unknown tensor 'quer'", r.stderr)
+        # A file of one tensor gives it whatever its name (documented).
+        self.assertEqual(self.client("attend", f"--query={work}/alone.safetensors").returncode, 0)
+
+    def test_small_cli_mistakes_get_a_reason(self):
+        work = tempfile.mkdtemp(prefix="mha_client_mistakes_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        with open(f"{work}/q.pt", "wb") as f:  # a zip, as torch.save writes
+            f.write(b"PK\x03\x04" + bytes(range(200)))
+        write_safetensors(f"{work}/q.safetensors",
+                          {"query": (np.ones((1, 4, 256), np.float32), "F32")})
+        cases = [
+            (("info",), 2, "info: expected a model name"),
+            (("models", "extra"), 2, "models: unexpected argument 'extra'"),
+            (("attend", f"--query={work}/q.pt"), 2, "not a safetensors file"),
+            (("attend", f"--query={work}/q.safetensors", "--len=5"), 2,
+             "--len is for random inputs; with --query the files give the inputs"),
+            (("attend", f"--out={work}/missing/out.safetensors"), 1,
+             "No such file or directory"),
+        ]
+        for args, code, message in cases:
+            r = self.client(*args)
+            self.assertEqual(r.returncode, code, (args, r.stdout, r.stderr))
+            self.assertIn(message, r.stderr, args)
+
+    def test_is_causal_and_its_alias_causal_ask_the_same(self):
+        pb, _, cfg = load_stubs()
+        query = np.random.default_rng(4).standard_normal((1, 4, 256), dtype=np.float32)
+        expected = self.server.stub().Attend(pb.AttendRequest(
+            model="demo", is_causal=True, query=tensor(pb, cfg, query)))
+        unmasked = self.server.stub().Attend(pb.AttendRequest(
+            model="demo", query=tensor(pb, cfg, query)))
+        self.assertFalse(np.array_equal(to_numpy(expected.output), to_numpy(unmasked.output)))
+        work = tempfile.mkdtemp(prefix="mha_client_causal_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        write_safetensors(f"{work}/q.safetensors", {"query": (query, "F32")})
+        for flag in ("--is_causal", "--causal"):
+            out = f"{work}/{flag[2:]}.safetensors"
+            r = self.client("attend", f"--query={work}/q.safetensors", flag, f"--out={out}")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            got, _ = read_safetensors(out)
+            np.testing.assert_array_equal(got["output"], to_numpy(expected.output))
+
+    def test_load_alternates_between_models(self):
+        text = self.server.metrics()
+        before = [metric_value(text, "mha_requests_total", model=m, code="OK")
+                  for m in ("demo", "twin")]
+        r = self.client("load", "--model=demo,twin", "--concurrency=4", "--requests=100",
+                        "--duration=60s", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = self.server.metrics()
+        after = [metric_value(text, "mha_requests_total", model=m, code="OK")
+                 for m in ("demo", "twin")]
+        self.assertEqual([a - b for a, b in zip(after, before)], [50, 50])
+
+    def test_open_loop_rate(self):
+        r = self.client("load", "--model=demo", "--rate=100", "--duration=2s", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertGreaterEqual(report["requests"], 180)  # 200 scheduled
+        self.assertLessEqual(report["requests"], 201)
+
+    def test_sweep_writes_csv_and_svg(self):
+        work = tempfile.mkdtemp(prefix="mha_client_sweep_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        r = self.client("load", "--model=demo", "--sweep=1,4", "--duration=1s",
+                        f"--sweep_out={work}/s")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(f"{work}/s.csv") as f:
+            rows = f.read().strip().splitlines()
+        self.assertEqual(rows[0], "concurrency,rps,p50_ms,p99_ms,errors")
+        self.assertEqual([row.split(",")[0] for row in rows[1:]], ["1", "4"])
+        self.assertTrue(all(float(row.split(",")[1]) > 0 for row in rows[1:]))
+        with open(f"{work}/s.svg") as f:
+            svg = f.read()
+        self.assertTrue(svg.startswith("<svg"))
+        self.assertEqual(svg.count("<circle"), 4)  # two points in each of two panels
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,134 @@
+// The key-tiled path (online softmax over key tiles, row blocks shared out
+// among threads) against the untiled path and the plain-loop reference.
+#include <cmath>
+
+#include "engine/mha_engine.h"
+#include "gtest/gtest.h"
+#include "tests/engine/engine_cases.h"
+#include "tests/engine/test_models.h"
+
+namespace mha::testing {
+namespace {
+
+EngineOptions TiledOptions(int64_t tile_rows, int64_t tile_keys) {
+  EngineOptions o;
+  o.tiled_min_keys = 1;
+  o.tiled_min_rows = 1;
+  o.tile_rows = tile_rows;
+  o.tile_keys = tile_keys;
+  return o;
+}
+
+EngineOptions Untiled() {
+  EngineOptions o;
+  o.tiled_min_keys = 0;
+  return o;
+}
+
+// Every option of the engine's cases, with tiles that cut rows and keys
+// unevenly (so causal tiles are skipped, masks cross tile edges, and the
+// appended bias_kv / zero_attn keys fall into a tile of their own).
+TEST(TiledAttentionTest, EveryCaseMatchesUntiledPathAndReference) {
+  for (const bool bf16 : {false, true}) {
+    for (Case c : AllCases()) {
+      c.dims.bf16 = bf16;
+      const PackedWeights w = RandomWeights(c.dims, 7);
+      const Built b = Build(c, 100);
+      const RunResult plain = RunEngine(*MakeEngine(c.dims, w, Untiled()), c, b,
+                                        /*with_weights=*/false);
+      for (const auto& [rows, keys] : {std::pair{2, 3}, std::pair{5, 1}, std::pair{64, 64}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << c.name << " bf16 " << bf16 << " tile " << rows << " x " << keys);
+        const std::unique_ptr<MhaEngine> engine = MakeEngine(c.dims, w, TiledOptions(rows, keys));
+        std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+        const RunResult tiled = RunEngine(*engine, c, b, /*with_weights=*/false, ws.get());
+        EXPECT_GT(ws->num_children(), 0) << "the tiled path did not run";
+        EXPECT_LE(MaxAbsDiff(plain.output.data(), tiled.output.data(), plain.output.size()),
+                  bf16 ? 2e-2f : 1e-5f);
+        ExpectMatchesReference(c, w, b, tiled, bf16 ? 3e-2f : 1e-5f,
+                               /*check_weights=*/false);
+      }
+    }
+  }
+}
+
+// Realistic tiles on longer sequences: oneDNN's blocked kernels, several
+// tiles per row block, masks and causal, fp32 and bf16.
+TEST(TiledAttentionTest, LongSequencesMatchUntiledPath) {
+  for (const bool bf16 : {false, true}) {
+    AttentionDims d = With(Dims(64, 4), [](AttentionDims& x) { x.add_zero_attn = true; });
+    d.bf16 = bf16;
+    const PackedWeights w = RandomWeights(d, 3);
+    for (Case c :
+         {Case{
+              "long_self", d, {300, 130}, {}, false, MaskKind::kBool, MaskKind::kFloat, true, true},
+          Case{"long_cross", d, {70}, {600}, true, MaskKind::kFloat}}) {
+      SCOPED_TRACE(::testing::Message() << c.name << " bf16 " << bf16);
+      const Built b = Build(c, 11);
+      const RunResult plain = RunEngine(*MakeEngine(d, w, Untiled()), c, b, false);
+      const RunResult tiled = RunEngine(*MakeEngine(d, w, TiledOptions(64, 128)), c, b, false);
+      EXPECT_LE(MaxAbsDiff(plain.output.data(), tiled.output.data(), plain.output.size()),
+                bf16 ? 2e-2f : 1e-5f);
+      ExpectMatchesReference(c, w, b, tiled, bf16 ? 3e-2f : 1e-5f, false);
+    }
+  }
+}
+
+// Asking for the attention weights needs whole probability rows: such calls
+// take the untiled path and still get them.
+TEST(TiledAttentionTest, WeightsRequestsTakeTheUntiledPath) {
+  const AttentionDims d = Dims(24, 3);
+  const PackedWeights w = RandomWeights(d, 5);
+  const Case c{"weights", d, {9}, {}, false, MaskKind::kBool};
+  const Built b = Build(c, 3);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, w, TiledOptions(2, 3));
+  std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+  const RunResult r = RunEngine(*engine, c, b, /*with_weights=*/true, ws.get());
+  EXPECT_EQ(ws->num_children(), 0);
+  ExpectMatchesReference(c, w, b, r, 1e-5f);
+}
+
+TEST(TiledAttentionTest, FullyMaskedRowsGiveTheOutputBias) {
+  const AttentionDims d = Dims(24, 3);
+  const PackedWeights w = RandomWeights(d, 2);
+  const Case c{"all_masked", d, {7}, {}, false, MaskKind::kBool};
+  Built b = Build(c, 1);
+  std::fill(b.key_pad_bool.begin(), b.key_pad_bool.end(),
+            1);  // every key masked
+  const RunResult r = RunEngine(*MakeEngine(d, w, TiledOptions(2, 3)), c, b, false);
+  for (int64_t i = 0; i < 7; ++i) {
+    for (int64_t e = 0; e < 24; ++e) EXPECT_EQ(r.output[i * 24 + e], w.b_o[e]);
+  }
+}
+
+// Inputs so large that scores overflow f32 give NaN outputs (which callers
+// report), as on the untiled path, never finite garbage.
+TEST(TiledAttentionTest, OverflowingScoresGiveNaNLikeTheUntiledPath) {
+  const AttentionDims d = Dims(24, 3);
+  const PackedWeights w = RandomWeights(d, 2);
+  const Case c{"overflow", d, {6}, {}};
+  Built b = Build(c, 1);
+  for (float& x : b.query) x *= 1e25f;
+  b.batch.query = b.query;
+  for (const EngineOptions& options : {Untiled(), TiledOptions(2, 3)}) {
+    const RunResult r = RunEngine(*MakeEngine(d, w, options), c, b, false);
+    int nan_rows = 0;
+    for (int64_t i = 0; i < 6; ++i) nan_rows += std::isnan(r.output[i * 24]) ? 1 : 0;
+    EXPECT_GT(nan_rows, 0) << "tiled " << options.tiled_min_keys;
+  }
+}
+
+TEST(TiledAttentionTest, SteadyStateCallsDoNotGrowTheWorkspace) {
+  const AttentionDims d = Dims(32, 4);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, RandomWeights(d, 1), TiledOptions(8, 16));
+  const Case c{"steady", d, {40, 33}, {}, false, MaskKind::kBool, MaskKind::kFloat};
+  const Built b = Build(c, 4);
+  std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+  RunEngine(*engine, c, b, false, ws.get());
+  const size_t held = ws->bytes_held();
+  RunEngine(*engine, c, b, false, ws.get());
+  EXPECT_EQ(ws->bytes_held(), held);
+}
+
+}  // namespace
+}  // namespace mha::testing

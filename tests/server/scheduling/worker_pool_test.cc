@@ -1,0 +1,145 @@
+// The worker pool: which queue a worker serves next, and the threads a call
+// gets alone and beside another.
+#include "server/scheduling/worker_pool.h"
+
+#include <future>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mha::server {
+namespace {
+
+// A queue that hands out `pending` works, each logging its name (and with
+// `log_threads`, "/" and the threads the pool gave it) when it runs, after
+// `gate` opens (when set).
+class ScriptedQueue final : public PoolQueue {
+ public:
+  ScriptedQueue(std::string name, std::vector<std::string>& log, std::mutex& log_mu,
+                bool log_threads = false)
+      : name_(std::move(name)), log_(log), log_mu_(log_mu), log_threads_(log_threads) {}
+  // Works run after `gate` opens; `started` is set when one begins.
+  void Add(int works, std::shared_future<void> gate = {}, std::promise<void>* started = nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ += works;
+    gate_ = std::move(gate);
+    started_ = started;
+  }
+  std::unique_ptr<PoolWork> Poll(Idle&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_ == 0) return nullptr;
+    --pending_;
+    return std::make_unique<Logged>(*this, gate_, std::exchange(started_, nullptr));
+  }
+
+ private:
+  struct Logged final : PoolWork {
+    Logged(ScriptedQueue& q, std::shared_future<void> g, std::promise<void>* s)
+        : queue(q), gate(std::move(g)), started(s) {}
+    void Run(Workspace&) override {
+      if (started != nullptr) started->set_value();
+      if (gate.valid()) gate.wait();
+      std::lock_guard<std::mutex> lock(queue.log_mu_);
+      queue.log_.push_back(queue.log_threads_
+                               ? absl::StrCat(queue.name_, "/", WorkerPool::ThreadsOfThisCall())
+                               : queue.name_);
+    }
+    ScriptedQueue& queue;
+    std::shared_future<void> gate;
+    std::promise<void>* started;
+  };
+  const std::string name_;
+  std::vector<std::string>& log_;
+  std::mutex& log_mu_;
+  const bool log_threads_;
+  std::mutex mu_;
+  int pending_ = 0;
+  std::shared_future<void> gate_;
+  std::promise<void>* started_ = nullptr;
+};
+
+TEST(WorkerPoolTest, QueuesWokenForStepsGoFirstThenRoundRobin) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue busy("busy", log, log_mu), attend("attend", log, log_mu),
+      other("other", log, log_mu), steps("steps", log, log_mu);
+  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
+  auto* busy_r = pool.Attach(&busy);
+  auto* attend_r = pool.Attach(&attend);
+  auto* other_r = pool.Attach(&other);
+  auto* steps_r = pool.Attach(&steps);
+  std::promise<void> open, started;
+  busy.Add(1, open.get_future().share(), &started);
+  pool.Wake(busy_r);
+  started.get_future().wait();  // the one worker is in it
+  attend.Add(2);
+  other.Add(2);
+  steps.Add(1);
+  pool.Wake(attend_r);
+  pool.Wake(other_r);
+  pool.Wake(steps_r, /*steps=*/true);
+  EXPECT_TRUE(pool.StepsRecently());
+  open.set_value();
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(log_mu);
+      if (log.size() == 6) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (auto* r : {busy_r, attend_r, other_r, steps_r}) pool.Detach(r);
+  // Round-robin after the steps: attend, other, attend, other (no queue
+  // takes two turns while another waits).
+  EXPECT_THAT(log, ::testing::ElementsAre("busy", "steps", "attend", "other", "attend", "other"));
+}
+
+// With --intra_op_threads=0, a call gets the cores no other call holds: all
+// of them when it starts alone, its share (cores / workers) when it starts
+// beside another; a set --intra_op_threads is every call's.
+TEST(WorkerPoolTest, ACallAloneGetsAllCoresACallBesideAnotherItsShare) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue first("first", log, log_mu, /*log_threads=*/true),
+      second("second", log, log_mu, /*log_threads=*/true);
+  WorkerPool pool(WorkerPoolOptions{.workers = 2, .cores = 4});
+  EXPECT_EQ(pool.MaxThreadsPerCall(), 4);
+  EXPECT_THAT(pool.CallThreadCounts(), ::testing::ElementsAre(2, 4));
+  auto* first_r = pool.Attach(&first);
+  auto* second_r = pool.Attach(&second);
+  std::promise<void> open, started;
+  first.Add(1, open.get_future().share(), &started);
+  pool.Wake(first_r);
+  started.get_future().wait();  // one worker is in it
+  second.Add(1);
+  pool.Wake(second_r);
+  auto wait_for_log = [&](size_t entries) {
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(log_mu);
+        if (log.size() >= entries) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  wait_for_log(1);  // the second ran beside the first (which waits for the gate)
+  open.set_value();
+  wait_for_log(2);
+  pool.Detach(first_r);  // returns once the first call is over
+  second.Add(1);         // alone again
+  pool.Wake(second_r);
+  wait_for_log(3);
+  pool.Detach(second_r);
+  EXPECT_THAT(log, ::testing::ElementsAre("second/2", "first/4", "second/4"));
+
+  WorkerPool fixed(WorkerPoolOptions{.workers = 2, .compute_threads = 3, .cores = 4});
+  EXPECT_EQ(fixed.MaxThreadsPerCall(), 3);
+  EXPECT_THAT(fixed.CallThreadCounts(), ::testing::ElementsAre(3));
+}
+
+}  // namespace
+}  // namespace mha::server
