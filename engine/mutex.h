@@ -3,9 +3,7 @@
 // ABSL_EXCLUSIVE_LOCKS_REQUIRED). It is std::mutex with Abseil's annotations,
 // not absl::Mutex: Debian's libabsl is not built with ThreadSanitizer, so TSan
 // would not see absl::Mutex's lock and unlock and would report a race on every
-// member it guards, while it intercepts std::mutex. The one exception is the
-// model repository's reader/writer lock (absl::Mutex, equally annotated),
-// which no TSan test drives.
+// member it guards, while it intercepts std::mutex.
 #ifndef MHA_ENGINE_MUTEX_H_
 #define MHA_ENGINE_MUTEX_H_
 

@@ -94,7 +94,7 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
 
 absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
                                    const ModelSource& source) {
-  absl::MutexLock control(&control_mu_);
+  MutexLock control(control_mu_);
   if (!IsValidModelName(name)) {
     return absl::InvalidArgumentError(absl::StrCat("model names match [A-Za-z0-9_.-]+, at most ",
                                                    kMaxModelNameBytes, " characters"));
@@ -119,7 +119,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
   std::map<int64_t, std::string> failed_before;
   std::map<int64_t, uint64_t> failed_fingerprints;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    MutexLock lock(mu_);
     if (auto it = models_.find(name); it != models_.end()) {
       current = it->second.ready;
       failed_before = it->second.errors;
@@ -131,7 +131,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
   if (!scan.ok()) {  // what served before goes on serving
     const absl::Status failed = absl::FailedPreconditionError(
         absl::StrCat("model '", name, "' failed to load: ", scan.status().message()));
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     Entry& entry = models_[name];
     if (entry.status != failed) {
       Log(std::string(failed.message()));
@@ -187,7 +187,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     if (next.size() >= scan->versions.size()) break;
     if (next.count(it->first) == 0) next[it->first] = it->second;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(mu_);
   Entry& entry = models_[name];
   std::vector<VersionPtr> retire;
   for (const auto& [v, ptr] : entry.ready) {
@@ -211,8 +211,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
 }
 
 absl::Status ModelRepository::Unload(const std::string& name) {
-  absl::MutexLock control(&control_mu_);
-  absl::MutexLock lock(&mu_);
+  MutexLock control(control_mu_);
+  MutexLock lock(mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
     return absl::NotFoundError(
@@ -238,7 +238,7 @@ void ModelRepository::SyncAll() {
   }
   std::vector<std::string> gone;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    MutexLock lock(mu_);
     const std::set<std::string> on_disk(names->begin(), names->end());
     for (const auto& [name, entry] : models_) {
       if (on_disk.count(name) == 0) gone.push_back(name);
@@ -255,7 +255,7 @@ size_t ModelRepository::CollectRetired() {
   std::vector<VersionPtr> drained;
   size_t draining = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(mu_);
     // use_count() is exact here: a retired version is copied only by the
     // requests already holding it, so once they are gone it stays 1.
     auto first_drained = std::partition(retired_.begin(), retired_.end(),
@@ -274,7 +274,7 @@ size_t ModelRepository::CollectRetired() {
 void ModelRepository::Stop() {
   std::vector<VersionPtr> all;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    MutexLock lock(mu_);
     for (const auto& [name, entry] : models_) {
       for (const auto& [v, ptr] : entry.ready) all.push_back(ptr);
     }
@@ -290,7 +290,7 @@ std::string ModelRepository::ServedNames() const {
 }
 
 absl::StatusOr<VersionPtr> ModelRepository::Find(const std::string& name, int64_t version) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
     return absl::NotFoundError(
@@ -308,7 +308,7 @@ absl::StatusOr<VersionPtr> ModelRepository::Find(const std::string& name, int64_
 }
 
 bool ModelRepository::Has(const std::string& name) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   return models_.count(name) > 0;
 }
 
@@ -331,7 +331,7 @@ ModelStatus ModelRepository::StatusOf(const std::string& name, const Entry& entr
 }
 
 absl::StatusOr<ModelStatus> ModelRepository::Status(const std::string& name) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   auto it = models_.find(name);
   if (it == models_.end()) {
     return absl::NotFoundError(
@@ -341,14 +341,14 @@ absl::StatusOr<ModelStatus> ModelRepository::Status(const std::string& name) con
 }
 
 std::vector<ModelStatus> ModelRepository::Statuses() const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   std::vector<ModelStatus> all;
   for (const auto& [name, entry] : models_) all.push_back(StatusOf(name, entry));
   return all;
 }
 
 std::vector<std::string> ModelRepository::Ready() const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& [name, entry] : models_) {
     if (!entry.ready.empty()) names.push_back(name);
@@ -357,7 +357,7 @@ std::vector<std::string> ModelRepository::Ready() const {
 }
 
 std::vector<int64_t> ModelRepository::ReadyVersions(const std::string& name) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   std::vector<int64_t> versions;
   if (auto it = models_.find(name); it != models_.end()) {
     for (const auto& [v, ptr] : it->second.ready) versions.push_back(v);
@@ -376,7 +376,7 @@ absl::StatusOr<std::vector<VersionPtr>> ModelRepository::Select(const std::strin
     if (!one.ok()) return one.status();
     if (version != 0) return std::vector<VersionPtr>{*one};
   }
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   for (const auto& [model, entry] : models_) {
     if (!name.empty() && model != name) continue;
     for (const auto& [v, ptr] : entry.ready) selected.push_back(ptr);
@@ -387,7 +387,7 @@ absl::StatusOr<std::vector<VersionPtr>> ModelRepository::Select(const std::strin
 std::vector<ModelRepository::IndexEntry> ModelRepository::Index() const {
   std::vector<IndexEntry> index;
   absl::StatusOr<std::vector<std::string>> on_disk = ModelFolderNames(dir_, /*log_skipped=*/false);
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(mu_);
   std::set<std::string> names;
   for (const auto& [name, entry] : models_) names.insert(name);
   if (on_disk.ok()) names.insert(on_disk->begin(), on_disk->end());

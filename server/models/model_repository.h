@@ -18,10 +18,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/model.h"
+#include "engine/mutex.h"
 #include "mha/v1/model_config.pb.h"
 #include "server/models/repository_scan.h"
 #include "server/observability/metrics.h"
@@ -155,15 +155,15 @@ class ModelRepository {
                                          const VersionOnDisk& on_disk);
   // Moves `versions` out of the table into retired_ (caller holds mu_).
   void Retire(std::vector<VersionPtr> versions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string ServedNames() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  std::string ServedNames() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ModelStatus StatusOf(const std::string& name, const Entry& entry) const;
 
   const std::string dir_;
   const RepositoryOptions options_;
   Metrics& metrics_;
-  absl::Mutex control_mu_;  // one Load / Unload / SyncAll at a time
+  Mutex control_mu_;  // one Load / Unload / SyncAll at a time
   FingerprintCache fingerprints_ ABSL_GUARDED_BY(control_mu_);
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, Entry> models_ ABSL_GUARDED_BY(mu_);
   std::vector<VersionPtr> retired_ ABSL_GUARDED_BY(mu_);
 };
