@@ -3,22 +3,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/file_read.h"
 #include "engine/tensor.h"
 
 namespace mha::client {
-
-absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o) {
   grpc::ChannelArguments args;
@@ -30,11 +21,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptio
        {std::pair{o.ca_file, &ssl.pem_root_certs}, std::pair{o.cert_file, &ssl.pem_cert_chain},
         std::pair{o.key_file, &ssl.pem_private_key}}) {
     if (path.empty()) continue;
-    absl::StatusOr<std::string> text = ReadTextFile(path);
+    absl::StatusOr<std::string> text = ReadWholeFile(path);
     if (!text.ok()) return text.status();
     *field = *std::move(text);
   }
   return grpc::CreateCustomChannel(o.target, grpc::SslCredentials(ssl), args);
+}
+
+std::string CountsJson(const std::map<std::string, int64_t>& counts) {
+  std::string members;
+  for (const auto& [name, count] : counts) {
+    absl::StrAppend(&members, members.empty() ? "" : ", ", "\"", name, "\": ", count);
+  }
+  return members;
 }
 
 void AddToken(const std::string& token, grpc::ClientContext& context) {

@@ -4,6 +4,7 @@
 #define MHA_CLIENT_CLIENT_COMMON_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,12 +25,16 @@ struct ConnectionOptions {
   std::string key_file;
 };
 
+// A model a load goes to, with the widths its inputs need.
+struct LoadTarget {
+  std::string model = "demo";
+  int64_t embed_dim = 256;
+  int64_t kdim = 256;
+};
+
 // A channel with the message-size limits the server uses; the files are
 // read here. INVALID_ARGUMENT/NOT_FOUND when they cannot be.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& options);
-
-// Reads a whole file (token, PEM).
-absl::StatusOr<std::string> ReadTextFile(const std::string& path);
 
 // Adds "authorization: Bearer <token>" when a token is set.
 void AddToken(const std::string& token, grpc::ClientContext& context);
@@ -42,6 +47,9 @@ std::string CodeName(grpc::StatusCode code);
 
 // Prints "CODE: message" to stderr and returns 1 (the exit code).
 int ReportError(const grpc::Status& status);
+
+// The members of a JSON object of counts: "\"A\": 1, \"B\": 2" (no braces).
+std::string CountsJson(const std::map<std::string, int64_t>& counts);
 
 // "[2, 16, 256]".
 std::string ShapeText(const v1::Tensor& t);

@@ -9,16 +9,10 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/client_common.h"
 #include "grpcpp/grpcpp.h"
 
 namespace mha::client {
-
-// A model the load goes to, with the widths its inputs need.
-struct LoadTarget {
-  std::string model = "demo";
-  int64_t embed_dim = 256;
-  int64_t kdim = 256;
-};
 
 // What `mha_client load` runs (a value; RunLoad copies it).
 struct LoadOptions {

@@ -46,6 +46,7 @@
 #include "client/session_file.h"
 #include "client/session_load.h"
 #include "client/tensor_files.h"
+#include "engine/file_read.h"
 #include "engine/status_macros.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
@@ -248,21 +249,29 @@ int Attend(v1::AttentionService::Stub& stub) {
 
 int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o);
 
+// Model `name` and its widths, as the server describes it.
+grpc::Status FindTarget(v1::AttentionService::Stub& stub, const std::string& name,
+                        LoadTarget& target) {
+  v1::GetModelRequest get;
+  get.set_name(name);
+  v1::ModelInfo info;
+  const grpc::Status status = stub.GetModel(Context().get(), get, &info);
+  if (status.ok()) target = {info.name(), info.embed_dim(), info.kdim()};
+  return status;
+}
+
 int LoadSessions(const std::shared_ptr<grpc::Channel>& channel) {
   SessionLoadOptions o;
-  o.model = absl::GetFlag(FLAGS_model);
   o.sessions = absl::GetFlag(FLAGS_sessions);
   o.steps = std::max<int64_t>(1, absl::GetFlag(FLAGS_steps));
   o.step_tokens = std::max<int64_t>(1, absl::GetFlag(FLAGS_step_tokens));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.token = Token();
   auto stub = v1::AttentionService::NewStub(channel);
-  v1::GetModelRequest get;
-  get.set_name(o.model);
-  v1::ModelInfo info;
-  const grpc::Status status = stub->GetModel(Context().get(), get, &info);
-  if (!status.ok()) return ReportError(status);
-  o.embed_dim = info.embed_dim();
+  if (const grpc::Status status = FindTarget(*stub, absl::GetFlag(FLAGS_model), o.target);
+      !status.ok()) {
+    return ReportError(status);
+  }
   bool failed = false;
   for (const bool stream : {false, true}) {
     const SessionLoadReport report = RunSessionLoad(channel, o, stream);
@@ -304,12 +313,8 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   auto stub = v1::AttentionService::NewStub(channel);
   o.models.clear();
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',')) {
-    v1::GetModelRequest get;
-    get.set_name(std::string(name));
-    v1::ModelInfo info;
-    const grpc::Status status = stub->GetModel(Context().get(), get, &info);
+    const grpc::Status status = FindTarget(*stub, std::string(name), o.models.emplace_back());
     if (!status.ok()) return ReportError(status);
-    o.models.push_back({info.name(), info.embed_dim(), info.kdim()});
   }
   o.rate = absl::GetFlag(FLAGS_rate);
   o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
@@ -374,7 +379,7 @@ int main(int argc, char** argv) {
                                      ? absl::GetFlag(FLAGS_token)
                                      : absl::GetFlag(FLAGS_token_file);
   if (!token_file.empty()) {
-    absl::StatusOr<std::string> token = mha::client::ReadTextFile(token_file);
+    absl::StatusOr<std::string> token = mha::ReadWholeFile(token_file);
     if (!token.ok()) {
       std::fprintf(stderr, "%s\n", token.status().ToString().c_str());
       return 2;

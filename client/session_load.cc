@@ -37,7 +37,7 @@ std::unique_ptr<grpc::ClientContext> SessionContext(const std::string& token,
 void RunUnary(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, const std::string& id,
               std::mt19937& gen, SessionRun& run) {
   v1::OpenSessionRequest open;
-  open.set_model(o.model);
+  open.set_model(o.target.model);
   open.set_session_id(id);
   v1::Session session;
   grpc::Status status = stub.OpenSession(SessionContext(o.token, id).get(), open, &session);
@@ -48,7 +48,7 @@ void RunUnary(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, con
   for (int64_t step = 0; step < o.steps; ++step) {
     v1::AppendRequest append;
     append.set_session_id(id);
-    *append.mutable_query() = RandomTensor({1, o.step_tokens, o.embed_dim}, gen);
+    *append.mutable_query() = RandomTensor({1, o.step_tokens, o.target.embed_dim}, gen);
     v1::AppendResponse response;
     const auto sent = Clock::now();
     status = stub.Append(SessionContext(o.token, id).get(), append, &response);
@@ -82,7 +82,7 @@ void RunStream(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, co
   };
   v1::StreamRequest open;
   open.set_id("open");
-  open.mutable_open_session()->set_model(o.model);
+  open.mutable_open_session()->set_model(o.target.model);
   open.mutable_open_session()->set_session_id(id);
   v1::StreamResponse response;
   if (call(open, response)) {
@@ -91,7 +91,7 @@ void RunStream(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, co
       append.set_id(absl::StrCat(step));
       append.mutable_append()->set_session_id(id);
       *append.mutable_append()->mutable_query() =
-          RandomTensor({1, o.step_tokens, o.embed_dim}, gen);
+          RandomTensor({1, o.step_tokens, o.target.embed_dim}, gen);
       const auto sent = Clock::now();
       if (!call(append, response)) break;
       run.step_ms.push_back(Ms(Clock::now() - sent));
@@ -158,16 +158,12 @@ std::string SessionLoadReport::Text() const {
 }
 
 std::string SessionLoadReport::Json() const {
-  std::string errors_json;
-  for (const auto& [code, n] : errors) {
-    absl::StrAppend(&errors_json, errors_json.empty() ? "" : ", ", "\"", code, "\": ", n);
-  }
   return absl::StrFormat(
       "{\"mode\": \"%s\", \"steps\": %lld, \"tokens\": %lld, \"seconds\": %.4f, "
       "\"tokens_per_s\": %.2f, \"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, "
       "\"max_ms\": %.4f, \"errors\": {%s}}",
       mode, static_cast<long long>(steps), static_cast<long long>(tokens), seconds,
-      seconds > 0 ? tokens / seconds : 0.0, p50_ms, p90_ms, p99_ms, max_ms, errors_json);
+      seconds > 0 ? tokens / seconds : 0.0, p50_ms, p90_ms, p99_ms, max_ms, CountsJson(errors));
 }
 
 }  // namespace mha::client

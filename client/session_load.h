@@ -8,13 +8,13 @@
 #include <memory>
 #include <string>
 
+#include "client/client_common.h"
 #include "grpcpp/grpcpp.h"
 
 namespace mha::client {
 
 struct SessionLoadOptions {
-  std::string model = "demo";
-  int64_t embed_dim = 256;
+  LoadTarget target;  // its kdim is not used: sessions here are self-attention
   int sessions = 8;
   int64_t steps = 32;
   int64_t step_tokens = 1;

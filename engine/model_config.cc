@@ -1,11 +1,9 @@
 #include "engine/model_config.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "engine/file_read.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -49,15 +47,9 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text) {
 }
 
 absl::StatusOr<v1::ModelConfig> ReadModelConfig(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return absl::NotFoundError(absl::StrCat("no such file: ", path));
-  }
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  absl::StatusOr<v1::ModelConfig> config = ParseModelConfig(buffer.str());
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<v1::ModelConfig> config = ParseModelConfig(*text);
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", config.status().message()));
   }

@@ -81,25 +81,8 @@ RequestAttention::RequestAttention(const AttentionDims& dims, const EngineOption
     // size (gh, rows, s) left to run time.
     constexpr int64_t rt = DNNL_RUNTIME_DIM_VAL;
     const int64_t dqk = dims.qk_head_dim, dv = dims.v_head_dim;
-    MatmulSpec scores;  // [gh, rows, dqk] x [gh, dqk, s] -> f32 [gh, rows, s]
-    scores.src_dt = scores.wei_dt = act_dt_;
-    scores.src_dims = {rt, rt, dqk};
-    scores.src_strides = {rt, dqk, 1};
-    scores.wei_dims = {rt, dqk, rt};
-    scores.wei_strides = {rt, 1, dqk};
-    scores.dst_dims = {rt, rt, rt};
-    scores.dst_strides = {rt, rt, 1};
-    scores.scale = dims_.score_scale();
-    runtime_scores_ = scores;
-    MatmulSpec context;  // [gh, rows, s] x [gh, s, dv] -> [gh, rows, dv]
-    context.src_dt = context.wei_dt = context.dst_dt = act_dt_;
-    context.src_dims = {rt, rt, rt};
-    context.src_strides = {rt, rt, 1};
-    context.wei_dims = {rt, rt, dv};
-    context.wei_strides = {rt, dv, 1};
-    context.dst_dims = {rt, rt, dv};
-    context.dst_strides = {rt, dv, 1};
-    runtime_context_ = context;
+    runtime_scores_ = AttentionScoresSpec(act_dt_, rt, rt, rt, dqk, dims_.score_scale());
+    runtime_context_ = AttentionContextSpec(act_dt_, act_dt_, rt, rt, rt, dv);
   }
   MakeRuntimePrimitives();
 }
@@ -418,15 +401,7 @@ void RequestAttention::AttentionScores(const Block& blk, const uint8_t* q, const
                                        float* scores, Workspace& ws) const {
   const int64_t gh = blk.count * blk.heads, dqk = dims_.qk_head_dim;
   const int64_t rows = blk.rows, s = blk.kv_len;
-  MatmulSpec spec;
-  spec.src_dt = spec.wei_dt = act_dt_;
-  spec.src_dims = {gh, rows, dqk};
-  spec.src_strides = {rows * dqk, dqk, 1};
-  spec.wei_dims = {gh, dqk, s};
-  spec.wei_strides = {s * dqk, 1, dqk};
-  spec.dst_dims = {gh, rows, s};
-  spec.dst_strides = {rows * s, s, 1};
-  spec.scale = dims_.score_scale();
+  const MatmulSpec spec = AttentionScoresSpec(act_dt_, gh, rows, s, dqk, dims_.score_scale());
   RunAttentionMatmul(blk, spec, runtime_scores_, q, k, scores, ws);
 }
 
@@ -434,14 +409,7 @@ void RequestAttention::AttentionContext(const Block& blk, const void* probs, con
                                         uint8_t* context, Workspace& ws) const {
   const int64_t gh = blk.count * blk.heads, dv = dims_.v_head_dim;
   const int64_t rows = blk.rows, s = blk.kv_len;
-  MatmulSpec spec;
-  spec.src_dt = spec.wei_dt = spec.dst_dt = act_dt_;
-  spec.src_dims = {gh, rows, s};
-  spec.src_strides = {rows * s, s, 1};
-  spec.wei_dims = {gh, s, dv};
-  spec.wei_strides = {s * dv, dv, 1};
-  spec.dst_dims = {gh, rows, dv};
-  spec.dst_strides = {rows * dv, dv, 1};
+  const MatmulSpec spec = AttentionContextSpec(act_dt_, act_dt_, gh, rows, s, dv);
   RunAttentionMatmul(blk, spec, runtime_context_, probs, v, context, ws);
 }
 

@@ -3,15 +3,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/file_read.h"
 #include "engine/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -155,15 +154,9 @@ absl::StatusOr<TensorMap> ParseSafetensors(std::string_view bytes) {
 }
 
 absl::StatusOr<TensorMap> ReadSafetensors(const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return absl::NotFoundError(absl::StrCat("no such file: ", path));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  absl::StatusOr<TensorMap> parsed = ParseSafetensors(buffer.str());
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<TensorMap> parsed = ParseSafetensors(*bytes);
   if (!parsed.ok()) {
     return absl::Status(parsed.status().code(),
                         absl::StrCat(path, ": ", parsed.status().message()));

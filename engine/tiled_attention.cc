@@ -19,31 +19,12 @@ TiledAttention::TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, dt act_d
 
 // scores [rows, cols] f32 = scale * q [rows, dqk] . k_tile [cols, dqk]^T
 MatmulSpec TiledAttention::ScoresSpec(int64_t rows, int64_t cols) const {
-  MatmulSpec spec;
-  spec.ndims = 2;
-  spec.src_dt = spec.wei_dt = act_dt_;
-  spec.src_dims = {rows, dqk_};
-  spec.src_strides = {dqk_, 1};
-  spec.wei_dims = {dqk_, cols};
-  spec.wei_strides = {1, dqk_};
-  spec.dst_dims = {rows, cols};
-  spec.dst_strides = {cols, 1};
-  spec.scale = scale_;
-  return spec;
+  return AttentionScoresSpec(act_dt_, /*batch=*/0, rows, cols, dqk_, scale_);
 }
 
 // product [rows, dv] f32 = probs [rows, cols] . v_tile [cols, dv]
 MatmulSpec TiledAttention::ContextSpec(int64_t rows, int64_t cols) const {
-  MatmulSpec spec;
-  spec.ndims = 2;
-  spec.src_dt = spec.wei_dt = act_dt_;
-  spec.src_dims = {rows, cols};
-  spec.src_strides = {cols, 1};
-  spec.wei_dims = {cols, dv_};
-  spec.wei_strides = {dv_, 1};
-  spec.dst_dims = {rows, dv_};
-  spec.dst_strides = {dv_, 1};
-  return spec;
+  return AttentionContextSpec(act_dt_, onednn::dt::f32, /*batch=*/0, rows, cols, dv_);
 }
 
 void TiledAttention::Prepare(int64_t rows) const {

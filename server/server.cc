@@ -3,14 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "engine/file_read.h"
 #include "engine/status_macros.h"
 #include "engine/threads.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -70,14 +69,6 @@ int64_t SessionCacheBytes(int64_t flag, int64_t available) {
   return std::clamp<int64_t>(available / 4, 0, kDefaultCap);
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // Insecure, TLS, or mutual TLS.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
   if (o.tls_cert.empty() && o.tls_key.empty() && o.tls_client_ca.empty()) {
@@ -88,11 +79,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   }
   grpc::SslServerCredentialsOptions options;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(o.tls_cert));
-  ASSIGN_OR_RETURN(pair.private_key, ReadFile(o.tls_key));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadWholeFile(o.tls_cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadWholeFile(o.tls_key));
   options.pem_key_cert_pairs.push_back(pair);
   if (!o.tls_client_ca.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadFile(o.tls_client_ca));
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadWholeFile(o.tls_client_ca));
     options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);

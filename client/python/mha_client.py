@@ -96,6 +96,17 @@ def from_tensor(tensor):
     return values.reshape(shape)
 
 
+def _set_optional(request, tensors, masks):
+    """Sets each field of `request` named in `tensors` or `masks` whose
+    array is not None: tensors as they are, masks checked as masks."""
+    for field, array in tensors.items():
+        if array is not None:
+            getattr(request, field).CopyFrom(to_tensor(array))
+    for field, mask in masks.items():
+        if mask is not None:
+            getattr(request, field).CopyFrom(_mask_tensor(mask, field))
+
+
 def _mask_tensor(mask, name):
     """Masks go as BOOL (bool arrays) or FP32 (floating arrays, added to the
     scores). Anything else is a TypeError: an integer 0/1 mask sent as a
@@ -234,14 +245,8 @@ class MhaClient:
         request = self._pb.AttendRequest(
             model=model, query=to_tensor(query), is_causal=is_causal,
             need_weights=need_weights, per_head_weights=per_head_weights)
-        if key is not None:
-            request.key.CopyFrom(to_tensor(key))
-        if value is not None:
-            request.value.CopyFrom(to_tensor(value))
-        if key_padding_mask is not None:
-            request.key_padding_mask.CopyFrom(_mask_tensor(key_padding_mask, "key_padding_mask"))
-        if attn_mask is not None:
-            request.attn_mask.CopyFrom(_mask_tensor(attn_mask, "attn_mask"))
+        _set_optional(request, tensors={"key": key, "value": value},
+                      masks={"key_padding_mask": key_padding_mask, "attn_mask": attn_mask})
         response = self._call(self._stub.Attend, request)
         weights = from_tensor(response.attn_weights) if response.HasField("attn_weights") else None
         output = from_tensor(response.output)
@@ -281,13 +286,8 @@ class MhaClient:
         request = self._pb.OpenSessionRequest(
             model=model, session_id=session_id, idle_timeout_ms=int(idle_timeout_s * 1000),
             max_tokens=max_tokens, model_version=model_version)
-        if memory is not None:
-            request.memory.CopyFrom(to_tensor(memory))
-        if memory_value is not None:
-            request.memory_value.CopyFrom(to_tensor(memory_value))
-        if memory_key_padding_mask is not None:
-            request.memory_key_padding_mask.CopyFrom(
-                _mask_tensor(memory_key_padding_mask, "memory_key_padding_mask"))
+        _set_optional(request, tensors={"memory": memory, "memory_value": memory_value},
+                      masks={"memory_key_padding_mask": memory_key_padding_mask})
         return Session(self, self._session_call(self._stub.OpenSession, request, session_id))
 
     def import_session(self, data, session_id=None):

@@ -271,18 +271,16 @@ def export(module, out_dir, attention=None, name=None, bf16=False, rename=(), nu
         qk_width = (tensors["in_proj_weight"].shape[0] - v_width) // 2
         kdim = vdim = tensors["in_proj_weight"].shape[1]
         in_biases = {"in_proj_bias": [2 * qk_width + v_width]}
-    elif layout == "separate_proj_weights":
+    elif layout in ("separate_proj_weights", "separate_linears"):
+        weight = "{}_proj_weight" if layout == "separate_proj_weights" else "{}_proj.weight"
         for x in "qkv":
-            tensors[f"{x}_proj_weight"] = get(f"{x}_proj_weight")
-        qk_width, kdim = tensors["k_proj_weight"].shape
-        vdim = tensors["v_proj_weight"].shape[1]
-        in_biases = {"in_proj_bias": [2 * qk_width + v_width]}
-    elif layout == "separate_linears":
-        for x in "qkv":
-            tensors[f"{x}_proj.weight"] = get(f"{x}_proj.weight")
-        qk_width, kdim = tensors["k_proj.weight"].shape
-        vdim = tensors["v_proj.weight"].shape[1]
-        in_biases = {f"{x}_proj.bias": [tensors[f"{x}_proj.weight"].shape[0]] for x in "qkv"}
+            tensors[weight.format(x)] = get(weight.format(x))
+        qk_width, kdim = tensors[weight.format("k")].shape
+        vdim = tensors[weight.format("v")].shape[1]
+        if layout == "separate_proj_weights":  # biases as nn.MultiheadAttention keeps them
+            in_biases = {"in_proj_bias": [2 * qk_width + v_width]}
+        else:
+            in_biases = {f"{x}_proj.bias": [tensors[weight.format(x)].shape[0]] for x in "qkv"}
     else:
         in_biases = {}
         for x in "qkv":

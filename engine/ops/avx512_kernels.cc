@@ -143,6 +143,11 @@ KernelIsa ActiveKernelIsa() {
   return std::min(detected, isa_cap.load(std::memory_order_relaxed));
 }
 
+const char* KernelIsaName(KernelIsa isa) {
+  constexpr const char* kNames[] = {"portable", "avx2", "avx512", "avx512_bf16"};
+  return kNames[static_cast<int>(isa)];
+}
+
 void CapKernelIsaForTesting(KernelIsa cap) { isa_cap.store(cap); }
 
 bool HasAvx512() { return ActiveKernelIsa() >= KernelIsa::kAvx512; }

@@ -19,6 +19,9 @@ enum class KernelIsa { kPortable, kAvx2, kAvx512, kAvx512Bf16 };
 // The best level this CPU has (checked once), at most the test cap.
 KernelIsa ActiveKernelIsa();
 
+// "portable", "avx2", "avx512", "avx512_bf16".
+const char* KernelIsaName(KernelIsa isa);
+
 // Tests: run the kernels at most at `cap`, to cover every path on one CPU.
 void CapKernelIsaForTesting(KernelIsa cap);
 

@@ -95,6 +95,54 @@ dnnl::memory::desc MatmulSpec::DstDesc() const {
   return PlainDesc(ndims, dst_dims, dst_strides, dst_dt);
 }
 
+namespace {
+
+// A row-major stride: the product, or run time when either factor is.
+int64_t StrideOf(int64_t a, int64_t b) {
+  return a == DNNL_RUNTIME_DIM_VAL || b == DNNL_RUNTIME_DIM_VAL ? DNNL_RUNTIME_DIM_VAL : a * b;
+}
+
+// `spec` (3-D) without its batch dimension when `batch` is 0.
+MatmulSpec Batched(MatmulSpec spec, int64_t batch) {
+  if (batch != 0) return spec;
+  spec.ndims = 2;
+  for (MatmulSpec::Dims* d : {&spec.src_dims, &spec.src_strides, &spec.wei_dims, &spec.wei_strides,
+                              &spec.dst_dims, &spec.dst_strides}) {
+    *d = {(*d)[1], (*d)[2], 0};
+  }
+  return spec;
+}
+
+}  // namespace
+
+MatmulSpec AttentionScoresSpec(onednn::dt dt, int64_t batch, int64_t rows, int64_t keys, int64_t d,
+                               float scale) {
+  MatmulSpec spec;
+  spec.src_dt = spec.wei_dt = dt;
+  spec.src_dims = {batch, rows, d};
+  spec.src_strides = {StrideOf(rows, d), d, 1};
+  spec.wei_dims = {batch, d, keys};
+  spec.wei_strides = {StrideOf(keys, d), 1, d};
+  spec.dst_dims = {batch, rows, keys};
+  spec.dst_strides = {StrideOf(rows, keys), keys, 1};
+  spec.scale = scale;
+  return Batched(spec, batch);
+}
+
+MatmulSpec AttentionContextSpec(onednn::dt dt, onednn::dt out_dt, int64_t batch, int64_t rows,
+                                int64_t keys, int64_t dv) {
+  MatmulSpec spec;
+  spec.src_dt = spec.wei_dt = dt;
+  spec.dst_dt = out_dt;
+  spec.src_dims = {batch, rows, keys};
+  spec.src_strides = {StrideOf(rows, keys), keys, 1};
+  spec.wei_dims = {batch, keys, dv};
+  spec.wei_strides = {StrideOf(keys, dv), dv, 1};
+  spec.dst_dims = {batch, rows, dv};
+  spec.dst_strides = {StrideOf(rows, dv), dv, 1};
+  return Batched(spec, batch);
+}
+
 dnnl::primitive_attr MakeAttr(float scale) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

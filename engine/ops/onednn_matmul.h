@@ -69,6 +69,17 @@ struct MatmulSpec {
   }
 };
 
+// The two products of attention. `batch` 0 makes them 2-D (one block);
+// DNNL_RUNTIME_DIM_VAL may stand for the batch, rows and keys.
+// Scores: q [batch, rows, d] . k [batch, keys, d]^T -> f32 [batch, rows, keys],
+// times `scale`.
+MatmulSpec AttentionScoresSpec(onednn::dt dt, int64_t batch, int64_t rows, int64_t keys, int64_t d,
+                               float scale);
+// Context: probs [batch, rows, keys] . v [batch, keys, dv] -> [batch, rows, dv]
+// in `out_dt`.
+MatmulSpec AttentionContextSpec(onednn::dt dt, onednn::dt out_dt, int64_t batch, int64_t rows,
+                                int64_t keys, int64_t dv);
+
 // Attributes every engine primitive uses: user scratchpad (so concurrent
 // calls never share one), and an optional output scale.
 dnnl::primitive_attr MakeAttr(float scale);

@@ -15,23 +15,34 @@ namespace {
 // (an f32 accumulator on the stack).
 constexpr int64_t kContextChunkCols = 1024;
 
+MHA_INLINE float AsFloat(float x) { return x; }
+MHA_INLINE float AsFloat(uint16_t bf16) { return Bf16ToFloat(bf16); }
+
+// scores[b, i, j] = scale * q[b, i] . k[b, j], in f32 whatever `T` (f32 or
+// bf16); inlined into each clone of its callers.
+template <typename T>
+MHA_INLINE void ScoresOf(const T* q, const T* k, float* scores, int64_t batch, int64_t rows,
+                         int64_t cols, int64_t d, float scale) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* qi = q + (b * rows + i) * d;
+      for (int64_t j = 0; j < cols; ++j) {
+        const T* kj = k + (b * cols + j) * d;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < d; ++c) dot += AsFloat(qi[c]) * AsFloat(kj[c]);
+        scores[(b * rows + i) * cols + j] = dot * scale;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 MHA_MULTIVERSION
 void SmallScores(const float* q, const float* k, float* scores, int64_t batch, int64_t rows,
                  int64_t cols, int64_t d, float scale) {
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* qi = q + (b * rows + i) * d;
-      for (int64_t j = 0; j < cols; ++j) {
-        const float* kj = k + (b * cols + j) * d;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
-        scores[(b * rows + i) * cols + j] = dot * scale;
-      }
-    }
-  }
+  ScoresOf(q, k, scores, batch, rows, cols, d, scale);
 }
 
 MHA_MULTIVERSION
@@ -54,18 +65,7 @@ void SmallContext(const float* probs, const float* v, float* context, int64_t ba
 MHA_MULTIVERSION
 void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_t batch,
                      int64_t rows, int64_t cols, int64_t d, float scale) {
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const uint16_t* qi = q + (b * rows + i) * d;
-      for (int64_t j = 0; j < cols; ++j) {
-        const uint16_t* kj = k + (b * cols + j) * d;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < d; ++c) dot += Bf16ToFloat(qi[c]) * Bf16ToFloat(kj[c]);
-        scores[(b * rows + i) * cols + j] = dot * scale;
-      }
-    }
-  }
+  ScoresOf(q, k, scores, batch, rows, cols, d, scale);
 }
 
 MHA_MULTIVERSION

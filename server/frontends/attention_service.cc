@@ -73,14 +73,13 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
 
 namespace {
 
-// A unary Attend: its reactor holds the memory until the response is sent
-// and finishes with the status and the server-time trailer.
-class UnaryAttendCall final : public DispatchedCall {
+// An Attend request and its response; UnaryCall answers it through its
+// reactor, which holds the memory until the response is sent.
+class AttendRequestCall : public DispatchedCall {
  public:
-  UnaryAttendCall(grpc::CallbackServerContext* context, CallReactor* reactor,
-                  const v1::AttendRequest* request, v1::AttendResponse* response,
-                  const FrontEndGate& gate)
-      : context_(context), reactor_(reactor), request_(request), response_(response), gate_(gate) {}
+  AttendRequestCall(const v1::AttendRequest* request, v1::AttendResponse* response,
+                    const FrontEndGate& gate)
+      : request_(request), response_(response), gate_(gate) {}
 
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
     return DecodeAttendRequest(*request_, model.loaded.dims, gate_.limits());
@@ -92,15 +91,7 @@ class UnaryAttendCall final : public DispatchedCall {
     EncodeAttendResponse(model, layout, result, response_);
     return absl::OkStatus();
   }
-  void Send(const absl::Status& status, absl::Duration took) override {
-    SendUnary(context_, reactor_, status, took);
-  }
-  void Hold(std::shared_ptr<MemoryReservation> memory) override {
-    reactor_->Hold(std::move(memory));
-  }
 
-  grpc::CallbackServerContext* const context_;
-  CallReactor* const reactor_;
   const v1::AttendRequest* const request_;
   v1::AttendResponse* const response_;
   const FrontEndGate& gate_;
@@ -112,9 +103,10 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerConte
                                                        const v1::AttendRequest* request,
                                                        v1::AttendResponse* response) {
   auto* reactor = new CallReactor();
-  gate_.Dispatch(context,
-                 std::make_unique<UnaryAttendCall>(context, reactor, request, response, gate_),
-                 request->model(), request->model_version(), kApiMha);
+  gate_.Dispatch(
+      context,
+      std::make_unique<UnaryCall<AttendRequestCall>>(context, reactor, request, response, gate_),
+      request->model(), request->model_version(), kApiMha);
   return reactor;
 }
 

@@ -1,11 +1,9 @@
 #include "server/frontends/auth.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/file_read.h"
 
 namespace mha::server {
 namespace {
@@ -25,11 +23,9 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 absl::StatusOr<BearerAuth> BearerAuth::FromFile(const std::string& path) {
   if (path.empty()) return BearerAuth();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(text.str()));
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
+  std::string token(absl::StripAsciiWhitespace(*text));
   if (token.empty())
     return absl::InvalidArgumentError(absl::StrCat("token file ", path, " is empty"));
   return BearerAuth(std::move(token));

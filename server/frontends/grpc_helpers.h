@@ -1,6 +1,6 @@
 // The gRPC helpers every front end shares: the one status mapping, the
 // server-time trailer, and finishing unary calls (at once, from a callback,
-// or through an attention call's reactor). Stream reactors are
+// or through an attention call's reactor, UnaryCall). Stream reactors are
 // stream_reactor.h's and message_stream.h's.
 #ifndef MHA_SERVER_FRONTENDS_GRPC_HELPERS_H_
 #define MHA_SERVER_FRONTENDS_GRPC_HELPERS_H_
@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -47,6 +48,28 @@ class CallReactor : public grpc::ServerUnaryReactor {
 // Answers a unary attention call: the server-time trailer, then the status.
 void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,
                const absl::Status& status, absl::Duration took);
+
+// A dispatched call (front_end_gate.h) answered over a unary RPC: `Call`'s
+// Send and Hold go to the call's CallReactor. The remaining arguments
+// construct `Call`.
+template <typename Call>
+class UnaryCall final : public Call {
+ public:
+  template <typename... CallArgs>
+  UnaryCall(grpc::CallbackServerContext* context, CallReactor* reactor, CallArgs&&... call_args)
+      : Call(std::forward<CallArgs>(call_args)...), context_(context), reactor_(reactor) {}
+
+ private:
+  void Send(const absl::Status& status, absl::Duration took) override {
+    SendUnary(context_, reactor_, status, took);
+  }
+  void Hold(std::shared_ptr<MemoryReservation> memory) override {
+    reactor_->Hold(std::move(memory));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  CallReactor* const reactor_;
+};
 
 }  // namespace mha::server
 

@@ -192,32 +192,12 @@ class KserveServiceImpl::InferCall : public DispatchedCall {
   std::vector<RequestedOutput> outputs_;  // as requested, known once decoded
 };
 
-// A unary ModelInfer, answered as mha.v1's Attend is.
-class KserveServiceImpl::UnaryInferCall final : public InferCall {
- public:
-  UnaryInferCall(grpc::CallbackServerContext* context, CallReactor* reactor,
-                 const inference::ModelInferRequest& request,
-                 inference::ModelInferResponse* response, const KserveServiceImpl& service)
-      : InferCall(request, response, service), context_(context), reactor_(reactor) {}
-
- private:
-  void Send(const absl::Status& status, absl::Duration took) override {
-    SendUnary(context_, reactor_, status, took);
-  }
-  void Hold(std::shared_ptr<MemoryReservation> memory) override {
-    reactor_->Hold(std::move(memory));
-  }
-
-  grpc::CallbackServerContext* const context_;
-  CallReactor* const reactor_;
-};
-
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerContext* context,
                                                         const inference::ModelInferRequest* request,
                                                         inference::ModelInferResponse* response) {
   auto* reactor = new CallReactor();
   StartInfer(context,
-             std::make_unique<UnaryInferCall>(context, reactor, *request, response, *this));
+             std::make_unique<UnaryCall<InferCall>>(context, reactor, *request, response, *this));
   return reactor;
 }
 

@@ -87,7 +87,6 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
 
  private:
   class InferCall;
-  class UnaryInferCall;
   class InferStream;
   // ModelInfer's work for `call` (a unary call, or a stream's message): a
   // session step when it names a sequence, else an Attend request.

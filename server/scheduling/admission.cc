@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "engine/ragged_batch.h"
 #include "server/scheduling/memory_budget.h"
 
@@ -71,31 +72,47 @@ absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCos
   return absl::OkStatus();
 }
 
+namespace {
+
+// What --memory_limit_bytes is less of, for requests and for session work.
+constexpr char kEnginesReserve[] = "the engines' reserve";
+constexpr char kEnginesAndSessionsReserve[] = "the engines' reserve and the session cache";
+
+// RESOURCE_EXHAUSTED for work that alone needs more than the whole budget:
+// `needs` says what it needs, `reserve` what the budget is less of, `advice`
+// what to send instead.
+absl::Status LargerThanTheBudget(absl::string_view needs, int64_t memory_capacity,
+                                 absl::string_view reserve, absl::string_view advice) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      needs, "; the server's memory budget for requests is ", WithCommas(memory_capacity),
+      " (--memory_limit_bytes less ", reserve, "): ", advice));
+}
+
+// "<work> needs N bytes of working memory (Q for its <inputs>, A to compute
+// and answer)".
+std::string WorkingMemoryNeeded(absl::string_view work, const RequestCost& cost,
+                                absl::string_view inputs) {
+  return absl::StrCat(work, " needs ", WithCommas(cost.total()), " bytes of working memory (",
+                      WithCommas(cost.queued_bytes), " for its ", inputs, ", ",
+                      WithCommas(cost.active_bytes), " to compute and answer)");
+}
+
+}  // namespace
+
 absl::Status CheckWorkingMemory(const AttentionRequest& request, const RequestCost& cost,
                                 int64_t memory_capacity) {
-  if (cost.total() > memory_capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the request needs ", WithCommas(cost.total()), " bytes of working memory (",
-        WithCommas(cost.queued_bytes), " for its inputs, ", WithCommas(cost.active_bytes),
-        " to compute and answer); the server's memory budget for requests is ",
-        WithCommas(memory_capacity),
-        " (--memory_limit_bytes less the engines' reserve): send fewer or shorter sequences",
-        request.need_weights() ? " or ask without need_weights" : ""));
-  }
-  return absl::OkStatus();
+  if (cost.total() <= memory_capacity) return absl::OkStatus();
+  return LargerThanTheBudget(
+      WorkingMemoryNeeded("the request", cost, "inputs"), memory_capacity, kEnginesReserve,
+      request.need_weights() ? "send fewer or shorter sequences or ask without need_weights"
+                             : "send fewer or shorter sequences");
 }
 
 absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity) {
-  if (cost.total() > memory_capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the step needs ", WithCommas(cost.total()), " bytes of working memory (",
-        WithCommas(cost.queued_bytes), " for its query, ", WithCommas(cost.active_bytes),
-        " to compute and answer); the server's memory budget for requests is ",
-        WithCommas(memory_capacity),
-        " (--memory_limit_bytes less the engines' reserve and the session cache): send fewer "
-        "tokens per step or ask without need_weights"));
-  }
-  return absl::OkStatus();
+  if (cost.total() <= memory_capacity) return absl::OkStatus();
+  return LargerThanTheBudget(WorkingMemoryNeeded("the step", cost, "query"), memory_capacity,
+                             kEnginesAndSessionsReserve,
+                             "send fewer tokens per step or ask without need_weights");
 }
 
 absl::Status CheckFitsBudget(const Task& task, int64_t memory_capacity) {
@@ -108,12 +125,10 @@ absl::Status CheckFitsBudget(const Task& task, int64_t memory_capacity) {
       return CheckStepMemory(cost, memory_capacity);
     case Task::Kind::kProjection:
       if (task.queued_bytes <= memory_capacity) return absl::OkStatus();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the session's encoder memory needs ", WithCommas(task.queued_bytes),
-          " bytes of working memory to be projected; the server's memory budget for requests is ",
-          WithCommas(memory_capacity),
-          " (--memory_limit_bytes less the engines' reserve and the session cache): send a "
-          "shorter memory"));
+      return LargerThanTheBudget(
+          absl::StrCat("the session's encoder memory needs ", WithCommas(task.queued_bytes),
+                       " bytes of working memory to be projected"),
+          memory_capacity, kEnginesAndSessionsReserve, "send a shorter memory");
   }
   return absl::OkStatus();
 }

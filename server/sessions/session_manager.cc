@@ -211,14 +211,9 @@ absl::StatusOr<SessionInfo> SessionManager::Fork(const std::string& id, const st
   if (draining_ || stopping_) {
     return absl::UnavailableError("the server is shutting down: no new sessions");
   }
-  ExpireIdleLocked();
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return NotFoundLocked(id);
-  const Session& parent = *it->second;
-  if (parent.cross && parent.position == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session ", id, " is still projecting its memory: fork it once open"));
-  }
+  absl::StatusOr<const Session*> found = ProjectedSessionLocked(id, ": fork it once open");
+  if (!found.ok()) return found.status();
+  const Session& parent = **found;
   if (!new_id.empty() && sessions_.count(new_id) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("session ", new_id, " is open"));
   }
@@ -273,6 +268,19 @@ std::vector<SessionInfo> SessionManager::List(const std::string& model) const {
 bool SessionManager::IsOpenLocked(const Session& s) const {
   auto it = sessions_.find(s.id);
   return it != sessions_.end() && it->second.get() == &s;
+}
+
+absl::StatusOr<const SessionManager::Session*> SessionManager::ProjectedSessionLocked(
+    const std::string& id, absl::string_view advice) {
+  ExpireIdleLocked();
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return NotFoundLocked(id);
+  const Session& s = *it->second;
+  if (s.cross && s.position == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", id, " is still projecting its memory", advice));
+  }
+  return &s;
 }
 
 absl::Status SessionManager::NotFoundLocked(const std::string& id) const {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
@@ -230,6 +231,12 @@ class SessionManager {
   // Whether `s` is still the open session of its id (not closed, evicted,
   // or replaced by a new session of the same id).
   bool IsOpenLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Open session `id` once its encoder memory is projected, to be copied
+  // (fork, snapshot); idle sessions expire first. NOT_FOUND, or
+  // FAILED_PRECONDITION "still projecting its memory" + `advice`.
+  absl::StatusOr<const Session*> ProjectedSessionLocked(const std::string& id,
+                                                        absl::string_view advice)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why `id` is not open (closed, evicted, expired) as NOT_FOUND.
   absl::Status NotFoundLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ABORTED: a step read for another version of the session's id.

@@ -13,14 +13,9 @@ namespace mha::server {
 
 absl::StatusOr<SessionSnapshot> SessionManager::Snapshot(const std::string& id) {
   MutexLock lock(mu_);
-  ExpireIdleLocked();
-  auto it = sessions_.find(id);
-  if (it == sessions_.end()) return NotFoundLocked(id);
-  const Session& s = *it->second;
-  if (s.cross && s.position == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session ", id, " is still projecting its memory"));
-  }
+  absl::StatusOr<const Session*> found = ProjectedSessionLocked(id, "");
+  if (!found.ok()) return found.status();
+  const Session& s = **found;
   SessionSnapshot snapshot;
   snapshot.info = InfoLocked(s);
   snapshot.version = s.version;

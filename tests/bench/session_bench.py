@@ -15,7 +15,6 @@ into another over loopback, --moves times: the median end-to-end time of
 Session.export() + MhaClient.import_session(). Prints one JSON object.
 """
 
-import argparse
 import json
 import os
 import re
@@ -30,6 +29,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+from bench_args import server_bench_parser  # noqa: E402
 from mha_client import MhaClient  # noqa: E402
 from mha_local_server import LocalServer  # noqa: E402
 
@@ -46,11 +46,7 @@ def cache_bytes(server):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mha_server", default=os.path.join(ROOT, "build", "mha_server"))
-    parser.add_argument("--forks", type=int, default=200)
-    parser.add_argument("--moves", type=int, default=5)
-    args = parser.parse_args()
+    args = server_bench_parser(forks=200, moves=5).parse_args()
     rng = np.random.default_rng(0)
     out = {}
     with LocalServer(args.mha_server, os.path.join(ROOT, "models"), []) as server, \

@@ -13,7 +13,6 @@ compute_infer wall time x the threads of an engine call), and the overhead
 above the engine. Prints one JSON object; compare the overheads' ratio.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -29,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "server"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+from bench_args import server_bench_parser  # noqa: E402
 from mha_local_server import LocalServer  # noqa: E402
 from test_server import _write_model  # noqa: E402
 from triton_messages import triton_stubs  # noqa: E402
@@ -79,10 +79,7 @@ def measure(server, triton, request, calls, threads):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mha_server", default=os.path.join(ROOT, "build", "mha_server"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=8)
+    parser = server_bench_parser(rounds=3, calls=8)
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="threads of one engine call (the server's default: every core)")
     args = parser.parse_args()

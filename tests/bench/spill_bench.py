@@ -13,7 +13,6 @@ of 8 sessions is checked against the step the first server would have
 computed. Prints one JSON object.
 """
 
-import argparse
 import json
 import os
 import re
@@ -26,16 +25,13 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+from bench_args import server_bench_parser  # noqa: E402
 from mha_client import MhaClient  # noqa: E402
 from mha_local_server import LocalServer  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mha_server", default=os.path.join(ROOT, "build", "mha_server"))
-    parser.add_argument("--sessions", type=int, default=256)
-    parser.add_argument("--tokens", type=int, default=512)
-    args = parser.parse_args()
+    args = server_bench_parser(sessions=256, tokens=512).parse_args()
     rng = np.random.default_rng(0)
     prefix = rng.standard_normal((1, args.tokens, 256)).astype(np.float32)
     step = rng.standard_normal((1, 1, 256)).astype(np.float32)

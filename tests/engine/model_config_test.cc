@@ -6,6 +6,8 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,16 @@ v1::ModelConfig Parse(const std::string& text) {
   absl::StatusOr<v1::ModelConfig> config = ParseModelConfig(text);
   EXPECT_TRUE(config.ok()) << config.status();
   return config.ok() ? *config : v1::ModelConfig();
+}
+
+// Parses `text`, expecting INVALID_ARGUMENT whose message contains `parts`.
+void ExpectParseError(const std::string& text, const std::vector<std::string>& parts) {
+  absl::StatusOr<v1::ModelConfig> config = ParseModelConfig(text);
+  ASSERT_FALSE(config.ok()) << "accepted: " << text;
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string& part : parts) {
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(part));
+  }
 }
 
 // Resolves `text`, expecting INVALID_ARGUMENT whose message contains `part`.
@@ -86,24 +98,15 @@ TEST(ParseModelConfigTest, EmptyTextIsAnEmptyConfig) {
 
 TEST(ParseModelConfigTest, SyntaxErrorReportsLineAndColumn) {
   // 'x' is on the second line, 12th column (both counted from 1).
-  absl::StatusOr<v1::ModelConfig> c = ParseModelConfig("embed_dim: 24\nnum_heads: x\n");
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("line 2 column 12"));
+  ExpectParseError("embed_dim: 24\nnum_heads: x\n", {"line 2 column 12"});
 }
 
 TEST(ParseModelConfigTest, UnknownFieldIsRejectedByName) {
-  absl::StatusOr<v1::ModelConfig> c =
-      ParseModelConfig("embed_dim: 24\nnum_heads: 4\ndropout: 0.1\n");
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("dropout"));
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("line 3"));
+  ExpectParseError("embed_dim: 24\nnum_heads: 4\ndropout: 0.1\n", {"dropout", "line 3"});
 }
 
 TEST(ParseModelConfigTest, UnknownEnumValueIsRejected) {
-  absl::StatusOr<v1::ModelConfig> c =
-      ParseModelConfig("embed_dim: 24\ncompute_dtype: DATA_TYPE_INT4\n");
-  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(c.status().message()), HasSubstr("DATA_TYPE_INT4"));
+  ExpectParseError("embed_dim: 24\ncompute_dtype: DATA_TYPE_INT4\n", {"DATA_TYPE_INT4"});
 }
 
 // --- ReadModelConfig ---------------------------------------------------------
@@ -139,23 +142,26 @@ TEST(ReadModelConfigTest, ParseErrorNamesTheFileAndLine) {
 
 // --- ResolveDims: defaults and explicit values -------------------------------
 
+// The fields of `d`, to compare all at once.
+auto FieldsOf(const AttentionDims& d) {
+  return std::tuple(d.embed_dim, d.num_heads, d.kdim, d.vdim, d.qk_head_dim, d.v_head_dim, d.bias,
+                    d.add_bias_kv, d.add_zero_attn, d.bf16, d.kv_cache_bf16, d.kv_cache_int8,
+                    d.post_norm, d.norm_eps);
+}
+
+// Every field of `actual` as in `expected`.
+void ExpectDims(const AttentionDims& actual, const AttentionDims& expected) {
+  EXPECT_EQ(FieldsOf(actual), FieldsOf(expected));
+}
+
 TEST(ResolveDimsTest, AppliesDefaults) {
   absl::StatusOr<AttentionDims> d = ResolveDims(Parse("embed_dim: 24 num_heads: 4"));
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->embed_dim, 24);
-  EXPECT_EQ(d->num_heads, 4);
-  EXPECT_EQ(d->kdim, 24);
-  EXPECT_EQ(d->vdim, 24);
-  EXPECT_EQ(d->qk_head_dim, 6);
-  EXPECT_EQ(d->v_head_dim, 6);
+  ExpectDims(
+      *d,
+      {.embed_dim = 24, .num_heads = 4, .kdim = 24, .vdim = 24, .qk_head_dim = 6, .v_head_dim = 6});
   EXPECT_EQ(d->qk_width(), 24);
   EXPECT_EQ(d->v_width(), 24);
-  EXPECT_TRUE(d->bias);
-  EXPECT_FALSE(d->add_bias_kv);
-  EXPECT_FALSE(d->add_zero_attn);
-  EXPECT_FALSE(d->bf16);
-  EXPECT_FALSE(d->post_norm);
-  EXPECT_FLOAT_EQ(d->norm_eps, 1e-5f);
   EXPECT_EQ(d->extra_keys(), 0);
 }
 
@@ -173,17 +179,18 @@ TEST(ResolveDimsTest, KeepsExplicitValues) {
     compute_dtype: DATA_TYPE_FP32
   )pb"));
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->kdim, 10);
-  EXPECT_EQ(d->vdim, 12);
-  EXPECT_EQ(d->qk_head_dim, 8);
-  EXPECT_EQ(d->v_head_dim, 5);
+  ExpectDims(*d, {.embed_dim = 24,
+                  .num_heads = 4,
+                  .kdim = 10,
+                  .vdim = 12,
+                  .qk_head_dim = 8,
+                  .v_head_dim = 5,
+                  .bias = false,
+                  .add_bias_kv = true,
+                  .add_zero_attn = true});
   EXPECT_EQ(d->qk_width(), 32);
   EXPECT_EQ(d->v_width(), 20);
-  EXPECT_FALSE(d->bias);
-  EXPECT_TRUE(d->add_bias_kv);
-  EXPECT_TRUE(d->add_zero_attn);
   EXPECT_EQ(d->extra_keys(), 2);
-  EXPECT_FALSE(d->bf16);
 }
 
 TEST(ResolveDimsTest, ExplicitBiasTrueIsTrue) {

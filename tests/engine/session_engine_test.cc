@@ -197,6 +197,27 @@ INSTANTIATE_TEST_SUITE_P(
 // where it cannot, the model computes in fp32 (then to 1e-5).
 void ExpectBf16SessionsWithinTolerance(const AttentionDims& d);
 
+// A causal sequence of 70 tokens (seed 21 for its inputs).
+Case Causal70(const AttentionDims& d) {
+  return Case{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
+}
+
+// `engine`'s (of dims `d`) steps within `tolerance` of one full Run: a
+// causal sequence of 70 fed one token at a time and in uneven chunks, and
+// calls mixing steps of several sessions. Returns the full Run.
+RunResult ExpectStepsWithin(const MhaEngine& engine, const AttentionDims& d, float tolerance) {
+  const Case c = Causal70(d);
+  const Built b = Build(c, 21);
+  RunResult full = FullRun(engine, c, b);
+  for (const std::vector<int64_t>& chunks :
+       std::vector<std::vector<int64_t>>{{1}, {5, 1, 31, 2, 17}}) {
+    ExpectChunkedMatchesFull(engine, engine.dims(), b.query, full, chunks, tolerance);
+  }
+  ExpectMixedCallEqualsSeparateCalls(
+      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31, tolerance);
+  return full;
+}
+
 TEST(SessionBf16Test, ChunksAndMixedCallsStayWithinBf16Tolerance) {
   ExpectBf16SessionsWithinTolerance(With(Dims(24, 3), [](AttentionDims& x) { x.bf16 = true; }));
   // Heads of 64 (the step loops' 64-column path, its split bf16 sums) with
@@ -211,15 +232,7 @@ void ExpectBf16SessionsWithinTolerance(const AttentionDims& d) {
   EXPECT_EQ(engine->dims().bf16, CpuCanComputeBf16());
   const float tolerance = engine->dims().bf16 ? 3e-2f : 1e-5f;
   EXPECT_EQ(engine->kv_layout().elem_bytes, engine->dims().bf16 ? 2 : 4);
-  const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
-  const Built b = Build(c, 21);
-  const RunResult full = FullRun(*engine, c, b);
-  for (const std::vector<int64_t>& chunks :
-       std::vector<std::vector<int64_t>>{{1}, {5, 1, 31, 2, 17}}) {
-    ExpectChunkedMatchesFull(*engine, engine->dims(), b.query, full, chunks, tolerance);
-  }
-  ExpectMixedCallEqualsSeparateCalls(
-      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31, tolerance);
+  ExpectStepsWithin(*engine, d, tolerance);
 }
 
 // An fp32 model with a bf16 cache (kv_cache_dtype BF16): half the bytes
@@ -245,18 +258,10 @@ void ExpectBf16CacheWithinRounding(const AttentionDims& fp32_dims) {
   EXPECT_EQ(engine->kv_layout().block_bytes() * 2,
             MakeEngine(fp32_dims, RandomWeights(d, 11))->kv_layout().block_bytes());
   constexpr float kTolerance = 2e-3f;
-  const Case c{"causal", d, {70}, {}, false, MaskKind::kNone, MaskKind::kNone, true, true};
-  const Built b = Build(c, 21);
-  const RunResult full = FullRun(*engine, c, b);
-  for (const std::vector<int64_t>& chunks :
-       std::vector<std::vector<int64_t>>{{1}, {5, 1, 31, 2, 17}}) {
-    ExpectChunkedMatchesFull(*engine, engine->dims(), b.query, full, chunks, kTolerance);
-  }
-  ExpectMixedCallEqualsSeparateCalls(
-      d, Case{"self", d, {6, 1, 9}, {}, false, MaskKind::kBool, MaskKind::kFloat}, 31, kTolerance);
+  const RunResult full = ExpectStepsWithin(*engine, d, kTolerance);
   // Attend (Run) keeps the model's fp32 numbers: only sessions round.
   const auto fp32 = MakeEngine(fp32_dims, RandomWeights(d, 11));
-  const RunResult exact = FullRun(*fp32, c, b);
+  const RunResult exact = FullRun(*fp32, Causal70(d), Build(Causal70(d), 21));
   EXPECT_LE(MaxAbsDiff(full.output.data(), exact.output.data(), full.output.size()), 1e-6f);
 }
 

@@ -5,7 +5,6 @@ valid inputs the fuzzers mutate from. Run once; the seeds are committed.
   /usr/bin/python3 tests/fuzz/make_seeds.py
 """
 
-import io
 import os
 import sys
 
@@ -62,14 +61,18 @@ def model_seeds():
          "empty": (randn(0, 3), "F16")}))
 
 
+def mha_tensor(array):
+    """An mha.v1 Tensor of a float32 or bool array."""
+    pb, _, cfg = load_stubs()
+    if array.dtype == np.bool_:
+        return pb.Tensor(dtype=cfg.DATA_TYPE_BOOL, shape=array.shape,
+                         data=array.astype(np.uint8).tobytes())
+    return pb.Tensor(dtype=cfg.DATA_TYPE_FP32, shape=array.shape, data=array.tobytes())
+
+
 def request_seeds():
     pb, _, cfg = load_stubs()
-
-    def tensor(array):
-        if array.dtype == np.bool_:
-            return pb.Tensor(dtype=cfg.DATA_TYPE_BOOL, shape=array.shape,
-                             data=array.astype(np.uint8).tobytes())
-        return pb.Tensor(dtype=cfg.DATA_TYPE_FP32, shape=array.shape, data=array.tobytes())
+    tensor = mha_tensor
 
     self_attn = pb.AttendRequest(model="m", query=tensor(randn(2, 3, 8)), need_weights=True,
                                  key_padding_mask=tensor(RNG.random((2, 3)) < 0.3))
@@ -107,12 +110,7 @@ def kserve_seeds():
 
 def session_seeds():
     pb, _, cfg = load_stubs()
-
-    def tensor(array):
-        if array.dtype == np.bool_:
-            return pb.Tensor(dtype=cfg.DATA_TYPE_BOOL, shape=array.shape,
-                             data=array.astype(np.uint8).tobytes())
-        return pb.Tensor(dtype=cfg.DATA_TYPE_FP32, shape=array.shape, data=array.tobytes())
+    tensor = mha_tensor
 
     self_open = pb.StreamRequest(id="1", open_session=pb.OpenSessionRequest(
         model="m", session_id="s", max_tokens=64))

@@ -1,14 +1,17 @@
-// mha.v1 Attend requests for the server's unit tests: wire tensors and a
-// self-attention request of a 24-wide, 3-head model (Dims()).
+// mha.v1 Attend requests for the server's unit tests: wire tensors, a
+// self-attention request of a 24-wide, 3-head model (Dims()), decoded.
 #ifndef MHA_TESTS_SERVER_ATTEND_REQUESTS_H_
 #define MHA_TESTS_SERVER_ATTEND_REQUESTS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/attention_dims.h"
+#include "engine/attention_request.h"
 #include "mha/v1/attention.pb.h"
+#include "server/frontends/request_codec.h"
 #include "tests/engine/test_models.h"
 
 namespace mha::server {
@@ -42,6 +45,14 @@ inline v1::AttendRequest Request(int64_t len, uint32_t seed, bool key_padding = 
     *r.mutable_key_padding_mask() = BoolWire({1, len}, mask);
   }
   return r;
+}
+
+// `r` decoded for Dims(), keeping a copy of the message its views point into.
+inline AttentionRequest DecodeOwned(const v1::AttendRequest& r) {
+  auto owned = std::make_shared<v1::AttendRequest>(r);
+  AttentionRequest d = DecodeAttendRequest(*owned, Dims(), {}).value();
+  d.KeepAlive(std::move(owned));
+  return d;
 }
 
 }  // namespace mha::server

@@ -106,16 +106,21 @@ def random_layer(seed, embed_dim, heads):
     return m
 
 
+def proc_status(pid, field):
+    """A VmXXX field (VmRSS, VmHWM, ...) of /proc/PID/status, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
 def rss_bytes(pid):
     """The resident set of process `pid`, in bytes (0 when it is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        pass
-    return 0
+        return proc_status(pid, "VmRSS")
+    except (FileNotFoundError, KeyError):  # gone, or a zombie without memory
+        return 0
 
 
 def wait_for(predicate, timeout=30.0, what="condition"):

@@ -34,8 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_model_io import format_pbtxt, write_safetensors  # noqa: E402
-from mha_test_server import (OneServerPerClass, TestServer, load_grpc_stubs, load_stubs, metric_sample,  # noqa: E402
-                             tensor, to_numpy, wait_for)
+from mha_test_server import (OneServerPerClass, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
+                             metric_sample, proc_status, tensor, to_numpy, wait_for)
 from test_server import DEMO_E, DEMO_H, MHA_SERVER, make_repository, reference  # noqa: E402
 import mha_client  # noqa: E402
 
@@ -75,12 +75,7 @@ class LimitedServer(TestServer):
         super().__init__(binary, repository, list(flags))
 
     def status(self, field):
-        """A VmXXX field of /proc/PID/status, in bytes."""
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-        raise KeyError(field)
+        return proc_status(self.process.pid, field)
 
     def channel(self):
         return grpc.insecure_channel(self.target(), options=[

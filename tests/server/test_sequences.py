@@ -23,10 +23,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import OneServerPerClass, TestServer, metric_value, wait_for  # noqa: E402
+from mha_test_server import TestServer, metric_value, wait_for  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          make_repository, randn, reference)
-from triton_messages import triton_stubs  # noqa: E402
+from triton_messages import triton_server_per_class, triton_stubs  # noqa: E402
 import mha_client  # noqa: E402
 
 tpb, trpc = triton_stubs()
@@ -63,15 +63,10 @@ def outputs_of(response):
             for o, raw in zip(response.outputs, response.raw_output_contents)}
 
 
-class SequenceTest(OneServerPerClass):
-    @classmethod
-    def make_repository(cls, folder):
-        return make_repository(folder, ("demo", "cross"))
-
+class SequenceTest(triton_server_per_class()):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.triton = trpc.GRPCInferenceServiceStub(cls.channel)
         cls.client = mha_client.MhaClient(cls.server.target(), timeout=TIMEOUT)
 
     @classmethod

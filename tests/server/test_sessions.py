@@ -33,7 +33,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
-from mha_test_server import OneServerPerClass, TestServer, load_stubs, metric_value, wait_for  # noqa: E402
+from mha_test_server import (OneServerPerClass, TestServer, load_stubs, metric_value,  # noqa: E402
+                             proc_status, wait_for)
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          POST_E, _randomize_biases, _write_model, make_repository, randn,
                          reference)
@@ -724,12 +725,6 @@ class queue_iter:
         return item
 
 
-def proc_status(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 if __name__ == "__main__":

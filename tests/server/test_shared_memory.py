@@ -25,12 +25,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import OneServerPerClass  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E,  # noqa: E402
-                         make_repository, randn, reference)
-from triton_messages import triton_stubs  # noqa: E402
+                         randn, reference)
+from triton_messages import triton_server_per_class, triton_stubs  # noqa: E402
 
-tpb, trpc = triton_stubs()
+tpb, _ = triton_stubs()
 TIMEOUT = 60
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -63,15 +62,7 @@ class Region:
         self.shm.unlink()
 
 
-class SharedMemoryTest(OneServerPerClass):
-    @classmethod
-    def make_repository(cls, folder):
-        return make_repository(folder, ("demo", "cross"))
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.triton = trpc.GRPCInferenceServiceStub(cls.channel)
+class SharedMemoryTest(triton_server_per_class()):
 
     def setUp(self):
         self.regions = []

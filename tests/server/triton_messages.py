@@ -5,6 +5,7 @@ names and numbers unchanged), the parts our tests use, compiled into a
 private package by protoc. Not our copy in proto/inference/.
 """
 
+import functools
 import importlib
 import os
 import subprocess
@@ -209,6 +210,7 @@ message ModelStreamInferResponse {
 """
 
 
+@functools.cache
 def triton_stubs():
     folder = tempfile.mkdtemp(prefix="mha_triton_stubs_")
     package = os.path.join(folder, "triton_client")
@@ -223,3 +225,23 @@ def triton_stubs():
             importlib.import_module("triton_client.grpc_service_pb2_grpc"))
 
 
+
+
+def triton_server_per_class():
+    """A OneServerPerClass base on the demo and cross models whose tests
+    call the server through Triton's stub, `cls.triton`."""
+    from mha_test_server import OneServerPerClass
+    from test_server import make_repository
+    _, service = triton_stubs()
+
+    class TritonServerPerClass(OneServerPerClass):
+        @classmethod
+        def make_repository(cls, folder):
+            return make_repository(folder, ("demo", "cross"))
+
+        @classmethod
+        def setUpClass(cls):
+            super().setUpClass()
+            cls.triton = service.GRPCInferenceServiceStub(cls.channel)
+
+    return TritonServerPerClass

@@ -48,17 +48,7 @@ std::vector<KernelIsa> LevelsOfThisCpu() {
 }
 
 std::string LevelName(const ::testing::TestParamInfo<KernelIsa>& info) {
-  switch (info.param) {
-    case KernelIsa::kPortable:
-      return "portable";
-    case KernelIsa::kAvx2:
-      return "avx2";
-    case KernelIsa::kAvx512:
-      return "avx512";
-    case KernelIsa::kAvx512Bf16:
-      return "avx512_bf16";
-  }
-  return "unknown";
+  return KernelIsaName(info.param);
 }
 
 INSTANTIATE_TEST_SUITE_P(Levels, KernelsIsaTest, ::testing::ValuesIn(LevelsOfThisCpu()), LevelName);

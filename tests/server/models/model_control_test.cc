@@ -3,8 +3,6 @@
 // mode none and after Stop. On copies of the demo model.
 #include "server/models/model_control.h"
 
-#include <unistd.h>
-
 #include <atomic>
 #include <filesystem>
 #include <future>
@@ -14,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "server/models/model_repository.h"
 #include "server/observability/metrics.h"
+#include "tests/server/models/test_folder.h"
 
 namespace mha::server {
 namespace {
@@ -34,11 +33,7 @@ TEST(ModelControlModeTest, ParsesTheThreeModesAndNamesThemOnError) {
 class ModelControlTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mha_control_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = FreshTestFolder("mha_control_");
     repository_ = std::make_unique<ModelRepository>(dir_.string(), RepositoryOptions{}, metrics_);
   }
   void TearDown() override {

@@ -2,7 +2,6 @@
 // fingerprints) and the per-version metric series.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,6 +14,7 @@
 #include "server/models/model_upload.h"
 #include "server/models/repository_scan.h"
 #include "server/observability/metrics.h"
+#include "tests/server/models/test_folder.h"
 
 namespace mha::server {
 namespace {
@@ -26,13 +26,7 @@ using ::testing::Pair;
 
 class RepositoryScanTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mha_scan_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
+  void SetUp() override { dir_ = FreshTestFolder("mha_scan_"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   void Write(const fs::path& path, const std::string& text) {

@@ -97,17 +97,9 @@ class BatcherTest : public ::testing::Test {
  protected:
   BatcherTest() { engine_ = MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value(); }
 
-  // The decoded request, keeping a copy of the message its views point into.
-  AttentionRequest Decode(const v1::AttendRequest& r) {
-    auto owned = std::make_shared<v1::AttendRequest>(r);
-    AttentionRequest d = DecodeAttendRequest(*owned, Dims(), {}).value();
-    d.KeepAlive(std::move(owned));
-    return d;
-  }
-
   // The answer of one request computed alone.
   std::vector<float> Alone(const v1::AttendRequest& r) {
-    AttentionRequest d = Decode(r);
+    AttentionRequest d = DecodeOwned(r);
     std::vector<float> out(d.output_elements());
     auto ws = engine_->NewWorkspace();
     EXPECT_TRUE(engine_->Run(d.batch(), {absl::MakeSpan(out), {}, false}, *ws).ok());
@@ -120,7 +112,7 @@ class BatcherTest : public ::testing::Test {
                                              std::function<bool()> cancelled = {}) {
     auto promise = std::make_shared<std::promise<absl::StatusOr<Answer>>>();
     auto p = testing::MakeCall(
-        Decode(r),
+        DecodeOwned(r),
         [promise](absl::StatusOr<AttentionResult> result) { promise->set_value(Keep(result)); },
         std::move(cancelled));
     p->deadline = deadline;
@@ -150,6 +142,27 @@ class BatcherTest : public ::testing::Test {
     BatcherOptions options;
     options.max_queue_delay = delay;
     options.clock = &clock_;
+    return options;
+  }
+  // Enqueues a step whose answer holds `batcher`'s worker until `open_gate`
+  // is set; returns once the worker holds (it has set `finishing`), with the
+  // step's answer to come.
+  static std::future<absl::Status> HoldWorker(Batcher& batcher, const MhaEngine& engine,
+                                              std::promise<void>& open_gate,
+                                              std::promise<void>& finishing) {
+    auto holder = std::make_unique<TestStep>(engine, 1, [] { return 0.0; });
+    holder->gate = open_gate.get_future().share();
+    holder->finishing = &finishing;
+    std::future<absl::Status> held = holder->answer();
+    batcher.Enqueue(std::move(holder));
+    finishing.get_future().wait();
+    return held;
+  }
+  // Calls wait (30 s) for 1M tokens, or for 100 while sessions step.
+  BatcherOptions CappedWhileStepping() {
+    BatcherOptions options = Delayed(absl::Seconds(30));
+    options.max_batch_tokens = 1 << 20;
+    options.max_batch_tokens_with_steps = 100;
     return options;
   }
 
@@ -359,9 +372,7 @@ TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
   // take at most 100 tokens, two requests each, and close when they have
   // them without waiting for the delay (a step waits at most for one such
   // call). The last two do not fill a call: Stop sends them.
-  BatcherOptions options = Delayed(absl::Seconds(30));
-  options.max_batch_tokens = 1 << 20;
-  options.max_batch_tokens_with_steps = 100;
+  const BatcherOptions options = CappedWhileStepping();
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
   std::vector<std::future<absl::StatusOr<Answer>>> results;
@@ -390,12 +401,12 @@ TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
   std::mutex mu;
   std::vector<std::string> order;
   auto submit = [&](const std::string& name, uint64_t priority, uint32_t seed) {
-    auto call =
-        testing::MakeCall(Decode(Request(20, seed)), [&, name](absl::StatusOr<AttentionResult> r) {
-          EXPECT_TRUE(r.ok()) << r.status();
-          std::lock_guard<std::mutex> lock(mu);
-          order.push_back(name);
-        });
+    auto call = testing::MakeCall(DecodeOwned(Request(20, seed)),
+                                  [&, name](absl::StatusOr<AttentionResult> r) {
+                                    EXPECT_TRUE(r.ok()) << r.status();
+                                    std::lock_guard<std::mutex> lock(mu);
+                                    order.push_back(name);
+                                  });
     call->priority = priority;
     batcher.Enqueue(std::move(call));
   };
@@ -410,9 +421,7 @@ TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
 }
 
 TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
-  BatcherOptions options = Delayed(absl::Seconds(30));
-  options.max_batch_tokens = 1 << 20;
-  options.max_batch_tokens_with_steps = 100;
+  const BatcherOptions options = CappedWhileStepping();
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
   EXPECT_TRUE(Step(batcher, metrics).get().ok());
@@ -429,9 +438,7 @@ TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
 // steps are refused, like Attend requests, when their deadline passed or
 // their caller cancelled, before anything is computed.
 TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
-  BatcherOptions options = Delayed(absl::Seconds(30));
-  options.max_batch_tokens = 1 << 20;
-  options.max_batch_tokens_with_steps = 100;
+  const BatcherOptions options = CappedWhileStepping();
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
   ASSERT_TRUE(Step(batcher, metrics).get().ok());  // sessions step: the cap holds
@@ -476,12 +483,7 @@ TEST_F(BatcherTest, AStepBehindARefusedStepOfItsSessionRuns) {
   auto zero = [] { return 0.0; };
   // Hold the one worker in a step's answer while the two queue.
   std::promise<void> open_gate, finishing;
-  auto holder = std::make_unique<TestStep>(*engine_, 1, zero);
-  holder->gate = open_gate.get_future().share();
-  holder->finishing = &finishing;
-  std::future<absl::Status> held = holder->answer();
-  batcher.Enqueue(std::move(holder));
-  finishing.get_future().wait();
+  std::future<absl::Status> held = HoldWorker(batcher, *engine_, open_gate, finishing);
   int session = 0;
   auto refused = std::make_unique<TestStep>(*engine_, 1, zero);
   refused->session_key = &session;
@@ -538,18 +540,14 @@ TEST_F(BatcherTest, LongRequestsGoInChunksOfQueryRowsWhileSessionsStep) {
     // request and another step queue.
     std::atomic<int> order{0};
     std::promise<void> open_gate, finishing;
-    auto holder = std::make_unique<TestStep>(*c.engine, 1, [] { return 0.0; });
-    holder->gate = open_gate.get_future().share();
-    holder->finishing = &finishing;
-    std::future<absl::Status> held = holder->answer();
-    batcher.Enqueue(std::move(holder));
-    finishing.get_future().wait();
+    std::future<absl::Status> held = HoldWorker(batcher, *c.engine, open_gate, finishing);
     int request_at = 0;
     std::promise<absl::StatusOr<Answer>> long_answer;
-    batcher.Enqueue(testing::MakeCall(Decode(c.request), [&](absl::StatusOr<AttentionResult> r) {
-      request_at = ++order;
-      long_answer.set_value(Keep(r));
-    }));
+    batcher.Enqueue(
+        testing::MakeCall(DecodeOwned(c.request), [&](absl::StatusOr<AttentionResult> r) {
+          request_at = ++order;
+          long_answer.set_value(Keep(r));
+        }));
     auto step =
         std::make_unique<TestStep>(*c.engine, 1, [&order] { return static_cast<double>(++order); });
     std::shared_ptr<double> step_at = step->calls_at_answer;
@@ -561,7 +559,7 @@ TEST_F(BatcherTest, LongRequestsGoInChunksOfQueryRowsWhileSessionsStep) {
     absl::StatusOr<Answer> r = long_answer.get_future().get();
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_LT(*step_at, request_at) << "the step went before the request's last chunks";
-    AttentionRequest alone = Decode(c.request);
+    AttentionRequest alone = DecodeOwned(c.request);
     std::vector<float> expected(alone.output_elements());
     auto ws = c.engine->NewWorkspace();
     ASSERT_TRUE(c.engine->Run(alone.batch(), {absl::MakeSpan(expected), {}, false}, *ws).ok());

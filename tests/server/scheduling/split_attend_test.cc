@@ -24,17 +24,9 @@ class SplitAttendTest : public ::testing::Test {
       : engine_(MhaEngine::Create(Dims(), testing::RandomWeights(Dims(), 3)).value()),
         ws_(MhaEngine::NewWorkspace()) {}
 
-  // The decoded request, keeping a copy of the message its views point into.
-  AttentionRequest Decode(const v1::AttendRequest& r) {
-    auto owned = std::make_shared<v1::AttendRequest>(r);
-    AttentionRequest d = DecodeAttendRequest(*owned, Dims(), {}).value();
-    d.KeepAlive(std::move(owned));
-    return d;
-  }
-
   // `request` as one engine run.
   std::vector<float> Whole(const v1::AttendRequest& request) {
-    AttentionRequest d = Decode(request);
+    AttentionRequest d = DecodeOwned(request);
     std::vector<float> out(d.output_elements());
     EXPECT_TRUE(engine_->Run(d.batch(), {absl::MakeSpan(out), {}, false}, *ws_).ok());
     return out;
@@ -44,7 +36,7 @@ class SplitAttendTest : public ::testing::Test {
   // `answers`; runs the projection and returns the chunks it queued.
   std::vector<std::unique_ptr<StepTask>> Split(const v1::AttendRequest& request, int64_t rows) {
     std::unique_ptr<AttendCall> call =
-        testing::MakeCall(Decode(request), [this](absl::StatusOr<AttentionResult> result) {
+        testing::MakeCall(DecodeOwned(request), [this](absl::StatusOr<AttentionResult> result) {
           answers_.push_back(result.status());
           if (result.ok()) output_.assign(result->output.begin(), result->output.end());
         });
@@ -114,19 +106,19 @@ TEST_F(SplitAttendTest, AFailedChunkAnswersOnceAndTheRestAreRefused) {
 }
 
 TEST_F(SplitAttendTest, OnlyOneSequenceWithoutMaskCausalOrWeightsIsSplittable) {
-  EXPECT_TRUE(Splittable(Decode(Request(40, 1, /*key_padding=*/true)), *engine_));
+  EXPECT_TRUE(Splittable(DecodeOwned(Request(40, 1, /*key_padding=*/true)), *engine_));
   v1::AttendRequest causal = Request(40, 1);
   causal.set_is_causal(true);
-  EXPECT_FALSE(Splittable(Decode(causal), *engine_));
+  EXPECT_FALSE(Splittable(DecodeOwned(causal), *engine_));
   v1::AttendRequest weights = Request(40, 1);
   weights.set_need_weights(true);
-  EXPECT_FALSE(Splittable(Decode(weights), *engine_));
+  EXPECT_FALSE(Splittable(DecodeOwned(weights), *engine_));
   v1::AttendRequest two = Request(40, 1);
   *two.mutable_query() = Wire({2, 40, 24}, testing::RandomVector(2 * 40 * 24, 2));
-  EXPECT_FALSE(Splittable(Decode(two), *engine_));
+  EXPECT_FALSE(Splittable(DecodeOwned(two), *engine_));
   v1::AttendRequest masked = Request(4, 1);
   *masked.mutable_attn_mask() = BoolWire({4, 4}, std::vector<uint8_t>(16, 0));
-  EXPECT_FALSE(Splittable(Decode(masked), *engine_));
+  EXPECT_FALSE(Splittable(DecodeOwned(masked), *engine_));
 }
 
 }  // namespace

@@ -372,6 +372,23 @@ TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
   }
 }
 
+// A model version whose batcher takes its memory from `budget`.
+VersionPtr VersionOnBudget(MemoryBudget& budget) {
+  BatcherOptions options;
+  options.memory = &budget;
+  return MakeVersion(options);
+}
+
+// Expects session `id`'s next one-token step refused for lack of memory,
+// saying `why`, and the session left where it was (no token).
+void ExpectStepRefusedForMemory(SessionManager& sessions, const std::string& id, const char* why) {
+  absl::Status status;
+  AppendSync(sessions, id, 1, 1, &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find(why), std::string::npos) << status;
+  EXPECT_EQ(PositionOf(sessions, id), 0);
+}
+
 // Steps take their memory from the budget Attend requests take theirs
 // from (their batcher's, the scheduler's one admission path): a step that alone needs more than the
 // budget is refused, so is one that finds the budget held; a step that fits gives its memory back
@@ -387,33 +404,22 @@ TEST(SessionManagerTest, StepsAreAdmittedThroughTheMemoryBudget) {
 
   {  // Too large for the whole budget: refused at once.
     MemoryBudget budget(cost.total() - 1);
-    BatcherOptions budgeted;
-    budgeted.memory = &budget;
-    const VersionPtr on_budget = MakeVersion(budgeted);
+    const VersionPtr on_budget = VersionOnBudget(budget);
     SessionManager sessions({}, metrics.Sessions());
     const std::string id = OpenSync(sessions, on_budget);
-    absl::Status status;
-    AppendSync(sessions, id, 1, 1, &status);
-    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
-    EXPECT_NE(status.message().find("the step needs"), std::string::npos) << status;
-    EXPECT_EQ(PositionOf(sessions, id), 0);
+    ExpectStepRefusedForMemory(sessions, id, "the step needs");
   }
   {  // The budget held by queued requests: nothing will give it back.
     MemoryBudget budget(cost.total());
     MemoryReservation queued_request;
     ASSERT_TRUE(budget.TryReserveQueued(cost.active_bytes, queued_request));
-    BatcherOptions budgeted;
-    budgeted.memory = &budget;
-    const VersionPtr on_budget = MakeVersion(budgeted);
+    const VersionPtr on_budget = VersionOnBudget(budget);
     SessionManager sessions({}, metrics.Sessions());
     const std::string id = OpenSync(sessions, on_budget);
-    absl::Status status;
-    AppendSync(sessions, id, 1, 1, &status);
-    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
-    EXPECT_NE(status.message().find("more to compute"), std::string::npos) << status;
-    EXPECT_EQ(PositionOf(sessions, id), 0);
+    ExpectStepRefusedForMemory(sessions, id, "more to compute");
     EXPECT_EQ(budget.reserved(), cost.active_bytes) << "the step gave its queued bytes back";
     queued_request.Release();
+    absl::Status status;
     AppendSync(sessions, id, 1, 1, &status);  // room now
     EXPECT_TRUE(status.ok()) << status;
     EXPECT_EQ(PositionOf(sessions, id), 1);
