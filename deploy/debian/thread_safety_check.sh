@@ -3,8 +3,9 @@
 # (-Werror=thread-safety, CMakeLists.txt) is live: a probe with every read
 # under its lock compiles, and the same probe with one guarded member read
 # without its lock (tests/engine/mutex_analysis_check.cc) must fail, naming
-# the mutex. The clang build of the test command then holds engine/, server/
-# and client/ to the same rule.
+# the mutex. The clang build of the test command then holds engine/, server/,
+# client/ and proto/ to the same rule (the fuzz targets, then
+# check_locks_unbuilt.py for the rest).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 probe="$root/tests/engine/mutex_analysis_check.cc"
