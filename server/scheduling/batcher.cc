@@ -250,6 +250,11 @@ void Batcher::Work::Run(Workspace& ws) {
   if (!batch.empty() || steps) batcher.Compute(std::move(batch), steps, ws);
 }
 
+bool Batcher::Empty() {
+  MutexLock lock(mu_);
+  return queue_.empty() && projections_.empty() && !steps_ready_;
+}
+
 std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
   MutexLock lock(mu_);
   // Made first: once requests leave the queue, nothing allocates.

@@ -110,6 +110,8 @@ class Batcher final : public PoolQueue {
   // PoolQueue: the next work when it may run now (projections, then a
   // call).
   std::unique_ptr<PoolWork> Poll(Idle& idle) override;
+  // PoolQueue: no request, projection or ready step queued.
+  bool Empty() override;
 
  private:
   // What a worker does next: projections, then a batch of Attend requests

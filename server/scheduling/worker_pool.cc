@@ -142,11 +142,13 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
     r.retry_at = idle.retry_at;
     r.memory_wait = idle.waiting_for_memory;
     if (work != nullptr) {
-      r.woken = true;  // it may hold more: ask again on the next scan
       ++r.running;
       from = &r;
-      next_ = it;            // the next scan starts after it: round-robin
-      work_cv_.NotifyOne();  // another worker may take what it holds next
+      next_ = it;  // the next scan starts after it: round-robin
+      // What it may hold more: asked again on the next scan, and another
+      // worker may take it now.
+      r.woken = !r.queue->Empty();
+      if (r.woken) work_cv_.NotifyOne();
       return work;
     }
     wait_until = std::min(wait_until, r.retry_at);

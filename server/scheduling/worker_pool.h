@@ -46,6 +46,11 @@ class PoolQueue {
   // again). Called with the pool's lock held: it must not block, and it
   // must not call back into the pool.
   virtual std::unique_ptr<PoolWork> Poll(Idle& idle) = 0;
+  // After Poll handed out work: whether the queue holds nothing more that
+  // could run without a Wake. The pool then wakes no other worker for it
+  // (at one client, each request woke the second worker for nothing). Called
+  // with the pool's lock held, as Poll.
+  virtual bool Empty() { return false; }
 };
 
 struct WorkerPoolOptions {

@@ -32,10 +32,22 @@ class ScriptedQueue final : public PoolQueue {
   }
   std::unique_ptr<PoolWork> Poll(Idle&) override {
     std::lock_guard<std::mutex> lock(mu_);
+    ++polls_;
     if (pending_ == 0) return nullptr;
     --pending_;
     return std::make_unique<Logged>(*this, gate_, std::exchange(started_, nullptr));
   }
+  // With `report_empty`, says when it has nothing pending (as a batcher
+  // does); without, the PoolQueue default (it may hold more).
+  bool Empty() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return report_empty && pending_ == 0;
+  }
+  int polls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return polls_;
+  }
+  bool report_empty = false;
 
  private:
   struct Logged final : PoolWork {
@@ -59,6 +71,7 @@ class ScriptedQueue final : public PoolQueue {
   const bool log_threads_;
   std::mutex mu_;
   int pending_ = 0;
+  int polls_ = 0;
   std::shared_future<void> gate_;
   std::promise<void>* started_ = nullptr;
 };
@@ -96,6 +109,43 @@ TEST(WorkerPoolTest, QueuesWokenForStepsGoFirstThenRoundRobin) {
   // Round-robin after the steps: attend, other, attend, other (no queue
   // takes two turns while another waits).
   EXPECT_THAT(log, ::testing::ElementsAre("busy", "steps", "attend", "other", "attend", "other"));
+}
+
+// Work handed out from a queue it leaves empty wakes no other worker: at one
+// client, each request used to wake the second worker for a Poll that found
+// nothing (the L = 16 anomaly of issue 50). A queue that may hold more still
+// wakes one.
+TEST(WorkerPoolTest, AQueueLeftEmptyWakesNoOtherWorker) {
+  for (const bool report_empty : {true, false}) {
+    SCOPED_TRACE(report_empty ? "reports empty" : "may hold more");
+    std::vector<std::string> log;
+    std::mutex log_mu;
+    ScriptedQueue queue("q", log, log_mu);
+    queue.report_empty = report_empty;
+    WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
+    auto* registration = pool.Attach(&queue);
+    constexpr int kWorks = 20;
+    for (int i = 1; i <= kWorks; ++i) {
+      queue.Add(1);
+      pool.Wake(registration);
+      for (int tries = 0; tries < 2000; ++tries) {
+        {
+          std::lock_guard<std::mutex> lock(log_mu);
+          if (static_cast<int>(log.size()) == i) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    // Time for a worker woken for nothing to ask (it would before Detach).
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    pool.Detach(registration);
+    EXPECT_EQ(log.size(), size_t{kWorks});
+    if (report_empty) {
+      EXPECT_EQ(queue.polls(), kWorks) << "one Poll per work: no worker woken for nothing";
+    } else {
+      EXPECT_GT(queue.polls(), kWorks) << "the other worker asks again";
+    }
+  }
 }
 
 // With --intra_op_threads=0, a call gets the cores no other call holds: all
