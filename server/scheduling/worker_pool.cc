@@ -18,7 +18,10 @@ class WorkerPool::Registration {
  public:
   explicit Registration(PoolQueue* q) : queue(q) {}
   PoolQueue* queue;
-  bool woken = true;                             // asked since it was last polled
+  // Asked since it was last polled. Not at Attach: a new queue holds nothing
+  // until it wakes the pool (a worker that started after the Attach polled
+  // it for nothing).
+  bool woken = false;
   bool steps = false;                            // woken for session steps since
   bool memory_wait = false;                      // its last poll waits for memory
   absl::Time retry_at = absl::InfiniteFuture();  // its last poll's retry time
