@@ -1,7 +1,7 @@
 # mha-serve image: mha_server + mha_client on Debian 12, the demo model in
 # /models (mount your own model repository over it).
 #   docker build -t mha-serve .
-#   docker run --rm -p 50051:50051 -p 9464:9464 -v "$PWD/models:/models:ro" mha-serve
+#   docker run --rm -p 50051:50051 -p 8000:8000 -p 9464:9464 -v "$PWD/models:/models:ro" mha-serve
 # Build stage: the -dev packages and a compiler. Run stage: only the shared
 # libraries the two binaries link, no compiler, no apt lists.
 
@@ -10,7 +10,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       g++ cmake make libdnnl-dev ocl-icd-opencl-dev libabsl-dev libprotobuf-dev \
       protobuf-compiler libgrpc++-dev protobuf-compiler-grpc prometheus-cpp-dev \
-      nlohmann-json3-dev \
+      nlohmann-json3-dev libmicrohttpd-dev zlib1g-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
@@ -27,7 +27,7 @@ FROM debian:bookworm
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libdnnl2 libgomp1 ocl-icd-libopencl1 libabsl20220623 libprotobuf32 libgrpc++1.51 \
-      libgrpc29 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 \
+      libgrpc29 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libmicrohttpd12 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
  && groupadd --system --gid 10001 mha \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin mha \
@@ -35,7 +35,7 @@ RUN apt-get update \
 COPY --from=build /src/build/mha_server /src/build/mha_client /usr/local/bin/
 COPY models /models
 USER 10001
-EXPOSE 50051 9464
+EXPOSE 50051 9464 8000
 # Health is open even with --auth_token_file; NOT_SERVING while loading or
 # draining. (No --start-period: dockerfilelint rejects it; 3 retries x 10 s
 # leave 30 s to load the models.)

@@ -5,6 +5,7 @@
 // server itself is server/server.h.
 #include <malloc.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstring>
@@ -30,6 +31,13 @@ ABSL_FLAG(std::string, model_repository, MHA_DEFAULT_MODEL_REPOSITORY,
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one");
+ABSL_FLAG(int, http_port, 8000,
+          "KServe v2 over HTTP/REST (Triton's HTTP API, binary tensor extension); 0 turns it off");
+ABSL_FLAG(std::string, http_cors_origin, "",
+          "Access-Control-Allow-Origin of HTTP answers (e.g. https://app.example or *); empty: "
+          "no CORS");
+ABSL_FLAG(int, http_idle_timeout_s, 60,
+          "HTTP connections silent this long (idle keep-alive, or slow to send) are closed");
 ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest request or response message");
 ABSL_FLAG(int, workers, 2,
           "engine worker threads of the server, shared by every model and version");
@@ -104,6 +112,9 @@ ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.http_port = absl::GetFlag(FLAGS_http_port);
+  o.http_cors_origin = absl::GetFlag(FLAGS_http_cors_origin);
+  o.http_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_http_idle_timeout_s));
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.workers = absl::GetFlag(FLAGS_workers);
   o.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
@@ -127,7 +138,19 @@ ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
   return o;
 }
 
+// Open files up to the hard limit: each HTTP keep-alive connection is one
+// (the soft limit is often 1,024; a thousand idle clients must not refuse
+// the next one).
+void RaiseOpenFileLimit() {
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &files);
+  }
+}
+
 int Serve(ServerOptions options) {
+  RaiseOpenFileLimit();
   // SIGTERM / SIGINT are taken by sigwait below, in plain view, not by a
   // handler: block them before any thread starts so every thread inherits.
   sigset_t signals;

@@ -20,6 +20,8 @@
 #include "server/frontends/auth.h"
 #include "server/frontends/front_end_gate.h"
 #include "server/frontends/health_reporter.h"
+#include "server/frontends/http_routes.h"
+#include "server/frontends/http_server.h"
 #include "server/frontends/kserve_service.h"
 #include "server/frontends/reflection_v1.h"
 #include "server/frontends/unknown_methods.h"
@@ -185,7 +187,8 @@ absl::Status Server::Build() {
     }
   }
   service_ = std::make_unique<AttentionServiceImpl>(*gate_, *control_, *sessions_);
-  kserve_ = std::make_unique<KserveServiceImpl>(*gate_, *control_, *sessions_);
+  kserve_calls_ = std::make_unique<KserveCalls>(*gate_, *control_, *sessions_);
+  kserve_ = std::make_unique<KserveServiceImpl>(*kserve_calls_);
   reflection_v1_ = std::make_unique<ReflectionV1Service>(ServedServiceNames());
   unknown_methods_ = std::make_unique<UnknownMethods>();
 
@@ -206,7 +209,25 @@ absl::Status Server::Build() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", HostPort(options_.host, options_.port)));
   }
+  RETURN_IF_ERROR(StartHttp());
   health_->Attach(grpc_server_.get(), /*serving=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartHttp() {
+  if (options_.http_port == 0) return absl::OkStatus();
+  HttpServerOptions http;
+  http.host = options_.host;
+  http.port = options_.http_port;
+  http.max_body_bytes = static_cast<size_t>(options_.max_message_bytes);
+  http.idle_timeout = options_.http_idle_timeout;
+  http.cors_origin = options_.http_cors_origin;
+  if (!options_.tls_cert.empty()) {
+    ASSIGN_OR_RETURN(http.tls_cert_pem, ReadWholeFile(options_.tls_cert));
+    ASSIGN_OR_RETURN(http.tls_key_pem, ReadWholeFile(options_.tls_key));
+  }
+  http_routes_ = std::make_unique<KserveHttpRoutes>(*kserve_calls_);
+  ASSIGN_OR_RETURN(http_server_, HttpServer::Start(std::move(http), *http_routes_));
   return absl::OkStatus();
 }
 
@@ -224,9 +245,10 @@ void Server::UpdateReserve() {
 
 std::string Server::ReadyLine() const {
   return absl::StrFormat(
-      "mha_server ready grpc_port=%d metrics_port=%d models=%s memory_limit_bytes=%d "
-      "(%s; engines' reserve and session cache %s)",
-      grpc_port_, exposer_->GetListeningPorts().front(), ModelSummary(*models_), memory_->limit(),
+      "mha_server ready grpc_port=%d metrics_port=%d http_port=%d models=%s "
+      "memory_limit_bytes=%d (%s; engines' reserve and session cache %s)",
+      grpc_port_, exposer_->GetListeningPorts().front(),
+      http_server_ != nullptr ? http_server_->port() : 0, ModelSummary(*models_), memory_->limit(),
       memory_source_, WithCommas(memory_->reserve()));
 }
 
@@ -235,6 +257,7 @@ void Server::StartDraining() {
   draining_ = true;
   health_->StopServing();
   gate_->StartDraining();
+  if (http_server_ != nullptr) http_server_->StopAccepting();
   sessions_->StartDraining();  // no new sessions; steps go on until the grace period ends
 }
 
@@ -253,6 +276,9 @@ void Server::Drain() {
                  static_cast<long long>(spilled.failed));
   }
   models_->Stop();
+  // Every HTTP request handed over has been answered now (the batchers
+  // refused what was left); the connections close.
+  if (http_server_ != nullptr) http_server_->Stop(absl::Seconds(5));
   grpc_server_->Wait();
   health_->Attach(nullptr, false);
 }

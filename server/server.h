@@ -24,6 +24,9 @@ namespace mha::server {
 class FrontEndGate;
 class AttentionServiceImpl;
 class HealthReporter;
+class HttpServer;
+class KserveHttpRoutes;
+class KserveCalls;
 class KserveServiceImpl;
 class MemoryBudget;
 class Metrics;
@@ -39,8 +42,11 @@ class WorkerPool;
 struct ServerOptions {
   std::string model_repository = "models";
   std::string host = "0.0.0.0";
-  int port = 50051;         // 0: a free one
-  int metrics_port = 9464;  // 0: a free one
+  int port = 50051;              // 0: a free one
+  int metrics_port = 9464;       // 0: a free one
+  int http_port = 8000;          // KServe v2 over HTTP/REST; 0: off
+  std::string http_cors_origin;  // "": no CORS headers
+  absl::Duration http_idle_timeout = absl::Seconds(60);
   int max_message_bytes = 64 << 20;
   int workers = 2;
   int intra_op_threads =
@@ -88,6 +94,8 @@ class Server {
  private:
   explicit Server(ServerOptions options);
   absl::Status Build();
+  // The HTTP front end on --http_port (with the gRPC port's TLS files).
+  absl::Status StartHttp();
   // Sets the memory budget's reserve for the models loaded now (after a
   // load or an unload).
   void UpdateReserve();
@@ -109,10 +117,13 @@ class Server {
   std::unique_ptr<FrontEndGate> gate_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<AttentionServiceImpl> service_;
+  std::unique_ptr<KserveCalls> kserve_calls_;
   std::unique_ptr<KserveServiceImpl> kserve_;
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<UnknownMethods> unknown_methods_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<KserveHttpRoutes> http_routes_;
+  std::unique_ptr<HttpServer> http_server_;  // null with --http_port 0
 };
 
 }  // namespace mha::server

@@ -28,7 +28,7 @@ class LocalServer:
         self.binary, self.repository = binary, repository
         self.extra_flags, self.ready_timeout = list(extra_flags), ready_timeout
         self.process = None
-        self.grpc_port = self.metrics_port = None
+        self.grpc_port = self.metrics_port = self.http_port = None
         self.exit_code = None
         self.stderr_path = None
         self.ready_line = None
@@ -49,7 +49,7 @@ class LocalServer:
         with open(self.stderr_path, "w") as stderr:
             self.process = subprocess.Popen(
                 [self.binary, f"--model_repository={self.repository}", "--host=127.0.0.1",
-                 "--port=0", "--metrics_port=0"] + self.extra_flags,
+                 "--port=0", "--metrics_port=0", "--http_port=0"] + self.extra_flags,
                 stdout=subprocess.PIPE, stderr=stderr, text=True)
         deadline = time.monotonic() + self.ready_timeout
         line = self.process.stdout.readline()
@@ -59,6 +59,8 @@ class LocalServer:
             self.process.wait()
             raise RuntimeError(f"mha_server did not get ready: {line!r}; stderr: {self.stderr()}")
         self.grpc_port, self.metrics_port = int(match.group(1)), int(match.group(2))
+        http = re.search(r"http_port=(\d+)", line)
+        self.http_port = int(http.group(1)) if http else 0  # 0: off
         self.ready_line = line.strip()
 
     def stderr(self):

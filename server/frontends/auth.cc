@@ -36,7 +36,8 @@ absl::Status BearerAuth::Check(absl::string_view authorization) const {
   constexpr absl::string_view kScheme = "Bearer ";
   if (!absl::StartsWith(authorization, kScheme) ||
       !ConstantTimeEquals(authorization.substr(kScheme.size()), token_)) {
-    return absl::UnauthenticatedError("missing or wrong bearer token (metadata 'authorization')");
+    return absl::UnauthenticatedError(
+        "missing or wrong bearer token (gRPC metadata or HTTP header 'authorization')");
   }
   return absl::OkStatus();
 }

@@ -12,12 +12,16 @@
 
 namespace mha::server {
 
-absl::Status FrontEndGate::Authorize(const grpc::CallbackServerContext& context) const {
-  if (!auth_.enabled()) return absl::OkStatus();
+absl::string_view AuthorizationOf(const grpc::CallbackServerContext& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return auth_.Check("");
-  return auth_.Check(absl::string_view(it->second.data(), it->second.size()));
+  if (it == metadata.end()) return {};
+  return absl::string_view(it->second.data(), it->second.size());
+}
+
+absl::Status FrontEndGate::Authorize(const grpc::CallbackServerContext& context) const {
+  if (!auth_.enabled()) return absl::OkStatus();
+  return auth_.Check(AuthorizationOf(context));
 }
 
 absl::Status DispatchedCall::Encode(const AttentionResult& result) {
@@ -65,8 +69,9 @@ void FrontEndGate::Dispatch(grpc::CallbackServerContext* context,
     c.statistics = (*found)->statistics.get();
     c.version_ = *found;
   }
-  absl::Status admitted =
-      draining_ ? absl::UnavailableError("server is shutting down") : Authorize(*context);
+  absl::Status admitted = draining_            ? absl::UnavailableError("server is shutting down")
+                          : context != nullptr ? Authorize(*context)
+                                               : Authorize(c.Authorization());
   if (admitted.ok()) admitted = found.status();
   if (!admitted.ok()) return c.Fail(admitted);
   const ModelVersion& model = **found;
@@ -87,7 +92,9 @@ void FrontEndGate::Dispatch(grpc::CallbackServerContext* context,
   c.queued_bytes = cost.queued_bytes;
   c.active_bytes = cost.active_bytes;
   c.Hold(c.memory);
-  c.deadline = std::min(absl::FromChrono(context->deadline()), c.arrived + c.timeout_);
+  const absl::Time transport_deadline =
+      context != nullptr ? absl::FromChrono(context->deadline()) : absl::InfiniteFuture();
+  c.deadline = std::min(transport_deadline, c.arrived + c.timeout_);
   c.layout_ = ResultLayout{input.output_dtype(), input.output_shape(), input.weights_shape()};
   model.batcher->Enqueue(std::move(call));  // answers the call, whatever happens
 }

@@ -34,6 +34,9 @@ struct ResultLayout {
 
 class FrontEndGate;
 
+// The value of a gRPC call's "authorization" metadata ("" when absent).
+absl::string_view AuthorizationOf(const grpc::CallbackServerContext& context);
+
 // An Attend call of one front end and transport (mha.v1 or KServe, unary
 // or a stream's message): it decodes its message for the model version
 // found, encodes a result into its response and sends the answer. What every
@@ -47,6 +50,9 @@ class DispatchedCall : public AttendCall {
   // Validates the message for `model`; on the handler thread.
   virtual absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) = 0;
   bool Cancelled() const override { return context_ != nullptr && context_->IsCancelled(); }
+  // A call that is not gRPC's (dispatched with a null context): the value
+  // of its Authorization header ("Bearer <token>"), checked by the gate.
+  virtual absl::string_view Authorization() const { return {}; }
 
  protected:
   // Fills the response from a successful result (on a worker thread).
@@ -96,12 +102,19 @@ class FrontEndGate {
 
   // The call's bearer token checked against --auth_token_file.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
+  // The same check for a transport that is not gRPC: `authorization` is the
+  // Authorization header's value ("" when absent).
+  absl::Status Authorize(absl::string_view authorization) const {
+    return auth_.Check(authorization);
+  }
   // Admits `call` (draining, auth), finds the version (0: the newest ready
   // one), decodes, costs it and checks that its response fits the message
   // limit (server/scheduling/admission.h), then hands it to the batcher,
   // which admits it by memory; returns at once. The call is answered exactly once: on
   // this thread when it is refused, else on a worker. `context` is the
-  // call's (a stream's for its messages); `api` labels mha_requests_total.
+  // call's (a stream's for its messages), or null for a call of another
+  // transport (HTTP), whose own Authorization and Cancelled count and which
+  // has no transport deadline; `api` labels mha_requests_total.
   void Dispatch(grpc::CallbackServerContext* context, std::unique_ptr<DispatchedCall> call,
                 const std::string& model_name, int64_t version, const char* api);
   // Opens `call` for an answer that another path computes (a KServe

@@ -10,7 +10,7 @@
 #include "engine/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "mha/v1/model_config.pb.h"
-#include "server/frontends/kserve_service.h"
+#include "server/frontends/kserve_calls.h"
 #include "server/models/model_upload.h"
 
 namespace mha::server {
@@ -89,9 +89,9 @@ absl::StatusOr<ModelSource> LoadSource(const RepositoryParameters& parameters,
 
 }  // namespace
 
-absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServerContext& context,
-                                                      const std::string& repository_name) const {
-  RETURN_IF_ERROR(gate_.Authorize(context));
+absl::Status KserveCalls::RepositoryCallAllowed(absl::string_view authorization,
+                                                const std::string& repository_name) const {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
   RETURN_IF_ERROR(control_.Allowed());
   if (!repository_name.empty() && repository_name != gate_.models().dir()) {
     return absl::InvalidArgumentError(
@@ -101,117 +101,92 @@ absl::Status KserveServiceImpl::RepositoryCallAllowed(const grpc::CallbackServer
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
-    grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
-    inference::RepositoryIndexResponse* response) {
-  const absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
-  if (status.ok()) {
-    for (const ModelRepository::IndexEntry& e : gate_.models().Index()) {
-      if (request->ready() && !e.ready) continue;
-      auto* model = response->add_models();
-      model->set_name(e.name);
-      if (e.version > 0) model->set_version(absl::StrCat(e.version));
-      model->set_state(e.ready ? "READY" : "UNAVAILABLE");
-      model->set_reason(e.reason);
-    }
+absl::Status KserveCalls::RepositoryIndex(absl::string_view authorization,
+                                          const inference::RepositoryIndexRequest& request,
+                                          inference::RepositoryIndexResponse* response) const {
+  RETURN_IF_ERROR(RepositoryCallAllowed(authorization, request.repository_name()));
+  for (const ModelRepository::IndexEntry& e : gate_.models().Index()) {
+    if (request.ready() && !e.ready) continue;
+    auto* model = response->add_models();
+    model->set_name(e.name);
+    if (e.version > 0) model->set_version(absl::StrCat(e.version));
+    model->set_state(e.ready ? "READY" : "UNAVAILABLE");
+    model->set_reason(e.reason);
   }
-  return FinishUnary(context, status);
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelLoad(
-    grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
-    inference::RepositoryModelLoadResponse*) {
-  absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
+void KserveCalls::RepositoryModelLoad(absl::string_view authorization,
+                                      const inference::RepositoryModelLoadRequest& request,
+                                      Done done) {
+  absl::Status status = RepositoryCallAllowed(authorization, request.repository_name());
   absl::StatusOr<ModelSource> source = absl::UnknownError("");
-  if (status.ok()) source = LoadSource(request->parameters(), control_.mode());
+  if (status.ok()) source = LoadSource(request.parameters(), control_.mode());
   if (status.ok()) status = source.status();
-  if (!status.ok()) return FinishUnary(context, status);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The request (whose files the source views) lives until Finish.
-  control_.Load(request->model_name(), FinisherOf(reactor), *std::move(source));
-  return reactor;
+  if (!status.ok()) return done(status);
+  // The request (whose files the source views) lives until done.
+  control_.Load(request.model_name(), std::move(done), *std::move(source));
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryModelUnload(
-    grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
-    inference::RepositoryModelUnloadResponse*) {
-  absl::Status status = RepositoryCallAllowed(*context, request->repository_name());
-  if (status.ok()) status = CheckUnloadParameters(request->parameters());
-  if (!status.ok()) return FinishUnary(context, status);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  control_.Unload(request->model_name(), FinisherOf(reactor));
-  return reactor;
+void KserveCalls::RepositoryModelUnload(absl::string_view authorization,
+                                        const inference::RepositoryModelUnloadRequest& request,
+                                        Done done) {
+  absl::Status status = RepositoryCallAllowed(authorization, request.repository_name());
+  if (status.ok()) status = CheckUnloadParameters(request.parameters());
+  if (!status.ok()) return done(status);
+  control_.Unload(request.model_name(), std::move(done));
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryStatus(
-    grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest* request,
-    inference::SystemSharedMemoryStatusResponse* response) {
-  absl::Status status = gate_.Authorize(*context);
-  if (status.ok()) {
-    absl::StatusOr<std::vector<SharedMemoryRegion>> regions =
-        shared_memory_.Status(request->name());
-    status = regions.status();
-    if (regions.ok()) {
-      for (const SharedMemoryRegion& r : *regions) {
-        auto& out = (*response->mutable_regions())[r.name];
-        out.set_name(r.name);
-        out.set_key(r.key);
-        out.set_offset(r.offset);
-        out.set_byte_size(r.byte_size);
-      }
-    }
+absl::Status KserveCalls::SystemSharedMemoryStatus(
+    absl::string_view authorization, const inference::SystemSharedMemoryStatusRequest& request,
+    inference::SystemSharedMemoryStatusResponse* response) const {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
+  ASSIGN_OR_RETURN(std::vector<SharedMemoryRegion> regions, shared_memory_.Status(request.name()));
+  for (const SharedMemoryRegion& r : regions) {
+    auto& out = (*response->mutable_regions())[r.name];
+    out.set_name(r.name);
+    out.set_key(r.key);
+    out.set_offset(r.offset);
+    out.set_byte_size(r.byte_size);
   }
-  return FinishUnary(context, status);
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryRegister(
-    grpc::CallbackServerContext* context,
-    const inference::SystemSharedMemoryRegisterRequest* request,
-    inference::SystemSharedMemoryRegisterResponse*) {
-  absl::Status status = gate_.Authorize(*context);
-  if (status.ok()) {
-    status = shared_memory_.Register(request->name(), request->key(), request->offset(),
-                                     request->byte_size());
+absl::Status KserveCalls::SystemSharedMemoryRegister(
+    absl::string_view authorization, const inference::SystemSharedMemoryRegisterRequest& request) {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
+  return shared_memory_.Register(request.name(), request.key(), request.offset(),
+                                 request.byte_size());
+}
+
+absl::Status KserveCalls::SystemSharedMemoryUnregister(
+    absl::string_view authorization,
+    const inference::SystemSharedMemoryUnregisterRequest& request) {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
+  shared_memory_.Unregister(request.name());
+  return absl::OkStatus();
+}
+
+absl::Status KserveCalls::CudaSharedMemoryStatus(
+    absl::string_view authorization,
+    const inference::CudaSharedMemoryStatusRequest& request) const {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
+  if (!request.name().empty()) {
+    return absl::NotFoundError(absl::StrCat("no CUDA shared-memory region ", request.name(),
+                                            " is registered (no GPU here)"));
   }
-  return FinishUnary(context, status);
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::SystemSharedMemoryUnregister(
-    grpc::CallbackServerContext* context,
-    const inference::SystemSharedMemoryUnregisterRequest* request,
-    inference::SystemSharedMemoryUnregisterResponse*) {
-  const absl::Status status = gate_.Authorize(*context);
-  if (status.ok()) shared_memory_.Unregister(request->name());
-  return FinishUnary(context, status);
+absl::Status KserveCalls::CudaSharedMemoryRegister(absl::string_view authorization) const {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
+  return absl::UnimplementedError(
+      "CUDA shared memory is not served: this server computes on the CPU (use system shared "
+      "memory)");
 }
 
-grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryStatus(
-    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
-    inference::CudaSharedMemoryStatusResponse*) {
-  absl::Status status = gate_.Authorize(*context);
-  if (status.ok() && !request->name().empty()) {
-    status = absl::NotFoundError(absl::StrCat("no CUDA shared-memory region ", request->name(),
-                                              " is registered (no GPU here)"));
-  }
-  return FinishUnary(context, status);
-}
-
-grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryRegister(
-    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
-    inference::CudaSharedMemoryRegisterResponse*) {
-  absl::Status status = gate_.Authorize(*context);
-  if (status.ok()) {
-    status = absl::UnimplementedError(
-        "CUDA shared memory is not served: this server computes on the CPU (use system shared "
-        "memory)");
-  }
-  return FinishUnary(context, status);
-}
-
-grpc::ServerUnaryReactor* KserveServiceImpl::CudaSharedMemoryUnregister(
-    grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
-    inference::CudaSharedMemoryUnregisterResponse*) {
-  return FinishUnary(context, gate_.Authorize(*context));  // none registered: done
+absl::Status KserveCalls::CudaSharedMemoryUnregister(absl::string_view authorization) const {
+  return gate_.Authorize(authorization);  // none registered: done
 }
 
 }  // namespace mha::server

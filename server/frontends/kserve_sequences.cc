@@ -68,7 +68,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
       AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)}, std::move(outputs));
 }
 
-void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
+void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()> cancelled,
                           const inference::ModelInferRequest& request,
                           const InferCallParameters& parameters, absl::Time deadline,
                           inference::ModelInferResponse* response, Done done) {
@@ -77,7 +77,7 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
   const absl::Time received = absl::Now();
   VersionPtr found;
   absl::StatusOr<std::shared_ptr<Step>> decoded = [&]() -> absl::StatusOr<std::shared_ptr<Step>> {
-    RETURN_IF_ERROR(gate_.Authorize(context));
+    RETURN_IF_ERROR(gate_.Authorize(authorization));
     return sequence.start ? Start(request, id, found) : Continue(request, id, sequence.id, found);
   }();
   if (!decoded.ok()) {
@@ -88,7 +88,7 @@ void SequenceCalls::Infer(const grpc::CallbackServerContext& context,
   }
   std::shared_ptr<Step> step = *std::move(decoded);
   step->append.deadline = deadline;
-  step->append.cancelled = [&context] { return context.IsCancelled(); };
+  step->append.cancelled = std::move(cancelled);
   step->layout = StepLayout::Of(step->append);
   const int64_t version = step->append.decoded_for->version;
 

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.pb.h"
 #include "server/frontends/front_end_gate.h"
 #include "server/frontends/kserve_codec.h"
@@ -44,8 +44,10 @@ class SequenceCalls {
   // Runs `request` (read as `parameters`, whose `sequence` is set) and fills
   // `response`; `done` is called exactly once, after that (on a worker, or
   // at once when refused). `request` and `response` live until then;
-  // `deadline` bounds the step as an Attend request's.
-  void Infer(const grpc::CallbackServerContext& context,
+  // `deadline` bounds the step as an Attend request's, `cancelled` says
+  // whether its client is gone; `authorization` is the caller's
+  // Authorization value.
+  void Infer(absl::string_view authorization, std::function<bool()> cancelled,
              const inference::ModelInferRequest& request, const InferCallParameters& parameters,
              absl::Time deadline, inference::ModelInferResponse* response, Done done);
 

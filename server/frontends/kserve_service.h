@@ -8,23 +8,16 @@
 
 #include "grpcpp/grpcpp.h"
 #include "inference/grpc_service.grpc.pb.h"
-#include "server/frontends/front_end_gate.h"
-#include "server/frontends/kserve_sequences.h"
-#include "server/frontends/shared_memory.h"
-#include "server/models/model_control.h"
-#include "server/sessions/session_manager.h"
+#include "server/frontends/kserve_calls.h"
 
 namespace mha::server {
 
-// Borrows the front-end gate, the model control and the session manager (which
-// outlive the server); requests with Triton's sequence_id are session steps
-// (kserve_sequences.h). Liveness and readiness
-// RPCs stay open like grpc.health.v1; metadata and inference need the bearer
-// token when one is configured. Thread-safe.
+// The gRPC codec of KserveCalls (kserve_calls.h), which it borrows and
+// which holds the protocol's logic: each RPC reads the caller's token from
+// the metadata, calls it and finishes the reactor. Thread-safe.
 class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
  public:
-  KserveServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions)
-      : gate_(gate), control_(control), sequences_(gate, sessions, &shared_memory_) {}
+  explicit KserveServiceImpl(KserveCalls& calls) : calls_(calls) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -86,22 +79,9 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
       inference::CudaSharedMemoryUnregisterResponse* response) override;
 
  private:
-  class InferCall;
   class InferStream;
-  // ModelInfer's work for `call` (a unary call, or a stream's message): a
-  // session step when it names a sequence, else an Attend request.
-  void StartInfer(grpc::CallbackServerContext* context, std::unique_ptr<InferCall> call);
-  // Auth, then model control on (not mode none), the repository name
-  // empty or ours.
-  absl::Status RepositoryCallAllowed(const grpc::CallbackServerContext& context,
-                                     const std::string& repository_name) const;
-  // The version named ("": the newest ready one), or why not.
-  absl::StatusOr<VersionPtr> FindVersion(const std::string& name, const std::string& version) const;
 
-  FrontEndGate& gate_;
-  ModelControl& control_;
-  SharedMemoryRegistry shared_memory_;  // Triton's system shared memory
-  SequenceCalls sequences_;
+  KserveCalls& calls_;
 };
 
 }  // namespace mha::server

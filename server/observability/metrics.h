@@ -36,7 +36,7 @@ struct ModelMetrics {
   prometheus::Counter* split_requests = nullptr;
   std::map<std::string, prometheus::Counter*> dropped;  // every kDropReasons entry
 
-  // One answered attention call; `api` is kApiMha or kApiKserve.
+  // One answered attention call; `api` is kApiMha, kApiKserve or kApiKserveHttp.
   void CountRequest(const char* api, absl::StatusCode code);
   void CountDropped(const std::string& reason) const { dropped.at(reason)->Increment(); }
 
@@ -116,6 +116,7 @@ class Metrics {
 // Values of the `api` label of mha_requests_total: which front end answered.
 inline constexpr char kApiMha[] = "mha.v1";
 inline constexpr char kApiKserve[] = "kserve.v2";
+inline constexpr char kApiKserveHttp[] = "kserve.v2.http";
 
 // The reasons of mha_dropped_requests_total, each exported from the start.
 inline constexpr const char* kDropReasons[] = {"deadline", "cancelled", "queue_full", "memory",

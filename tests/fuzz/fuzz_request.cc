@@ -2,16 +2,25 @@
 // the server's checks and, when valid, through the engine of a small
 // cross-attention model and a small self-attention model. Built a second
 // time as fuzz_kserve (MHA_FUZZ_KSERVE): the bytes are a KServe v2
-// ModelInferRequest, decoded as ModelInfer decodes it.
+// ModelInferRequest, decoded as ModelInfer decodes it. Built a third time as
+// fuzz_http (MHA_FUZZ_HTTP): the bytes are an HTTP infer request's headers
+// ("Name: value" lines), an empty line and its body, decoded as the HTTP
+// front end decodes them (Content-Encoding, Triton's JSON and binary body)
+// and then as ModelInfer.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "engine/mha_engine.h"
 #include "engine/threads.h"
 #include "google/protobuf/stubs/logging.h"
+#include "server/frontends/http_infer_codec.h"
+#include "server/frontends/http_server.h"
 #include "server/frontends/kserve_codec.h"
 #include "server/frontends/request_codec.h"
 #include "server/scheduling/admission.h"
@@ -69,12 +78,71 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+#ifdef MHA_FUZZ_HTTP
+// The HTTP body's ModelInferRequest, or false when the front end refuses
+// it (every refusal must be INVALID_ARGUMENT or, for the decompressed size,
+// RESOURCE_EXHAUSTED).
+bool DecodeHttp(const uint8_t* data, size_t size, inference::ModelInferRequest& infer,
+                mha::server::HttpInferRequest& decoded) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  const size_t split = text.find("\n\n");
+  if (split == std::string::npos) return false;
+  std::string encoding;
+  std::optional<size_t> header_length;
+  for (absl::string_view line : absl::StrSplit(text.substr(0, split), '\n')) {
+    const size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) continue;
+    const std::string name = absl::AsciiStrToLower(line.substr(0, colon));
+    const absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
+    size_t n = 0;
+    if (name == "content-encoding") encoding = std::string(value);
+    if (name == "inference-header-content-length" && absl::SimpleAtoi(value, &n)) header_length = n;
+  }
+  absl::StatusOr<std::string> body =
+      mha::server::DecodeContent(encoding, text.substr(split + 2), 1 << 20);
+  if (!body.ok()) {
+    if (!absl::IsInvalidArgument(body.status()) && !absl::IsResourceExhausted(body.status())) {
+      __builtin_trap();
+    }
+    return false;
+  }
+  absl::StatusOr<mha::server::HttpInferRequest> request =
+      mha::server::DecodeHttpInfer(*body, header_length, "m", "");
+  if (!request.ok()) {
+    if (!absl::IsInvalidArgument(request.status()) || request.status().message().empty()) {
+      __builtin_trap();
+    }
+    return false;
+  }
+  decoded = *std::move(request);
+  infer = decoded.message;
+  return true;
+}
+#endif
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Model self = MakeModel(8, false);
   static Model cross = MakeModel(6, true);
-#ifdef MHA_FUZZ_KSERVE
+#if defined(MHA_FUZZ_KSERVE) || defined(MHA_FUZZ_HTTP)
   inference::ModelInferRequest infer;
+#ifdef MHA_FUZZ_HTTP
+  mha::server::HttpInferRequest http;
+  if (!DecodeHttp(data, size, infer, http)) return 0;
+  // What a response to it would be encoded as: any outputs, either way.
+  inference::ModelInferResponse response;
+  for (int i = 0; i < infer.inputs_size(); ++i) {
+    auto* out = response.add_outputs();
+    out->set_name(infer.inputs(i).name());
+    out->set_datatype(infer.inputs(i).datatype());
+    *out->mutable_shape() = infer.inputs(i).shape();
+    if (i < infer.raw_input_contents_size()) {
+      response.add_raw_output_contents(infer.raw_input_contents(i));
+    }
+  }
+  (void)mha::server::EncodeHttpInfer(response, http);
+#else
   if (!infer.ParseFromArray(data, static_cast<int>(size))) return 0;
+#endif
   std::vector<mha::server::RequestedOutput> outputs;
   for (Model* m : {&self, &cross}) {
     RunOn(*m, mha::server::DecodeInferRequest(infer, m->dims, kLimits, nullptr, outputs));

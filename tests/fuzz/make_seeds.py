@@ -108,6 +108,36 @@ def kserve_seeds():
     write("fuzz_kserve", "typed", typed.SerializeToString())
 
 
+def http_seeds():
+    """HTTP infer requests as fuzz_http reads them: header lines, an empty
+    line, the body (Triton's JSON, its binary extension, gzip)."""
+    import gzip
+    import json
+    query = {"name": "query", "datatype": "FP32", "shape": [1, 2, 8],
+             "data": randn(1, 2, 8).tolist()}
+    key = {"name": "key", "datatype": "FP32", "shape": [1, 3, 6],
+           "data": randn(3 * 6).tolist()}
+    mask = {"name": "key_padding_mask", "datatype": "BOOL", "shape": [1, 3],
+            "data": [False, True, False]}
+    plain = json.dumps({"id": "1", "inputs": [query], "parameters": {"need_weights": True},
+                        "outputs": [{"name": "output"},
+                                    {"name": "attn_weights", "parameters": {"binary_data": True}}]
+                        }).encode()
+    write("fuzz_http", "json_self", b"Content-Type: application/json\n\n" + plain)
+    write("fuzz_http", "gzip_self", b"Content-Encoding: gzip\n\n" + gzip.compress(plain))
+    header = json.dumps({"inputs": [{"name": "query", "datatype": "FP32", "shape": [1, 2, 8],
+                                     "parameters": {"binary_data_size": 64}}, key, mask],
+                         "parameters": {"binary_data_output": True}}).encode()
+    write("fuzz_http", "binary_cross", b"Inference-Header-Content-Length: %d\n\n" % len(header)
+          + header + randn(1, 2, 8).tobytes())
+    half = json.dumps({"inputs": [{"name": "query", "datatype": "BF16", "shape": [1, 1, 8],
+                                   "parameters": {"binary_data_size": 16}}],
+                       "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}
+                      ).encode()
+    write("fuzz_http", "binary_bf16", b"Inference-Header-Content-Length: %d\n\n" % len(half)
+          + half + bytes(range(16)))
+
+
 def session_seeds():
     pb, _, cfg = load_stubs()
     tensor = mha_tensor
@@ -190,3 +220,4 @@ if __name__ == "__main__":
     request_seeds()
     kserve_seeds()
     session_seeds()
+    http_seeds()  # last: the seeds before it keep their random numbers

@@ -29,6 +29,7 @@ ServerOptions DemoOptions() {
   options.host = "127.0.0.1";
   options.port = 0;
   options.metrics_port = 0;
+  options.http_port = 0;  // off (8000 by default)
   options.shutdown_grace = absl::Seconds(5);
   return options;
 }
@@ -40,7 +41,7 @@ TEST(ServerTest, StartsServesAndDrains) {
   std::smatch port;
   ASSERT_TRUE(std::regex_search(ready, port,
                                 std::regex("^mha_server ready grpc_port=(\\d+) "
-                                           "metrics_port=\\d+ models=demo ")))
+                                           "metrics_port=\\d+ http_port=0 models=demo ")))
       << ready;
   auto stub = v1::AttentionService::NewStub(
       grpc::CreateChannel("127.0.0.1:" + port[1].str(), grpc::InsecureChannelCredentials()));
@@ -91,6 +92,22 @@ TEST(ServerTest, RefusesOptionsItCannotServeWith) {
   EXPECT_THAT(std::string(server.status().message()),
               HasSubstr(absl::StrCat("--metrics_port: cannot serve /metrics on 127.0.0.1:",
                                      metrics.metrics_port, " (in use?)")));
+
+  // The same for the HTTP port.
+  const int held_http = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(held_http, 0);
+  address.sin_port = 0;
+  ASSERT_EQ(bind(held_http, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(held_http, 1), 0);
+  ASSERT_EQ(getsockname(held_http, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ServerOptions http = DemoOptions();
+  http.http_port = ntohs(address.sin_port);
+  server = Server::Start(http);
+  close(held_http);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(
+      std::string(server.status().message()),
+      HasSubstr(absl::StrCat("--http_port: cannot serve HTTP on 127.0.0.1:", http.http_port)));
 
   ServerOptions tls = DemoOptions();
   tls.tls_cert = "/nonexistent/cert.pem";

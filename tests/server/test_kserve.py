@@ -139,7 +139,8 @@ class KserveTest(OneServerPerClass):
         self.assertRegex(meta.version, r"^\d+\.\d+\.\d+$")
         self.assertEqual(list(meta.extensions),
                          ["parameters", "model_repository", "statistics", "model_configuration",
-                          "schedule_policy", "sequence", "system_shared_memory"])
+                          "schedule_policy", "sequence", "system_shared_memory",
+                          "binary_tensor_data"])
 
     def test_model_ready(self):
         ready = lambda name, version="": self.kserve.ModelReady(  # noqa: E731

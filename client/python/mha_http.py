@@ -1,0 +1,216 @@
+"""Python client of mha-serve over HTTP/REST (KServe v2 with Triton's binary
+tensor extension), with only the standard library and numpy: no grpcio, no
+protobuf, no generated stubs.
+
+    from mha_http import MhaHttpClient
+
+    with MhaHttpClient("http://127.0.0.1:8000", timeout=10) as client:
+        output, _ = client.attend("demo", query)                   # self-attention
+        output, weights = client.attend("cross", query, key, value,
+                                        key_padding_mask=pad, need_weights=True)
+        client.get_model("demo")["inputs"]                         # KServe metadata
+        client.ready()                                             # True / False
+
+    MhaHttpClient("https://host:8000", ca="ca.pem", token="...")   # a secured server
+
+attend() takes and returns what MhaClient.attend (gRPC) does, and refuses
+the same misread tensors before any call: float32/float64 -> FP32, float16
+-> FP16, bool -> BOOL; masks bool (True = masked out) or floating (added
+to the scores), an integer mask is a TypeError, as in PyTorch. Tensors go
+and come back as raw little-endian bytes (the binary extension), never as
+JSON numbers.
+
+Errors are HttpError: `e.status` the HTTP status, `e.code()` the gRPC code
+name it stands for (INVALID_ARGUMENT for 400, NOT_FOUND for 404,
+UNAUTHENTICATED for 401, UNAVAILABLE for 503 or an unreachable server,
+...), `e.details()` the server's message, as grpc.RpcError offers them.
+"""
+
+import http.client
+import json
+import ssl
+import threading
+import urllib.parse
+
+import numpy as np
+
+_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+          404: "NOT_FOUND", 405: "UNIMPLEMENTED", 413: "RESOURCE_EXHAUSTED",
+          501: "UNIMPLEMENTED", 503: "UNAVAILABLE"}
+
+
+class HttpError(Exception):
+    """The server's refusal (or an unreachable server: status 0)."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{self.code_of(status)} (HTTP {status}): {message}")
+        self.status, self.message = status, message
+
+    @staticmethod
+    def code_of(status):
+        return "UNAVAILABLE" if status == 0 else _CODES.get(status, "INTERNAL")
+
+    def code(self):
+        return self.code_of(self.status)
+
+    def details(self):
+        return self.message
+
+
+def _wire(array, name, mask=False):
+    """(datatype, little-endian bytes) of an array, or TypeError."""
+    a = np.asarray(array)
+    if mask and not (a.dtype == np.bool_ or np.issubdtype(a.dtype, np.floating)):
+        raise TypeError(f"{name}: cannot send a {a.dtype} mask: use bool (True = masked out) "
+                        "or a floating type (added to the scores, -inf = masked out)")
+    if a.dtype == np.bool_:
+        return "BOOL", a.astype(np.uint8).tobytes()
+    if a.dtype == np.float16 and not mask:
+        return "FP16", a.astype("<f2").tobytes()
+    if a.dtype in (np.float32, np.float64) or (mask and np.issubdtype(a.dtype, np.floating)):
+        return "FP32", a.astype("<f4").tobytes()
+    raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
+
+
+def _from_wire(datatype, data, shape):
+    if datatype == "FP32":
+        values = np.frombuffer(data, dtype="<f4").astype(np.float32)
+    elif datatype == "FP16":
+        values = np.frombuffer(data, dtype="<f2").astype(np.float16)
+    elif datatype == "BF16":  # numpy has no bfloat16: float32
+        values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    elif datatype == "BOOL":
+        values = np.frombuffer(data, dtype=np.uint8) != 0
+    else:
+        raise ValueError(f"output has unknown datatype {datatype}")
+    return values.reshape(shape)
+
+
+class MhaHttpClient:
+    """Calls one mha_server's HTTP port. Safe to share between threads (each
+    thread keeps its own keep-alive connection); close() it, or use it in a
+    `with` block, when done."""
+
+    def __init__(self, url="http://127.0.0.1:8000", timeout=30.0, token=None, ca=None,
+                 cert=None, key=None):
+        """url: "http://host:port" or "https://host:port". timeout: seconds
+        per call. token: the bearer token of a server with
+        --auth_token_file. ca: PEM file of the roots to trust for https
+        (default: the system's); cert, key: a client certificate."""
+        parts = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"url: expected http:// or https://, got {url!r}")
+        self._host, self._port = parts.hostname, parts.port or (443 if parts.scheme == "https"
+                                                                 else 80)
+        self._tls = None
+        if parts.scheme == "https":
+            self._tls = ssl.create_default_context(cafile=ca)
+            if cert:
+                self._tls.load_cert_chain(cert, key)
+        self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._local = threading.local()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def _connection(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._tls is not None:
+                conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout,
+                                                   context=self._tls)
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+            self._local.conn = conn
+        return conn
+
+    def _request(self, method, path, body=None, headers=None):
+        """(status, headers, body) of one call; a connection the server
+        closed meanwhile is opened again once."""
+        for attempt in (0, 1):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=body, headers={**self._headers, **(headers or {})})
+                r = conn.getresponse()
+                return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine,
+                    BrokenPipeError) as e:
+                self.close()
+                if attempt == 1:
+                    raise HttpError(0, f"cannot reach {self._host}:{self._port}: {e}") from e
+            except OSError as e:  # refused, timed out, no route
+                self.close()
+                raise HttpError(0, f"cannot reach {self._host}:{self._port}: {e}") from e
+
+    def _checked(self, method, path, body=None, headers=None):
+        status, head, data = self._request(method, path, body, headers)
+        if status != 200:
+            try:
+                message = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                message = data.decode(errors="replace") or f"HTTP {status}"
+            raise HttpError(status, message)
+        return head, data
+
+    def ready(self):
+        """Whether the server is ready (not draining)."""
+        try:
+            return self._request("GET", "/v2/health/ready")[0] == 200
+        except HttpError:
+            return False
+
+    def get_model(self, name, version=""):
+        """KServe model metadata: name, versions, platform, inputs, outputs."""
+        path = f"/v2/models/{urllib.parse.quote(name, safe='')}"
+        if version:
+            path += f"/versions/{version}"
+        return json.loads(self._checked("GET", path)[1])
+
+    def attend(self, model, query, key=None, value=None, key_padding_mask=None,
+               attn_mask=None, is_causal=False, need_weights=False, per_head_weights=False):
+        """As MhaClient.attend: returns (output, weights); output has the
+        query's shape and dtype, weights is None unless need_weights."""
+        query = np.asarray(query)
+        inputs = [("query", *_wire(query, "query"), query.shape)]
+        for name, array, mask in (("key", key, False), ("value", value, False),
+                                  ("key_padding_mask", key_padding_mask, True),
+                                  ("attn_mask", attn_mask, True)):
+            if array is not None:
+                a = np.asarray(array)
+                inputs.append((name, *_wire(a, name, mask), a.shape))
+        outputs = ["output"] + (["attn_weights"] if need_weights else [])
+        header = {
+            "inputs": [{"name": n, "datatype": t, "shape": list(s),
+                        "parameters": {"binary_data_size": len(b)}} for n, t, b, s in inputs],
+            "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
+            "parameters": {"is_causal": bool(is_causal), "need_weights": bool(need_weights),
+                           "per_head_weights": bool(per_head_weights)},
+        }
+        text = json.dumps(header).encode()
+        body = b"".join([text] + [b for _, _, b, _ in inputs])
+        head, data = self._checked(
+            "POST", f"/v2/models/{urllib.parse.quote(model, safe='')}/infer", body,
+            {"Inference-Header-Content-Length": str(len(text)),
+             "Content-Type": "application/octet-stream"})
+        length = int(head.get("inference-header-content-length", len(data)))
+        answer = json.loads(data[:length])
+        arrays, offset = {}, length
+        for out in answer["outputs"]:
+            size = out["parameters"]["binary_data_size"]
+            arrays[out["name"]] = _from_wire(out["datatype"], data[offset:offset + size],
+                                             out["shape"])
+            offset += size
+        output = arrays["output"]
+        if query.dtype == np.float64:  # sent and computed as float32
+            output = output.astype(np.float64)
+        return output, arrays.get("attn_weights")

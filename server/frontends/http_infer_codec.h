@@ -1,0 +1,64 @@
+// Triton's HTTP inference body, JSON with its binary tensor data
+// extension, to KServe's ModelInferRequest and back. Pure conversion: what
+// the request means is checked where gRPC's is (kserve_codec.h), so the two
+// transports refuse the same things with the same words.
+#ifndef MHA_SERVER_FRONTENDS_HTTP_INFER_CODEC_H_
+#define MHA_SERVER_FRONTENDS_HTTP_INFER_CODEC_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "inference/grpc_service.pb.h"
+#include "nlohmann/json.hpp"
+
+namespace mha::server {
+
+// Deepest nesting a request's JSON may have (a tensor of rank 8 in nested
+// arrays fits well within it).
+inline constexpr int kMaxJsonDepth = 32;
+
+// Parses `text` as JSON no deeper than kMaxJsonDepth; INVALID_ARGUMENT
+// naming `what` and the reason otherwise.
+absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text, absl::string_view what);
+
+// A decoded HTTP infer request: the KServe message (every input not in
+// shared memory as raw little-endian bytes, in input order; the HTTP-only
+// parameters taken out) and how each output goes back.
+struct HttpInferRequest {
+  inference::ModelInferRequest message;
+  bool binary_by_default = false;  // `binary_data_output`
+  // Outputs asked for with their `binary_data` parameter (unset: default).
+  std::vector<std::pair<std::string, std::optional<bool>>> outputs;
+
+  bool Binary(const std::string& output_name) const;
+};
+
+// `body` with `header_length` (the Inference-Header-Content-Length value;
+// absent: the whole body is JSON) for `model`/`version` (from the path).
+// Errors are INVALID_ARGUMENT, naming the input and what is wrong.
+absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
+                                                 std::optional<size_t> header_length,
+                                                 const std::string& model,
+                                                 const std::string& version);
+
+// The response body: JSON, followed by the binary outputs' bytes when any
+// output goes as binary (then `header_length` is the JSON's size).
+struct HttpInferBody {
+  std::string body;
+  std::optional<size_t> header_length;
+};
+absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferResponse& response,
+                                              const HttpInferRequest& request);
+
+// A protobuf message as JSON with every field (defaults too), 64-bit
+// integers as numbers, maps as objects: the shape Triton's HTTP API gives
+// for metadata, statistics and the repository.
+nlohmann::json MessageToJson(const google::protobuf::Message& message);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_HTTP_INFER_CODEC_H_

@@ -1,0 +1,170 @@
+// Triton's HTTP infer body to KServe's message and back, and the body
+// decompression of the HTTP server: what each accepts, and the precise
+// refusals of what it does not.
+#include "server/frontends/http_infer_codec.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/frontends/http_server.h"
+
+namespace mha::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FloatBytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+TEST(HttpInferCodecTest, NestedAndFlatJsonDataBecomeTheSameRawBytes) {
+  for (const char* data : {R"([[[1, 2.5], [-3, 4]]])", R"([1, 2.5, -3, 4])"}) {
+    const std::string body = std::string(R"({"id": "a", "inputs": [{"name": "query",)") +
+                             R"( "datatype": "FP32", "shape": [1, 2, 2], "data": )" + data +
+                             R"(}, {"name": "key_padding_mask", "datatype": "BOOL",)" +
+                             R"( "shape": [1, 2], "data": [true, false]}],)" +
+                             R"( "parameters": {"need_weights": true, "timeout": 5}})";
+    absl::StatusOr<HttpInferRequest> decoded = DecodeHttpInfer(body, std::nullopt, "demo", "");
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    const inference::ModelInferRequest& m = decoded->message;
+    EXPECT_EQ(m.model_name(), "demo");
+    EXPECT_EQ(m.id(), "a");
+    ASSERT_EQ(m.raw_input_contents_size(), 2);
+    EXPECT_EQ(m.raw_input_contents(0), FloatBytes({1, 2.5, -3, 4}));
+    EXPECT_EQ(m.raw_input_contents(1), std::string("\x01\x00", 2));
+    EXPECT_TRUE(m.parameters().at("need_weights").bool_param());
+    EXPECT_EQ(m.parameters().at("timeout").int64_param(), 5);
+  }
+}
+
+TEST(HttpInferCodecTest, BinaryInputsAreCutFromTheBodyInOrder) {
+  const std::string header =
+      R"({"inputs": [{"name": "query", "datatype": "FP32", "shape": [1, 1, 2],)"
+      R"( "parameters": {"binary_data_size": 8}}, {"name": "key", "datatype": "FP32",)"
+      R"( "shape": [1, 1, 1], "data": [7]}, {"name": "value", "datatype": "FP32",)"
+      R"( "shape": [1, 1, 1], "parameters": {"binary_data_size": 4}}],)"
+      R"( "outputs": [{"name": "output", "parameters": {"binary_data": true}}]})";
+  const std::string body = header + FloatBytes({1, 2}) + FloatBytes({3});
+  absl::StatusOr<HttpInferRequest> decoded = DecodeHttpInfer(body, header.size(), "demo", "1");
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const inference::ModelInferRequest& m = decoded->message;
+  ASSERT_EQ(m.raw_input_contents_size(), 3);
+  EXPECT_EQ(m.raw_input_contents(0), FloatBytes({1, 2}));
+  EXPECT_EQ(m.raw_input_contents(1), FloatBytes({7}));
+  EXPECT_EQ(m.raw_input_contents(2), FloatBytes({3}));
+  EXPECT_FALSE(m.inputs(0).parameters().contains("binary_data_size")) << "HTTP only";
+  EXPECT_FALSE(m.outputs(0).parameters().contains("binary_data")) << "HTTP only";
+  EXPECT_TRUE(decoded->Binary("output"));
+  EXPECT_FALSE(decoded->Binary("attn_weights"));
+}
+
+TEST(HttpInferCodecTest, RefusalsNameWhatIsWrong) {
+  const std::string q = R"({"name": "query", "datatype": "FP32", "shape": [1, 1, 2])";
+  const struct {
+    std::string body;
+    std::optional<size_t> header_length;
+    const char* words;
+  } cases[] = {
+      {"{" + q + R"(, "data": [1]}]})", std::nullopt, "not JSON"},
+      {R"({"inputs": [)" + q + R"(, "data": [1]}]})", std::nullopt, "has 2 elements but"},
+      {R"({"inputs": [)" + q + R"(, "data": [1, "a"]}]})", std::nullopt, "non-number"},
+      {R"({"inputs": [)" + q + R"(}]})", std::nullopt, "no data"},
+      {R"({"inputs": [{"name": "query", "datatype": "BF16", "shape": [1], "data": [1]}]})",
+       std::nullopt, "only as binary data"},
+      {R"({"inputs": [{"name": "query", "datatype": "FP32", "shape": [-1], "data": []}]})",
+       std::nullopt, "non-negative"},
+      {R"({"inputs": [)" + q + R"(, "parameters": {"binary_data_size": 9}}]})" + "12345678",
+       std::nullopt, "not JSON"},
+      {std::string(100, '['), std::nullopt, "deeper than"},
+      {R"({"inputs": []})", 100, "larger than the body"},
+      {R"({"inputs": []})", 0, "Inference-Header-Content-Length 0"},
+      {R"({"inputs": []}xx)", 14, "2 bytes of binary data follow"},
+      {R"({"inputs": {}})", std::nullopt, "\"inputs\" array"},
+      {R"({"inputs": [], "parameters": {"p": [1]}})", std::nullopt, "parameter \"p\""},
+      {R"({"inputs": [], "outputs": [{"name": "o", "parameters": {"binary_data": 1}}]})",
+       std::nullopt, "binary_data must be a bool"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.body.substr(0, 80));
+    absl::StatusOr<HttpInferRequest> decoded = DecodeHttpInfer(c.body, c.header_length, "m", "");
+    ASSERT_FALSE(decoded.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(decoded.status())) << decoded.status();
+    EXPECT_THAT(std::string(decoded.status().message()), HasSubstr(c.words));
+  }
+  // A binary_data_size that runs past the body, with the header length.
+  const std::string header =
+      R"({"inputs": [)" + q + R"(, "parameters": {"binary_data_size": 9}}]})";
+  absl::StatusOr<HttpInferRequest> past = DecodeHttpInfer(header + "1234", header.size(), "m", "");
+  ASSERT_FALSE(past.ok());
+  EXPECT_THAT(std::string(past.status().message()), HasSubstr("runs past the end"));
+}
+
+TEST(HttpInferCodecTest, ResponsesAreJsonOrJsonFollowedByBinary) {
+  inference::ModelInferResponse response;
+  response.set_model_name("demo");
+  response.set_model_version("1");
+  response.set_id("x");
+  auto* out = response.add_outputs();
+  out->set_name("output");
+  out->set_datatype("FP32");
+  out->add_shape(1);
+  out->add_shape(2);
+  response.add_raw_output_contents(FloatBytes({0.5f, -2}));
+  HttpInferRequest as_json;
+  absl::StatusOr<HttpInferBody> body = EncodeHttpInfer(response, as_json);
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_FALSE(body->header_length.has_value());
+  const nlohmann::json parsed = nlohmann::json::parse(body->body);
+  EXPECT_EQ(parsed["id"], "x");
+  EXPECT_EQ(parsed["model_version"], "1");
+  EXPECT_EQ(parsed["outputs"][0]["data"], nlohmann::json({0.5, -2.0}));
+
+  HttpInferRequest as_binary;
+  as_binary.outputs.emplace_back("output", true);
+  body = EncodeHttpInfer(response, as_binary);
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_TRUE(body->header_length.has_value());
+  const nlohmann::json header = nlohmann::json::parse(body->body.substr(0, *body->header_length));
+  EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 8);
+  EXPECT_FALSE(header["outputs"][0].contains("data"));
+  EXPECT_EQ(body->body.substr(*body->header_length), FloatBytes({0.5f, -2}));
+
+  out->set_datatype("BF16");
+  body = EncodeHttpInfer(response, as_json);
+  ASSERT_FALSE(body.ok());
+  EXPECT_THAT(std::string(body.status().message()), HasSubstr("only as binary data"));
+}
+
+TEST(HttpInferCodecTest, MessagesBecomeJsonWithEveryFieldAndNumbers) {
+  inference::ModelStatisticsResponse stats;
+  auto* model = stats.add_model_stats();
+  model->set_name("demo");
+  model->set_inference_count(uint64_t{1} << 40);
+  const nlohmann::json j = MessageToJson(stats);
+  EXPECT_EQ(j["model_stats"][0]["inference_count"], uint64_t{1} << 40);
+  EXPECT_EQ(j["model_stats"][0]["execution_count"], 0) << "defaults are printed";
+  EXPECT_EQ(j["model_stats"][0]["inference_stats"]["success"]["ns"], 0);
+  EXPECT_TRUE(j["model_stats"][0]["batch_stats"].is_array());
+}
+
+TEST(HttpBodyTest, GzipAndDeflateDecodeWithinTheLimit) {
+  const std::string text(100000, 'a');
+  absl::StatusOr<std::string> plain = DecodeContent("gzip", GzipOf(text), text.size());
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(*plain, text);
+  absl::StatusOr<std::string> bomb = DecodeContent("gzip", GzipOf(text), text.size() - 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(bomb.status())) << bomb.status();
+  EXPECT_THAT(std::string(bomb.status().message()), HasSubstr("once decompressed"));
+  std::string cut = GzipOf(text);
+  cut.resize(cut.size() / 2);
+  EXPECT_THAT(std::string(DecodeContent("gzip", cut, text.size()).status().message()),
+              HasSubstr("truncated"));
+  EXPECT_TRUE(absl::IsInvalidArgument(DecodeContent("br", "x", 10).status()));
+  EXPECT_EQ(*DecodeContent("identity", "abc", 10), "abc");
+}
+
+}  // namespace
+}  // namespace mha::server
