@@ -87,7 +87,7 @@ cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-30}" \
   >/dev/null
 cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request \
-  fuzz_kserve fuzz_session
+  fuzz_kserve fuzz_http fuzz_session
 /usr/bin/python3 "$here/check_locks_unbuilt.py" "$root/build-fuzz"
 stage "fuzzing: each target for a bounded time"
 (cd "$root/build-fuzz" && ctest --output-on-failure --timeout 1800 -j "$(nproc)" -R "^(fuzz_|regression_)")
