@@ -10,7 +10,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       g++ cmake make libdnnl-dev ocl-icd-opencl-dev libabsl-dev libprotobuf-dev \
       protobuf-compiler libgrpc++-dev protobuf-compiler-grpc prometheus-cpp-dev \
-      nlohmann-json3-dev libmicrohttpd-dev zlib1g-dev pkg-config \
+      nlohmann-json3-dev libmicrohttpd-dev libgnutls28-dev zlib1g-dev pkg-config \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./

@@ -225,6 +225,9 @@ absl::Status Server::StartHttp() {
   if (!options_.tls_cert.empty()) {
     ASSIGN_OR_RETURN(http.tls_cert_pem, ReadWholeFile(options_.tls_cert));
     ASSIGN_OR_RETURN(http.tls_key_pem, ReadWholeFile(options_.tls_key));
+    if (!options_.tls_client_ca.empty()) {
+      ASSIGN_OR_RETURN(http.tls_client_ca_pem, ReadWholeFile(options_.tls_client_ca));
+    }
   }
   http_routes_ = std::make_unique<KserveHttpRoutes>(*kserve_calls_);
   ASSIGN_OR_RETURN(http_server_, HttpServer::Start(std::move(http), *http_routes_));

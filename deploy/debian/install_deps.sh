@@ -9,7 +9,7 @@ packages=(
   libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libmicrohttpd-dev zlib1g-dev  # JSON; the HTTP front end
+  nlohmann-json3-dev libmicrohttpd-dev libgnutls28-dev zlib1g-dev  # JSON; the HTTP front end
   python3 python3-numpy python3-torch python3-grpcio python3-protobuf curl openssl
   python3-pip python3-setuptools python3-wheel python3-venv  # installing client/python
   libopenblas0-pthread  # the BLAS PyTorch uses in the benchmark (Debian default is reference BLAS)

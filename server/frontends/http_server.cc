@@ -1,6 +1,7 @@
 #include "server/frontends/http_server.h"
 
 #include <arpa/inet.h>
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <zlib.h>
@@ -86,6 +87,18 @@ MHD_Result Queue(Connection& connection, const std::string& cors_origin) {
   return queued;
 }
 
+// Mutual TLS: whether the connection's peer sent a certificate that the
+// trusted CA signed and that is valid now.
+bool ClientCertificateVerified(MHD_Connection* mhd) {
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(mhd, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+  if (info == nullptr || info->tls_session == nullptr) return false;
+  auto session = static_cast<gnutls_session_t>(info->tls_session);
+  unsigned int listed = 0;
+  if (gnutls_certificate_get_peers(session, &listed) == nullptr || listed == 0) return false;
+  unsigned int status = 0;
+  return gnutls_certificate_verify_peers2(session, &status) == GNUTLS_E_SUCCESS && status == 0;
+}
+
 // An answer the server gives itself, before the handler sees the request.
 MHD_Result Refuse(Connection& connection, int status, absl::string_view message,
                   const std::string& cors_origin) {
@@ -152,6 +165,10 @@ class HttpServerCallbacks {
            "Authorization, Content-Type, Content-Encoding, Inference-Header-Content-Length"},
           {"Access-Control-Max-Age", "600"}};
       return Queue(*connection, cors);
+    }
+    if (!server.options_.tls_client_ca_pem.empty() && !ClientCertificateVerified(mhd)) {
+      return Refuse(*connection, 403,
+                    "a client certificate signed by --tls_client_ca is needed (mutual TLS)", cors);
     }
     const absl::string_view length = request.Header("content-length");
     uint64_t bytes = 0;
@@ -235,7 +252,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
       static_cast<unsigned int>(o.max_connections), MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, o.max_header_bytes,
       tls ? MHD_OPTION_HTTPS_MEM_KEY : MHD_OPTION_END, o.tls_key_pem.c_str(),
-      MHD_OPTION_HTTPS_MEM_CERT, o.tls_cert_pem.c_str(), MHD_OPTION_END);
+      MHD_OPTION_HTTPS_MEM_CERT, o.tls_cert_pem.c_str(),
+      o.tls_client_ca_pem.empty() ? MHD_OPTION_END : MHD_OPTION_HTTPS_MEM_TRUST,
+      o.tls_client_ca_pem.c_str(), MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("--http_port: cannot serve HTTP on ", o.host, ":",
                                                o.port, " (in use, or a bad certificate?)"));

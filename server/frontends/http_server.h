@@ -64,7 +64,10 @@ struct HttpServerOptions {
   // or a client slow to send its headers or body) is closed.
   absl::Duration idle_timeout = absl::Seconds(60);
   std::string tls_cert_pem, tls_key_pem;  // both set: HTTPS only
-  std::string cors_origin;                // set: CORS headers and preflight answers
+  // Set (with the two above): every request needs a client certificate
+  // this CA signed (mutual TLS, as --tls_client_ca for gRPC).
+  std::string tls_client_ca_pem;
+  std::string cors_origin;  // set: CORS headers and preflight answers
 };
 
 // Owns the libmicrohttpd daemon and its threads; borrows the handler, which

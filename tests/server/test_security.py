@@ -9,6 +9,7 @@ Certificates are made by openssl at test time.
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,12 @@ def make_certificates(d):
                 "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem", cwd=d)
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class SecurityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -64,9 +71,22 @@ class SecurityTest(unittest.TestCase):
         return subprocess.run([MHA_CLIENT, f"--target={server.target()}", "--deadline_ms=5000",
                                *args], capture_output=True, text=True, timeout=60)
 
+    def curl(self, url, *args):
+        """(HTTP code or 0, curl's exit code) of a GET."""
+        run = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *args, url],
+                             capture_output=True, text=True, timeout=60)
+        return int(run.stdout or 0), run.returncode
+
     def test_tls(self):
-        flags = [f"--tls_cert={self.path('server.pem')}", f"--tls_key={self.path('server.key')}"]
+        http_port = free_port()
+        flags = [f"--tls_cert={self.path('server.pem')}", f"--tls_key={self.path('server.key')}",
+                 f"--http_port={http_port}"]
         with TestServer(MHA_SERVER, self.repo, flags) as server:
+            # HTTP takes the same certificate: HTTPS only.
+            url = f"https://127.0.0.1:{http_port}/v2/models/demo"
+            self.assertEqual(self.curl(url, "--cacert", self.path("ca.pem")), (200, 0))
+            self.assertNotEqual(self.curl(url)[1], 0, "an untrusted certificate is refused")
+            self.assertNotEqual(self.curl(f"http://127.0.0.1:{http_port}/v2/models/demo")[0], 200)
             ok = self.client(server, "attend", "--tls", f"--ca={self.path('ca.pem')}",
                              "--model=demo", "--len=4")
             self.assertEqual(ok.returncode, 0, ok.stderr)
@@ -78,9 +98,15 @@ class SecurityTest(unittest.TestCase):
             self.assertNotEqual(untrusted.returncode, 0)
 
     def test_mutual_tls(self):
+        http_port = free_port()
         flags = [f"--tls_cert={self.path('server.pem')}", f"--tls_key={self.path('server.key')}",
-                 f"--tls_client_ca={self.path('ca.pem')}"]
+                 f"--tls_client_ca={self.path('ca.pem')}", f"--http_port={http_port}"]
         with TestServer(MHA_SERVER, self.repo, flags) as server:
+            url = f"https://127.0.0.1:{http_port}/v2/models/demo"
+            ca = ["--cacert", self.path("ca.pem")]
+            self.assertEqual(self.curl(url, *ca)[0], 403, "no client certificate")
+            self.assertEqual(self.curl(url, *ca, "--cert", self.path("client.pem"), "--key",
+                                       self.path("client.key")), (200, 0))
             tls = ["--tls", f"--ca={self.path('ca.pem')}"]
             no_cert = self.client(server, "models", *tls)
             self.assertNotEqual(no_cert.returncode, 0)
