@@ -1,6 +1,8 @@
 #include "server/frontends/http_infer_codec.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -176,19 +178,33 @@ absl::Status DecodeOutputs(const json* outputs, HttpInferRequest& decoded) {
   return absl::OkStatus();
 }
 
-void AppendJsonData(absl::string_view raw, const std::string& datatype, json& data) {
-  data = json::array();
+// Appends `raw` (FP32 or BOOL) as a JSON array's text: floats in their
+// shortest form that reads back to the same float (std::to_chars), a
+// non-finite one as null (JSON has none).
+void AppendJsonData(absl::string_view raw, const std::string& datatype, std::string& out) {
+  out.push_back('[');
   if (datatype == "FP32") {
     const size_t n = raw.size() / sizeof(float);
-    data.get_ref<json::array_t&>().reserve(n);
+    out.reserve(out.size() + n * 12);
+    char number[32];
     for (size_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, raw.data() + i * sizeof(float), sizeof(float));
-      data.push_back(v);
+      if (i > 0) out.push_back(',');
+      if (!std::isfinite(v)) {
+        out += "null";
+        continue;
+      }
+      const std::to_chars_result r = std::to_chars(number, number + sizeof(number), v);
+      out.append(number, r.ptr);
     }
   } else {  // BOOL
-    for (char c : raw) data.push_back(c != 0);
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (i > 0) out.push_back(',');
+      out += raw[i] != 0 ? "true" : "false";
+    }
   }
+  out.push_back(']');
 }
 
 json ParameterToJson(const inference::InferParameter& p) {
@@ -286,7 +302,9 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferRespons
     json& parameters = out["parameters"];
     for (const auto& [name, p] : response.parameters()) parameters[name] = ParameterToJson(p);
   }
-  json& outputs = out["outputs"] = json::array();
+  // The outputs' text is written here: their data arrays go straight from
+  // the raw bytes to text, not through a JSON value per element.
+  std::string outputs = "[";
   std::string blobs;
   for (int i = 0; i < response.outputs_size(); ++i) {
     const auto& tensor = response.outputs(i);
@@ -299,12 +317,13 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferRespons
                                       ? absl::string_view(response.raw_output_contents(i))
                                       : absl::string_view();
     const bool in_shared_memory = tensor.parameters().contains("shared_memory_region");
+    bool json_data = false;
     if (!in_shared_memory) {
       if (request.Binary(tensor.name())) {
         parameters["binary_data_size"] = raw.size();
         blobs.append(raw.data(), raw.size());
       } else if (tensor.datatype() == "FP32" || tensor.datatype() == "BOOL") {
-        AppendJsonData(raw, tensor.datatype(), entry["data"]);
+        json_data = true;
       } else {
         return Invalid(
             absl::StrCat("output '", tensor.name(), "'"),
@@ -314,10 +333,22 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferRespons
       }
     }
     if (!parameters.empty()) entry["parameters"] = std::move(parameters);
-    outputs.push_back(std::move(entry));
+    if (i > 0) outputs.push_back(',');
+    outputs += entry.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (json_data) {
+      outputs.pop_back();  // its closing brace
+      outputs += ",\"data\":";
+      AppendJsonData(raw, tensor.datatype(), outputs);
+      outputs.push_back('}');
+    }
   }
+  outputs.push_back(']');
   HttpInferBody encoded;
   encoded.body = out.dump(-1, ' ', false, json::error_handler_t::replace);
+  encoded.body.pop_back();  // its closing brace: the outputs follow
+  encoded.body += ",\"outputs\":";
+  encoded.body += outputs;
+  encoded.body.push_back('}');
   if (!blobs.empty() || request.binary_by_default ||
       std::any_of(request.outputs.begin(), request.outputs.end(),
                   [](const auto& o) { return o.second.value_or(false); })) {

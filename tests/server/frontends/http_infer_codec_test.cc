@@ -4,6 +4,7 @@
 #include "server/frontends/http_infer_codec.h"
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,22 @@ TEST(HttpInferCodecTest, ResponsesAreJsonOrJsonFollowedByBinary) {
   EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 8);
   EXPECT_FALSE(header["outputs"][0].contains("data"));
   EXPECT_EQ(body->body.substr(*body->header_length), FloatBytes({0.5f, -2}));
+
+  // Floats as text read back to the same float; JSON has no NaN: null.
+  const std::vector<float> values = {0.1f,  3.4028235e38f, 1e-45f,
+                                     -0.0f, 123456.79f,    std::numeric_limits<float>::quiet_NaN()};
+  out->clear_shape();
+  out->add_shape(static_cast<int64_t>(values.size()));
+  response.set_raw_output_contents(0, FloatBytes(values));
+  body = EncodeHttpInfer(response, as_json);
+  ASSERT_TRUE(body.ok()) << body.status();
+  const nlohmann::json data = nlohmann::json::parse(body->body)["outputs"][0]["data"];
+  ASSERT_EQ(data.size(), values.size());
+  for (size_t i = 0; i + 1 < values.size(); ++i) {
+    EXPECT_EQ(static_cast<float>(data[i].get<double>()), values[i]) << data[i];
+  }
+  EXPECT_TRUE(data.back().is_null());
+  EXPECT_THAT(body->body, HasSubstr("[0.1,3.4028235e+38,1e-45,-0,123456.79,null]"));
 
   out->set_datatype("BF16");
   body = EncodeHttpInfer(response, as_json);
