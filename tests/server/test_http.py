@@ -375,6 +375,64 @@ class InferTest(HttpServerTest):
         self.assertGreater(metric_value(metrics, "mha_requests_total", api="kserve.v2.http"), 0)
 
 
+class SequencesAndSharedMemoryTest(HttpServerTest):
+    """Triton's sequences (sessions) and system shared memory over HTTP, in
+    the same registries as over gRPC."""
+
+    def infer(self, body, headers=None):
+        status, head, data = self.call("POST", "/v2/models/demo/infer", body, headers)
+        self.assertEqual(status, 200, data)
+        return head, data
+
+    def test_a_sequence_in_chunks_equals_one_causal_pass(self):
+        rng = np.random.default_rng(9)
+        x = rng.standard_normal((1, 11, DEMO_E)).astype(np.float32)
+        want, want_w = reference(self.models["demo"], x, is_causal=True)
+        bounds = [0, 1, 6, 11]
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            body, length = binary_request(
+                {"query": x[:, a:b]}, outputs=("output", "attn_weights"),
+                parameters={"sequence_id": 77, "sequence_start": i == 0,
+                            "sequence_end": b == bounds[-1]})
+            head, data = self.infer(body, {"Inference-Header-Content-Length": str(length)})
+            _, arrays = split_binary(data, int(head["inference-header-content-length"]))
+            np.testing.assert_allclose(arrays["output"], want[:, a:b], atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(arrays["attn_weights"], want_w[:, a:b, :b], atol=1e-5,
+                                       rtol=1e-5)
+        message = self.expect_error(
+            400, "POST", "/v2/models/demo/infer",
+            {"inputs": [json_input("query", x[:, :1])], "parameters": {"sequence_id": 77}})
+        self.assertIn("closed", message)
+
+    def test_inputs_and_outputs_in_system_shared_memory(self):
+        from multiprocessing import shared_memory
+        rng = np.random.default_rng(10)
+        query = rng.standard_normal((1, 5, DEMO_E)).astype(np.float32)
+        region = shared_memory.SharedMemory(create=True, size=2 * query.nbytes)
+        try:
+            np.ndarray(query.shape, np.float32, region.buf)[:] = query
+            status, _, body = self.call(
+                "POST", "/v2/systemsharedmemory/region/io/register",
+                {"key": "/" + region.name, "offset": 0, "byte_size": 2 * query.nbytes})
+            self.assertEqual(status, 200, body)
+            status, _, body = self.call("GET", "/v2/systemsharedmemory/region/io/status")
+            self.assertEqual(json.loads(body)[0]["byte_size"], 2 * query.nbytes)
+            shm = {"shared_memory_region": "io", "shared_memory_byte_size": query.nbytes}
+            self.infer({"inputs": [{"name": "query", "datatype": "FP32",
+                                    "shape": list(query.shape), "parameters": shm}],
+                        "outputs": [{"name": "output", "parameters": {
+                            **shm, "shared_memory_offset": query.nbytes}}]})
+            got = np.ndarray(query.shape, np.float32, region.buf, offset=query.nbytes).copy()
+            want, _ = reference(self.models["demo"], query)
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+            self.assertEqual(self.call("POST", "/v2/systemsharedmemory/region/io/unregister")[0],
+                             200)
+            self.assertEqual(json.loads(self.call("GET", "/v2/systemsharedmemory/status")[2]), [])
+        finally:
+            region.close()
+            region.unlink()
+
+
 class PythonHttpClientTest(HttpServerTest):
     """mha_http.MhaHttpClient: MhaClient's attend over HTTP, stdlib + numpy."""
 
