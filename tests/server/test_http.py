@@ -518,6 +518,22 @@ class BadClientsTest(HttpServerTest):
             s.close()
         self.still_serves()
 
+    def test_a_chunked_body_past_the_limit_closes_the_connection(self):
+        s = self.raw(b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n" % (1 << 20) + b" " * (1 << 20) + b"\r\n"
+        got = b""
+        try:
+            for _ in range(MAX_BODY // (1 << 20) + 2):
+                s.sendall(chunk)
+            s.sendall(b"0\r\n\r\n")
+            got = s.recv(4096)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        s.close()
+        self.assertFalse(got.startswith(b"HTTP/1.1 200"), got)
+        self.still_serves()
+
     def test_oversize_headers_are_refused(self):
         s = self.raw(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (128 << 10)
                      + b"\r\n\r\n")
