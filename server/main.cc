@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, model_repository, MHA_DEFAULT_MODEL_REPOSITORY,
           "folder of model folders (config.pbtxt + weights.safetensors)");
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free one");
+ABSL_FLAG(std::string, model_name, "",
+          "When --model_repository is itself one model's folder (config.pbtxt at its top, as "
+          "KServe's storage initializer leaves one model in /mnt/models): the name it is served "
+          "under; empty: the folder's name");
 ABSL_FLAG(int, metrics_port, 9464, "Prometheus /metrics port; 0 picks a free one");
 ABSL_FLAG(int, http_port, 8000,
           "KServe v2 over HTTP/REST (Triton's HTTP API, binary tensor extension); 0 turns it off");
@@ -109,6 +113,7 @@ std::vector<std::string> LoadModelFlags(int argc, char** argv) {
 ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
   ServerOptions o;
   o.model_repository = absl::GetFlag(FLAGS_model_repository);
+  o.model_name = absl::GetFlag(FLAGS_model_name);
   o.host = absl::GetFlag(FLAGS_host);
   o.port = absl::GetFlag(FLAGS_port);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);

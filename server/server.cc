@@ -121,7 +121,8 @@ absl::Status Server::Build() {
       RepositoryOptions{.pool = pool_.get(),
                         .force_batching_off = options_.disable_batching,
                         .memory = memory_.get(),
-                        .upload_dir = options_.upload_dir},
+                        .upload_dir = options_.upload_dir,
+                        .single_model_name = options_.model_name},
       *metrics_);
   RETURN_IF_ERROR(LoadAtStart(*models_, mode, options_.load_models));
   // The engines' reserve follows the models: the process as it is now

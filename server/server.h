@@ -41,6 +41,9 @@ class WorkerPool;
 // the README's configuration reference).
 struct ServerOptions {
   std::string model_repository = "models";
+  // The model's name when model_repository is itself one model's folder
+  // ("": the folder's name).
+  std::string model_name;
   std::string host = "0.0.0.0";
   int port = 50051;              // 0: a free one
   int metrics_port = 9464;       // 0: a free one

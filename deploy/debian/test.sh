@@ -84,7 +84,7 @@ stage "clang build: locks checked (-Werror=thread-safety) and the libFuzzer targ
 # (deploy/debian/check_locks_unbuilt.py).
 bash "$here/thread_safety_check.sh"
 cmake -S "$root" -B "$root/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-30}" \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DMHA_FUZZ=ON -DMHA_FUZZ_SECONDS="${MHA_FUZZ_SECONDS:-20}" \
   >/dev/null
 cmake --build "$root/build-fuzz" -j "$(nproc)" --target fuzz_safetensors fuzz_model fuzz_request \
   fuzz_kserve fuzz_http fuzz_session

@@ -35,7 +35,7 @@ absl::Status LoadAtStart(ModelRepository& repository, ModelControlMode mode,
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<std::string>> names = ModelFolderNames(repository.dir());
+  absl::StatusOr<std::vector<std::string>> names = repository.FolderNames();
   if (!names.ok()) return names.status();
   if (names->empty() && mode == ModelControlMode::kNone) {
     return absl::NotFoundError(

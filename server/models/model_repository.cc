@@ -47,8 +47,35 @@ BatcherOptions BatcherOptionsFor(const v1::ModelConfig& config, const Repository
   return b;
 }
 
+namespace {
+
+// The single model's name when `dir` is a model folder, else "".
+std::string SingleModelName(const std::string& dir, const std::string& flag) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(absl::StrCat(dir, "/", kConfigFileName), error)) return "";
+  if (!flag.empty()) return flag;
+  std::filesystem::path folder = std::filesystem::path(dir).lexically_normal();
+  if (!folder.has_filename()) folder = folder.parent_path();  // "/mnt/models/"
+  return folder.filename().string();
+}
+
+}  // namespace
+
 ModelRepository::ModelRepository(std::string dir, RepositoryOptions options, Metrics& metrics)
-    : dir_(std::move(dir)), options_(options), metrics_(metrics) {}
+    : dir_(std::move(dir)),
+      options_(options),
+      single_model_(SingleModelName(dir_, options_.single_model_name)),
+      metrics_(metrics) {}
+
+std::string ModelRepository::FolderOf(const std::string& name) const {
+  if (!single_model_.empty()) return name == single_model_ ? dir_ : "";
+  return absl::StrCat(dir_, "/", name);
+}
+
+absl::StatusOr<std::vector<std::string>> ModelRepository::FolderNames(bool log_skipped) const {
+  if (!single_model_.empty()) return std::vector<std::string>{single_model_};
+  return ModelFolderNames(dir_, log_skipped);
+}
 
 ModelRepository::~ModelRepository() { Stop(); }
 
@@ -103,7 +130,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     return absl::InvalidArgumentError("files sent over the API need a config with them");
   }
   std::optional<UploadFolder> upload;  // the files' private folder, removed once loaded
-  std::string folder = absl::StrCat(dir_, "/", name);
+  std::string folder = FolderOf(name);
   if (!source.files.empty()) {
     absl::StatusOr<std::string> written = WriteUpload(options_.upload_dir, source.files);
     if (!written.ok()) return written.status();
@@ -111,7 +138,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     upload.emplace(folder);
   }
   std::error_code error;
-  if (!std::filesystem::is_directory(folder, error)) {
+  if (folder.empty() || !std::filesystem::is_directory(folder, error)) {
     return absl::NotFoundError(
         absl::StrCat("model repository '", dir_, "' has no folder '", name, "'"));
   }
@@ -228,7 +255,7 @@ absl::Status ModelRepository::Unload(const std::string& name) {
 }
 
 void ModelRepository::SyncAll() {
-  absl::StatusOr<std::vector<std::string>> names = ModelFolderNames(dir_);
+  absl::StatusOr<std::vector<std::string>> names = FolderNames(/*log_skipped=*/true);
   if (!names.ok()) {
     Log(std::string(names.status().message()));
     return;
@@ -386,7 +413,7 @@ absl::StatusOr<std::vector<VersionPtr>> ModelRepository::Select(const std::strin
 
 std::vector<ModelRepository::IndexEntry> ModelRepository::Index() const {
   std::vector<IndexEntry> index;
-  absl::StatusOr<std::vector<std::string>> on_disk = ModelFolderNames(dir_, /*log_skipped=*/false);
+  absl::StatusOr<std::vector<std::string>> on_disk = FolderNames(/*log_skipped=*/false);
   MutexLock lock(mu_);
   std::set<std::string> names;
   for (const auto& [name, entry] : models_) names.insert(name);

@@ -79,6 +79,11 @@ struct RepositoryOptions {
   // Where models sent over the API are written while they load ("": $TMPDIR
   // or /tmp); each load's private folder is removed once it is loaded.
   std::string upload_dir;
+  // When the repository folder is itself a model folder (its config.pbtxt
+  // at the top, as KServe's storage initializer leaves a storageUri that
+  // names one model in /mnt/models): the one model's name ("": the
+  // folder's own name).
+  std::string single_model_name;
 };
 
 // Where a load reads a model from (Triton's load parameters): by default
@@ -143,6 +148,12 @@ class ModelRepository {
   };
   std::vector<IndexEntry> Index() const;
   const std::string& dir() const { return dir_; }
+  // The one model's name when the repository folder is a model folder,
+  // else "".
+  const std::string& single_model() const { return single_model_; }
+  // The model folders' names on disk (the single model's alone); NOT_FOUND
+  // when the repository cannot be read.
+  absl::StatusOr<std::vector<std::string>> FolderNames(bool log_skipped = true) const;
 
  private:
   struct Entry {
@@ -158,8 +169,13 @@ class ModelRepository {
   std::string ServedNames() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ModelStatus StatusOf(const std::string& name, const Entry& entry) const;
 
+  // The folder of model `name`: <dir>/<name>, or the repository itself for
+  // its single model.
+  std::string FolderOf(const std::string& name) const;
+
   const std::string dir_;
   const RepositoryOptions options_;
+  const std::string single_model_;  // set when dir_ is a model folder
   Metrics& metrics_;
   Mutex control_mu_;  // one Load / Unload / SyncAll at a time
   FingerprintCache fingerprints_ ABSL_GUARDED_BY(control_mu_);

@@ -46,7 +46,7 @@ fi
 started_dockerd=""
 cleanup() {
   set +e
-  docker rm -f "$project-single" >/dev/null 2>&1
+  docker rm -f "$project-single" "$project-kserve" >/dev/null 2>&1
   for f in docker-compose.yml docker-compose.replicas.yml; do
     (cd "$root/deploy/compose" && docker-compose -p "$project" -f "$f" down -v --remove-orphans >/dev/null 2>&1)
   done
@@ -89,6 +89,7 @@ cp "$here/package.json" "$here/package-lock.json" "$node_dir/"
 "$node_dir/node_modules/.bin/dockerfilelint" "$root/Dockerfile" "$root"/deploy/compose/*/Dockerfile
 yamllint --strict -c "$root/deploy/.yamllint" "$root/deploy"
 MHA_NODE_MODULES="$node_dir/node_modules" node "$here/validate_k8s.mjs" "$root/deploy/k8s"
+/usr/bin/python3 "$here/validate_kserve.py" "$root/deploy/kserve"
 
 # --- the image ------------------------------------------------------------
 step "docker build"
@@ -118,6 +119,29 @@ done
 docker stop -t 30 "$project-single" >/dev/null
 [ "$(docker inspect -f '{{.State.ExitCode}}' "$project-single")" = 0 ] || fail "exit code on SIGTERM"
 docker rm "$project-single" >/dev/null
+
+step "docker run as KServe runs it: one model's folder at /mnt/models, v2 REST on 8080"
+kserve_model="$(mktemp -d /var/tmp/mha-kserve.XXXXXX)"
+cp -r "$root/models/demo/." "$kserve_model/"
+chmod -R a+rX "$kserve_model"
+# The args of deploy/kserve/cluster-serving-runtime.yaml, {{.Name}} = attention-layer.
+docker run -d --name "$project-kserve" --read-only -v "$kserve_model:/mnt/models:ro" \
+  -p 127.0.0.1::8080 mha-serve:latest --model_repository=/mnt/models --model_name=attention-layer \
+  --http_port=8080 --port=9000 --metrics_port=9464 --workers=1 >/dev/null
+rest="$(docker port "$project-kserve" 8080/tcp | head -1)"
+for _ in $(seq 60); do curl -sf "http://$rest/v2/health/ready" >/dev/null && break; sleep 0.25; done
+curl -sf "http://$rest/v2/health/ready" >/dev/null || fail "v2 readiness over HTTP"
+curl -sf "http://$rest/v2/models/attention-layer/ready" >/dev/null || fail "the model is not served as attention-layer"
+python3 -c 'import json; print(json.dumps({"inputs": [{"name": "query", "datatype": "FP32",
+  "shape": [1, 3, 256], "data": [0.01 * i for i in range(768)]}]}))' |
+  curl -sf "http://$rest/v2/models/attention-layer/infer" -H "Content-Type: application/json" -d @- |
+  python3 -c 'import json, sys; out = json.load(sys.stdin)["outputs"][0]
+assert out["shape"] == [1, 3, 256] and len(out["data"]) == 768, out["shape"]' ||
+  fail "v2 infer over HTTP through the container's port"
+docker stop -t 30 "$project-kserve" >/dev/null
+[ "$(docker inspect -f '{{.State.ExitCode}}' "$project-kserve")" = 0 ] || fail "exit code on SIGTERM (KServe layout)"
+docker rm "$project-kserve" >/dev/null
+rm -rf "$kserve_model"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 prom_value() {  # prom_value QUERY: the first sample's value, or 0

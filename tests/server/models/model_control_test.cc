@@ -109,3 +109,38 @@ TEST_F(ModelControlTest, AfterStopEveryRequestIsUnavailable) {
 
 }  // namespace
 }  // namespace mha::server
+
+namespace mha::server {
+namespace {
+
+// KServe's storage initializer leaves a storageUri that names one model as
+// that model's folder at /mnt/models: a repository folder that holds a
+// config.pbtxt is that one model, named by --model_name or by the folder,
+// and serves nothing else.
+TEST(SingleModelRepositoryTest, AModelFolderAsTheRepositoryIsItsOneModel) {
+  const fs::path root = FreshTestFolder("mha_single_");
+  const fs::path dir = root / "mnt_models";
+  fs::copy(fs::path(MHA_DEMO_REPOSITORY) / "demo", dir, fs::copy_options::recursive);
+  for (const std::string flag : {"", "my-layer"}) {
+    SCOPED_TRACE(flag);
+    Metrics metrics;
+    RepositoryOptions options;
+    options.single_model_name = flag;
+    ModelRepository repository(dir.string() + "/", options, metrics);
+    const std::string name = flag.empty() ? "mnt_models" : flag;
+    EXPECT_EQ(repository.single_model(), name);
+    repository.SyncAll();
+    EXPECT_TRUE(repository.Find(name, 0).ok()) << repository.Find(name, 0).status();
+    EXPECT_EQ(repository.ReadyVersions(name), std::vector<int64_t>{1});
+    EXPECT_EQ(repository.Load("demo", /*retry_failed=*/false).code(), absl::StatusCode::kNotFound);
+    ASSERT_EQ(repository.Index().size(), 1u);
+    EXPECT_EQ(repository.Index()[0].name, name);
+  }
+  Metrics metrics;
+  EXPECT_EQ(ModelRepository(root.string(), RepositoryOptions{}, metrics).single_model(), "")
+      << "a folder of model folders is a repository";
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace mha::server
