@@ -12,9 +12,18 @@ tests' TestServer (tests/server/mha_test_server.py) builds on it.
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
+
+
+def free_port():
+    """A loopback TCP port that was free a moment ago (for a server that
+    must be told its port, such as --http_port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class LocalServer:

@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,16 +29,10 @@ from bench_args import ROOT, server_bench_parser  # noqa: E402
 from server_cpu import cpu_seconds, scrape  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-from mha_local_server import LocalServer  # noqa: E402
+from mha_local_server import LocalServer, free_port  # noqa: E402
 
 INPUT_DATA = os.path.join(ROOT, "client", "perf_analyzer", "demo_64x256.json")
 API = {"grpc": "kserve.v2", "http": "kserve.v2.http"}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def requests_of(metrics, api):

@@ -64,28 +64,31 @@ struct Shape {
   bool ragged = false;  // lengths uniform in [16, q_len] instead of all q_len
 };
 
-const std::vector<Shape>& StandardShapes() {
-  static const std::vector<Shape> shapes = {
-      {"self_b8_l128_e512_h8", 8, 128, 0, 512, 8},
-      {"self_b1_l1024_e512_h8", 1, 1024, 0, 512, 8},
-      {"cross_b8_l64_s256_e512_h8", 8, 64, 256, 512, 8},
-      {"self_b1_l16_e256_h4", 1, 16, 0, 256, 4},
-      {"self_b4_l512_e1024_h16", 4, 512, 0, 1024, 16},
+// The standard shapes, then (wide) the wider models on which the standard
+// shapes' targets should hold as E and h grow.
+std::vector<Shape> Shapes(bool wide) {
+  struct Row {
+    bool wide;
+    Shape shape;
+  };
+  static const Row rows[] = {
+      {false, {"self_b8_l128_e512_h8", 8, 128, 0, 512, 8}},
+      {false, {"self_b1_l1024_e512_h8", 1, 1024, 0, 512, 8}},
+      {false, {"cross_b8_l64_s256_e512_h8", 8, 64, 256, 512, 8}},
+      {false, {"self_b1_l16_e256_h4", 1, 16, 0, 256, 4}},
+      {false, {"self_b4_l512_e1024_h16", 4, 512, 0, 1024, 16}},
       // What the server's batcher builds from 32 small requests.
-      {"ragged_b32_l16-128_e256_h4", 32, 128, 0, 256, 4, true},
+      {false, {"ragged_b32_l16-128_e256_h4", 32, 128, 0, 256, 4, true}},
+      {true, {"self_b8_l128_e1024_h16", 8, 128, 0, 1024, 16}},
+      {true, {"self_b8_l128_e1024_h32", 8, 128, 0, 1024, 32}},
+      {true, {"self_b4_l512_e2048_h16", 4, 512, 0, 2048, 16}},
+      {true, {"self_b4_l512_e2048_h32", 4, 512, 0, 2048, 32}},
+      {true, {"cross_b8_l64_s256_e2048_h32", 8, 64, 256, 2048, 32}},
   };
-  return shapes;
-}
-
-// Wider models: the standard shapes' targets should hold as E and h grow.
-const std::vector<Shape>& WideShapes() {
-  static const std::vector<Shape> shapes = {
-      {"self_b8_l128_e1024_h16", 8, 128, 0, 1024, 16},
-      {"self_b8_l128_e1024_h32", 8, 128, 0, 1024, 32},
-      {"self_b4_l512_e2048_h16", 4, 512, 0, 2048, 16},
-      {"self_b4_l512_e2048_h32", 4, 512, 0, 2048, 32},
-      {"cross_b8_l64_s256_e2048_h32", 8, 64, 256, 2048, 32},
-  };
+  std::vector<Shape> shapes;
+  for (const Row& row : rows) {
+    if (row.wide == wide) shapes.push_back(row.shape);
+  }
   return shapes;
 }
 
@@ -304,8 +307,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string filter = absl::GetFlag(FLAGS_shapes);
-  std::vector<mha::Shape> shapes =
-      absl::GetFlag(FLAGS_wide) ? mha::WideShapes() : mha::StandardShapes();
+  std::vector<mha::Shape> shapes = mha::Shapes(absl::GetFlag(FLAGS_wide));
   if (!absl::GetFlag(FLAGS_seq_lengths).empty()) {
     shapes.clear();
     for (absl::string_view l : absl::StrSplit(absl::GetFlag(FLAGS_seq_lengths), ',')) {

@@ -23,7 +23,6 @@ number of times before answering, so attempts can be counted.
 import concurrent.futures
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "server"))  # the shared harness
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_test_server import REPO_ROOT, TestServer, load_stubs  # noqa: E402
+from mha_local_server import free_port  # noqa: E402
 from test_server import DEMO_E, MHA_SERVER, make_repository, reference  # noqa: E402
 from mha_client import MhaClient  # noqa: E402
 
@@ -58,12 +58,6 @@ np.save("output.npy", output)
 print(mha_client.__file__)
 print(stubs.__file__)
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FlakyAttention(rpc.AttentionServiceServicer):

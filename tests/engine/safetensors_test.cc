@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -322,128 +323,113 @@ TEST(ParseSafetensorsTest, HeaderThatIsNotAnObjectIsInvalid) {
 
 // --- Per-tensor errors: each names the tensor --------------------------------
 
-// Parses a file whose header is `header` and data `data`, expecting
-// INVALID_ARGUMENT with a message containing every string of `parts`.
-void ExpectInvalid(const std::string& header, const std::string& data,
-                   const std::vector<std::string>& parts) {
-  absl::StatusOr<TensorMap> parsed = ParseSafetensors(File(header, data));
-  ASSERT_FALSE(parsed.ok()) << "accepted: " << header;
+// The data of one F32 tensor of shape [1].
+std::string FourBytes() { return Bytes<float>({1.0f}); }
+
+// A header the parser must refuse, the data after it, and the words its
+// INVALID_ARGUMENT message must contain.
+struct InvalidFile {
+  const char* name;
+  std::vector<std::string> parts;
+  std::string header;
+  std::string data = FourBytes();
+};
+
+void PrintTo(const InvalidFile& bad, std::ostream* os) { *os << bad.header; }
+
+std::vector<InvalidFile> InvalidFiles() {
+  return {
+      {"EntryThatIsNotAnObjectNamesTheTensor", {"'w'"}, R"({"w":[1,2]})", ""},
+      {"MissingDtypeNamesTheTensor",
+       {"'w'", "dtype"},
+       R"({"w":{"shape":[1],"data_offsets":[0,4]}})"},
+      {"MissingShapeNamesTheTensor",
+       {"'w'", "shape"},
+       R"({"w":{"dtype":"F32","data_offsets":[0,4]}})"},
+      {"MissingDataOffsetsNamesTheTensor",
+       {"'w'", "data_offsets"},
+       R"({"w":{"dtype":"F32","shape":[1]}})"},
+      {"DataOffsetsWithOneEntryNamesTheTensor",
+       {"'w'", "data_offsets"},
+       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})"},
+      {"NegativeDataOffsetNamesTheTensor",
+       {"'w'", "data_offsets"},
+       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})"},
+      {"UnknownDtypeNamesTheTensorAndTheDtype",
+       {"'w'", "I64"},
+       R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
+       Bytes<int64_t>({7})},
+      {"DataOffsetsPastTheDataNamesTheTensor",
+       {"'w'", "data_offsets"},
+       R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})"},
+      {"HugeDataOffsetsNamesTheTensor",
+       {"'w'"},
+       R"({"w":{"dtype":"F32","shape":[1],)"
+       R"("data_offsets":[18446744073709551612,18446744073709551615]}})"},
+      {"BeginAfterEndNamesTheTensor",
+       {"'w'", "data_offsets"},
+       R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})"},
+      {"SpanShorterThanDtypeTimesShapeNamesTheTensor",
+       {"'w'", "[2]"},
+       R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
+       Bytes<float>({1.0f, 2.0f})},
+      {"SpanLongerThanDtypeTimesShapeNamesTheTensor",
+       {"'w'", "F16"},
+       R"({"w":{"dtype":"F16","shape":[1],"data_offsets":[0,4]}})"},
+      {"OverlappingTensorsAreBothNamed",
+       {"'a'", "'b'", "overlap"},
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       Bytes<float>({1.0f, 2.0f, 3.0f})},
+      {"IdenticalRangesOverlap",
+       {"'a'", "'b'"},
+       R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})"},
+      {"ShapeThatIsNotAnArrayNamesTheTensor",
+       {"'w'", "shape"},
+       R"({"w":{"dtype":"F32","shape":1,"data_offsets":[0,4]}})"},
+      {"NegativeShapeEntryNamesTheTensor",
+       {"'w'", "shape"},
+       R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})"},
+      {"NonIntegerShapeEntryNamesTheTensor",
+       {"'w'", "shape"},
+       R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})"},
+      {"StringShapeEntryNamesTheTensor",
+       {"'w'", "shape"},
+       R"({"w":{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}})"},
+      {"ShapeWhoseProductOverflowsNamesTheTensor",
+       {"'w'", "overflow"},
+       R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],)"
+       R"("data_offsets":[0,4]}})"},
+      // 2^63 is a valid JSON unsigned integer but no int64 dimension.
+      {"ShapeEntryBeyondInt64NamesTheTensor",
+       {"'w'"},
+       R"({"w":{"dtype":"F32","shape":[9223372036854775808],)"
+       R"("data_offsets":[0,4]}})"},
+      {"ErrorInASecondTensorNamesThatTensor",
+       {"'zbad'"},
+       R"({"good":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("zbad":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})"},
+  };
+}
+
+class InvalidSafetensorsTest : public ::testing::TestWithParam<InvalidFile> {};
+
+TEST_P(InvalidSafetensorsTest, IsInvalidArgumentNamingWhatIsWrong) {
+  const InvalidFile& bad = GetParam();
+  absl::StatusOr<TensorMap> parsed = ParseSafetensors(File(bad.header, bad.data));
+  ASSERT_FALSE(parsed.ok()) << "accepted: " << bad.header;
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
-  for (const std::string& part : parts) {
+  for (const std::string& part : bad.parts) {
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(part));
   }
 }
 
-// The data of one F32 tensor of shape [1].
-std::string FourBytes() { return Bytes<float>({1.0f}); }
-
-TEST(ParseSafetensorsTest, EntryThatIsNotAnObjectNamesTheTensor) {
-  ExpectInvalid(R"({"w":[1,2]})", "", {"'w'"});
-}
-
-TEST(ParseSafetensorsTest, MissingDtypeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", FourBytes(), {"'w'", "dtype"});
-}
-
-TEST(ParseSafetensorsTest, MissingShapeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", FourBytes(), {"'w'", "shape"});
-}
-
-TEST(ParseSafetensorsTest, MissingDataOffsetsNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1]}})", FourBytes(), {"'w'", "data_offsets"});
-}
-
-TEST(ParseSafetensorsTest, DataOffsetsWithOneEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4]}})", FourBytes(),
-                {"'w'", "data_offsets"});
-}
-
-TEST(ParseSafetensorsTest, NegativeDataOffsetNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", FourBytes(),
-                {"'w'", "data_offsets"});
-}
-
-TEST(ParseSafetensorsTest, UnknownDtypeNamesTheTensorAndTheDtype) {
-  ExpectInvalid(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", Bytes<int64_t>({7}),
-                {"'w'", "I64"});
-}
-
-TEST(ParseSafetensorsTest, DataOffsetsPastTheDataNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", FourBytes(),
-                {"'w'", "data_offsets"});
-}
-
-TEST(ParseSafetensorsTest, HugeDataOffsetsNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1],)"
-                R"("data_offsets":[18446744073709551612,18446744073709551615]}})",
-                FourBytes(), {"'w'"});
-}
-
-TEST(ParseSafetensorsTest, BeginAfterEndNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", FourBytes(),
-                {"'w'", "data_offsets"});
-}
-
-TEST(ParseSafetensorsTest, SpanShorterThanDtypeTimesShapeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
-                Bytes<float>({1.0f, 2.0f}), {"'w'", "[2]"});
-}
-
-TEST(ParseSafetensorsTest, SpanLongerThanDtypeTimesShapeNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F16","shape":[1],"data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "F16"});
-}
-
-TEST(ParseSafetensorsTest, OverlappingTensorsAreBothNamed) {
-  ExpectInvalid(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                Bytes<float>({1.0f, 2.0f, 3.0f}), {"'a'", "'b'", "overlap"});
-}
-
-TEST(ParseSafetensorsTest, IdenticalRangesOverlap) {
-  ExpectInvalid(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-                FourBytes(), {"'a'", "'b'"});
-}
-
-TEST(ParseSafetensorsTest, ShapeThatIsNotAnArrayNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":1,"data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "shape"});
-}
-
-TEST(ParseSafetensorsTest, NegativeShapeEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "shape"});
-}
-
-TEST(ParseSafetensorsTest, NonIntegerShapeEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "shape"});
-}
-
-TEST(ParseSafetensorsTest, StringShapeEntryNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":["1"],"data_offsets":[0,4]}})", FourBytes(),
-                {"'w'", "shape"});
-}
-
-TEST(ParseSafetensorsTest, ShapeWhoseProductOverflowsNamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],)"
-                R"("data_offsets":[0,4]}})",
-                FourBytes(), {"'w'", "overflow"});
-}
-
-// 2^63 is a valid JSON unsigned integer but no int64 dimension.
-TEST(ParseSafetensorsTest, ShapeEntryBeyondInt64NamesTheTensor) {
-  ExpectInvalid(R"({"w":{"dtype":"F32","shape":[9223372036854775808],)"
-                R"("data_offsets":[0,4]}})",
-                FourBytes(), {"'w'"});
-}
-
-TEST(ParseSafetensorsTest, ErrorInASecondTensorNamesThatTensor) {
-  ExpectInvalid(R"({"good":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                R"("zbad":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                FourBytes(), {"'zbad'"});
-}
+INSTANTIATE_TEST_SUITE_P(ParseSafetensorsTest, InvalidSafetensorsTest,
+                         ::testing::ValuesIn(InvalidFiles()),
+                         [](const ::testing::TestParamInfo<InvalidFile>& info) {
+                           return std::string(info.param.name);
+                         });
 
 // --- Files on disk -----------------------------------------------------------
 

@@ -62,6 +62,21 @@ TEST(ServerTest, StartsServesAndDrains) {
   (*server)->Drain();  // once is enough; again does nothing
 }
 
+// Binds and listens on a free loopback port, so that a server started on it
+// finds it taken. The caller closes *fd.
+void HoldLoopbackPort(int* fd, int* port) {
+  *fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(*fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(*fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(*fd, 1), 0);
+  ASSERT_EQ(getsockname(*fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  *port = ntohs(address.sin_port);
+}
+
 TEST(ServerTest, RefusesOptionsItCannotServeWith) {
   ServerOptions tiny = DemoOptions();
   tiny.memory_limit_bytes = int64_t{1} << 20;
@@ -75,17 +90,9 @@ TEST(ServerTest, RefusesOptionsItCannotServeWith) {
   EXPECT_EQ(Server::Start(mode).status().code(), absl::StatusCode::kInvalidArgument);
 
   // A metrics port another socket holds: a precise error, not an abort.
-  const int held = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(held, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(held, 1), 0);
-  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  int held = -1;
   ServerOptions metrics = DemoOptions();
-  metrics.metrics_port = ntohs(address.sin_port);
+  HoldLoopbackPort(&held, &metrics.metrics_port);
   server = Server::Start(metrics);
   close(held);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
@@ -94,16 +101,10 @@ TEST(ServerTest, RefusesOptionsItCannotServeWith) {
                                      metrics.metrics_port, " (in use?)")));
 
   // The same for the HTTP port.
-  const int held_http = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(held_http, 0);
-  address.sin_port = 0;
-  ASSERT_EQ(bind(held_http, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  ASSERT_EQ(listen(held_http, 1), 0);
-  ASSERT_EQ(getsockname(held_http, reinterpret_cast<sockaddr*>(&address), &length), 0);
   ServerOptions http = DemoOptions();
-  http.http_port = ntohs(address.sin_port);
+  HoldLoopbackPort(&held, &http.http_port);
   server = Server::Start(http);
-  close(held_http);
+  close(held);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(
       std::string(server.status().message()),

@@ -25,6 +25,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mha_test_server import TestServer, load_stubs, metric_value, tensor, to_numpy  # noqa: E402
+from mha_local_server import free_port  # noqa: E402
 from test_server import DEMO_E, MHA_SERVER, make_repository, reference  # noqa: E402
 
 pb, rpc, cfg = load_stubs()
@@ -45,12 +46,6 @@ print("sent", flush=True)
 for f in futures:
     f.result()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DisconnectTest(unittest.TestCase):

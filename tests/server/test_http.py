@@ -25,15 +25,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mha_test_server import OneServerPerClass, metric_value  # noqa: E402
+from mha_local_server import free_port  # noqa: E402
 from test_server import CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, make_repository, reference  # noqa: E402
 
 MAX_BODY = 8 << 20
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bf16_bytes(array):
@@ -84,6 +79,18 @@ def split_binary(body, header_length):
         offset += size
     assert offset == len(body), (offset, len(body))
     return header, arrays
+
+
+def cross_inputs(seed, q_len, kv_len, padded_row, padded_from):
+    """A random batch of two for the cross model: query, key, value and a key
+    padding mask that hides row padded_row's keys from padded_from on."""
+    rng = np.random.default_rng(seed)
+    query = rng.standard_normal((2, q_len, CROSS_E)).astype(np.float32)
+    key = rng.standard_normal((2, kv_len, CROSS_KDIM)).astype(np.float32)
+    value = rng.standard_normal((2, kv_len, CROSS_VDIM)).astype(np.float32)
+    pad = np.zeros((2, kv_len), dtype=bool)
+    pad[padded_row, padded_from:] = True
+    return rng, query, key, value, pad
 
 
 class HttpServerTest(OneServerPerClass):
@@ -219,12 +226,7 @@ class InferTest(HttpServerTest):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
     def test_json_cross_attention_with_mask_and_weights_matches_pytorch(self):
-        rng = np.random.default_rng(2)
-        query = rng.standard_normal((2, 3, CROSS_E)).astype(np.float32)
-        key = rng.standard_normal((2, 7, CROSS_KDIM)).astype(np.float32)
-        value = rng.standard_normal((2, 7, CROSS_VDIM)).astype(np.float32)
-        pad = np.zeros((2, 7), dtype=bool)
-        pad[0, 5:] = True
+        _, query, key, value, pad = cross_inputs(2, 3, 7, padded_row=0, padded_from=5)
         status, _, body = self.infer_json(
             "cross", {"query": query, "key": key, "value": value, "key_padding_mask": pad},
             parameters={"need_weights": True}, outputs=["output", "attn_weights"])
@@ -438,12 +440,7 @@ class PythonHttpClientTest(HttpServerTest):
 
     def test_attend_matches_pytorch_in_every_dtype(self):
         from mha_http import MhaHttpClient
-        rng = np.random.default_rng(7)
-        query = rng.standard_normal((2, 4, CROSS_E)).astype(np.float32)
-        key = rng.standard_normal((2, 6, CROSS_KDIM)).astype(np.float32)
-        value = rng.standard_normal((2, 6, CROSS_VDIM)).astype(np.float32)
-        pad = np.zeros((2, 6), dtype=bool)
-        pad[1, 4:] = True
+        rng, query, key, value, pad = cross_inputs(7, 4, 6, padded_row=1, padded_from=4)
         additive = np.where(rng.random((4, 6)) < 0.3, -np.inf, 0).astype(np.float32)
         with MhaHttpClient(f"http://127.0.0.1:{self.http_port}") as client:
             self.assertTrue(client.ready())

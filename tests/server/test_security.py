@@ -9,7 +9,6 @@ Certificates are made by openssl at test time.
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mha_test_server import MHA_SERVER, REPO_ROOT, TestServer  # noqa: E402
+from mha_local_server import free_port  # noqa: E402
 
 MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(REPO_ROOT, "build", "mha_client"))
 TOKEN = "s3cr3t-token-for-tests"
@@ -38,12 +38,6 @@ def make_certificates(d):
                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                 "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem", cwd=d)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SecurityTest(unittest.TestCase):
