@@ -10,6 +10,8 @@ protobuf, no generated stubs.
                                         key_padding_mask=pad, need_weights=True)
         client.get_model("demo")["inputs"]                         # KServe metadata
         client.ready()                                             # True / False
+        with client.open_session("demo") as session:               # a Triton sequence
+            out = session.append(token)                            # [1, 1, E]
 
     MhaHttpClient("https://host:8000", ca="ca.pem", token="...")   # a secured server
 
@@ -31,6 +33,7 @@ import json
 import ssl
 import threading
 import urllib.parse
+import uuid
 
 import numpy as np
 
@@ -181,25 +184,46 @@ class MhaHttpClient:
         """As MhaClient.attend: returns (output, weights); output has the
         query's shape and dtype, weights is None unless need_weights."""
         query = np.asarray(query)
-        inputs = [("query", *_wire(query, "query"), query.shape)]
-        for name, array, mask in (("key", key, False), ("value", value, False),
-                                  ("key_padding_mask", key_padding_mask, True),
-                                  ("attn_mask", attn_mask, True)):
-            if array is not None:
-                a = np.asarray(array)
-                inputs.append((name, *_wire(a, name, mask), a.shape))
+        inputs = _inputs(query, {"key": key, "value": value},
+                         {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask})
+        arrays = self._infer(model, 0, inputs, need_weights, {
+            "is_causal": bool(is_causal), "need_weights": bool(need_weights),
+            "per_head_weights": bool(per_head_weights)})
+        return _as_query(arrays["output"], query), arrays.get("attn_weights")
+
+    # ------------------------------------------------------------- sessions
+
+    def open_session(self, model, memory=None, memory_value=None, memory_key_padding_mask=None,
+                     session_id="", model_version=0):
+        """As MhaClient.open_session, over KServe v2's sequences (Triton's
+        sequence_id, sequence_start and sequence_end): a Session whose
+        cache stays on the server between appends. Nothing is sent here:
+        the first append starts the sequence (with the memory, for a
+        cross-attention session) and close() ends it. The server's
+        --session_idle_timeout_s and --session_max_tokens apply (KServe's
+        protocol has no per-sequence limits)."""
+        session_id = session_id or f"py-{uuid.uuid4().hex}"
+        memory_inputs = [] if memory is None else _inputs(
+            np.asarray(memory), {"value": memory_value},
+            {"key_padding_mask": memory_key_padding_mask}, first="key")
+        return HttpSession(self, model, session_id, memory_inputs, model_version)
+
+    def _infer(self, model, version, inputs, need_weights, parameters):
+        """{output name: array} of one infer call with binary tensors."""
         outputs = ["output"] + (["attn_weights"] if need_weights else [])
         header = {
             "inputs": [{"name": n, "datatype": t, "shape": list(s),
                         "parameters": {"binary_data_size": len(b)}} for n, t, b, s in inputs],
             "outputs": [{"name": n, "parameters": {"binary_data": True}} for n in outputs],
-            "parameters": {"is_causal": bool(is_causal), "need_weights": bool(need_weights),
-                           "per_head_weights": bool(per_head_weights)},
+            "parameters": parameters,
         }
         text = json.dumps(header).encode()
         body = b"".join([text] + [b for _, _, b, _ in inputs])
+        path = f"/v2/models/{urllib.parse.quote(model, safe='')}"
+        if version:
+            path += f"/versions/{int(version)}"
         head, data = self._checked(
-            "POST", f"/v2/models/{urllib.parse.quote(model, safe='')}/infer", body,
+            "POST", path + "/infer", body,
             {"Inference-Header-Content-Length": str(len(text)),
              "Content-Type": "application/octet-stream"})
         length = int(head.get("inference-header-content-length", len(data)))
@@ -210,7 +234,74 @@ class MhaHttpClient:
             arrays[out["name"]] = _from_wire(out["datatype"], data[offset:offset + size],
                                              out["shape"])
             offset += size
-        output = arrays["output"]
-        if query.dtype == np.float64:  # sent and computed as float32
-            output = output.astype(np.float64)
-        return output, arrays.get("attn_weights")
+        return arrays
+
+
+def _inputs(first_array, tensors, masks, first="query"):
+    """[(name, datatype, bytes, shape)] of the given arrays (None skipped)."""
+    inputs = [(first, *_wire(first_array, first), first_array.shape)]
+    for group, mask in ((tensors, False), (masks, True)):
+        for name, array in group.items():
+            if array is not None:
+                a = np.asarray(array)
+                inputs.append((name, *_wire(a, name, mask), a.shape))
+    return inputs
+
+
+def _as_query(output, query):
+    """The output in the query's dtype (float64 is sent and computed as
+    float32)."""
+    return output.astype(np.float64) if query.dtype == np.float64 else output
+
+
+class HttpSession:
+    """A session over HTTP (MhaHttpClient.open_session): a Triton sequence
+    of the server, with Session's `id`, `position`, `cross`, `model`,
+    append() and close(). export() and fork() are not in KServe's protocol:
+    use MhaClient (gRPC) for them. Not thread-safe: one caller at a time. A
+    context manager that closes the session."""
+
+    def __init__(self, client, model, session_id, memory_inputs, model_version):
+        self._client, self.model, self.id = client, model, session_id
+        self._memory, self._version = memory_inputs, model_version
+        self.cross, self.position = bool(memory_inputs), 0
+        self._started, self._empty = False, None  # the end's query, once known
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def append(self, query, need_weights=False):
+        """As Session.append: the outputs of `query` [1, T, E] or [T, E];
+        output, or (output, weights) with need_weights."""
+        query = np.asarray(query)
+        if self.id is None:
+            raise ValueError("the session is closed")
+        inputs = _inputs(query, {}, {}) + (self._memory if not self._started else [])
+        parameters = {"sequence_id": self.id, "sequence_start": not self._started,
+                      "need_weights": bool(need_weights)}
+        arrays = self._client._infer(self.model, self._version, inputs, need_weights,
+                                     parameters)
+        self._started, self._memory = True, []
+        self._empty = np.zeros(query.shape[:-2] + (0, query.shape[-1]), dtype=np.float32)
+        self.position += query.shape[-2]
+        output = _as_query(arrays["output"], query)
+        return (output, arrays["attn_weights"]) if need_weights else output
+
+    def close(self):
+        """Ends the sequence on the server (a sequence_end request without
+        tokens), freeing its cache. Nothing to send when it never started;
+        a sequence the server already ended (expired, evicted) is no error."""
+        if self.id is None:
+            return
+        session_id, self.id = self.id, None
+        if not self._started:
+            return
+        try:
+            self._client._infer(self.model, self._version, _inputs(self._empty, {}, {}), False,
+                                {"sequence_id": session_id, "sequence_end": True})
+        except HttpError as e:
+            if e.status != 400 or "is not open" not in e.message:
+                raise

@@ -246,21 +246,47 @@ bool HttpInferRequest::Binary(const std::string& output_name) const {
   return binary_by_default;
 }
 
+namespace {
+
+// Triton's raw form: the body is one FP32 query [1, L, E], L deduced from
+// its length; the answer is binary.
+absl::StatusOr<HttpInferRequest> DecodeRawInfer(absl::string_view body, const std::string& model,
+                                                const std::string& version, int64_t width) {
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(float);
+  if (width <= 0 || body.empty() || body.size() % row_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a raw body (Inference-Header-Content-Length 0) is one FP32 query [1, L, E] with E = ",
+        width, " of model '", model, "', so a multiple of ", row_bytes, " bytes; got ",
+        body.size()));
+  }
+  HttpInferRequest decoded;
+  decoded.message.set_model_name(model);
+  decoded.message.set_model_version(version);
+  auto* query = decoded.message.add_inputs();
+  query->set_name("query");
+  query->set_datatype("FP32");
+  for (const int64_t d : {int64_t{1}, static_cast<int64_t>(body.size() / row_bytes), width}) {
+    query->add_shape(d);
+  }
+  decoded.message.add_raw_input_contents()->assign(body.data(), body.size());
+  decoded.binary_by_default = true;
+  return decoded;
+}
+
+}  // namespace
+
 absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
                                                  std::optional<size_t> header_length,
                                                  const std::string& model,
-                                                 const std::string& version) {
+                                                 const std::string& version,
+                                                 int64_t raw_query_width) {
   const size_t json_bytes = header_length.value_or(body.size());
   if (json_bytes > body.size()) {
     return absl::InvalidArgumentError(absl::StrCat("Inference-Header-Content-Length ", json_bytes,
                                                    " is larger than the body (", body.size(),
                                                    " bytes)"));
   }
-  if (json_bytes == 0) {
-    return absl::InvalidArgumentError(
-        "Inference-Header-Content-Length 0 (a body of one input's raw bytes) is not taken: the "
-        "models here have several inputs; send the JSON header with binary_data_size");
-  }
+  if (json_bytes == 0) return DecodeRawInfer(body, model, version, raw_query_width);
   ASSIGN_OR_RETURN(json header, ParseJson(body.substr(0, json_bytes), "request"));
   if (!header.is_object()) return absl::InvalidArgumentError("request: the JSON must be an object");
   HttpInferRequest decoded;

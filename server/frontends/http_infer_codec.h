@@ -39,11 +39,15 @@ struct HttpInferRequest {
 
 // `body` with `header_length` (the Inference-Header-Content-Length value;
 // absent: the whole body is JSON) for `model`/`version` (from the path).
-// Errors are INVALID_ARGUMENT, naming the input and what is wrong.
+// Header length 0 is Triton's raw form: the body is the one input's bytes,
+// here an FP32 query [1, L, E] with `raw_query_width` = E (the model's, from
+// its metadata), and every output goes back binary. Errors are
+// INVALID_ARGUMENT, naming the input and what is wrong.
 absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
                                                  std::optional<size_t> header_length,
                                                  const std::string& model,
-                                                 const std::string& version);
+                                                 const std::string& version,
+                                                 int64_t raw_query_width = 0);
 
 // The response body: JSON, followed by the binary outputs' bytes when any
 // output goes as binary (then `header_length` is the JSON's size).

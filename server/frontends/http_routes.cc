@@ -290,8 +290,23 @@ void KserveHttpRoutes::Infer(const HttpRequest& request, const std::string& mode
     }
     header_length = n;
   }
+  int64_t raw_query_width = 0;
+  if (header_length == 0) {
+    // Triton's raw form: the query's width from the model's metadata.
+    inference::ModelMetadataRequest in;
+    in.set_name(model);
+    in.set_version(version);
+    inference::ModelMetadataResponse out;
+    const absl::Status found = calls_.ModelMetadata(request.Header("authorization"), in, &out);
+    if (!found.ok()) return respond(HttpError(found));
+    for (const auto& input : out.inputs()) {
+      if (input.name() == "query" && input.shape_size() > 0) {
+        raw_query_width = input.shape(input.shape_size() - 1);
+      }
+    }
+  }
   absl::StatusOr<HttpInferRequest> decoded =
-      DecodeHttpInfer(request.body, header_length, model, version);
+      DecodeHttpInfer(request.body, header_length, model, version, raw_query_width);
   if (!decoded.ok()) return respond(HttpError(decoded.status()));
   auto state = std::make_unique<HttpInferState>();
   state->request = *std::move(decoded);

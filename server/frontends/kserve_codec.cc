@@ -356,6 +356,33 @@ absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInfer
   return decoded;
 }
 
+absl::StatusOr<std::optional<StepLayout>> DecodeEmptyEnd(
+    const inference::ModelInferRequest& request, const AttentionDims& dims,
+    const RequestLimits& limits, const SharedMemoryRegistry* shared_memory,
+    std::vector<RequestedOutput>& outputs) {
+  auto query = std::find_if(request.inputs().begin(), request.inputs().end(),
+                            [](const auto& input) { return input.name() == "query"; });
+  if (query == request.inputs().end() || query->shape_size() < 2 ||
+      query->shape(query->shape_size() - 2) != 0) {
+    return std::nullopt;
+  }
+  std::deque<std::string> converted;
+  RequestInputs in;
+  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, converted, outputs));
+  if (in.key.has_value() || in.value.has_value() || in.key_padding_mask.has_value() ||
+      in.attn_mask.has_value() || in.is_causal || in.per_head_weights) {
+    return absl::InvalidArgumentError("an end without tokens takes only its empty query");
+  }
+  const std::vector<int64_t>& shape = in.query.shape;
+  if (!(shape.size() == 2 || (shape.size() == 3 && shape[0] == 1)) ||
+      shape.back() != dims.embed_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("query: an end without tokens is [1, 0, ",
+                                                   dims.embed_dim, "] or [0, ", dims.embed_dim,
+                                                   "]; got [", absl::StrJoin(shape, ", "), "]"));
+  }
+  return StepLayout{shape, in.query.dtype, in.need_weights};
+}
+
 namespace {
 
 // sequence_id, sequence_start and sequence_end, or none when sequence_id is

@@ -101,6 +101,16 @@ absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInfer
                                                      bool start,
                                                      std::vector<RequestedOutput>& outputs);
 
+// An end without tokens: a sequence_end request (not a start) whose query is
+// [1, 0, E] or [0, E] only ends the sequence (an extension: Triton cannot
+// end a sequence without a last request). The layout of its empty answer;
+// nullopt when the query has tokens (decode it with DecodeSequenceRequest);
+// INVALID_ARGUMENT for anything else beside the empty query.
+absl::StatusOr<std::optional<StepLayout>> DecodeEmptyEnd(
+    const inference::ModelInferRequest& request, const AttentionDims& dims,
+    const RequestLimits& limits, const SharedMemoryRegistry* shared_memory,
+    std::vector<RequestedOutput>& outputs);
+
 // The response: the requested outputs, raw little-endian bytes (an empty
 // raw entry for one written to shared memory, as Triton, so that entries
 // and outputs keep one index), and the version that computed them. Fails

@@ -17,10 +17,10 @@ std::string SequenceSessionId(const std::string& model, const std::string& seque
 // One decoded sequence request: the step, the session to open first (a
 // start), and what the response needs.
 struct SequenceCalls::Step {
-  Step(AppendParams params, std::vector<RequestedOutput> outputs)
+  Step(std::optional<AppendParams> params, std::vector<RequestedOutput> outputs)
       : append(std::move(params)), outputs(std::move(outputs)) {}
 
-  AppendParams append;
+  std::optional<AppendParams> append;  // none: an end without tokens
   std::optional<OpenParams> open;
   std::vector<RequestedOutput> outputs;
   StepLayout layout;
@@ -51,7 +51,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
 
 absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
     const inference::ModelInferRequest& request, const std::string& id,
-    const std::string& sequence_id, VersionPtr& found) {
+    const std::string& sequence_id, bool end, VersionPtr& found) {
   absl::StatusOr<VersionPtr> version = sessions_.VersionOf(id);
   if (!version.ok()) {
     return absl::InvalidArgumentError(
@@ -61,6 +61,16 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
   }
   found = *version;
   std::vector<RequestedOutput> outputs;
+  if (end) {
+    ASSIGN_OR_RETURN(
+        std::optional<StepLayout> empty,
+        DecodeEmptyEnd(request, (*version)->loaded.dims, gate_.limits(), shared_memory_, outputs));
+    if (empty.has_value()) {
+      auto step = std::make_shared<Step>(std::nullopt, std::move(outputs));
+      step->layout = *std::move(empty);
+      return step;
+    }
+  }
   ASSIGN_OR_RETURN(SequenceInputs in,
                    DecodeSequenceRequest(request, (*version)->loaded.dims, gate_.limits(),
                                          shared_memory_, /*start=*/false, outputs));
@@ -78,7 +88,8 @@ void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()>
   VersionPtr found;
   absl::StatusOr<std::shared_ptr<Step>> decoded = [&]() -> absl::StatusOr<std::shared_ptr<Step>> {
     RETURN_IF_ERROR(gate_.Authorize(authorization));
-    return sequence.start ? Start(request, id, found) : Continue(request, id, sequence.id, found);
+    return sequence.start ? Start(request, id, found)
+                          : Continue(request, id, sequence.id, sequence.end, found);
   }();
   if (!decoded.ok()) {
     // Refused before its step is queued: counted once, as a failure of
@@ -87,10 +98,18 @@ void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()>
     return done(decoded.status());
   }
   std::shared_ptr<Step> step = *std::move(decoded);
-  step->append.deadline = deadline;
-  step->append.cancelled = std::move(cancelled);
-  step->layout = StepLayout::Of(step->append);
-  const int64_t version = step->append.decoded_for->version;
+  if (!step->append.has_value()) {
+    // An end without tokens closes the sequence (as CloseSession closes a
+    // session) and answers empty outputs.
+    (void)sessions_.Close(id);
+    return done(FillSequenceResponse(request, found->version, step->outputs, step->layout,
+                                     AppendResult{}, response));
+  }
+  AppendParams& append = *step->append;
+  append.deadline = deadline;
+  append.cancelled = std::move(cancelled);
+  step->layout = StepLayout::Of(append);
+  const int64_t version = append.decoded_for->version;
 
   // The answer, once both the open (a start) and the step have answered:
   // the open's error if it failed, else the step's. A start whose step
@@ -123,8 +142,8 @@ void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()>
       arrived(info.status(), /*is_open=*/true);
     });
   }
-  sessions_.Append(std::move(step->append), [step, arrived, &request, version,
-                                             response](absl::StatusOr<AppendResult> r) {
+  sessions_.Append(std::move(append), [step, arrived, &request, version,
+                                       response](absl::StatusOr<AppendResult> r) {
     absl::Status status = r.status();
     if (r.ok()) {
       status = FillSequenceResponse(request, version, step->outputs, step->layout, *r, response);

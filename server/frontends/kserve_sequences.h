@@ -58,10 +58,12 @@ class SequenceCalls {
   // once known (a refusal after that counts in its statistics).
   absl::StatusOr<std::shared_ptr<Step>> Start(const inference::ModelInferRequest& request,
                                               const std::string& id, VersionPtr& found);
-  // Decodes a later request of the open session `id` (`found` as Start's).
+  // Decodes a later request of the open session `id` (`found` as Start's);
+  // with `end`, it may be an end without tokens (a Step with no append).
   absl::StatusOr<std::shared_ptr<Step>> Continue(const inference::ModelInferRequest& request,
                                                  const std::string& id,
-                                                 const std::string& sequence_id, VersionPtr& found);
+                                                 const std::string& sequence_id, bool end,
+                                                 VersionPtr& found);
 
   FrontEndGate& gate_;
   SessionManager& sessions_;

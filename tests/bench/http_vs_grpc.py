@@ -9,13 +9,18 @@ run. Then the JSON path's figures at one client, from Python's http.client.
         --perf_analyzer /tmp/perf_analyzer/bin/perf_analyzer [--rounds 3]
 
 Prints one JSON object: per protocol and concurrency the median requests/s
-and server CPU microseconds per request, and HTTP / gRPC ratios.
+and server CPU microseconds per request, and HTTP / gRPC ratios. With
+--idle N (say 1000), also HTTP at the highest concurrency alone and beside
+N idle keep-alive connections (each has made one request and stays open),
+alternated: what a front end with a thread per connection could not hold.
 """
 
 import http.client
 import json
 import os
 import re
+import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -94,10 +99,50 @@ def python_http(server, binary, seconds=3.0):
     return count / wall, 1e6 * cpu / count
 
 
+def idle_connections(server, count):
+    """`count` keep-alive connections that made one request each and now
+    wait, open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, count + 1024)), hard))
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: bench\r\n\r\n"
+    idle = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+        s.sendall(request)
+        if not s.recv(4096).startswith(b"HTTP/1.1 200"):
+            raise RuntimeError("an idle connection's first request failed")
+        idle.append(s)
+    return idle
+
+
+def close_checked(idle):
+    """Closes the idle connections, after checking each is still served."""
+    for s in idle:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: bench\r\n\r\n")
+        if not s.recv(4096).startswith(b"HTTP/1.1 200"):
+            raise RuntimeError("an idle connection was not served after the load")
+        s.close()
+
+
+def beside_idle(args, server, concurrency):
+    """{"alone": [...], "beside_idle": [...]} HTTP requests/s, alternated."""
+    runs = {"alone": [], "beside_idle": []}
+    for r in range(args.rounds):
+        for phase in (("alone", "beside_idle") if r % 2 == 0 else ("beside_idle", "alone")):
+            idle = idle_connections(server, args.idle) if phase == "beside_idle" else []
+            runs[phase].append(perf_analyzer(args, server, "http", concurrency)[0])
+            close_checked(idle)
+            print(f"round {r} http c={concurrency} {phase}: {runs[phase][-1]:.0f} req/s",
+                  file=sys.stderr)
+    return runs
+
+
 def main():
     parser = server_bench_parser(__doc__, rounds=3)
     parser.add_argument("--perf_analyzer", required=True)
     parser.add_argument("--concurrency", default="1,64")
+    parser.add_argument("--idle", type=int, default=0,
+                        help="also HTTP beside this many idle keep-alive connections")
     args = parser.parse_args()
     runs = {}
     with LocalServer(args.mha_server, os.path.join(ROOT, "models"),
@@ -114,6 +159,8 @@ def main():
                           f"{cpu_us:.0f} us server CPU/request", file=sys.stderr)
         json_path = [python_http(server, binary=False) for _ in range(args.rounds)]
         binary_path = [python_http(server, binary=True) for _ in range(args.rounds)]
+        top = max(int(c) for c in args.concurrency.split(","))
+        idle_runs = beside_idle(args, server, top) if args.idle else None
     report = {"machine_cores": os.cpu_count()}
     for (protocol, concurrency), values in sorted(runs.items()):
         report[f"{protocol}_c{concurrency}"] = {
@@ -128,6 +175,10 @@ def main():
                  "server_cpu_us": statistics.median(v[1] for v in json_path)},
         "binary": {"rps": statistics.median(v[0] for v in binary_path),
                    "server_cpu_us": statistics.median(v[1] for v in binary_path)}}
+    if idle_runs:
+        alone, beside = (statistics.median(idle_runs[k]) for k in ("alone", "beside_idle"))
+        report[f"http_c{top}_beside_{args.idle}_idle"] = {
+            "rps_alone": alone, "rps_beside_idle": beside, "ratio": beside / alone}
     print(json.dumps(report, indent=1))
 
 

@@ -122,6 +122,12 @@ class HttpServerTest(OneServerPerClass):
             if connection is None:
                 conn.close()
 
+    def call_json(self, method, path, body=None):
+        """The JSON answer of a call that must succeed."""
+        status, _, data = self.call(method, path, body)
+        self.assertEqual(status, 200, data)
+        return json.loads(data)
+
     def expect_error(self, status, method, path, body=None, headers=None, contains=""):
         got, head, data = self.call(method, path, body, headers)
         self.assertEqual(got, status, data)
@@ -263,6 +269,23 @@ class InferTest(HttpServerTest):
         self.assertEqual(status, 200, data)
         _, arrays = split_binary(data, int(head["inference-header-content-length"]))
         np.testing.assert_array_equal(arrays["output"].reshape(-1), as_json)
+
+    def test_raw_body_is_one_query_answered_in_binary(self):
+        """Triton's raw form: Inference-Header-Content-Length 0, the body is
+        the query's FP32 bytes ([1, L, E], L from its length)."""
+        query = np.random.default_rng(13).standard_normal((1, 6, DEMO_E)).astype(np.float32)
+        status, head, data = self.call("POST", "/v2/models/demo/infer", query.tobytes(),
+                                       {"Inference-Header-Content-Length": "0"})
+        self.assertEqual(status, 200, data)
+        header, arrays = split_binary(data, int(head["inference-header-content-length"]))
+        self.assertEqual(header["outputs"][0]["shape"], [1, 6, DEMO_E])
+        want, _ = reference(self.models["demo"], query)
+        np.testing.assert_allclose(arrays["output"], want, atol=1e-5, rtol=1e-5)
+        self.expect_error(400, "POST", "/v2/models/demo/infer", query.tobytes()[:-4],
+                          {"Inference-Header-Content-Length": "0"},
+                          contains=f"a multiple of {4 * DEMO_E} bytes")
+        self.expect_error(404, "POST", "/v2/models/nothing/infer", query.tobytes(),
+                          {"Inference-Header-Content-Length": "0"})
 
     def test_bf16_only_as_binary(self):
         rng = np.random.default_rng(4)
@@ -479,6 +502,65 @@ class PythonHttpClientTest(HttpServerTest):
         with self.assertRaises(HttpError) as e:
             MhaHttpClient(f"http://127.0.0.1:{free_port()}", timeout=5).attend("demo", query)
         self.assertEqual(e.exception.code(), "UNAVAILABLE")
+
+
+    def test_sessions_are_sequences_and_match_pytorch(self):
+        from mha_http import MhaHttpClient
+        rng = np.random.default_rng(11)
+        x = rng.standard_normal((1, 7, DEMO_E)).astype(np.float32)
+        want, want_w = reference(self.models["demo"], x, is_causal=True)
+        _, query, key, value, pad = cross_inputs(12, 3, 5, padded_row=0, padded_from=4)
+        query, key, value, pad = query[:1], key[:1], value[:1], pad[:1]
+        cross_want, _ = reference(self.models["cross"], query, key, value, key_padding_mask=pad)
+        with MhaHttpClient(f"127.0.0.1:{self.http_port}") as client:
+            with client.open_session("demo") as session:
+                self.assertEqual((session.position, session.cross), (0, False))
+                np.testing.assert_allclose(session.append(x[:, :4]), want[:, :4], atol=1e-5,
+                                           rtol=1e-5)
+                out, weights = session.append(x[0, 4:], need_weights=True)  # [T, E]
+                np.testing.assert_allclose(out, want[0, 4:], atol=1e-5, rtol=1e-5)
+                np.testing.assert_allclose(weights, want_w[0, 4:], atol=1e-5, rtol=1e-5)
+                self.assertEqual(session.position, 7)
+                sequence_id = session.id
+            # Closed by a sequence_end without tokens: the id is not open.
+            message = self.expect_error(
+                400, "POST", "/v2/models/demo/infer",
+                {"inputs": [json_input("query", x[:, :1])],
+                 "parameters": {"sequence_id": sequence_id}})
+            self.assertIn("is not open", message)
+            session.close()  # again: nothing to do
+            with self.assertRaisesRegex(ValueError, "closed"):
+                session.append(x[:, :1])
+            with client.open_session("cross", key, value, pad, session_id="http-cross") as cross:
+                self.assertTrue(cross.cross)
+                for t in range(3):
+                    np.testing.assert_allclose(cross.append(query[:, t:t + 1]),
+                                               cross_want[:, t:t + 1], atol=1e-5, rtol=1e-5)
+            # A session that never appended sent nothing, and closes quietly.
+            client.open_session("demo").close()
+            with client.open_session("demo") as unknown:
+                with self.assertRaises(Exception) as e:
+                    unknown.append(np.zeros((1, 1, DEMO_E - 1), np.float32))
+                self.assertEqual(e.exception.code(), "INVALID_ARGUMENT")
+
+    def test_an_end_without_tokens_only_ends_the_sequence(self):
+        x = np.ones((1, 2, DEMO_E), np.float32)
+        empty = {"name": "query", "datatype": "FP32", "shape": [1, 0, DEMO_E], "data": []}
+        self.call_json("POST", "/v2/models/demo/infer", {
+            "inputs": [json_input("query", x)],
+            "parameters": {"sequence_id": "e", "sequence_start": True}})
+        answer = self.call_json("POST", "/v2/models/demo/infer", {
+            "inputs": [empty],
+            "parameters": {"sequence_id": "e", "sequence_end": True}})
+        self.assertEqual(answer["outputs"][0]["shape"], [1, 0, DEMO_E])
+        self.assertEqual(answer["outputs"][0]["data"], [])
+        # Not on a start, and not on an id that is not open.
+        for parameters, needle in (({"sequence_start": True}, "has no tokens"),
+                                   ({"sequence_end": True}, "is not open")):
+            message = self.expect_error(400, "POST", "/v2/models/demo/infer", {
+                "inputs": [empty],
+                "parameters": {"sequence_id": "e", **parameters}})
+            self.assertIn(needle, message)
 
 
 class BadClientsTest(HttpServerTest):

@@ -15,6 +15,7 @@
 namespace mha::server {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string FloatBytes(const std::vector<float>& values) {
@@ -60,6 +61,27 @@ TEST(HttpInferCodecTest, BinaryInputsAreCutFromTheBodyInOrder) {
   EXPECT_FALSE(m.outputs(0).parameters().contains("binary_data")) << "HTTP only";
   EXPECT_TRUE(decoded->Binary("output"));
   EXPECT_FALSE(decoded->Binary("attn_weights"));
+}
+
+TEST(HttpInferCodecTest, RawBodyIsOneFp32QueryAnsweredInBinary) {
+  const std::vector<float> rows = {1, 2, 3, 4, 5, 6};  // L = 2 rows of E = 3
+  const std::string body(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
+  absl::StatusOr<HttpInferRequest> decoded = DecodeHttpInfer(body, 0, "m", "2", 3);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const inference::ModelInferRequest& m = decoded->message;
+  EXPECT_EQ(m.model_version(), "2");
+  ASSERT_EQ(m.inputs_size(), 1);
+  EXPECT_EQ(m.inputs(0).name(), "query");
+  EXPECT_EQ(m.inputs(0).datatype(), "FP32");
+  EXPECT_THAT(m.inputs(0).shape(), ElementsAre(1, 2, 3));
+  EXPECT_EQ(m.raw_input_contents(0), body);
+  EXPECT_TRUE(decoded->Binary("output"));
+  EXPECT_TRUE(decoded->Binary("attn_weights"));
+  for (const size_t bytes : {size_t{0}, size_t{4}, size_t{13}}) {
+    absl::StatusOr<HttpInferRequest> bad = DecodeHttpInfer(body.substr(0, bytes), 0, "m", "", 3);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr("a multiple of 12 bytes"));
+  }
 }
 
 TEST(HttpInferCodecTest, RefusalsNameWhatIsWrong) {
