@@ -289,9 +289,8 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
   return absl::OkStatus();
 }
 
-// The inputs, parameters and requested outputs of `request`, as DecodeInferRequest
-// and DecodeSequenceRequest both start; inputs converted from other dtypes
-// live in `converted`.
+}  // namespace
+
 absl::Status ReadRequest(const inference::ModelInferRequest& request,
                          const SharedMemoryRegistry* shared_memory, const RequestLimits& limits,
                          RequestInputs& in, std::deque<std::string>& converted,
@@ -301,8 +300,6 @@ absl::Status ReadRequest(const inference::ModelInferRequest& request,
   ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
                                                     const AttentionDims& dims,
@@ -317,70 +314,6 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
   RETURN_IF_ERROR(CheckOutputSlices(outputs, decoded));
   if (!converted->empty()) decoded.KeepAlive(std::move(converted));
   return decoded;
-}
-
-absl::StatusOr<SequenceInputs> DecodeSequenceRequest(const inference::ModelInferRequest& request,
-                                                     const AttentionDims& dims,
-                                                     const RequestLimits& limits,
-                                                     const SharedMemoryRegistry* shared_memory,
-                                                     bool start,
-                                                     std::vector<RequestedOutput>& outputs) {
-  auto converted = std::make_shared<std::deque<std::string>>();
-  RequestInputs in;
-  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, *converted, outputs));
-  if (in.attn_mask.has_value() || in.is_causal || in.per_head_weights) {
-    return absl::InvalidArgumentError(
-        "a sequence request takes no attn_mask, is_causal or per_head_weights: its tokens "
-        "attend to every earlier token of the sequence (a cross-attention sequence's, to its "
-        "memory), as a session's Append");
-  }
-  const bool memory = in.key.has_value() || in.value.has_value() || in.key_padding_mask.has_value();
-  if (memory && !start) {
-    return absl::InvalidArgumentError(
-        "key, value and key_padding_mask go on the sequence_start request only (they are a "
-        "cross-attention sequence's memory)");
-  }
-  if (memory && !in.key.has_value()) {
-    return absl::InvalidArgumentError(
-        "value and key_padding_mask need a key (a cross-attention sequence's memory)");
-  }
-  ASSIGN_OR_RETURN(AttentionRequest query,
-                   StepQuery(dims, in.query, in.need_weights, limits, DTypeSpelling::kKserve));
-  if (!converted->empty()) query.KeepAlive(converted);
-  SequenceInputs decoded{std::move(query), std::nullopt};
-  if (memory) {
-    ASSIGN_OR_RETURN(AttentionRequest m, MemoryRequest(dims, in, limits, DTypeSpelling::kKserve));
-    if (!converted->empty()) m.KeepAlive(converted);
-    decoded.memory.emplace(std::move(m));
-  }
-  return decoded;
-}
-
-absl::StatusOr<std::optional<StepLayout>> DecodeEmptyEnd(
-    const inference::ModelInferRequest& request, const AttentionDims& dims,
-    const RequestLimits& limits, const SharedMemoryRegistry* shared_memory,
-    std::vector<RequestedOutput>& outputs) {
-  auto query = std::find_if(request.inputs().begin(), request.inputs().end(),
-                            [](const auto& input) { return input.name() == "query"; });
-  if (query == request.inputs().end() || query->shape_size() < 2 ||
-      query->shape(query->shape_size() - 2) != 0) {
-    return std::nullopt;
-  }
-  std::deque<std::string> converted;
-  RequestInputs in;
-  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, converted, outputs));
-  if (in.key.has_value() || in.value.has_value() || in.key_padding_mask.has_value() ||
-      in.attn_mask.has_value() || in.is_causal || in.per_head_weights) {
-    return absl::InvalidArgumentError("an end without tokens takes only its empty query");
-  }
-  const std::vector<int64_t>& shape = in.query.shape;
-  if (!(shape.size() == 2 || (shape.size() == 3 && shape[0] == 1)) ||
-      shape.back() != dims.embed_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("query: an end without tokens is [1, 0, ",
-                                                   dims.embed_dim, "] or [0, ", dims.embed_dim,
-                                                   "]; got [", absl::StrJoin(shape, ", "), "]"));
-  }
-  return StepLayout{shape, in.query.dtype, in.need_weights};
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #ifndef MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
 #define MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
 
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +84,15 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
                                                     const SharedMemoryRegistry* shared_memory,
                                                     std::vector<RequestedOutput>& outputs);
 
+// The inputs, parameters and requested outputs of `request`: where every
+// decoder here starts. Inputs converted from other dtypes live in
+// `converted`.
+absl::Status ReadRequest(const inference::ModelInferRequest& request,
+                         const SharedMemoryRegistry* shared_memory, const RequestLimits& limits,
+                         RequestInputs& in, std::deque<std::string>& converted,
+                         std::vector<RequestedOutput>& outputs);
+
+// In kserve_sequence_codec.cc:
 // A sequence request's inputs: its query as a session step's ([1, T, E]
 // or [T, E]), and, on the start request of a cross-attention sequence, the
 // memory (key, with value and key_padding_mask when given). attn_mask,
