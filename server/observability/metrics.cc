@@ -11,6 +11,19 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
+// Seconds from 100 us to 1 s, nine buckets per decade (1, 1.5, 2, 2.5, 3,
+// 4, 5, 6, 7.5): a session step's p99 read in milliseconds. Only for the
+// server's unlabelled step histograms (a per-model family with this many
+// buckets would cost thousands of series with a thousand models).
+prometheus::Histogram::BucketBoundaries FineSecondsBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double decade = 1e-4; decade < 1.0; decade *= 10) {
+    for (const double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.5}) b.push_back(decade * m);
+  }
+  b.push_back(1.0);
+  return b;
+}
+
 // Seconds from 10 us to 10 s, three buckets per decade (1, 2.5, 5).
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
   prometheus::Histogram::BucketBoundaries b;
@@ -247,7 +260,15 @@ SessionMetrics Metrics::Sessions() {
                            .Name("mha_append_duration_seconds")
                            .Help("A session step from queued to computed")
                            .Register(*registry_)
-                           .Add({}, SecondsBuckets());
+                           .Add({}, FineSecondsBuckets());
+  m.append_queue_duration =
+      &BuildHistogram()
+           .Name("mha_append_queue_duration_seconds")
+           .Help(
+               "A session step from queued to taken into an engine call (the rest of "
+               "mha_append_duration_seconds is its call's compute and the answer)")
+           .Register(*registry_)
+           .Add({}, FineSecondsBuckets());
   m.steps_dropped = &BuildCounter()
                          .Name("mha_session_steps_dropped_total")
                          .Help(

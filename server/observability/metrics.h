@@ -54,6 +54,7 @@ struct SessionMetrics {
   prometheus::Gauge* cache_bytes = nullptr;
   prometheus::Counter* append_tokens = nullptr;
   prometheus::Histogram* append_duration = nullptr;
+  prometheus::Histogram* append_queue_duration = nullptr;            // queued to taken into a call
   prometheus::Family<prometheus::Counter>* steps_dropped = nullptr;  // {model, reason}
 };
 

@@ -176,6 +176,9 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
   if (metrics_.append_duration != nullptr) {
     metrics_.append_duration->Observe(absl::ToDoubleSeconds(clock_.Now() - step.enqueued));
   }
+  if (metrics_.append_queue_duration != nullptr) {
+    metrics_.append_queue_duration->Observe(absl::ToDoubleSeconds(step.waited));
+  }
   step.done_(result);
 }
 

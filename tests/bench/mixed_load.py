@@ -10,10 +10,16 @@ For each cap, one server on a copy of the demo model with that cap:
 1. Attend alone: `mha_client load --concurrency 16 --len_range 64:128` (or --len_range:
    requests longer than the cap go in chunks beside the steps).
 2. Steps alone: `mha_client load --sessions 16 --steps S` (unary part).
-3. Both at once: the Attend load runs while the sessions step.
-Prints one JSON object per cap: step p50/p99 alone and under load, their
-ratio, Attend req/s alone and under load and its share. The clients run on
-the server's cores, so compare figures of one run only.
+3. Both at once: the Attend load starts, and runs for longer than the
+   sessions' steps, which start a second later; every mixed figure is taken
+   over the steps' own run (the Attend req/s from the server's
+   mha_requests_total over that window, not the Attend client's whole run).
+Prints one JSON object per cap: step p50/p99 alone and under load seen from
+the client (unary part) and their ratio, the server's own step p99 (enqueue
+to answer, mha_append_duration_seconds) and its wait for a call
+(mha_append_queue_duration_seconds) over the same windows, Attend req/s
+alone and under load and its share. The clients run on the server's cores,
+so compare figures of one run only.
 """
 
 import argparse
@@ -30,6 +36,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 from mha_local_server import LocalServer  # noqa: E402
+
+sys.path.insert(0, HERE)
+from server_cpu import scrape  # noqa: E402
 
 STEPS_LINE = re.compile(r"^unary .*?([\d.]+) tokens/s; per step p50 ([\d.]+) ms, p90 [\d.]+ ms, "
                         r"p99 ([\d.]+) ms", re.M)
@@ -67,26 +76,73 @@ def parse(pattern, process):
     return [float(x) for x in found.groups()]
 
 
+def histogram_quantile(before, after, name, q):
+    """The q-quantile (seconds) of histogram `name` over what was observed
+    between two scrapes: the upper bound of the bucket holding it."""
+    pattern = re.compile(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', re.M)
+    b = {le: float(v) for le, v in pattern.findall(before)}
+    rows = [(float(le), float(v) - b.get(le, 0.0)) for le, v in pattern.findall(after)]
+    rows.sort()
+    total = rows[-1][1] if rows else 0.0
+    for le, count in rows:
+        if total and count >= q * total:
+            return le
+    return float("nan")
+
+
+def attend_requests(metrics):
+    """Attend requests answered so far (session steps are not requests)."""
+    pattern = re.compile(r'^mha_requests_total\{api="mha\.v1",code="OK"[^}]*\} (\S+)$', re.M)
+    return sum(float(v) for v in pattern.findall(metrics))
+
+
+def steps_window(args, server, target):
+    """Runs the 16 sessions' steps once: (client tokens/s, p50, p99 ms), the
+    server's step p99 and queue p99 (ms) and the Attend requests/s it served
+    over exactly that window."""
+    before, start = scrape(server.metrics_port), time.monotonic()
+    tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))
+    after, wall = scrape(server.metrics_port), time.monotonic() - start
+    return {"tokens_s": tokens_s, "p50": p50, "p99": p99,
+            "server_p99": 1e3 * histogram_quantile(before, after, "mha_append_duration_seconds",
+                                                   0.99),
+            "server_queue_p99": 1e3 * histogram_quantile(
+                before, after, "mha_append_queue_duration_seconds", 0.99),
+            "attend_rps": (attend_requests(after) - attend_requests(before)) / wall}
+
+
 def measure(args, cap):
+    """Attend alone, steps alone, then the steps while the Attend load runs
+    for longer than they do, so that both figures of the mixed phase are
+    taken over the same window (the steps' own run)."""
     repo = repository_with_cap(cap)
     try:
         with LocalServer(args.mha_server, repo, []) as server:
             target = server.target()
             parse(ATTEND_LINE, attend_load(args, target, 2))  # warm-up
             parse(STEPS_LINE, steps_load(args, target))
-            (solo_rps,) = parse(ATTEND_LINE, attend_load(args, target, args.seconds))
-            _, idle_p50, idle_p99 = parse(STEPS_LINE, steps_load(args, target))
-            attend = attend_load(args, target, args.seconds)
+            before, start = scrape(server.metrics_port), time.monotonic()
+            parse(ATTEND_LINE, attend_load(args, target, args.seconds))
+            solo_rps = ((attend_requests(scrape(server.metrics_port)) - attend_requests(before)) /
+                        (time.monotonic() - start))
+            idle = steps_window(args, server, target)
+            attend = attend_load(args, target, 3600)
             time.sleep(1.0)  # the Attend load is in full swing
-            tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))
-            (mixed_rps,) = parse(ATTEND_LINE, attend)
+            mixed = steps_window(args, server, target)
+            attend.kill()
+            attend.communicate()
     finally:
         shutil.rmtree(repo, ignore_errors=True)
-    return {"cap": cap, "len_range": args.len_range, "step_idle_p50_ms": idle_p50, "step_idle_p99_ms": idle_p99,
-            "step_mixed_p50_ms": p50, "step_mixed_p99_ms": p99,
-            "step_p99_ratio": round(p99 / idle_p99, 2), "step_tokens_s_mixed": tokens_s,
-            "attend_solo_rps": solo_rps, "attend_mixed_rps": mixed_rps,
-            "attend_share": round(mixed_rps / solo_rps, 3)}
+    return {"cap": cap, "len_range": args.len_range,
+            "step_idle_p50_ms": idle["p50"], "step_idle_p99_ms": idle["p99"],
+            "step_mixed_p50_ms": mixed["p50"], "step_mixed_p99_ms": mixed["p99"],
+            "step_p99_ratio": round(mixed["p99"] / idle["p99"], 2),
+            "server_step_p99_ms": [idle["server_p99"], mixed["server_p99"]],
+            "server_step_p99_ratio": round(mixed["server_p99"] / idle["server_p99"], 2),
+            "server_step_queue_p99_ms": [idle["server_queue_p99"], mixed["server_queue_p99"]],
+            "step_tokens_s_mixed": mixed["tokens_s"],
+            "attend_solo_rps": round(solo_rps, 1), "attend_mixed_rps": round(mixed["attend_rps"], 1),
+            "attend_share": round(mixed["attend_rps"] / solo_rps, 3)}
 
 
 def main():
@@ -97,7 +153,7 @@ def main():
     parser.add_argument("--caps", default="default,256,512,1024,0",
                         help="values of max_batch_tokens_with_steps (0: no cap)")
     parser.add_argument("--seconds", type=float, default=5)
-    parser.add_argument("--steps", type=int, default=300, help="steps per session")
+    parser.add_argument("--steps", type=int, default=600, help="steps per session")
     parser.add_argument("--len_range", default="64:128", help="Attend lengths, MIN:MAX")
     args = parser.parse_args()
     for cap in args.caps.split(","):

@@ -327,6 +327,11 @@ class SessionParityTest(SessionServer):
                          length * sessions)
         steps = metric_value(text, "mha_append_duration_seconds_count")
         self.assertGreater(steps, 0)
+        # Each computed step is in both histograms; its wait for a call is
+        # part of its whole time.
+        self.assertEqual(metric_value(text, "mha_append_queue_duration_seconds_count"), steps)
+        self.assertLessEqual(metric_value(text, "mha_append_queue_duration_seconds_sum"),
+                             metric_value(text, "mha_append_duration_seconds_sum"))
 
     def test_long_attend_requests_go_in_chunks_beside_steps_and_stay_exact(self):
         """While sessions step, an Attend request of more query rows than
