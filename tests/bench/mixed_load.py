@@ -103,11 +103,12 @@ def steps_window(args, server, target):
     before, start = scrape(server.metrics_port), time.monotonic()
     tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))
     after, wall = scrape(server.metrics_port), time.monotonic() - start
+    step, queue = "mha_append_duration_seconds", "mha_append_queue_duration_seconds"
     return {"tokens_s": tokens_s, "p50": p50, "p99": p99,
-            "server_p99": 1e3 * histogram_quantile(before, after, "mha_append_duration_seconds",
-                                                   0.99),
-            "server_queue_p99": 1e3 * histogram_quantile(
-                before, after, "mha_append_queue_duration_seconds", 0.99),
+            "server_p50": 1e3 * histogram_quantile(before, after, step, 0.5),
+            "server_p99": 1e3 * histogram_quantile(before, after, step, 0.99),
+            "server_queue_p50": 1e3 * histogram_quantile(before, after, queue, 0.5),
+            "server_queue_p99": 1e3 * histogram_quantile(before, after, queue, 0.99),
             "attend_rps": (attend_requests(after) - attend_requests(before)) / wall}
 
 
@@ -137,8 +138,10 @@ def measure(args, cap):
             "step_idle_p50_ms": idle["p50"], "step_idle_p99_ms": idle["p99"],
             "step_mixed_p50_ms": mixed["p50"], "step_mixed_p99_ms": mixed["p99"],
             "step_p99_ratio": round(mixed["p99"] / idle["p99"], 2),
+            "server_step_p50_ms": [idle["server_p50"], mixed["server_p50"]],
             "server_step_p99_ms": [idle["server_p99"], mixed["server_p99"]],
             "server_step_p99_ratio": round(mixed["server_p99"] / idle["server_p99"], 2),
+            "server_step_queue_p50_ms": [idle["server_queue_p50"], mixed["server_queue_p50"]],
             "server_step_queue_p99_ms": [idle["server_queue_p99"], mixed["server_queue_p99"]],
             "step_tokens_s_mixed": mixed["tokens_s"],
             "attend_solo_rps": round(solo_rps, 1), "attend_mixed_rps": round(mixed["attend_rps"], 1),
