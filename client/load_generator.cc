@@ -23,8 +23,8 @@ std::vector<v1::AttendRequest> MakePool(const LoadOptions& o) {
     const LoadTarget& target = o.models[i % o.models.size()];
     v1::AttendRequest& r = pool[i];
     r.set_model(target.model);
-    *r.mutable_query() = RandomTensor({1, len(gen), target.embed_dim}, gen);
-    if (o.kv_len > 0) *r.mutable_key() = RandomTensor({1, o.kv_len, target.kdim}, gen);
+    *r.mutable_query() = RandomTensor({o.batch, len(gen), target.embed_dim}, gen);
+    if (o.kv_len > 0) *r.mutable_key() = RandomTensor({o.batch, o.kv_len, target.kdim}, gen);
   }
   return pool;
 }
@@ -91,7 +91,8 @@ class LoadRun {
   }
 
   int64_t TokensOf(const v1::AttendRequest& request) const {
-    return request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0);
+    return request.query().shape(0) *
+           (request.query().shape(1) + (options_.kv_len > 0 ? options_.kv_len : 0));
   }
 
   // One slot of a streamed closed loop: requests one after another over one

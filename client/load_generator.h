@@ -24,6 +24,7 @@ struct LoadOptions {
   int64_t max_requests = 0;            // 0: until duration
   int64_t min_len = 16, max_len = 16;  // query length, uniform
   int64_t kv_len = 0;                  // > 0: cross-attention with this key length (value = key)
+  int64_t batch = 1;                   // sequences a request
   uint32_t seed = 1;
   std::string token;  // bearer token, when the server wants one
   // Closed loop only: each of the `concurrency` slots sends its requests

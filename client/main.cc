@@ -61,7 +61,7 @@ ABSL_FLAG(std::string, model, "",
           "alternate; health: that model)");
 ABSL_FLAG(int64_t, model_version, 0, "attend: the model version to compute with (0: newest)");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
-ABSL_FLAG(int64_t, batch, 1, "attend: batch size B");
+ABSL_FLAG(int64_t, batch, 1, "attend, load: batch size B");
 ABSL_FLAG(int64_t, len, 16, "attend: query length L");
 ABSL_FLAG(int64_t, kv_len, 0, "key/value length S (0: self-attention)");
 ABSL_FLAG(uint32_t, seed, 1, "random inputs' seed");
@@ -301,6 +301,11 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   o.duration = absl::GetFlag(FLAGS_duration);
   o.max_requests = absl::GetFlag(FLAGS_requests);
   o.kv_len = absl::GetFlag(FLAGS_kv_len);
+  o.batch = absl::GetFlag(FLAGS_batch);
+  if (o.batch < 1) {
+    std::fprintf(stderr, "--batch: at least 1, got %lld\n", static_cast<long long>(o.batch));
+    return 2;
+  }
   o.seed = absl::GetFlag(FLAGS_seed);
   o.token = Token();
   const std::vector<std::string> range = absl::StrSplit(absl::GetFlag(FLAGS_len_range), ':');

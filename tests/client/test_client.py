@@ -137,6 +137,17 @@ class ClientTest(unittest.TestCase):
         after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 300)
 
+    def test_load_batch_sends_requests_of_that_many_sequences(self):
+        before = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
+        r = self.client("load", "--model=demo", "--batch=3", "--requests=20", "--duration=60s",
+                        "--len_range=5:5", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["requests"], 20)
+        # Self-attention: each request's 3 x 5 query tokens, as keys too.
+        after = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
+        self.assertEqual(after - before, 20 * 3 * (5 + 5))
+        self.assertEqual(self.client("load", "--batch=0").returncode, 2)
+
     def test_streamed_load_sends_each_request_once_over_streams(self):
         before = metric_value(self.server.metrics(), "mha_requests_total",
                               model="demo", code="OK")
