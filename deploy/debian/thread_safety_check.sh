@@ -4,8 +4,7 @@
 # under its lock compiles, and the same probe with one guarded member read
 # without its lock (tests/engine/mutex_analysis_check.cc) must fail, naming
 # the mutex. The clang build of the test command then holds engine/, server/,
-# client/ and proto/ to the same rule (the fuzz targets, then
-# check_locks_unbuilt.py for the rest).
+# client/ and proto/ to the same rule (it compiles every file).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 probe="$root/tests/engine/mutex_analysis_check.cc"

@@ -90,15 +90,29 @@ inline void AddMasks(float* row, const float* add_a, const float* add_b, int64_t
   for (int64_t j = causal_limit; j < masked; ++j) row[j] = kNegInf;
 }
 
+// The largest of `cols` scores; -inf when every one is -inf (masked). An
+// `omp simd` max reduction starts each lane at the type's lowest value,
+// which GCC takes as -inf and clang as -FLT_MAX: under clang a row of masked
+// keys read -FLT_MAX (then a zero sum and NaN probabilities), so that one
+// result is checked again without the reduction.
+MHA_INLINE float RowMax(const float* row, int64_t cols) {
+  float max = kNegInf;
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+  if (max == -std::numeric_limits<float>::max()) {
+    max = kNegInf;
+    for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+  }
+  return max;
+}
+
 // One row of MaskedSoftmax. kBf16Only: the probabilities go to `bf16_row`
 // only (`row` keeps unnormalised values), computed with the cheaper exp.
 template <bool kBf16Only>
 MHA_INLINE void SoftmaxRowOf(float* row, int64_t cols, const float* add_a, const float* add_b,
                              int64_t masked_cols, int64_t causal_limit, uint16_t* bf16_row) {
   AddMasks(row, add_a, add_b, masked_cols, causal_limit);
-  float max = kNegInf;
-#pragma omp simd reduction(max : max)
-  for (int64_t j = 0; j < cols; ++j) max = row[j] > max ? row[j] : max;
+  const float max = RowMax(row, cols);
   if (!(max < std::numeric_limits<float>::infinity()) || max == kNegInf) {
     // Every key masked: zero probabilities, never NaN. Scores that
     // overflowed (+inf or NaN: inputs too large for f32) give a NaN row,
@@ -165,9 +179,7 @@ MHA_INLINE void OnlineSoftmaxRowOf(float* row, int64_t cols, const float* add_a,
                                    int64_t masked, int64_t causal_limit, float& max, float& sum,
                                    float& rescale, uint16_t* bf16_row) {
   AddMasks(row, add_a, add_b, masked, causal_limit);
-  float tile_max = kNegInf;
-#pragma omp simd reduction(max : tile_max)
-  for (int64_t j = 0; j < cols; ++j) tile_max = row[j] > tile_max ? row[j] : tile_max;
+  const float tile_max = RowMax(row, cols);
   const float new_max = tile_max > max ? tile_max : max;
   if (!(tile_max < std::numeric_limits<float>::infinity()) || new_max == kNegInf) {
     // Overflowed scores poison the row (NaN sum); keys all masked so far

@@ -30,6 +30,17 @@ from mha_local_server import LocalServer  # noqa: E402
 MHA_SERVER = os.environ.get("MHA_SERVER", os.path.join(REPO_ROOT, "build", "mha_server"))
 
 
+def address_sanitized(binary):
+    """Whether `binary` was built with AddressSanitizer: gcc's links libasan,
+    clang's carries its runtime inside (its __asan_init symbol)."""
+    with open(binary, "rb") as f:
+        return b"__asan_init" in f.read()
+
+
+# The binary under test maps ASan's shadow (no RLIMIT_AS; more memory, slower).
+ASAN = address_sanitized(MHA_SERVER)
+
+
 def load_stubs():
     """(attention_pb2, attention_pb2_grpc, model_config_pb2), loaded once."""
     return mha_client.load_stubs()

@@ -31,7 +31,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import (MHA_SERVER, REPO_ROOT, TestServer, load_grpc_stubs,  # noqa: E402
+from mha_test_server import (ASAN, MHA_SERVER, REPO_ROOT, TestServer, load_grpc_stubs,  # noqa: E402
                              load_stubs, metric_sample, metric_value, random_layer, rss_bytes,
                              tensor, to_numpy, wait_for)
 from mha_export import export  # noqa: E402
@@ -44,7 +44,6 @@ CLIENTS = 32
 # caches; RSS stayed up even with quarantine_size_mb=0): the check that an
 # unloaded model's memory comes back runs on the plain build only, as in
 # test_memory.py.
-ASAN = "libasan" in subprocess.run(["ldd", MHA_SERVER], capture_output=True, text=True).stdout
 
 pb, rpc, cfg = load_stubs()
 health_pb2, health_pb2_grpc, _, _ = load_grpc_stubs()

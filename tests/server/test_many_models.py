@@ -17,7 +17,6 @@ import concurrent.futures
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +29,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import (MHA_SERVER, TestServer, load_stubs, random_layer,  # noqa: E402
+from mha_test_server import (ASAN, MHA_SERVER, TestServer, load_stubs, random_layer,  # noqa: E402
                              rss_bytes, tensor, to_numpy)
 from mha_export import export  # noqa: E402
 
@@ -41,7 +40,6 @@ MAX_THREADS = 32
 WEIGHT_BYTES = 4 * (4 * E * E + 4 * E)  # in_proj and out_proj, weights and biases
 # ASan's allocator keeps what is freed: the RSS bound is checked on the plain
 # build only (as in test_memory.py and test_lifecycle.py).
-ASAN = "libasan" in subprocess.run(["ldd", MHA_SERVER], capture_output=True, text=True).stdout
 
 pb, rpc, cfg = load_stubs()
 

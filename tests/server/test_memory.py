@@ -21,7 +21,6 @@ is the same.
 
 import concurrent.futures
 import os
-import subprocess
 import sys
 import time
 import unittest
@@ -34,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
 from mha_model_io import format_pbtxt, write_safetensors  # noqa: E402
-from mha_test_server import (OneServerPerClass, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
+from mha_test_server import (ASAN, OneServerPerClass, TestServer, load_grpc_stubs, load_stubs,  # noqa: E402
                              metric_sample, proc_status, tensor, to_numpy, wait_for)
 from test_server import DEMO_E, DEMO_H, MHA_SERVER, make_repository, reference  # noqa: E402
 import mha_client  # noqa: E402
@@ -50,13 +49,6 @@ RPC_TIMEOUT = 120.0
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-def sanitized(binary):
-    """Whether the binary was built with AddressSanitizer (linked libasan)."""
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
-    return "libasan" in out
-
-
-ASAN = sanitized(MHA_SERVER)
 PEAK_RSS_BOUND = (3 * GiB) if ASAN else GiB
 
 

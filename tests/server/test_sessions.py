@@ -33,8 +33,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "parity"))
-from mha_test_server import (OneServerPerClass, TestServer, load_stubs, metric_value,  # noqa: E402
-                             proc_status, wait_for)
+from mha_test_server import (ASAN, OneServerPerClass, TestServer, load_stubs,  # noqa: E402
+                             metric_value, proc_status, wait_for)
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          POST_E, _randomize_biases, _write_model, make_repository, randn,
                          reference)
@@ -54,7 +54,6 @@ BF16_CACHE_TOL = 1e-2
 # largest magnitude, per token and head), measured the same way: up to
 # 9.7e-3 (self) and 3.4e-3 (cross). The bound leaves 3x.
 INT8_CACHE_TOL = 3e-2
-ASAN = "libasan" in subprocess.run(["ldd", MHA_SERVER], capture_output=True, text=True).stdout
 EXTRAS_E, EXTRAS_H = 32, 4
 DEMO_BLOCK_BYTES = 4 * 32 * (64 + 64) * 4  # demo: 4 heads x 32 tokens x (dqk + dv) x f32
 # INT8: 1-byte elements, then an f32 scale per token and head for keys and values.
