@@ -40,10 +40,6 @@ import mha_client  # noqa: E402
 E, HEADS, LEN = 32, 4, 6
 FP32_TOL = 1e-5
 CLIENTS = 32
-# AddressSanitizer's allocator keeps what is freed (quarantine, its own
-# caches; RSS stayed up even with quarantine_size_mb=0): the check that an
-# unloaded model's memory comes back runs on the plain build only, as in
-# test_memory.py.
 
 pb, rpc, cfg = load_stubs()
 health_pb2, health_pb2_grpc, _, _ = load_grpc_stubs()
@@ -302,6 +298,9 @@ class LifecycleTest(unittest.TestCase):
                 self.assertIn("NOT_FOUND", e)
                 self.assertIn("this server has: big", e)
             stub.UnloadModel(pb.UnloadModelRequest(name="big"), timeout=60)
+            # AddressSanitizer's allocator keeps what is freed (quarantine, its
+            # own caches; RSS stayed up even with quarantine_size_mb=0): this
+            # runs on the plain build only, as in test_memory.py.
             if not ASAN:
                 wait_for(lambda: rss_bytes(s.process.pid) < rss_without + (rss_with - rss_without) / 2,
                          what="the unloaded model's memory to come back")

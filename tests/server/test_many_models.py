@@ -38,8 +38,6 @@ E, HEADS, LEN = 64, 4, 5
 FP32_TOL = 1e-5
 MAX_THREADS = 32
 WEIGHT_BYTES = 4 * (4 * E * E + 4 * E)  # in_proj and out_proj, weights and biases
-# ASan's allocator keeps what is freed: the RSS bound is checked on the plain
-# build only (as in test_memory.py and test_lifecycle.py).
 
 pb, rpc, cfg = load_stubs()
 
@@ -96,6 +94,8 @@ class ManyModelsTest(unittest.TestCase):
             self.assertLessEqual(errors[worst], FP32_TOL, f"model {name_of(worst)}")
             threads = threads_of(s.process.pid)
             self.assertLessEqual(threads, MAX_THREADS)
+            # ASan's allocator keeps what is freed: the RSS bound is checked on
+            # the plain build only (as in test_memory.py and test_lifecycle.py).
             if not ASAN:
                 limit = (200 << 20) + 1.5 * MODELS * WEIGHT_BYTES
                 self.assertLessEqual(rss_bytes(s.process.pid), limit)
