@@ -269,6 +269,16 @@ SessionMetrics Metrics::Sessions() {
                "mha_append_duration_seconds is its call's compute and the answer)")
            .Register(*registry_)
            .Add({}, FineSecondsBuckets());
+  auto& queue_split =
+      BuildHistogram()
+          .Name("mha_append_queue_split_duration_seconds")
+          .Help(
+              "mha_append_queue_duration_seconds by the workers when the step was queued: "
+              "all_busy (every worker in an engine call: it waits behind a running call) or "
+              "some_free (it waits for a worker to wake and take it)")
+          .Register(*registry_);
+  m.append_queue_all_busy = &queue_split.Add({{"workers", "all_busy"}}, FineSecondsBuckets());
+  m.append_queue_some_free = &queue_split.Add({{"workers", "some_free"}}, FineSecondsBuckets());
   m.steps_dropped = &BuildCounter()
                          .Name("mha_session_steps_dropped_total")
                          .Help(

@@ -54,7 +54,11 @@ struct SessionMetrics {
   prometheus::Gauge* cache_bytes = nullptr;
   prometheus::Counter* append_tokens = nullptr;
   prometheus::Histogram* append_duration = nullptr;
-  prometheus::Histogram* append_queue_duration = nullptr;            // queued to taken into a call
+  prometheus::Histogram* append_queue_duration = nullptr;  // queued to taken into a call
+  // The same waits by whether every worker was in a call when the step was
+  // queued ({workers="all_busy"}) or not ({workers="some_free"}).
+  prometheus::Histogram* append_queue_all_busy = nullptr;
+  prometheus::Histogram* append_queue_some_free = nullptr;
   prometheus::Family<prometheus::Counter>* steps_dropped = nullptr;  // {model, reason}
 };
 

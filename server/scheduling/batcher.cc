@@ -110,6 +110,7 @@ absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
                             "to wait in the queue");
   }
   task->enqueued = clock_.Now();
+  task->queued_behind_calls = pool_.AllWorkersBusy();
   Queue(task);  // if it throws, nothing has changed
   PublishDepth();
   return absl::OkStatus();

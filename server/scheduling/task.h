@@ -74,6 +74,9 @@ class Task {
   // queues at. Steps and projections go before Attend requests whatever it is.
   uint64_t priority = 0;
   absl::Time enqueued;
+  // Every worker was in an engine call when it was queued: it waited behind
+  // a running call (else for a worker to wake and take it).
+  bool queued_behind_calls = false;
   // The bytes it arrived in (the queue's byte limit counts them).
   int64_t wire_bytes = 0;
   // What it holds while queued and what computing and answering it adds

@@ -90,6 +90,11 @@ class WorkerPool {
   // keep their calls short (BatcherOptions::max_batch_tokens_with_steps).
   static constexpr absl::Duration kStepsRecent = absl::Milliseconds(100);
   bool StepsRecently() const;
+  // Whether every worker is in an engine call now (a moment's view): work
+  // queued then waits behind a running call, not only for a worker to wake.
+  bool AllWorkersBusy() const {
+    return calls_running_.load(std::memory_order_relaxed) >= workers();
+  }
 
   int workers() const { return static_cast<int>(threads_.size()); }
   // The most threads one engine call uses (what its memory is charged for).

@@ -178,6 +178,9 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
   }
   if (metrics_.append_queue_duration != nullptr) {
     metrics_.append_queue_duration->Observe(absl::ToDoubleSeconds(step.waited));
+    prometheus::Histogram* split =
+        step.queued_behind_calls ? metrics_.append_queue_all_busy : metrics_.append_queue_some_free;
+    if (split != nullptr) split->Observe(absl::ToDoubleSeconds(step.waited));
   }
   step.done_(result);
 }

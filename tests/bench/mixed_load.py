@@ -20,12 +20,20 @@ to answer, mha_append_duration_seconds) and its wait for a call
 (mha_append_queue_duration_seconds) over the same windows, Attend req/s
 alone and under load and its share. The clients run on the server's cores,
 so compare figures of one run only.
+
+It also splits the server's wait for a call by the workers when each step
+was queued (mha_append_queue_split_duration_seconds: every worker in a call,
+or one free to wake), and says where the two cores went over each steps'
+window ("cpu": the share of the machine taken by the server's workers, its
+other threads (gRPC's), the steps' client and the Attend client, and CPU
+microseconds a step of the steps' client and of the server's gRPC threads).
 """
 
 import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -76,10 +84,11 @@ def parse(pattern, process):
     return [float(x) for x in found.groups()]
 
 
-def histogram_quantile(before, after, name, q):
-    """The q-quantile (seconds) of histogram `name` over what was observed
-    between two scrapes: the upper bound of the bucket holding it."""
-    pattern = re.compile(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', re.M)
+def histogram_quantile(before, after, name, q, labels=""):
+    """The q-quantile (seconds) of histogram `name` (the series of `labels`,
+    e.g. 'workers="all_busy",') over what was observed between two scrapes:
+    the upper bound of the bucket holding it."""
+    pattern = re.compile(rf'^{name}_bucket{{{labels}le="([^"]+)"}} (\S+)$', re.M)
     b = {le: float(v) for le, v in pattern.findall(before)}
     rows = [(float(le), float(v) - b.get(le, 0.0)) for le, v in pattern.findall(after)]
     rows.sort()
@@ -96,15 +105,70 @@ def attend_requests(metrics):
     return sum(float(v) for v in pattern.findall(metrics))
 
 
-def steps_window(args, server, target):
+def sample(text, name):
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def thread_cpu(pid):
+    """{thread id: (name, user + system CPU seconds)} of process `pid`."""
+    threads = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        threads[tid] = (stat[stat.index("(") + 1:stat.rindex(")")],
+                        (int(fields[11]) + int(fields[12])) / tick)
+    return threads
+
+
+def cpu_used(before, after, workers):
+    """CPU seconds between two thread_cpu snapshots: the threads whose name
+    `workers` says, and the others."""
+    split = [0.0, 0.0]
+    for tid, (name, seconds) in after.items():
+        split[0 if workers(name) else 1] += seconds - before.get(tid, (name, 0.0))[1]
+    return split
+
+
+def steps_window(args, server, target, attend=None):
     """Runs the 16 sessions' steps once: (client tokens/s, p50, p99 ms), the
     server's step p99 and queue p99 (ms) and the Attend requests/s it served
-    over exactly that window."""
+    over exactly that window, and where the cores went (the Attend client's
+    threads counted when `attend` runs)."""
+    pid = server.process.pid
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_cpu, attend_cpu = thread_cpu(pid), thread_cpu(attend.pid) if attend else {}
     before, start = scrape(server.metrics_port), time.monotonic()
     tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))
     after, wall = scrape(server.metrics_port), time.monotonic() - start
+    client = resource.getrusage(resource.RUSAGE_CHILDREN)  # the steps' client, reaped
+    workers, grpc = cpu_used(server_cpu, thread_cpu(pid), lambda n: n.startswith("mha-worker"))
+    attend_s = sum(cpu_used(attend_cpu, thread_cpu(attend.pid), bool)) if attend else 0.0
+    client_s = (client.ru_utime + client.ru_stime) - (children.ru_utime + children.ru_stime)
     step, queue = "mha_append_duration_seconds", "mha_append_queue_duration_seconds"
+    split = "mha_append_queue_split_duration_seconds"
+    busy = (sample(after, f'{split}_count{{workers="all_busy"}}') -
+            sample(before, f'{split}_count{{workers="all_busy"}}'))
+    steps = sample(after, f"{queue}_count") - sample(before, f"{queue}_count")
+    machine = wall * (os.cpu_count() or 1) / 100  # CPU seconds in 1 % of the machine
     return {"tokens_s": tokens_s, "p50": p50, "p99": p99,
+            "queued_behind_calls": round(busy / steps, 3) if steps else float("nan"),
+            "queue_p99_behind_calls": 1e3 * histogram_quantile(before, after, split, 0.99,
+                                                               'workers="all_busy",'),
+            "queue_p99_worker_free": 1e3 * histogram_quantile(before, after, split, 0.99,
+                                                              'workers="some_free",'),
+            "cpu": {"server_workers_pct": round(workers / machine, 1),
+                    "server_other_threads_pct": round(grpc / machine, 1),
+                    "steps_client_pct": round(client_s / machine, 1),
+                    "attend_client_pct": round(attend_s / machine, 1),
+                    "steps_client_us_per_step": round(1e6 * client_s / steps, 1) if steps else 0,
+                    "server_other_threads_us_per_step":
+                        round(1e6 * grpc / steps, 1) if steps and not attend else None},
             "server_p50": 1e3 * histogram_quantile(before, after, step, 0.5),
             "server_p99": 1e3 * histogram_quantile(before, after, step, 0.99),
             "server_queue_p50": 1e3 * histogram_quantile(before, after, queue, 0.5),
@@ -129,7 +193,7 @@ def measure(args, cap):
             idle = steps_window(args, server, target)
             attend = attend_load(args, target, 3600)
             time.sleep(1.0)  # the Attend load is in full swing
-            mixed = steps_window(args, server, target)
+            mixed = steps_window(args, server, target, attend)
             attend.kill()
             attend.communicate()
     finally:
@@ -144,6 +208,13 @@ def measure(args, cap):
             "server_step_queue_p50_ms": [idle["server_queue_p50"], mixed["server_queue_p50"]],
             "server_step_queue_p99_ms": [idle["server_queue_p99"], mixed["server_queue_p99"]],
             "step_tokens_s_mixed": mixed["tokens_s"],
+            "steps_queued_behind_calls": [idle["queued_behind_calls"],
+                                          mixed["queued_behind_calls"]],
+            "server_step_queue_p99_behind_calls_ms": [idle["queue_p99_behind_calls"],
+                                                      mixed["queue_p99_behind_calls"]],
+            "server_step_queue_p99_worker_free_ms": [idle["queue_p99_worker_free"],
+                                                     mixed["queue_p99_worker_free"]],
+            "cpu_steps_alone": idle["cpu"], "cpu_mixed": mixed["cpu"],
             "attend_solo_rps": round(solo_rps, 1), "attend_mixed_rps": round(mixed["attend_rps"], 1),
             "attend_share": round(mixed["attend_rps"] / solo_rps, 3)}
 

@@ -331,6 +331,15 @@ class SessionParityTest(SessionServer):
         self.assertEqual(metric_value(text, "mha_append_queue_duration_seconds_count"), steps)
         self.assertLessEqual(metric_value(text, "mha_append_queue_duration_seconds_sum"),
                              metric_value(text, "mha_append_duration_seconds_sum"))
+        # The split by the workers when each step was queued counts each
+        # step once, in one of its two series.
+        split = "mha_append_queue_split_duration_seconds"
+        busy = metric_value(text, f"{split}_count", workers="all_busy")
+        free = metric_value(text, f"{split}_count", workers="some_free")
+        self.assertEqual(busy + free, steps)
+        self.assertGreater(free, 0)
+        waited = metric_value(text, "mha_append_queue_duration_seconds_sum")
+        self.assertAlmostEqual(metric_value(text, f"{split}_sum"), waited, delta=1e-6 * waited)
 
     def test_long_attend_requests_go_in_chunks_beside_steps_and_stay_exact(self):
         """While sessions step, an Attend request of more query rows than

@@ -191,5 +191,31 @@ TEST(WorkerPoolTest, ACallAloneGetsAllCoresACallBesideAnotherItsShare) {
   EXPECT_THAT(fixed.CallThreadCounts(), ::testing::ElementsAre(3));
 }
 
+// AllWorkersBusy (what /metrics splits a queued step's wait by) holds
+// exactly while every worker is in a call.
+TEST(WorkerPoolTest, AllWorkersBusyWhileEveryWorkerIsInACall) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue first("first", log, log_mu), second("second", log, log_mu);
+  WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
+  auto* first_r = pool.Attach(&first);
+  auto* second_r = pool.Attach(&second);
+  EXPECT_FALSE(pool.AllWorkersBusy());
+  std::promise<void> open, first_started, second_started;
+  std::shared_future<void> gate = open.get_future().share();
+  first.Add(1, gate, &first_started);
+  pool.Wake(first_r);
+  first_started.get_future().wait();
+  EXPECT_FALSE(pool.AllWorkersBusy());  // one worker of two is in a call
+  second.Add(1, gate, &second_started);
+  pool.Wake(second_r);
+  second_started.get_future().wait();
+  EXPECT_TRUE(pool.AllWorkersBusy());
+  open.set_value();
+  pool.Detach(first_r);  // each returns once its call is over
+  pool.Detach(second_r);
+  EXPECT_FALSE(pool.AllWorkersBusy());
+}
+
 }  // namespace
 }  // namespace mha::server
