@@ -24,9 +24,10 @@ so compare figures of one run only.
 It also splits the server's wait for a call by the workers when each step
 was queued (mha_append_queue_split_duration_seconds: every worker in a call,
 or one free to wake), and says where the two cores went over each steps'
-window ("cpu": the share of the machine taken by the server's workers, its
-other threads (gRPC's), the steps' client and the Attend client, and CPU
-microseconds a step of the steps' client and of the server's gRPC threads).
+window and the Attend load alone ("cpu_*": the share of the machine taken by
+the server's workers, its other threads (gRPC's), the steps' client and the
+Attend client; CPU microseconds a step of the steps' client and of the
+server's gRPC threads, and of the workers an Attend request alone).
 """
 
 import argparse
@@ -176,6 +177,25 @@ def steps_window(args, server, target, attend=None):
             "attend_rps": (attend_requests(after) - attend_requests(before)) / wall}
 
 
+def attend_alone(args, server, target):
+    """The Attend load alone: its requests/s, and where the cores went."""
+    pid = server.process.pid
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_cpu = thread_cpu(pid)
+    before, start = scrape(server.metrics_port), time.monotonic()
+    parse(ATTEND_LINE, attend_load(args, target, args.seconds))
+    after, wall = scrape(server.metrics_port), time.monotonic() - start
+    client = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers, grpc = cpu_used(server_cpu, thread_cpu(pid), lambda n: n.startswith("mha-worker"))
+    client_s = (client.ru_utime + client.ru_stime) - (children.ru_utime + children.ru_stime)
+    requests = attend_requests(after) - attend_requests(before)
+    machine = wall * (os.cpu_count() or 1) / 100
+    return requests / wall, {"server_workers_pct": round(workers / machine, 1),
+                             "server_other_threads_pct": round(grpc / machine, 1),
+                             "attend_client_pct": round(client_s / machine, 1),
+                             "server_workers_us_per_request": round(1e6 * workers / requests, 1)}
+
+
 def measure(args, cap):
     """Attend alone, steps alone, then the steps while the Attend load runs
     for longer than they do, so that both figures of the mixed phase are
@@ -186,10 +206,7 @@ def measure(args, cap):
             target = server.target()
             parse(ATTEND_LINE, attend_load(args, target, 2))  # warm-up
             parse(STEPS_LINE, steps_load(args, target))
-            before, start = scrape(server.metrics_port), time.monotonic()
-            parse(ATTEND_LINE, attend_load(args, target, args.seconds))
-            solo_rps = ((attend_requests(scrape(server.metrics_port)) - attend_requests(before)) /
-                        (time.monotonic() - start))
+            solo_rps, solo_cpu = attend_alone(args, server, target)
             idle = steps_window(args, server, target)
             attend = attend_load(args, target, 3600)
             time.sleep(1.0)  # the Attend load is in full swing
@@ -214,7 +231,7 @@ def measure(args, cap):
                                                       mixed["queue_p99_behind_calls"]],
             "server_step_queue_p99_worker_free_ms": [idle["queue_p99_worker_free"],
                                                      mixed["queue_p99_worker_free"]],
-            "cpu_steps_alone": idle["cpu"], "cpu_mixed": mixed["cpu"],
+            "cpu_attend_alone": solo_cpu, "cpu_steps_alone": idle["cpu"], "cpu_mixed": mixed["cpu"],
             "attend_solo_rps": round(solo_rps, 1), "attend_mixed_rps": round(mixed["attend_rps"], 1),
             "attend_share": round(mixed["attend_rps"] / solo_rps, 3)}
 
