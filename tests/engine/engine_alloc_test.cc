@@ -156,7 +156,8 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
 
 // MhaEngine::StepScratchBytes, what admission charges a session step,
 // bounds what a fresh workspace holds after the step (one step of a self
-// session after `position` cached tokens), and is not wildly above it.
+// session after `position` cached tokens), and is not wildly above it. The
+// cache is filled once per position; each case steps a fork of it.
 TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
   SetComputeThreads(2);
   for (const bool bf16 : {false, true}) {
@@ -165,30 +166,32 @@ TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
     d.add_bias_kv = true;  // one extra key
     const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
     for (const int64_t position : {0, 100, 3000}) {
+      KvBlockPool pool(int64_t{256} << 20);
+      KvCache filled(engine->kv_layout(), pool);
+      if (position > 0) {
+        ASSERT_TRUE(filled.Reserve(position).ok());
+        const std::vector<float> prefix = RandomVector(position * d.embed_dim, 1);
+        AppendBatch fill;
+        fill.query = prefix;
+        fill.steps.push_back({&filled, position, false});
+        std::vector<float> out(prefix.size());
+        auto fill_ws = engine->NewWorkspace();
+        ASSERT_TRUE(engine->Append(fill, {absl::MakeSpan(out), {}}, *fill_ws).ok());
+      }
       for (const int64_t tokens : {1, 16, 300}) {
         for (const bool weights : {false, true}) {
           SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " position " << position
                                             << " tokens " << tokens << " weights " << weights);
-          KvBlockPool pool(int64_t{256} << 20);
-          KvCache cache(engine->kv_layout(), pool);
-          const std::vector<float> prefix = RandomVector(position * d.embed_dim, 1);
-          auto ws = engine->NewWorkspace();
-          if (position > 0) {  // fill the cache, then measure a fresh workspace
-            ASSERT_TRUE(cache.Reserve(position).ok());
-            AppendBatch fill;
-            fill.query = prefix;
-            fill.steps.push_back({&cache, position, false});
-            std::vector<float> out(prefix.size());
-            ASSERT_TRUE(engine->Append(fill, {absl::MakeSpan(out), {}}, *ws).ok());
-            ws = engine->NewWorkspace();
-          }
-          ASSERT_TRUE(cache.Reserve(position + tokens).ok());
+          const std::unique_ptr<KvCache> cache = filled.Fork(position);
+          ASSERT_EQ(cache->length(), position);
+          ASSERT_TRUE(cache->Reserve(position + tokens).ok());
           const std::vector<float> query = RandomVector(tokens * d.embed_dim, 2);
           AppendBatch step;
           step.query = query;
-          step.steps.push_back({&cache, tokens, false});
+          step.steps.push_back({cache.get(), tokens, false});
           std::vector<float> out(query.size());
           std::vector<float> probs(weights ? engine->AppendWeightsElements(step) : 0);
+          auto ws = engine->NewWorkspace();  // fresh: what this step alone holds
           ASSERT_TRUE(engine->Append(step, {absl::MakeSpan(out), absl::MakeSpan(probs)}, *ws).ok());
           const int64_t held = static_cast<int64_t>(ws->bytes_held());
           const int64_t keys = position + tokens + d.extra_keys();
