@@ -136,27 +136,48 @@ def cpu_used(before, after, workers):
     return split
 
 
+class CoresUsed:
+    """Where the cores go from its making to `stop`: the server's workers and
+    its other threads (gRPC's), the clients this process reaps meanwhile,
+    and the threads of the running process `other` (the Attend client)."""
+
+    def __init__(self, server_pid, other_pid=None):
+        self.server_pid, self.other_pid = server_pid, other_pid
+        self.children = self.reaped()
+        self.server = thread_cpu(server_pid)
+        self.other = thread_cpu(other_pid) if other_pid else {}
+        self.start = time.monotonic()
+
+    @staticmethod
+    def reaped():
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def stop(self):
+        """CPU seconds (workers, server's others, reaped clients, other) and
+        the CPU seconds in 1 % of the machine over the window."""
+        machine = (time.monotonic() - self.start) * (os.cpu_count() or 1) / 100
+        workers, grpc = cpu_used(self.server, thread_cpu(self.server_pid),
+                                 lambda name: name.startswith("mha-worker"))
+        other = sum(cpu_used(self.other, thread_cpu(self.other_pid), bool)) if self.other_pid else 0
+        return workers, grpc, self.reaped() - self.children, other, machine
+
+
 def steps_window(args, server, target, attend=None):
     """Runs the 16 sessions' steps once: (client tokens/s, p50, p99 ms), the
     server's step p99 and queue p99 (ms) and the Attend requests/s it served
     over exactly that window, and where the cores went (the Attend client's
     threads counted when `attend` runs)."""
-    pid = server.process.pid
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_cpu, attend_cpu = thread_cpu(pid), thread_cpu(attend.pid) if attend else {}
+    cores = CoresUsed(server.process.pid, attend.pid if attend else None)
     before, start = scrape(server.metrics_port), time.monotonic()
-    tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))
+    tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))  # the client, reaped
     after, wall = scrape(server.metrics_port), time.monotonic() - start
-    client = resource.getrusage(resource.RUSAGE_CHILDREN)  # the steps' client, reaped
-    workers, grpc = cpu_used(server_cpu, thread_cpu(pid), lambda n: n.startswith("mha-worker"))
-    attend_s = sum(cpu_used(attend_cpu, thread_cpu(attend.pid), bool)) if attend else 0.0
-    client_s = (client.ru_utime + client.ru_stime) - (children.ru_utime + children.ru_stime)
+    workers, grpc, client_s, attend_s, machine = cores.stop()
     step, queue = "mha_append_duration_seconds", "mha_append_queue_duration_seconds"
     split = "mha_append_queue_split_duration_seconds"
     busy = (sample(after, f'{split}_count{{workers="all_busy"}}') -
             sample(before, f'{split}_count{{workers="all_busy"}}'))
     steps = sample(after, f"{queue}_count") - sample(before, f"{queue}_count")
-    machine = wall * (os.cpu_count() or 1) / 100  # CPU seconds in 1 % of the machine
     return {"tokens_s": tokens_s, "p50": p50, "p99": p99,
             "queued_behind_calls": round(busy / steps, 3) if steps else float("nan"),
             "queue_p99_behind_calls": 1e3 * histogram_quantile(before, after, split, 0.99,
@@ -179,17 +200,12 @@ def steps_window(args, server, target, attend=None):
 
 def attend_alone(args, server, target):
     """The Attend load alone: its requests/s, and where the cores went."""
-    pid = server.process.pid
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_cpu = thread_cpu(pid)
+    cores = CoresUsed(server.process.pid)
     before, start = scrape(server.metrics_port), time.monotonic()
     parse(ATTEND_LINE, attend_load(args, target, args.seconds))
     after, wall = scrape(server.metrics_port), time.monotonic() - start
-    client = resource.getrusage(resource.RUSAGE_CHILDREN)
-    workers, grpc = cpu_used(server_cpu, thread_cpu(pid), lambda n: n.startswith("mha-worker"))
-    client_s = (client.ru_utime + client.ru_stime) - (children.ru_utime + children.ru_stime)
+    workers, grpc, client_s, _, machine = cores.stop()
     requests = attend_requests(after) - attend_requests(before)
-    machine = wall * (os.cpu_count() or 1) / 100
     return requests / wall, {"server_workers_pct": round(workers / machine, 1),
                              "server_other_threads_pct": round(grpc / machine, 1),
                              "attend_client_pct": round(client_s / machine, 1),
