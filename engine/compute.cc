@@ -140,6 +140,7 @@ void EngineImpl::Compute(const AttentionBatch& sequences, const AppendBatch& ste
   TokenMajor t;
   StepRows s;
   ProjectCall(plan, sequences, steps, ws, t, s);
+  if (q_rows > 0) ws.BetweenBlocks();  // a long call's projection may take a while
   // The steps first: they read their projected rows, which the sequences'
   // merged context overwrites below.
   uint8_t* context = nullptr;

@@ -211,8 +211,8 @@ void RequestAttention::AttendSequences(const Projected& p, const AttentionBatch&
   int64_t weights_offset = 0;
   for (int64_t b = 0; b < n;) {
     if (Tiled(q_off[b + 1] - q_off[b], kv_len(b),
-              weights)) {  // no weights to write
-      AttendTiled(b, p, batch, ws);
+              weights)) {            // no weights to write
+      AttendTiled(b, p, batch, ws);  // yields between its waves
       ++b;
       continue;
     }
@@ -238,6 +238,7 @@ void RequestAttention::AttendSequences(const Projected& p, const AttentionBatch&
         block.head0 = head0;
         block.heads = std::min(head_cap, h - head0);
         AttendBlock(block, p, batch, out, ws);
+        ws.BetweenBlocks();
       }
     }
     b += block.count;
@@ -374,17 +375,26 @@ void RequestAttention::AttendTiled(int64_t b, const Projected& p, const Attentio
   // single-threaded inside the region. A fixed deal, not a dynamic one: each
   // child then sees the same block shapes call after call, so warm calls
   // allocate nothing. Exceptions must not cross the region.
-  std::exception_ptr error;
+  // A workspace with a yield point runs them in waves of one block a
+  // thread (the same deal: each wave starts at a multiple of the threads),
+  // yielding after each.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t wave = ws.yields() ? threads : items;
+  for (int64_t first = 0; first < items; first += wave) {
+    const int64_t end = std::min(items, first + wave);
+    std::exception_ptr error;
 #pragma omp parallel for schedule(static, 1)
-  for (int64_t item = 0; item < items; ++item) {
-    try {
-      tiled_->Run(block_at(item), ws.Child(omp_get_thread_num()));
-    } catch (...) {
+    for (int64_t item = first; item < end; ++item) {
+      try {
+        tiled_->Run(block_at(item), ws.Child(omp_get_thread_num()));
+      } catch (...) {
 #pragma omp critical(mha_tiled_error)
-      if (error == nullptr) error = std::current_exception();
+        if (error == nullptr) error = std::current_exception();
+      }
     }
+    if (error != nullptr) std::rethrow_exception(error);
+    ws.BetweenBlocks();
   }
-  if (error != nullptr) std::rethrow_exception(error);
 }
 
 void RequestAttention::Softmax(const Block& blk, const Projected& p, const AttentionBatch& batch,

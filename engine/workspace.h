@@ -5,7 +5,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace dnnl {
@@ -23,7 +25,9 @@ class BoundMemories;  // engine/ops/onednn_matmul.h
 // steady-state calls allocate nothing. Also owns child workspaces, one per
 // thread of work that a call shares out. Not thread-safe: one Workspace per
 // concurrent caller (e.g. per batch worker); ReserveChildren before a
-// parallel region, then each thread uses only Child(its own index).
+// parallel region, then each thread uses only Child(its own index). Its
+// caller may also give it a yield point, which the engine calls between the
+// parts of a long call.
 class Workspace {
  public:
   enum Slot {
@@ -69,6 +73,20 @@ class Workspace {
   Workspace& Child(int i) { return *children_[static_cast<size_t>(i)]; }
   int num_children() const { return static_cast<int>(children_.size()); }
 
+  // Where the caller may run other short work during a long call: the
+  // engine calls `between_blocks` after the projection of a call with
+  // sequences and after each block of their attention (each wave of
+  // key-tiled blocks), on the calling thread, outside parallel regions.
+  // The work must not use this workspace (a server worker runs waiting
+  // session steps there, on another one). Empty: none (the default).
+  void set_between_blocks(std::function<void()> between_blocks) {
+    between_blocks_ = std::move(between_blocks);
+  }
+  bool yields() const { return static_cast<bool>(between_blocks_); }
+  void BetweenBlocks() {
+    if (between_blocks_) between_blocks_();
+  }
+
   dnnl::stream& stream() { return *stream_; }
   // The oneDNN memory objects of the primitives run with this workspace.
   BoundMemories& bound_memories() { return *bound_; }
@@ -88,6 +106,7 @@ class Workspace {
   std::unique_ptr<dnnl::stream> stream_;
   std::unique_ptr<BoundMemories> bound_;
   std::vector<std::unique_ptr<Workspace>> children_;
+  std::function<void()> between_blocks_;
 };
 
 }  // namespace mha

@@ -102,6 +102,12 @@ Metrics::Metrics()
                           .Help("Attend requests computed in chunks of query rows beside "
                                 "session steps (dynamic_batching.max_batch_tokens_with_steps)")
                           .Register(*registry_)),
+      yielded_step_calls_(BuildCounter()
+                              .Name("mha_yielded_step_calls_total")
+                              .Help("Engine calls of session steps a worker ran inside a "
+                                    "longer call of the model's queue or another's, between "
+                                    "its blocks, while every worker was in a call")
+                              .Register(*registry_)),
       primitive_cache_misses_(BuildCounter()
                                   .Name("mha_engine_primitive_cache_misses_total")
                                   .Help("oneDNN primitives created while serving (a request "
@@ -143,6 +149,7 @@ ModelMetrics* Metrics::Create(const std::string& model, const std::string& versi
   m->tokens = &tokens_.Add(labels);
   m->primitive_cache_misses = &primitive_cache_misses_.Add(labels);
   m->split_requests = &split_requests_.Add(labels);
+  m->yielded_step_calls = &yielded_step_calls_.Add(labels);
   // Every reason's series from the start, so rate() alerts work before the
   // first drop.
   for (const char* reason : kDropReasons) {
@@ -164,6 +171,7 @@ void Metrics::Remove(ModelMetrics* m) {
   tokens_.Remove(m->tokens);
   primitive_cache_misses_.Remove(m->primitive_cache_misses);
   split_requests_.Remove(m->split_requests);
+  yielded_step_calls_.Remove(m->yielded_step_calls);
   for (const auto& [reason, counter] : m->dropped) dropped_.Remove(counter);
   MutexLock lock(m->requests_mu);
   for (const auto& [key, counter] : m->requests) requests_.Remove(counter);

@@ -34,6 +34,7 @@ struct ModelMetrics {
   prometheus::Counter* tokens = nullptr;
   prometheus::Counter* primitive_cache_misses = nullptr;
   prometheus::Counter* split_requests = nullptr;
+  prometheus::Counter* yielded_step_calls = nullptr;    // steps run inside a long call
   std::map<std::string, prometheus::Counter*> dropped;  // every kDropReasons entry
 
   // One answered attention call; `api` is kApiMha, kApiKserve or kApiKserveHttp.
@@ -108,6 +109,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& loaded_;
   prometheus::Family<prometheus::Counter>& load_failures_;
   prometheus::Family<prometheus::Counter>& split_requests_;
+  prometheus::Family<prometheus::Counter>& yielded_step_calls_;
   prometheus::Family<prometheus::Counter>& primitive_cache_misses_;
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;

@@ -247,6 +247,7 @@ Batcher::Work::~Work() {
 }
 
 void Batcher::Work::Run(Workspace& ws) {
+  if (in_yield) batcher.metrics_.yielded_step_calls->Increment();
   if (!projections.empty()) batcher.RunProjections(std::move(projections), ws);
   if (!batch.empty() || steps) batcher.Compute(std::move(batch), steps, ws);
 }
@@ -254,6 +255,16 @@ void Batcher::Work::Run(Workspace& ws) {
 bool Batcher::Empty() {
   MutexLock lock(mu_);
   return queue_.empty() && projections_.empty() && !steps_ready_;
+}
+
+std::unique_ptr<PoolWork> Batcher::PollSteps() {
+  MutexLock lock(mu_);
+  if (!steps_ready_) return nullptr;
+  auto work = std::make_unique<Work>(*this);  // may throw: then nothing changed
+  steps_ready_ = false;
+  work->steps = true;
+  work->in_yield = true;
+  return Hand(std::move(work));
 }
 
 std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {

@@ -112,6 +112,9 @@ class Batcher final : public PoolQueue {
   std::unique_ptr<PoolWork> Poll(Idle& idle) override;
   // PoolQueue: no request, projection or ready step queued.
   bool Empty() override;
+  // PoolQueue: a call of the ready steps alone (chunks of split requests
+  // among them), without the Attend requests that would join them in Poll.
+  std::unique_ptr<PoolWork> PollSteps() override;
 
  private:
   // What a worker does next: projections, then a batch of Attend requests
@@ -125,7 +128,8 @@ class Batcher final : public PoolQueue {
     std::vector<std::unique_ptr<ProjectionTask>> projections;
     std::vector<std::unique_ptr<AttendCall>> batch;
     bool steps = false;
-    bool counted = false;  // in in_flight_ (set by Hand)
+    bool in_yield = false;  // from PollSteps: inside another call's yield
+    bool counted = false;   // in in_flight_ (set by Hand)
   };
   // A step the next call carries, started.
   struct StartedStep {

@@ -90,6 +90,7 @@ void WorkerPool::Detach(Registration* registration) {
   auto it = std::find_if(queues_.begin(), queues_.end(),
                          [registration](const Registration& r) { return &r == registration; });
   if (it == next_) ++next_;
+  SetSteps(*it, false);
   queues_.erase(it);
 }
 
@@ -98,12 +99,22 @@ void WorkerPool::Wake(Registration* registration, bool steps) {
   {
     MutexLock lock(mu_);
     registration->woken = true;
-    registration->steps = registration->steps || steps;
+    if (steps) SetSteps(*registration, true);
   }
   work_cv_.NotifyOne();
 }
 
 int WorkerPool::ThreadsOfThisCall() { return threads_of_this_call; }
+
+int64_t WorkerPool::KeptWorkspaceBytes() const {
+  return workers() *
+         static_cast<int64_t>(MhaEngine::kWorkspaceKeepBytes + kYieldWorkspaceKeepBytes);
+}
+
+void WorkerPool::SetSteps(Registration& r, bool steps) {
+  if (r.steps != steps) step_queues_.fetch_add(steps ? 1 : -1, std::memory_order_relaxed);
+  r.steps = steps;
+}
 
 std::vector<int> WorkerPool::CallThreadCounts() const {
   if (share_threads_ == all_threads_) return {all_threads_};
@@ -140,7 +151,7 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
       continue;
     }
     r.woken = false;
-    r.steps = false;
+    SetSteps(r, false);
     PoolQueue::Idle idle;
     std::unique_ptr<PoolWork> work;
     try {
@@ -166,8 +177,43 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
   return nullptr;
 }
 
+void WorkerPool::YieldToSteps(std::unique_ptr<Workspace>& step_ws) {
+  // Cheap when nothing waits: two relaxed loads. A free worker takes the
+  // steps itself (Wake woke it).
+  if (step_queues_.load(std::memory_order_relaxed) == 0 || !AllWorkersBusy()) return;
+  MutexLock lock(mu_);
+  for (Registration& r : queues_) {
+    if (!r.steps || r.detaching) continue;
+    SetSteps(r, false);
+    std::unique_ptr<PoolWork> work;
+    try {
+      work = r.queue->PollSteps();
+    } catch (const std::bad_alloc&) {  // nothing taken: they wait for a worker
+      SetSteps(r, true);
+      return;
+    }
+    if (work == nullptr) continue;
+    ++r.running;
+    lock.Unlock();
+    if (step_ws == nullptr) step_ws = MhaEngine::NewWorkspace();
+    work->Run(*step_ws);  // on this call's threads; step_ws has no yield point
+    work.reset();
+    calls_run_in_yields_.fetch_add(1);
+    step_ws->ReleaseIfAbove(kYieldWorkspaceKeepBytes);
+    lock.Lock();
+    WorkDone(&r);
+    return;  // one call a yield: the long call goes on
+  }
+}
+
+void WorkerPool::WorkDone(Registration* from) {
+  if (--from->running == 0 && from->detaching) idle_cv_.NotifyAll();
+}
+
 void WorkerPool::WorkerLoop() {
   std::unique_ptr<Workspace> ws = MhaEngine::NewWorkspace();
+  std::unique_ptr<Workspace> step_ws;  // for steps run inside a long call
+  ws->set_between_blocks([this, &step_ws] { YieldToSteps(step_ws); });
   MutexLock lock(mu_);
   while (true) {
     Registration* from = nullptr;
@@ -197,7 +243,7 @@ void WorkerPool::WorkerLoop() {
     // workspace's buffers, and what glibc keeps of freed blocks.
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
     lock.Lock();
-    if (--from->running == 0 && from->detaching) idle_cv_.NotifyAll();
+    WorkDone(from);
   }
 }
 

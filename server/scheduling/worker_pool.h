@@ -51,6 +51,10 @@ class PoolQueue {
   // (at one client, each request woke the second worker for nothing). Called
   // with the pool's lock held, as Poll.
   virtual bool Empty() { return false; }
+  // The session steps that may start now, alone (no Attend request, no
+  // projection), or null: what a worker runs when a long call yields to
+  // waiting steps. Called with the pool's lock held, as Poll.
+  virtual std::unique_ptr<PoolWork> PollSteps() { return nullptr; }
 };
 
 struct WorkerPoolOptions {
@@ -69,7 +73,10 @@ struct WorkerPoolOptions {
 // serves (borrowed: each stays attached from Attach to Detach). Workers
 // take the next ready queue round-robin, starting after the queue served
 // last, so that no model starves another; queues woken for session steps
-// go before the others (in the same round-robin order). Thread-safe; Wake never blocks on
+// go before the others (in the same round-robin order). A long call yields
+// to waiting steps: between its blocks (Workspace::BetweenBlocks), its
+// worker runs the steps (PollSteps) on a second workspace when every worker
+// is in a call. Thread-safe; Wake never blocks on
 // compute. Detach must not be called from a worker that is running that
 // queue's work.
 class WorkerPool {
@@ -97,6 +104,13 @@ class WorkerPool {
   }
 
   int workers() const { return static_cast<int>(threads_.size()); }
+  // A worker's second workspace (for the steps it runs inside a long call)
+  // gives its buffers back above this.
+  static constexpr size_t kYieldWorkspaceKeepBytes = size_t{8} << 20;
+  // What the workers' workspaces may keep between calls, together.
+  int64_t KeptWorkspaceBytes() const;
+  // Calls of steps run inside another call's yield so far.
+  uint64_t CallsRunInYields() const { return calls_run_in_yields_.load(); }
   // The most threads one engine call uses (what its memory is charged for).
   int MaxThreadsPerCall() const { return all_threads_; }
   // Every thread count its calls run with (what models warm up for).
@@ -116,6 +130,14 @@ class WorkerPool {
   std::unique_ptr<PoolWork> Scan(bool steps_only, absl::Time now, Registration*& from,
                                  absl::Time& wait_until, bool& memory_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks whether `r` was woken for steps since its last poll.
+  void SetSteps(Registration& r, bool steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker's yield point inside a call (with mu_ not held): when steps
+  // wait and every worker is in a call, runs one queue's ready steps on
+  // `step_ws` (made at first use).
+  void YieldToSteps(std::unique_ptr<Workspace>& step_ws) ABSL_LOCKS_EXCLUDED(mu_);
+  // After `from`'s work ran and was destroyed (mu_ held): Detach may go on.
+  void WorkDone(Registration* from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Threads of a call that starts while no other runs, and beside others.
   const int all_threads_, share_threads_;
@@ -127,6 +149,10 @@ class WorkerPool {
   std::list<Registration>::iterator next_ ABSL_GUARDED_BY(mu_);  // where the next scan starts
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> calls_running_{0};  // engine calls running now
+  // Queues woken for steps since their last poll (changed with mu_ held;
+  // read without it at a yield point).
+  std::atomic<int> step_queues_{0};
+  std::atomic<uint64_t> calls_run_in_yields_{0};
   static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
   std::atomic<int64_t> steps_woken_at_ns_{kNever};  // clock_'s Unix nanoseconds
   std::vector<std::thread> threads_;

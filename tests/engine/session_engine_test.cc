@@ -438,6 +438,69 @@ TEST(SessionBatchTest, OneCallForManySessionsEqualsOneCallEach) {
   }
 }
 
+// A workspace's yield point (Workspace::set_between_blocks): a long call
+// calls it between its parts (after the projection, between attention
+// blocks, between waves of key-tiled blocks), and a session step computed
+// there on another workspace, while the long call is half done, changes
+// neither result. A call of steps alone never yields.
+TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
+  const AttentionDims d = Dims(32, 4);
+  const PackedWeights w = RandomWeights(d, 5);
+  EngineOptions small_blocks;
+  small_blocks.max_score_bytes = 64 << 10;  // L = 300 with weights: many row blocks
+  struct LongCall {
+    const char* name;
+    Case c;
+    bool weights;  // asked for: never key-tiled
+    EngineOptions options;
+  };
+  const std::vector<LongCall> calls = {
+      {"key-tiled", Case{"tiled", d, {700}}, false, {}},
+      {"row blocks", Case{"blocks", d, {300}, {}, false, MaskKind::kBool}, true, small_blocks},
+  };
+  for (const LongCall& call : calls) {
+    SCOPED_TRACE(call.name);
+    const auto engine = MakeEngine(d, w, call.options);
+    const Built b = Build(call.c, 6);
+    const RunResult whole = RunEngine(*engine, call.c, b, call.weights);
+    // Two copies of a session of 40 tokens: one steps inside the long
+    // call's yield, the other alone.
+    KvBlockPool pool(kPoolBytes);
+    auto ws = engine->NewWorkspace(), step_ws = engine->NewWorkspace();
+    std::vector<std::unique_ptr<KvCache>> caches;
+    const std::vector<float> prefix = RandomVector(40 * 32, 7), q = RandomVector(32, 8);
+    for (int i = 0; i < 2; ++i) {
+      caches.push_back(std::make_unique<KvCache>(engine->kv_layout(), pool));
+      ASSERT_TRUE(caches.back()->Reserve(41).ok());
+      std::vector<float> out(prefix.size());
+      ASSERT_TRUE(
+          engine->Append({prefix, {{caches.back().get(), 40}}}, {absl::MakeSpan(out), {}}, *step_ws)
+              .ok());
+    }
+    std::vector<float> stepped(32), alone(32);
+    int yields = 0;
+    ws->set_between_blocks([&] {
+      if (++yields != 2) return;  // the second yield: the attention has begun
+      EXPECT_TRUE(
+          engine->Append({q, {{caches[0].get(), 1}}}, {absl::MakeSpan(stepped), {}}, *step_ws)
+              .ok());
+    });
+    const RunResult yielded = RunEngine(*engine, call.c, b, call.weights, ws.get());
+    EXPECT_GE(yields, 3);
+    EXPECT_EQ(caches[0]->length(), 41);
+    EXPECT_EQ(MaxAbsDiff(yielded.output.data(), whole.output.data(), whole.output.size()), 0.0f);
+    EXPECT_EQ(MaxAbsDiff(yielded.weights.data(), whole.weights.data(), whole.weights.size()), 0.0f);
+    ASSERT_TRUE(
+        engine->Append({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *step_ws).ok());
+    EXPECT_EQ(MaxAbsDiff(stepped.data(), alone.data(), alone.size()), 0.0f);
+    // Steps alone: no yield.
+    const int before = yields;
+    ASSERT_TRUE(caches[1]->Reserve(42).ok());
+    ASSERT_TRUE(engine->Append({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *ws).ok());
+    EXPECT_EQ(yields, before);
+  }
+}
+
 TEST(SessionValidationTest, RefusesWhatItCannotCompute) {
   const AttentionDims cross = With(Dims(24, 3), [](AttentionDims& x) { x.kdim = 16; });
   const auto cross_engine = MakeEngine(cross, RandomWeights(cross, 1));

@@ -457,6 +457,55 @@ TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
   EXPECT_EQ(metrics.ForModel("m").batch_requests->Collect().histogram.sample_count, 10);
 }
 
+// What a long call's yield runs (PollSteps): the ready steps alone, in a
+// call of their own; queued Attend requests, which would ride with them in
+// Poll's call, stay queued.
+TEST_F(BatcherTest, PollStepsHandsTheReadyStepsAloneNotTheQueuedRequests) {
+  const BatcherOptions options = CappedWhileStepping();  // requests wait for a full call
+  Metrics metrics;
+  Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
+  EXPECT_EQ(batcher.PollSteps(), nullptr);  // nothing ready
+  std::promise<void> open, finishing;
+  std::future<absl::Status> held = HoldWorker(batcher, *engine_, open, finishing);
+  std::future<absl::StatusOr<Answer>> request = Submit(batcher, Request(20, 1));
+  std::future<absl::Status> step = Step(batcher, metrics);
+  std::unique_ptr<PoolWork> work = batcher.PollSteps();
+  ASSERT_NE(work, nullptr);
+  EXPECT_EQ(batcher.PollSteps(), nullptr);  // taken
+  work->Run(*engine_->NewWorkspace());
+  work.reset();
+  EXPECT_TRUE(step.get().ok());
+  EXPECT_EQ(request.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  EXPECT_EQ(metrics.ForModel("m").yielded_step_calls->Value(), 1);
+  open.set_value();
+  EXPECT_TRUE(held.get().ok());
+  batcher.Stop();
+  EXPECT_TRUE(request.get().ok());
+}
+
+// On the engine: a step that arrives while the one worker computes a long
+// request (not split: no session stepped before it) is answered from the
+// long call's yield, before the long request is.
+TEST_F(BatcherTest, ALongCallYieldsToAStepThatArrivesWhileItRuns) {
+  Metrics metrics;
+  Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
+  std::future<absl::StatusOr<Answer>> long_request = Submit(batcher, Request(4096, 1));
+  while (metrics.ForModel("m").queue_depth->Value() > 0) {  // until a worker took it
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  std::future<absl::Status> step = Step(batcher, metrics);
+  ASSERT_TRUE(step.get().ok());
+  EXPECT_EQ(long_request.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout)
+      << "the step waited for the whole long call";
+  const absl::StatusOr<Answer> answer = long_request.get();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  const std::vector<float> expected = Alone(Request(4096, 1));
+  ASSERT_EQ(answer->output.size(), expected.size());
+  for (size_t j = 0; j < expected.size(); ++j) ASSERT_NEAR(answer->output[j], expected[j], 1e-5);
+  EXPECT_EQ(metrics.ForModel("m").yielded_step_calls->Value(), 1);
+  EXPECT_EQ(metrics.ForModel("m").split_requests->Value(), 0);
+}
+
 TEST_F(BatcherTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
   Metrics metrics;
   Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));

@@ -2,6 +2,7 @@
 // gets alone and beside another.
 #include "server/scheduling/worker_pool.h"
 
+#include <functional>
 #include <future>
 #include <mutex>
 #include <string>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/workspace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -48,18 +50,31 @@ class ScriptedQueue final : public PoolQueue {
     return polls_;
   }
   bool report_empty = false;
+  // Whether PollSteps hands out its works too (a queue of session steps).
+  bool steps_lane = false;
+  // Run by each work before it logs (e.g. a long call's yield points).
+  std::function<void(Workspace&)> body;
+  // With `log_where`, each entry ends in "/yield" when the work ran inside
+  // another's yield (on a workspace without a yield point), else "/worker".
+  bool log_where = false;
+  std::unique_ptr<PoolWork> PollSteps() override {
+    Idle idle;
+    return steps_lane ? Poll(idle) : nullptr;
+  }
 
  private:
   struct Logged final : PoolWork {
     Logged(ScriptedQueue& q, std::shared_future<void> g, std::promise<void>* s)
         : queue(q), gate(std::move(g)), started(s) {}
-    void Run(Workspace&) override {
+    void Run(Workspace& ws) override {
       if (started != nullptr) started->set_value();
       if (gate.valid()) gate.wait();
+      if (queue.body) queue.body(ws);
       std::lock_guard<std::mutex> lock(queue.log_mu_);
-      queue.log_.push_back(queue.log_threads_
-                               ? absl::StrCat(queue.name_, "/", WorkerPool::ThreadsOfThisCall())
-                               : queue.name_);
+      std::string entry = queue.name_;
+      if (queue.log_threads_) absl::StrAppend(&entry, "/", WorkerPool::ThreadsOfThisCall());
+      if (queue.log_where) absl::StrAppend(&entry, ws.yields() ? "/worker" : "/yield");
+      queue.log_.push_back(entry);
     }
     ScriptedQueue& queue;
     std::shared_future<void> gate;
@@ -215,6 +230,97 @@ TEST(WorkerPoolTest, AllWorkersBusyWhileEveryWorkerIsInACall) {
   pool.Detach(first_r);  // each returns once its call is over
   pool.Detach(second_r);
   EXPECT_FALSE(pool.AllWorkersBusy());
+}
+
+// Waits until the log holds `entries` entries, for at most ten seconds.
+void WaitForLog(std::vector<std::string>& log, std::mutex& log_mu, size_t entries) {
+  for (int i = 0; i < 10000; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(log_mu);
+      if (log.size() >= entries) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// A long call's body: passes its yield points (Workspace::BetweenBlocks)
+// until the log holds `entries` entries, for at most ten seconds.
+std::function<void(Workspace&)> YieldUntil(std::vector<std::string>& log, std::mutex& log_mu,
+                                           size_t entries) {
+  return [&log, &log_mu, entries](Workspace& ws) {
+    for (int i = 0; i < 10000; ++i) {
+      ws.BetweenBlocks();
+      {
+        std::lock_guard<std::mutex> lock(log_mu);
+        if (log.size() >= entries) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+}
+
+// Steps that arrive while every worker is in a call run inside a long call,
+// between its blocks, on the worker's second workspace, one queue's call a
+// yield, whatever the models: the steps of two models here, while the one
+// worker is in a long call. An Attend queue's work waits for the call's end.
+TEST(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue long_call("long", log, log_mu), attend("attend", log, log_mu),
+      steps_a("steps_a", log, log_mu), steps_b("steps_b", log, log_mu);
+  for (ScriptedQueue* q : {&long_call, &attend, &steps_a, &steps_b}) q->log_where = true;
+  steps_a.steps_lane = steps_b.steps_lane = true;
+  attend.steps_lane = true;  // would hand out work, but was not woken for steps
+  long_call.body = YieldUntil(log, log_mu, 2);
+  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
+  auto* long_r = pool.Attach(&long_call);
+  auto* attend_r = pool.Attach(&attend);
+  auto* steps_a_r = pool.Attach(&steps_a);
+  auto* steps_b_r = pool.Attach(&steps_b);
+  std::promise<void> started;
+  long_call.Add(1, {}, &started);
+  pool.Wake(long_r);
+  started.get_future().wait();
+  EXPECT_TRUE(pool.AllWorkersBusy());
+  attend.Add(1);
+  pool.Wake(attend_r);
+  steps_a.Add(1);
+  steps_b.Add(1);
+  pool.Wake(steps_a_r, /*steps=*/true);
+  pool.Wake(steps_b_r, /*steps=*/true);
+  WaitForLog(log, log_mu, 4);  // the attend work too
+  for (auto* r : {long_r, attend_r, steps_a_r, steps_b_r}) pool.Detach(r);
+  ASSERT_EQ(log.size(), 4u);
+  EXPECT_THAT(std::vector<std::string>(log.begin(), log.begin() + 2),
+              ::testing::UnorderedElementsAre("steps_a/yield", "steps_b/yield"));
+  EXPECT_EQ(log[2], "long/worker");
+  EXPECT_EQ(log[3], "attend/worker");
+  EXPECT_EQ(pool.CallsRunInYields(), 2u);
+}
+
+// The worker in a long call is never the one that takes a step another
+// worker could take: with a worker free, the long call's yields run nothing.
+TEST(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue long_call("long", log, log_mu), steps("steps", log, log_mu);
+  long_call.log_where = steps.log_where = true;
+  steps.steps_lane = true;
+  long_call.body = YieldUntil(log, log_mu, 1);
+  WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
+  auto* long_r = pool.Attach(&long_call);
+  auto* steps_r = pool.Attach(&steps);
+  std::promise<void> started;
+  long_call.Add(1, {}, &started);
+  pool.Wake(long_r);
+  started.get_future().wait();
+  EXPECT_FALSE(pool.AllWorkersBusy());
+  steps.Add(1);
+  pool.Wake(steps_r, /*steps=*/true);
+  pool.Detach(long_r);
+  pool.Detach(steps_r);
+  EXPECT_THAT(log, ::testing::ElementsAre("steps/worker", "long/worker"));
+  EXPECT_EQ(pool.CallsRunInYields(), 0u);
 }
 
 }  // namespace
