@@ -252,6 +252,11 @@ void Batcher::Work::Run(Workspace& ws) {
   if (!batch.empty() || steps) batcher.Compute(std::move(batch), steps, ws);
 }
 
+bool Batcher::StepsReady() {
+  MutexLock lock(mu_);
+  return steps_ready_;
+}
+
 bool Batcher::Empty() {
   MutexLock lock(mu_);
   return queue_.empty() && projections_.empty() && !steps_ready_;
@@ -291,10 +296,26 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
     if (!queue_.empty()) idle.retry_at = queue_.front()->enqueued + options_.max_queue_delay;
     return nullptr;
   }
+  // A request longer than the cap that cannot go in chunks carries no
+  // steps (they would wait for all of it): ready steps go alone before it,
+  // once; then it goes alone, and the steps stay ready for another worker
+  // or its call's yields.
+  bool leave_steps = false;
+  if (work->steps && queue_.front()->input().tokens() > TokenLimit() && !SplitsOldest()) {
+    if (passed_over_ != queue_.front().get()) {
+      passed_over_ = queue_.front().get();
+      return Hand(std::move(work));  // steps alone; the request stays first
+    }
+    leave_steps = true;
+  }
   // The oldest request first gets the memory to compute and answer it.
   AttendCall& oldest = *queue_.front();
   const MemoryBudget::Growth growth = ReserveActive(oldest);
   if (growth == MemoryBudget::Growth::kGrown) {
+    if (leave_steps) {
+      work->steps = false;
+      steps_ready_ = true;
+    }
     if (SplitsOldest()) {
       try {
         work->projections.push_back(SplitAttendCall(

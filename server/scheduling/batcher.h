@@ -115,6 +115,9 @@ class Batcher final : public PoolQueue {
   // PoolQueue: a call of the ready steps alone (chunks of split requests
   // among them), without the Attend requests that would join them in Poll.
   std::unique_ptr<PoolWork> PollSteps() override;
+  // PoolQueue: steps wait that the last Poll left (beside projections, or
+  // before a long request that carries none).
+  bool StepsReady() override;
 
  private:
   // What a worker does next: projections, then a batch of Attend requests
@@ -236,6 +239,9 @@ class Batcher final : public PoolQueue {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Steps may start: a worker takes them into its next call.
   bool steps_ready_ ABSL_GUARDED_BY(mu_) = false;
+  // The long request ready steps last went before (see Poll); compared,
+  // never dereferenced.
+  const AttendCall* passed_over_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::atomic<uint64_t> reported_misses_;  // engine's count already in the metric
 };
 

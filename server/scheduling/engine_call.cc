@@ -22,7 +22,8 @@ void Batcher::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projec
     } else {
       p->Run(ws);
     }
-    p.reset();  // its memory comes back before the next one runs
+    p.reset();           // its memory comes back before the next one runs
+    ws.BetweenBlocks();  // waiting steps may go between projections
   }
   WakeLeftSteps(/*ran_some=*/true, /*more=*/false);
 }

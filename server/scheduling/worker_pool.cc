@@ -168,6 +168,7 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
       // What it may hold more: asked again on the next scan, and another
       // worker may take it now.
       r.woken = !r.queue->Empty();
+      SetSteps(r, r.queue->StepsReady());
       if (r.woken) work_cv_.NotifyOne();
       return work;
     }

@@ -51,6 +51,10 @@ class PoolQueue {
   // (at one client, each request woke the second worker for nothing). Called
   // with the pool's lock held, as Poll.
   virtual bool Empty() { return false; }
+  // After Poll handed out work: whether session steps are still ready (the
+  // work left them for later): the queue stays first in line, and a long
+  // call's yield may take them. Called with the pool's lock held, as Poll.
+  virtual bool StepsReady() { return false; }
   // The session steps that may start now, alone (no Attend request, no
   // projection), or null: what a worker runs when a long call yields to
   // waiting steps. Called with the pool's lock held, as Poll.

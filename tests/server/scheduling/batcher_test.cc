@@ -506,6 +506,56 @@ TEST_F(BatcherTest, ALongCallYieldsToAStepThatArrivesWhileItRuns) {
   EXPECT_EQ(metrics.ForModel("m").split_requests->Value(), 0);
 }
 
+// While sessions step, a request longer than the cap that cannot go in
+// chunks (causal here) never carries steps: ready steps go alone before it,
+// once; the next time steps are ready it goes alone, leaving them ready,
+// and its call's yield runs them (one worker here). It is never passed over
+// twice, however many steps come.
+TEST_F(BatcherTest, StepsNeverRideWithALongRequestThatRunsWhole) {
+  const BatcherOptions options = CappedWhileStepping();  // cap 100 tokens
+  Metrics metrics;
+  ModelMetrics& m = metrics.ForModel("m");
+  Batcher batcher("m", *engine_, options, m);
+  auto calls = [&m] {
+    return static_cast<double>(m.compute_duration->Collect().histogram.sample_count);
+  };
+  ASSERT_TRUE(Step(batcher, metrics).get().ok());  // sessions step: the cap holds
+  std::promise<void> open_first, first_finishing;
+  std::future<absl::Status> held = HoldWorker(batcher, *engine_, open_first, first_finishing);
+  v1::AttendRequest causal = Request(100, 3);  // 200 tokens
+  causal.set_is_causal(true);
+  std::promise<double> request_answered_at;
+  batcher.Enqueue(testing::MakeCall(DecodeOwned(causal), [&](absl::StatusOr<AttentionResult> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    request_answered_at.set_value(calls());
+  }));
+  // Step A holds the worker in its answer, so that step B is ready when the
+  // worker next looks.
+  auto a = std::make_unique<TestStep>(*engine_, 1, calls);
+  std::promise<void> open_a, a_finishing;
+  a->gate = open_a.get_future().share();
+  a->finishing = &a_finishing;
+  std::shared_ptr<double> a_at = a->calls_at_answer;
+  std::future<absl::Status> a_answer = a->answer();
+  batcher.Enqueue(std::move(a));
+  open_first.set_value();
+  a_finishing.get_future().wait();  // A's call: the steps alone
+  std::shared_ptr<double> b_at;
+  std::future<absl::Status> b_answer = Step(batcher, metrics, 1, &b_at);
+  open_a.set_value();
+  EXPECT_TRUE(held.get().ok());
+  EXPECT_TRUE(a_answer.get().ok());
+  EXPECT_TRUE(b_answer.get().ok());
+  const double request_at = request_answered_at.get_future().get();
+  EXPECT_LT(*a_at, request_at);
+  EXPECT_LT(*b_at, request_at);  // in the request's yield, before its answer
+  EXPECT_EQ(m.yielded_step_calls->Value(), 1);
+  const auto batches = m.batch_tokens->Collect().histogram;
+  EXPECT_EQ(batches.sample_count, 1);  // the request's call: its tokens alone
+  EXPECT_EQ(batches.sample_sum, 200);
+  batcher.Stop();
+}
+
 TEST_F(BatcherTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
   Metrics metrics;
   Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));

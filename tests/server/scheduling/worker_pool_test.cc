@@ -299,7 +299,8 @@ TEST(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree
 }
 
 // The worker in a long call is never the one that takes a step another
-// worker could take: with a worker free, the long call's yields run nothing.
+// worker could take: with a worker and a core free, the long call's yields
+// run nothing.
 TEST(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
   std::vector<std::string> log;
   std::mutex log_mu;
@@ -307,7 +308,7 @@ TEST(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
   long_call.log_where = steps.log_where = true;
   steps.steps_lane = true;
   long_call.body = YieldUntil(log, log_mu, 1);
-  WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
+  WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1, .cores = 2});
   auto* long_r = pool.Attach(&long_call);
   auto* steps_r = pool.Attach(&steps);
   std::promise<void> started;
