@@ -209,6 +209,12 @@ bool Batcher::SplitsOldest() const {
          oldest.q_len() > tokens_with_steps_ && Splittable(oldest, engine_);
 }
 
+bool Batcher::RunsWholeBesideSteps() const {
+  const AttentionRequest& oldest = queue_.front()->input();
+  return options_.enabled && tokens_with_steps_ < max_batch_tokens_ && pool_.StepsRecently() &&
+         oldest.sequences() * oldest.q_len() > tokens_with_steps_ && !SplitsOldest();
+}
+
 void Batcher::QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks) {
   {
     MutexLock lock(mu_);
@@ -250,6 +256,13 @@ void Batcher::Work::Run(Workspace& ws) {
   if (in_yield) batcher.metrics_.yielded_step_calls->Increment();
   if (!projections.empty()) batcher.RunProjections(std::move(projections), ws);
   if (!batch.empty() || steps) batcher.Compute(std::move(batch), steps, ws);
+}
+
+bool Batcher::Work::MayYield() const {
+  if (!projections.empty()) return true;
+  int64_t rows = 0;
+  for (const auto& r : batch) rows += r->input().sequences() * r->input().q_len();
+  return rows > batcher.tokens_with_steps_;
 }
 
 bool Batcher::StepsReady() {
@@ -296,12 +309,12 @@ std::unique_ptr<PoolWork> Batcher::Poll(Idle& idle) {
     if (!queue_.empty()) idle.retry_at = queue_.front()->enqueued + options_.max_queue_delay;
     return nullptr;
   }
-  // A request longer than the cap that cannot go in chunks carries no
-  // steps (they would wait for all of it): ready steps go alone before it,
-  // once; then it goes alone, and the steps stay ready for another worker
-  // or its call's yields.
+  // A request with more query rows than the cap that cannot go in chunks
+  // carries no steps (they would wait for all of it): ready steps go alone
+  // before it, once; then it goes alone, and the steps stay ready for
+  // another worker or its call's yields.
   bool leave_steps = false;
-  if (work->steps && queue_.front()->input().tokens() > TokenLimit() && !SplitsOldest()) {
+  if (work->steps && RunsWholeBesideSteps()) {
     if (passed_over_ != queue_.front().get()) {
       passed_over_ = queue_.front().get();
       return Hand(std::move(work));  // steps alone; the request stays first

@@ -127,6 +127,8 @@ class Batcher final : public PoolQueue {
     explicit Work(Batcher& b) : batcher(b) {}
     ~Work() override;
     void Run(Workspace& ws) override;
+    // Projections, or Attend requests of more query rows than the cap.
+    bool MayYield() const override;
     Batcher& batcher;
     std::vector<std::unique_ptr<ProjectionTask>> projections;
     std::vector<std::unique_ptr<AttendCall>> batch;
@@ -163,6 +165,9 @@ class Batcher final : public PoolQueue {
   // Whether the oldest request goes in chunks (mu_ held): sessions step,
   // the cap is on, it has more query rows than the cap and is Splittable.
   bool SplitsOldest() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the oldest request runs whole although sessions step and the
+  // cap is on (mu_ held): more query rows than the cap, not Splittable.
+  bool RunsWholeBesideSteps() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A split request's chunks join the steps (no admission: the request was
   // admitted).
   void QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks);

@@ -214,7 +214,10 @@ void WorkerPool::WorkDone(Registration* from) {
 void WorkerPool::WorkerLoop() {
   std::unique_ptr<Workspace> ws = MhaEngine::NewWorkspace();
   std::unique_ptr<Workspace> step_ws;  // for steps run inside a long call
-  ws->set_between_blocks([this, &step_ws] { YieldToSteps(step_ws); });
+  bool may_yield = false;              // the running work's MayYield
+  ws->set_between_blocks([this, &step_ws, &may_yield] {
+    if (may_yield) YieldToSteps(step_ws);
+  });
   MutexLock lock(mu_);
   while (true) {
     Registration* from = nullptr;
@@ -236,6 +239,7 @@ void WorkerPool::WorkerLoop() {
     threads_of_this_call = calls_running_.fetch_add(1) == 0 ? all_threads_ : share_threads_;
     lock.Unlock();
     SetComputeThreads(threads_of_this_call);
+    may_yield = work->MayYield();
     work->Run(*ws);
     threads_of_this_call = 0;
     calls_running_.fetch_sub(1);  // its cores are free for the next call now

@@ -29,6 +29,9 @@ class PoolWork {
  public:
   virtual ~PoolWork() = default;
   virtual void Run(Workspace& ws) = 0;
+  // Whether waiting steps may run inside it, at its yield points: a long
+  // call. A short one says no: the steps ride in the next call instead.
+  virtual bool MayYield() const { return true; }
 };
 
 // A queue the pool serves (a model version's batcher).

@@ -522,7 +522,7 @@ TEST_F(BatcherTest, StepsNeverRideWithALongRequestThatRunsWhole) {
   ASSERT_TRUE(Step(batcher, metrics).get().ok());  // sessions step: the cap holds
   std::promise<void> open_first, first_finishing;
   std::future<absl::Status> held = HoldWorker(batcher, *engine_, open_first, first_finishing);
-  v1::AttendRequest causal = Request(100, 3);  // 200 tokens
+  v1::AttendRequest causal = Request(101, 3);  // more query rows than the cap
   causal.set_is_causal(true);
   std::promise<double> request_answered_at;
   batcher.Enqueue(testing::MakeCall(DecodeOwned(causal), [&](absl::StatusOr<AttentionResult> r) {
@@ -552,7 +552,7 @@ TEST_F(BatcherTest, StepsNeverRideWithALongRequestThatRunsWhole) {
   EXPECT_EQ(m.yielded_step_calls->Value(), 1);
   const auto batches = m.batch_tokens->Collect().histogram;
   EXPECT_EQ(batches.sample_count, 1);  // the request's call: its tokens alone
-  EXPECT_EQ(batches.sample_sum, 200);
+  EXPECT_EQ(batches.sample_sum, 202);
   batcher.Stop();
 }
 

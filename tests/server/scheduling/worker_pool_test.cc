@@ -57,6 +57,8 @@ class ScriptedQueue final : public PoolQueue {
   // With `log_where`, each entry ends in "/yield" when the work ran inside
   // another's yield (on a workspace without a yield point), else "/worker".
   bool log_where = false;
+  // What its works answer to MayYield.
+  bool may_yield = true;
   std::unique_ptr<PoolWork> PollSteps() override {
     Idle idle;
     return steps_lane ? Poll(idle) : nullptr;
@@ -76,6 +78,7 @@ class ScriptedQueue final : public PoolQueue {
       if (queue.log_where) absl::StrAppend(&entry, ws.yields() ? "/worker" : "/yield");
       queue.log_.push_back(entry);
     }
+    bool MayYield() const override { return queue.may_yield; }
     ScriptedQueue& queue;
     std::shared_future<void> gate;
     std::promise<void>* started;
@@ -321,6 +324,36 @@ TEST(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
   pool.Detach(long_r);
   pool.Detach(steps_r);
   EXPECT_THAT(log, ::testing::ElementsAre("steps/worker", "long/worker"));
+  EXPECT_EQ(pool.CallsRunInYields(), 0u);
+}
+
+// A short call (MayYield false: a capped call, whose steps ride in the next
+// one) runs nothing at its yield points.
+TEST(WorkerPoolTest, AShortCallRunsNoStepsInItsYields) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue short_call("short", log, log_mu), steps("steps", log, log_mu);
+  short_call.log_where = steps.log_where = true;
+  short_call.may_yield = false;
+  steps.steps_lane = true;
+  std::promise<void> open, waiting;
+  short_call.body = [&](Workspace& ws) {
+    waiting.set_value();
+    open.get_future().wait();  // the step is ready now
+    for (int i = 0; i < 20; ++i) ws.BetweenBlocks();
+  };
+  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
+  auto* short_r = pool.Attach(&short_call);
+  auto* steps_r = pool.Attach(&steps);
+  short_call.Add(1);
+  pool.Wake(short_r);
+  waiting.get_future().wait();
+  steps.Add(1);
+  pool.Wake(steps_r, /*steps=*/true);
+  open.set_value();
+  WaitForLog(log, log_mu, 2);
+  for (auto* r : {short_r, steps_r}) pool.Detach(r);
+  EXPECT_THAT(log, ::testing::ElementsAre("short/worker", "steps/worker"));
   EXPECT_EQ(pool.CallsRunInYields(), 0u);
 }
 
