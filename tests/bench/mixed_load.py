@@ -28,10 +28,17 @@ window and the Attend load alone ("cpu_*": the share of the machine taken by
 the server's workers, its other threads (gRPC's), the steps' client and the
 Attend client; CPU microseconds a step of the steps' client and of the
 server's gRPC threads, and of the workers an Attend request alone).
+
+With --whole_len L, one more phase per cap ("beside_whole"): the steps while
+one client sends 1 x L causal requests back to back. Those cannot go in
+chunks, so they run whole beside the steps: a step either goes to the free
+worker or runs inside the long call, between its blocks (its yield,
+mha_yielded_step_calls_total, counted over the window as "yielded_step_calls").
 """
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -77,6 +84,17 @@ def steps_load(args, target):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def whole_load(target, length):
+    """1 x `length` causal Attend requests back to back (in a process of
+    its own: the Python client's encoding does not share this one's GIL)."""
+    import numpy as np
+    import mha_client
+    query = np.random.default_rng(1).standard_normal((1, length, 256)).astype(np.float32)
+    with mha_client.MhaClient(target) as client:
+        while True:
+            client.attend("demo", query, is_causal=True)
+
+
 def parse(pattern, process):
     out = process.communicate()[0]
     found = pattern.search(out)
@@ -104,6 +122,11 @@ def attend_requests(metrics):
     """Attend requests answered so far (session steps are not requests)."""
     pattern = re.compile(r'^mha_requests_total\{api="mha\.v1",code="OK"[^}]*\} (\S+)$', re.M)
     return sum(float(v) for v in pattern.findall(metrics))
+
+
+def counter_sum(text, name):
+    """The sum of every series of counter `name`."""
+    return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
 
 
 def sample(text, name):
@@ -195,6 +218,8 @@ def steps_window(args, server, target, attend=None):
             "server_p99": 1e3 * histogram_quantile(before, after, step, 0.99),
             "server_queue_p50": 1e3 * histogram_quantile(before, after, queue, 0.5),
             "server_queue_p99": 1e3 * histogram_quantile(before, after, queue, 0.99),
+            "yielded_step_calls": (counter_sum(after, "mha_yielded_step_calls_total") -
+                                   counter_sum(before, "mha_yielded_step_calls_total")),
             "attend_rps": (attend_requests(after) - attend_requests(before)) / wall}
 
 
@@ -229,6 +254,7 @@ def measure(args, cap):
             mixed = steps_window(args, server, target, attend)
             attend.kill()
             attend.communicate()
+            whole = beside_whole(args, server, target, idle) if args.whole_len else None
     finally:
         shutil.rmtree(repo, ignore_errors=True)
     return {"cap": cap, "len_range": args.len_range,
@@ -249,7 +275,28 @@ def measure(args, cap):
                                                      mixed["queue_p99_worker_free"]],
             "cpu_attend_alone": solo_cpu, "cpu_steps_alone": idle["cpu"], "cpu_mixed": mixed["cpu"],
             "attend_solo_rps": round(solo_rps, 1), "attend_mixed_rps": round(mixed["attend_rps"], 1),
-            "attend_share": round(mixed["attend_rps"] / solo_rps, 3)}
+            "attend_share": round(mixed["attend_rps"] / solo_rps, 3),
+            "yielded_step_calls_mixed": mixed["yielded_step_calls"], "beside_whole": whole}
+
+
+def beside_whole(args, server, target, idle):
+    """The steps while 1 x whole_len causal requests run whole beside them."""
+    load = multiprocessing.get_context("spawn").Process(  # no fork of gRPC state
+        target=whole_load, args=(target, args.whole_len), daemon=True)
+    load.start()
+    try:
+        time.sleep(1.0)  # the requests are in full swing
+        steps = steps_window(args, server, target, load)
+    finally:
+        load.terminate()
+        load.join()
+    return {"len": args.whole_len, "step_p99_ms": steps["p99"],
+            "step_p99_ratio": round(steps["p99"] / idle["p99"], 2),
+            "server_step_p99_ms": steps["server_p99"],
+            "server_step_p99_ratio": round(steps["server_p99"] / idle["server_p99"], 2),
+            "server_step_queue_p99_ms": steps["server_queue_p99"],
+            "yielded_step_calls": steps["yielded_step_calls"],
+            "whole_rps": round(steps["attend_rps"], 1)}
 
 
 def main():
@@ -262,6 +309,8 @@ def main():
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--steps", type=int, default=600, help="steps per session")
     parser.add_argument("--len_range", default="64:128", help="Attend lengths, MIN:MAX")
+    parser.add_argument("--whole_len", type=int, default=0,
+                        help="also measure the steps beside 1 x L causal requests (0: not)")
     args = parser.parse_args()
     for cap in args.caps.split(","):
         print(json.dumps(measure(args, cap)), flush=True)
