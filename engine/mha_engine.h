@@ -43,6 +43,11 @@ struct EngineOptions {
   int64_t tiled_min_rows = 64;
   int64_t tile_rows = 512;
   int64_t tile_keys = 512;
+  // A call whose workspace has a yield point (Workspace::set_between_blocks)
+  // runs its key-tiled blocks in waves of at least this many flops a
+  // thread (~1.5-2.5 ms on one core), yielding after each: smaller waves
+  // cost a barrier each (one block a thread a wave cost 2 % at L = 1024).
+  int64_t yield_wave_flops = int64_t{256} << 20;
 };
 
 class EngineImpl;  // engine/engine_impl.h

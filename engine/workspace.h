@@ -78,13 +78,18 @@ class Workspace {
   // sequences and after each block of their attention (each wave of
   // key-tiled blocks), on the calling thread, outside parallel regions.
   // The work must not use this workspace (a server worker runs waiting
-  // session steps there, on another one). Empty: none (the default).
-  void set_between_blocks(std::function<void()> between_blocks) {
+  // session steps there, on another one). It returns whether it wants
+  // more such points in this call: while it says no, the engine runs its
+  // key-tiled blocks in one go (waves cost a barrier each). Empty: none
+  // (the default).
+  void set_between_blocks(std::function<bool()> between_blocks) {
     between_blocks_ = std::move(between_blocks);
+    wants_yields_ = static_cast<bool>(between_blocks_);
   }
-  bool yields() const { return static_cast<bool>(between_blocks_); }
+  // Whether the yield point wants to be called (its last answer).
+  bool yields() const { return wants_yields_; }
   void BetweenBlocks() {
-    if (between_blocks_) between_blocks_();
+    if (between_blocks_) wants_yields_ = between_blocks_();
   }
 
   dnnl::stream& stream() { return *stream_; }
@@ -106,7 +111,8 @@ class Workspace {
   std::unique_ptr<dnnl::stream> stream_;
   std::unique_ptr<BoundMemories> bound_;
   std::vector<std::unique_ptr<Workspace>> children_;
-  std::function<void()> between_blocks_;
+  std::function<bool()> between_blocks_;
+  bool wants_yields_ = false;
 };
 
 }  // namespace mha

@@ -121,6 +121,11 @@ std::vector<int> WorkerPool::CallThreadCounts() const {
   return {share_threads_, all_threads_};
 }
 
+bool WorkerPool::SessionsInUse() const {
+  const int64_t at = steps_woken_at_ns_.load(std::memory_order_relaxed);
+  return at != kNever && clock_.Now() - absl::FromUnixNanos(at) < kSessionsInUse;
+}
+
 bool WorkerPool::StepsRecently() const {
   const int64_t at = steps_woken_at_ns_.load(std::memory_order_relaxed);
   return at != kNever && clock_.Now() - absl::FromUnixNanos(at) < kStepsRecent;
@@ -216,7 +221,9 @@ void WorkerPool::WorkerLoop() {
   std::unique_ptr<Workspace> step_ws;  // for steps run inside a long call
   bool may_yield = false;              // the running work's MayYield
   ws->set_between_blocks([this, &step_ws, &may_yield] {
-    if (may_yield) YieldToSteps(step_ws);
+    if (!may_yield || !SessionsInUse()) return false;  // no step is likely
+    YieldToSteps(step_ws);
+    return true;
   });
   MutexLock lock(mu_);
   while (true) {

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """One client over gRPC on mha_bench's standard shapes: the default server
-against `--workers=1` (or any two sets of flags), alternated in one run.
+against `--workers=1` (or any two sets of flags, or two builds with --b_server),
+alternated in one run.
 
     /usr/bin/python3 tests/bench/one_client.py [--rounds 5] [--seconds 3]
-        [--a_flags ""] [--b_flags "--workers=1"]
+        [--a_flags ""] [--b_flags "--workers=1"] [--b_server PATH]
 
 Both servers serve one repository with a model per width of the shapes
 (E 256 h 4, E 512 h 8, E 1024 h 16, random weights) and run side by side;
@@ -71,6 +72,7 @@ def main():
     parser.add_argument("--mha_client", default=os.path.join(build, "mha_client"))
     parser.add_argument("--a_flags", default="")
     parser.add_argument("--b_flags", default="--workers=1")
+    parser.add_argument("--b_server", default="", help="b's binary (default: --mha_server)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3)
     parser.add_argument("--shapes", default="", help="substring filter of shape names")
@@ -79,7 +81,8 @@ def main():
     with tempfile.TemporaryDirectory() as repo:
         write_repository(repo)
         flags = {"a": shlex.split(args.a_flags), "b": shlex.split(args.b_flags)}
-        servers = {k: LocalServer(args.mha_server, repo, f) for k, f in flags.items()}
+        binaries = {"a": args.mha_server, "b": args.b_server or args.mha_server}
+        servers = {k: LocalServer(binaries[k], repo, f) for k, f in flags.items()}
         for s in servers.values():
             s.start()
         try:
@@ -93,7 +96,8 @@ def main():
                         runs[k].append(p50(args, servers[k], shape))
                 a, b = (statistics.median(runs[k]) for k in ("a", "b"))
                 print(json.dumps({"shape": shape[0], "a_flags": args.a_flags,
-                                  "b_flags": args.b_flags, "a_p50_ms": a, "b_p50_ms": b,
+                                  "b_flags": args.b_flags, "b_server": args.b_server,
+                                  "a_p50_ms": a, "b_p50_ms": b,
                                   "b_over_a": round(b / a, 3), "rounds": runs}), flush=True)
         finally:
             for s in servers.values():

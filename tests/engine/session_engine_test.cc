@@ -448,6 +448,8 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
   const PackedWeights w = RandomWeights(d, 5);
   EngineOptions small_blocks;
   small_blocks.max_score_bytes = 64 << 10;  // L = 300 with weights: many row blocks
+  EngineOptions small_waves;
+  small_waves.yield_wave_flops = 1;  // one key-tiled block a thread a wave
   struct LongCall {
     const char* name;
     Case c;
@@ -455,7 +457,7 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
     EngineOptions options;
   };
   const std::vector<LongCall> calls = {
-      {"key-tiled", Case{"tiled", d, {700}}, false, {}},
+      {"key-tiled", Case{"tiled", d, {700}}, false, small_waves},
       {"row blocks", Case{"blocks", d, {300}, {}, false, MaskKind::kBool}, true, small_blocks},
   };
   for (const LongCall& call : calls) {
@@ -480,10 +482,11 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
     std::vector<float> stepped(32), alone(32);
     int yields = 0;
     ws->set_between_blocks([&] {
-      if (++yields != 2) return;  // the second yield: the attention has begun
+      if (++yields != 2) return true;  // the second yield: the attention has begun
       EXPECT_TRUE(
           engine->Append({q, {{caches[0].get(), 1}}}, {absl::MakeSpan(stepped), {}}, *step_ws)
               .ok());
+      return true;
     });
     const RunResult yielded = RunEngine(*engine, call.c, b, call.weights, ws.get());
     EXPECT_GE(yields, 3);
@@ -498,6 +501,17 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
     ASSERT_TRUE(caches[1]->Reserve(42).ok());
     ASSERT_TRUE(engine->Append({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *ws).ok());
     EXPECT_EQ(yields, before);
+    // A yield point that wants no more: the key-tiled blocks go in one
+    // wave (one yield after the projection, one after that wave); row
+    // blocks still pass theirs. Same result.
+    int unwanted = 0;
+    ws->set_between_blocks([&] {
+      ++unwanted;
+      return false;
+    });
+    const RunResult one_go = RunEngine(*engine, call.c, b, call.weights, ws.get());
+    EXPECT_EQ(unwanted, call.weights ? yields : 2);
+    EXPECT_EQ(MaxAbsDiff(one_go.output.data(), whole.output.data(), whole.output.size()), 0.0f);
   }
 }
 

@@ -55,7 +55,7 @@ class ScriptedQueue final : public PoolQueue {
   // Run by each work before it logs (e.g. a long call's yield points).
   std::function<void(Workspace&)> body;
   // With `log_where`, each entry ends in "/yield" when the work ran inside
-  // another's yield (on a workspace without a yield point), else "/worker".
+  // another's yield (inside its Run, on its thread), else "/worker".
   bool log_where = false;
   // What its works answer to MayYield.
   bool may_yield = true;
@@ -69,15 +69,18 @@ class ScriptedQueue final : public PoolQueue {
     Logged(ScriptedQueue& q, std::shared_future<void> g, std::promise<void>* s)
         : queue(q), gate(std::move(g)), started(s) {}
     void Run(Workspace& ws) override {
+      const bool inside_another = works_running_here++ > 0;
       if (started != nullptr) started->set_value();
       if (gate.valid()) gate.wait();
       if (queue.body) queue.body(ws);
       std::lock_guard<std::mutex> lock(queue.log_mu_);
       std::string entry = queue.name_;
       if (queue.log_threads_) absl::StrAppend(&entry, "/", WorkerPool::ThreadsOfThisCall());
-      if (queue.log_where) absl::StrAppend(&entry, ws.yields() ? "/worker" : "/yield");
+      if (queue.log_where) absl::StrAppend(&entry, inside_another ? "/yield" : "/worker");
       queue.log_.push_back(entry);
+      --works_running_here;
     }
+    static thread_local int works_running_here;
     bool MayYield() const override { return queue.may_yield; }
     ScriptedQueue& queue;
     std::shared_future<void> gate;
@@ -93,6 +96,8 @@ class ScriptedQueue final : public PoolQueue {
   std::shared_future<void> gate_;
   std::promise<void>* started_ = nullptr;
 };
+
+thread_local int ScriptedQueue::Logged::works_running_here = 0;
 
 TEST(WorkerPoolTest, QueuesWokenForStepsGoFirstThenRoundRobin) {
   std::vector<std::string> log;
