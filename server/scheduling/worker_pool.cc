@@ -188,7 +188,12 @@ void WorkerPool::YieldToSteps(std::unique_ptr<Workspace>& step_ws) {
   // steps itself (Wake woke it).
   if (step_queues_.load(std::memory_order_relaxed) == 0 || !AllWorkersBusy()) return;
   MutexLock lock(mu_);
-  for (Registration& r : queues_) {
+  if (queues_.empty()) return;
+  if (next_ == queues_.end()) next_ = queues_.begin();
+  auto it = next_;  // round-robin, as Scan: no model's steps starve another's
+  for (size_t seen = 0; seen < queues_.size(); ++seen) {
+    Registration& r = *it;
+    if (++it == queues_.end()) it = queues_.begin();
     if (!r.steps || r.detaching) continue;
     SetSteps(r, false);
     std::unique_ptr<PoolWork> work;
@@ -199,7 +204,9 @@ void WorkerPool::YieldToSteps(std::unique_ptr<Workspace>& step_ws) {
       return;
     }
     if (work == nullptr) continue;
+    SetSteps(r, r.queue->StepsReady());
     ++r.running;
+    next_ = it;
     lock.Unlock();
     if (step_ws == nullptr) step_ws = MhaEngine::NewWorkspace();
     work->Run(*step_ws);  // on this call's threads; step_ws has no yield point

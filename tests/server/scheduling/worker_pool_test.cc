@@ -63,6 +63,10 @@ class ScriptedQueue final : public PoolQueue {
     Idle idle;
     return steps_lane ? Poll(idle) : nullptr;
   }
+  bool StepsReady() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_lane && pending_ > 0;
+  }
 
  private:
   struct Logged final : PoolWork {
@@ -360,6 +364,37 @@ TEST(WorkerPoolTest, AShortCallRunsNoStepsInItsYields) {
   for (auto* r : {short_r, steps_r}) pool.Detach(r);
   EXPECT_THAT(log, ::testing::ElementsAre("short/worker", "steps/worker"));
   EXPECT_EQ(pool.CallsRunInYields(), 0u);
+}
+
+// Yields take the queues with steps round-robin, one call each: two models
+// whose steps keep coming share a long call's yields in turn.
+TEST(WorkerPoolTest, YieldsServeTheModelsStepsInTurn) {
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  ScriptedQueue long_call("long", log, log_mu), steps_a("a", log, log_mu),
+      steps_b("b", log, log_mu);
+  steps_a.steps_lane = steps_b.steps_lane = true;
+  std::promise<void> open, started;
+  long_call.body = [&](Workspace& ws) {
+    open.get_future().wait();  // both queues hold three calls of steps
+    for (int i = 0; i < 6; ++i) ws.BetweenBlocks();
+  };
+  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
+  auto* long_r = pool.Attach(&long_call);
+  auto* a_r = pool.Attach(&steps_a);
+  auto* b_r = pool.Attach(&steps_b);
+  long_call.Add(1, {}, &started);
+  pool.Wake(long_r);
+  started.get_future().wait();
+  steps_a.Add(3);
+  steps_b.Add(3);
+  pool.Wake(a_r, /*steps=*/true);
+  pool.Wake(b_r, /*steps=*/true);
+  open.set_value();
+  WaitForLog(log, log_mu, 7);
+  for (auto* r : {long_r, a_r, b_r}) pool.Detach(r);
+  EXPECT_THAT(log, ::testing::ElementsAre("a", "b", "a", "b", "a", "b", "long"));
+  EXPECT_EQ(pool.CallsRunInYields(), 6u);
 }
 
 }  // namespace
