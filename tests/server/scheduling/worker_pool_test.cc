@@ -244,9 +244,13 @@ TEST(WorkerPoolTest, AllWorkersBusyWhileEveryWorkerIsInACall) {
   EXPECT_FALSE(pool.AllWorkersBusy());
 }
 
-// Waits until the log holds `entries` entries, for at most ten seconds.
-void WaitForLog(std::vector<std::string>& log, std::mutex& log_mu, size_t entries) {
+// Waits until the log holds `entries` entries, for at most ten seconds,
+// calling `each_time` before each look.
+void WaitForLog(
+    std::vector<std::string>& log, std::mutex& log_mu, size_t entries,
+    const std::function<void()>& each_time = [] {}) {
   for (int i = 0; i < 10000; ++i) {
+    each_time();
     {
       std::lock_guard<std::mutex> lock(log_mu);
       if (log.size() >= entries) return;
@@ -260,14 +264,7 @@ void WaitForLog(std::vector<std::string>& log, std::mutex& log_mu, size_t entrie
 std::function<void(Workspace&)> YieldUntil(std::vector<std::string>& log, std::mutex& log_mu,
                                            size_t entries) {
   return [&log, &log_mu, entries](Workspace& ws) {
-    for (int i = 0; i < 10000; ++i) {
-      ws.BetweenBlocks();
-      {
-        std::lock_guard<std::mutex> lock(log_mu);
-        if (log.size() >= entries) return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    WaitForLog(log, log_mu, entries, [&ws] { ws.BetweenBlocks(); });
   };
 }
 
@@ -311,8 +308,7 @@ TEST(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree
 }
 
 // The worker in a long call is never the one that takes a step another
-// worker could take: with a worker and a core free, the long call's yields
-// run nothing.
+// worker could take: with a worker free, the long call's yields run nothing.
 TEST(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
   std::vector<std::string> log;
   std::mutex log_mu;
