@@ -63,9 +63,12 @@ WorkerPool::WorkerPool(WorkerPoolOptions options)
     threads_.emplace_back([this, i] {
       // A name that perf, top and /proc show (15 characters at most).
       pthread_setname_np(pthread_self(), ("mha-worker-" + std::to_string(i)).c_str());
-      WorkerLoop();
+      WorkerLoop(/*lead=*/i == 0);
     });
   }
+  // Ready when every worker waits for work (the first work finds the lead).
+  MutexLock lock(mu_);
+  while (workers_waiting_ < workers()) idle_cv_.Wait(lock);
 }
 
 WorkerPool::~WorkerPool() {
@@ -73,6 +76,7 @@ WorkerPool::~WorkerPool() {
     MutexLock lock(mu_);
     stopping_ = true;
   }
+  lead_cv_.NotifyAll();
   work_cv_.NotifyAll();
   for (std::thread& t : threads_) t.join();
 }
@@ -96,12 +100,20 @@ void WorkerPool::Detach(Registration* registration) {
 
 void WorkerPool::Wake(Registration* registration, bool steps) {
   if (steps) steps_woken_at_ns_.store(absl::ToUnixNanos(clock_.Now()), std::memory_order_relaxed);
+  CondVar* worker;
   {
     MutexLock lock(mu_);
     registration->woken = true;
     if (steps) SetSteps(*registration, true);
+    worker = &WorkerToWake();
   }
-  work_cv_.NotifyOne();
+  worker->NotifyOne();
+}
+
+CondVar& WorkerPool::WorkerToWake() {
+  if (!lead_waiting_) return work_cv_;
+  lead_waiting_ = false;  // the next work goes to another worker
+  return lead_cv_;
 }
 
 int WorkerPool::ThreadsOfThisCall() { return threads_of_this_call; }
@@ -174,7 +186,7 @@ std::unique_ptr<PoolWork> WorkerPool::Scan(bool steps_only, absl::Time now, Regi
       // worker may take it now.
       r.woken = !r.queue->Empty();
       SetSteps(r, r.queue->StepsReady());
-      if (r.woken) work_cv_.NotifyOne();
+      if (r.woken) WorkerToWake().NotifyOne();
       return work;
     }
     wait_until = std::min(wait_until, r.retry_at);
@@ -223,10 +235,12 @@ void WorkerPool::WorkDone(Registration* from) {
   if (--from->running == 0 && from->detaching) idle_cv_.NotifyAll();
 }
 
-void WorkerPool::WorkerLoop() {
+void WorkerPool::WorkerLoop(bool lead) {
+  CondVar& cv = lead ? lead_cv_ : work_cv_;
   std::unique_ptr<Workspace> ws = MhaEngine::NewWorkspace();
   std::unique_ptr<Workspace> step_ws;  // for steps run inside a long call
   bool may_yield = false;              // the running work's MayYield
+  bool waited = false;                 // counted in workers_waiting_
   ws->set_between_blocks([this, &step_ws, &may_yield] {
     if (!may_yield || !SessionsInUse()) return false;  // no step is likely
     YieldToSteps(step_ws);
@@ -240,13 +254,20 @@ void WorkerPool::WorkerLoop() {
     std::unique_ptr<PoolWork> work = NextWork(from, wait_until, memory_wait);
     if (work == nullptr) {
       if (stopping_) return;
-      if (memory_wait) {
-        work_cv_.WaitFor(lock, kMemoryRetry);
-      } else if (wait_until == absl::InfiniteFuture()) {
-        work_cv_.Wait(lock);
-      } else {
-        clock_.WaitUntil(work_cv_, lock, wait_until);
+      if (lead) lead_waiting_ = true;
+      if (!waited) {
+        waited = true;
+        ++workers_waiting_;
+        idle_cv_.NotifyAll();
       }
+      if (memory_wait) {
+        cv.WaitFor(lock, kMemoryRetry);
+      } else if (wait_until == absl::InfiniteFuture()) {
+        cv.Wait(lock);
+      } else {
+        clock_.WaitUntil(cv, lock, wait_until);
+      }
+      if (lead) lead_waiting_ = false;
       continue;
     }
     // All cores for a call alone, its share for one beside others.

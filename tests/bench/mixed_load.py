@@ -4,7 +4,7 @@ and together, for values of the per-model knob
 `dynamic_batching.max_batch_tokens_with_steps`.
 
     /usr/bin/python3 tests/bench/mixed_load.py [--caps=default,256,512,1024,0] [--seconds=5]
-        [--len_range=64:128]
+        [--len_range=64:128] [--server_flags="--workers=1"]
 
 For each cap, one server on a copy of the demo model with that cap:
 1. Attend alone: `mha_client load --concurrency 16 --len_range 64:128` (or --len_range:
@@ -42,6 +42,7 @@ import multiprocessing
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -243,7 +244,7 @@ def measure(args, cap):
     taken over the same window (the steps' own run)."""
     repo = repository_with_cap(cap)
     try:
-        with LocalServer(args.mha_server, repo, []) as server:
+        with LocalServer(args.mha_server, repo, shlex.split(args.server_flags)) as server:
             target = server.target()
             parse(ATTEND_LINE, attend_load(args, target, 2))  # warm-up
             parse(STEPS_LINE, steps_load(args, target))
@@ -311,6 +312,7 @@ def main():
     parser.add_argument("--len_range", default="64:128", help="Attend lengths, MIN:MAX")
     parser.add_argument("--whole_len", type=int, default=0,
                         help="also measure the steps beside 1 x L causal requests (0: not)")
+    parser.add_argument("--server_flags", default="", help="more flags for mha_server")
     args = parser.parse_args()
     for cap in args.caps.split(","):
         print(json.dumps(measure(args, cap)), flush=True)
