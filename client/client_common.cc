@@ -11,6 +11,10 @@
 
 namespace mha::client {
 
+double Milliseconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);

@@ -3,6 +3,7 @@
 #ifndef MHA_CLIENT_CLIENT_COMMON_H_
 #define MHA_CLIENT_CLIENT_COMMON_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,6 +32,9 @@ struct LoadTarget {
   int64_t embed_dim = 256;
   int64_t kdim = 256;
 };
+
+// A steady-clock duration in milliseconds.
+double Milliseconds(std::chrono::steady_clock::duration d);
 
 // A channel with the message-size limits the server uses; the files are
 // read here. INVALID_ARGUMENT/NOT_FOUND when they cannot be.

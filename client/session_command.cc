@@ -24,10 +24,6 @@ v1::Tensor Rows(const v1::Tensor& t, int64_t first, int64_t count, int64_t width
   return out;
 }
 
-double Ms(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double, std::milli>(d).count();
-}
-
 float MaxDiff(const std::vector<float>& want, const std::vector<float>& got) {
   float max_diff = want.size() == got.size() ? 0.0f : INFINITY;
   for (size_t i = 0; i < std::min(want.size(), got.size()); ++i) {
@@ -105,7 +101,7 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
     std::unique_ptr<grpc::ClientContext> context = session_context();
     const auto sent = std::chrono::steady_clock::now();
     status = stub.Append(context.get(), append, &response);
-    step_ms.push_back(Ms(std::chrono::steady_clock::now() - sent));
+    step_ms.push_back(Milliseconds(std::chrono::steady_clock::now() - sent));
     if (!status.ok()) return ReportError(status);
     position = response.position();
     const std::vector<float> out = TensorValues(response.output());
@@ -145,7 +141,7 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
   v1::AttendResponse full;
   const auto sent = std::chrono::steady_clock::now();
   status = stub.Attend(o.context().get(), attend, &full);
-  const double full_ms = Ms(std::chrono::steady_clock::now() - sent);
+  const double full_ms = Milliseconds(std::chrono::steady_clock::now() - sent);
   if (!status.ok()) return ReportError(status);
   const std::vector<float> want = TensorValues(full.output());
   const float max_diff = MaxDiff(want, outputs);

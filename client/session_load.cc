@@ -17,8 +17,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
 // What one session's thread measured.
 struct SessionRun {
   std::vector<double> step_ms;
@@ -56,7 +54,7 @@ void RunUnary(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, con
       ++run.errors[CodeName(status.error_code())];
       break;
     }
-    run.step_ms.push_back(Ms(Clock::now() - sent));
+    run.step_ms.push_back(Milliseconds(Clock::now() - sent));
   }
   v1::CloseSessionRequest close;
   close.set_session_id(id);
@@ -94,7 +92,7 @@ void RunStream(v1::AttentionService::Stub& stub, const SessionLoadOptions& o, co
           RandomTensor({1, o.step_tokens, o.target.embed_dim}, gen);
       const auto sent = Clock::now();
       if (!call(append, response)) break;
-      run.step_ms.push_back(Ms(Clock::now() - sent));
+      run.step_ms.push_back(Milliseconds(Clock::now() - sent));
     }
     v1::StreamRequest close;
     close.set_id("close");
@@ -130,7 +128,7 @@ SessionLoadReport RunSessionLoad(const std::shared_ptr<grpc::Channel>& channel,
   for (auto& t : threads) t.join();
   SessionLoadReport report;
   report.mode = stream ? "stream" : "unary";
-  report.seconds = Ms(Clock::now() - start) / 1e3;
+  report.seconds = Milliseconds(Clock::now() - start) / 1e3;
   std::vector<double> all;
   for (const SessionRun& run : runs) {
     all.insert(all.end(), run.step_ms.begin(), run.step_ms.end());

@@ -78,8 +78,9 @@ stage "ThreadSanitizer build and the engine and batcher tests (ctest -L threads)
 # them cannot be checked: this build runs the tests that drive our threads
 # (concurrent engine runs, many clients against batcher workers) with one
 # OpenMP thread per call; tests/tsan.supp lists only those libraries.
+# One file at a time (no unity build): each of these files must compile alone.
 cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_SANITIZE=thread \
-  >/dev/null
+  -DMHA_UNITY_BUILD=OFF >/dev/null
 cmake --build "$root/build-tsan" -j "$(nproc)" --target engine_test server_unit_test
 (cd "$root/build-tsan" &&
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \

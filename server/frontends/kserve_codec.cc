@@ -41,10 +41,6 @@ std::optional<TensorView>* InputSlot(const std::string& name, RequestInputs& in,
   return nullptr;
 }
 
-absl::Span<const uint8_t> Bytes(const void* data, size_t size) {
-  return absl::MakeConstSpan(static_cast<const uint8_t*>(data), size);
-}
-
 // Typed contents as bytes: fp32_contents for FP32 (viewed in place),
 // bool_contents for BOOL (one byte each, made in `converted`). BF16 and
 // FP16 have no typed field.
@@ -55,13 +51,13 @@ absl::StatusOr<absl::Span<const uint8_t>> ContentsBytes(
                            contents.uint_contents_size() + contents.uint64_contents_size() +
                            contents.fp64_contents_size() + contents.bytes_contents_size();
   if (dtype == DType::kF32 && contents.bool_contents_size() + other_fields == 0) {
-    return Bytes(contents.fp32_contents().data(), contents.fp32_contents_size() * sizeof(float));
+    return AsBytes(contents.fp32_contents().data(), contents.fp32_contents_size() * sizeof(float));
   }
   if (dtype == DType::kBool && contents.fp32_contents_size() + other_fields == 0) {
     std::string& bytes = converted.emplace_back(contents.bool_contents_size(), '\0');
     std::transform(contents.bool_contents().begin(), contents.bool_contents().end(), bytes.begin(),
                    [](bool b) { return static_cast<char>(b); });
-    return Bytes(bytes.data(), bytes.size());
+    return AsBytes(bytes.data(), bytes.size());
   }
   const char* name = DTypeName(dtype, DTypeSpelling::kKserve);
   if (dtype == DType::kBF16 || dtype == DType::kF16) {
@@ -155,7 +151,7 @@ absl::StatusOr<absl::Span<const uint8_t>> ReadSharedInput(const SharedMemorySlic
   std::string& bytes = converted.emplace_back(expected, '\0');
   RETURN_IF_ERROR(
       slice.Read(absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size())));
-  return Bytes(bytes.data(), bytes.size());
+  return AsBytes(bytes.data(), bytes.size());
 }
 
 absl::Status ReadParameters(const inference::ModelInferRequest& request, RequestInputs& in) {
@@ -277,7 +273,7 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
                        ReadSharedInput(*slice, view, input.name(), max_shared_bytes, converted));
     } else if (raw) {
       const std::string& bytes = request.raw_input_contents(raw_index++);
-      view.bytes = Bytes(bytes.data(), bytes.size());
+      view.bytes = AsBytes(bytes.data(), bytes.size());
     } else {
       ASSIGN_OR_RETURN(view.bytes,
                        ContentsBytes(input.contents(), *dtype, input.name(), converted));

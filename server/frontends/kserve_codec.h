@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "engine/attention_request.h"
 #include "engine/model_config.h"
 #include "inference/grpc_service.pb.h"
@@ -29,6 +30,10 @@ inline constexpr char kWeightsName[] = "attn_weights";
 inline constexpr char kShmRegion[] = "shared_memory_region";
 inline constexpr char kShmByteSize[] = "shared_memory_byte_size";
 inline constexpr char kShmOffset[] = "shared_memory_offset";
+// `size` bytes at `data`, as the byte span shared memory and the engine take.
+inline absl::Span<const uint8_t> AsBytes(const void* data, size_t size) {
+  return absl::MakeConstSpan(static_cast<const uint8_t*>(data), size);
+}
 // A KServe model_version: "" -> 0 (the newest ready one), else a positive
 // decimal number; NOT_FOUND for anything else.
 absl::StatusOr<int64_t> ParseModelVersion(const std::string& model, const std::string& version);

@@ -10,13 +10,6 @@
 #include "server/frontends/kserve_codec.h"
 
 namespace mha::server {
-namespace {
-
-absl::Span<const uint8_t> Bytes(const void* data, size_t size) {
-  return absl::MakeConstSpan(static_cast<const uint8_t*>(data), size);
-}
-
-}  // namespace
 
 absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                                const std::vector<RequestedOutput>& outputs,
@@ -46,11 +39,11 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
                                                      values.size() * DTypeSize(dtype), " bytes"));
     }
     if (dtype == DType::kF32) {  // straight from the engine's output
-      RETURN_IF_ERROR(slice.Write(Bytes(values.data(), values.size() * sizeof(float))));
+      RETURN_IF_ERROR(slice.Write(AsBytes(values.data(), values.size() * sizeof(float))));
     } else {
       std::string converted;
       EncodeBytes(values, dtype, converted);
-      RETURN_IF_ERROR(slice.Write(Bytes(converted.data(), converted.size())));
+      RETURN_IF_ERROR(slice.Write(AsBytes(converted.data(), converted.size())));
     }
   }
   return absl::OkStatus();

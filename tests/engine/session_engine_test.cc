@@ -457,7 +457,7 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
     EngineOptions options;
   };
   const std::vector<LongCall> calls = {
-      {"key-tiled", Case{"tiled", d, {700}}, false, small_waves},
+      {"key-tiled", Case{"tiled", d, {700}, {}}, false, small_waves},
       {"row blocks", Case{"blocks", d, {300}, {}, false, MaskKind::kBool}, true, small_blocks},
   };
   for (const LongCall& call : calls) {
