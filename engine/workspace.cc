@@ -1,6 +1,10 @@
 #include "engine/workspace.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 
 #include "engine/ops/onednn_matmul.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -13,17 +17,29 @@ Workspace::Workspace(const dnnl::engine& engine)
 Workspace::~Workspace() = default;
 
 void* Workspace::Get(Slot slot, size_t bytes) {
-  constexpr size_t kAlign = 64;
   Buffer& b = buffers_[slot];
   if (bytes > b.capacity || b.aligned == nullptr) {
     // Room to grow a little, at most 1 MiB (long sequences stay bounded).
     const size_t capacity = bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
-    b.storage.reset(new uint8_t[capacity + kAlign]);
-    const auto address = reinterpret_cast<uintptr_t>(b.storage.get());
-    b.aligned = b.storage.get() + ((kAlign - address % kAlign) % kAlign);
+    b.storage.reset();  // the old buffer goes before the new one comes
+    b.storage = AllocateBuffer(capacity);
+    b.aligned = b.storage.get();
     b.capacity = capacity;
   }
   return b.aligned;
+}
+
+std::unique_ptr<uint8_t, Workspace::FreeBuffer> Workspace::AllocateBuffer(size_t bytes) {
+  // Large buffers on 2 MiB boundaries, advised to be backed by transparent
+  // huge pages: a buffer released after a large call is faulted in again by
+  // the next, and a 4 KiB fault costs microseconds (7 us on a paravirtual
+  // guest, where 8192 tokens' buffers took 140 ms a call to fault in).
+  const size_t align = bytes >= kHugePageBytes ? kHugePageBytes : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  if (align == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);  // advice: failure is harmless
+  return std::unique_ptr<uint8_t, FreeBuffer>(static_cast<uint8_t*>(p));
 }
 
 void Workspace::ReserveChildren(int n) {

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -102,11 +103,19 @@ class Workspace {
   bool ReleaseIfAbove(size_t keep);
 
  private:
+  struct FreeBuffer {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
   struct Buffer {
-    std::unique_ptr<uint8_t[]> storage;
+    std::unique_ptr<uint8_t, FreeBuffer> storage;
     size_t capacity = 0;
     uint8_t* aligned = nullptr;
   };
+  // Buffers this large or larger start on a huge page and ask for them.
+  static constexpr size_t kHugePageBytes = size_t{2} << 20;
+  // `bytes` (at least), 64-byte aligned; from kHugePageBytes on, aligned to
+  // it and advised MADV_HUGEPAGE. Throws std::bad_alloc.
+  static std::unique_ptr<uint8_t, FreeBuffer> AllocateBuffer(size_t bytes);
   std::array<Buffer, kNumSlots> buffers_;
   std::unique_ptr<dnnl::stream> stream_;
   std::unique_ptr<BoundMemories> bound_;

@@ -1,7 +1,9 @@
 // MhaEngine against the plain-loop reference, on odd sizes and every option.
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <string>
 #include <thread>
 
 #include "engine/mha_engine.h"
@@ -224,6 +226,38 @@ TEST(EngineWorkspaceTest, SteadyStateCallsDoNotGrowTheWorkspace) {
   const size_t held = ws->bytes_held();
   ASSERT_TRUE(engine->Run(b.batch, outputs, *ws).ok());
   EXPECT_EQ(ws->bytes_held(), held);
+}
+
+// The VmFlags line of the mapping that holds `address` (/proc/self/smaps).
+std::string VmFlagsOf(const void* address) {
+  const auto at = reinterpret_cast<uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find('-') < 17) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line + " ";
+    }
+  }
+  return "";
+}
+
+// Large workspace buffers start on a 2 MiB boundary and are advised for
+// transparent huge pages (a buffer released after a large call is faulted
+// in again by the next, at microseconds a 4 KiB page); small ones stay
+// 64-byte aligned.
+TEST(EngineWorkspaceTest, LargeBuffersAreHugePageAlignedAndAdvised) {
+  const AttentionDims d = Dims(24, 3);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(d, RandomWeights(d, 1));
+  std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ws->Get(Workspace::kScores, 1000)) % 64, 0u);
+  for (const size_t bytes : {size_t{2} << 20, size_t{5} << 20}) {
+    void* large = ws->Get(Workspace::kHeadQ, bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(large) % (size_t{2} << 20), 0u) << bytes;
+    EXPECT_THAT(VmFlagsOf(large), ::testing::HasSubstr(" hg ")) << bytes;
+  }
 }
 
 TEST(EngineValidationTest, InconsistentBatchesAreRejectedWithTheFieldNamed) {
