@@ -18,15 +18,14 @@ Workspace::~Workspace() = default;
 
 void* Workspace::Get(Slot slot, size_t bytes) {
   Buffer& b = buffers_[slot];
-  if (bytes > b.capacity || b.aligned == nullptr) {
+  if (bytes > b.capacity || b.storage == nullptr) {
     // Room to grow a little, at most 1 MiB (long sequences stay bounded).
     const size_t capacity = bytes + std::min<size_t>(bytes / 4, size_t{1} << 20);
     b.storage.reset();  // the old buffer goes before the new one comes
     b.storage = AllocateBuffer(capacity);
-    b.aligned = b.storage.get();
     b.capacity = capacity;
   }
-  return b.aligned;
+  return b.storage.get();
 }
 
 std::unique_ptr<uint8_t, Workspace::FreeBuffer> Workspace::AllocateBuffer(size_t bytes) {

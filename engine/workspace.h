@@ -109,7 +109,6 @@ class Workspace {
   struct Buffer {
     std::unique_ptr<uint8_t, FreeBuffer> storage;
     size_t capacity = 0;
-    uint8_t* aligned = nullptr;
   };
   // Buffers this large or larger start on a huge page and ask for them.
   static constexpr size_t kHugePageBytes = size_t{2} << 20;
