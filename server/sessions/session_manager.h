@@ -258,7 +258,8 @@ class SessionManager {
   KvBlockPool pool_;
 
   mutable Mutex mu_;
-  CondVar cv_;
+  CondVar cv_;         // tasks_ fell (Stop waits for none)
+  CondVar expiry_cv_;  // stopping_ set: the expiry thread wakes only for that and its tick
   std::map<std::string, SessionPtr> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> gone_ ABSL_GUARDED_BY(mu_);  // id -> why
   std::deque<std::string> gone_order_ ABSL_GUARDED_BY(mu_);

@@ -161,7 +161,6 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
     }
     PublishLocked();
   }
-  cv_.NotifyAll();
   if (!status.ok()) {
     step.done_(status);
     return;
@@ -197,7 +196,6 @@ void SessionManager::FailStep(StepCall& step, const absl::Status& status) {
       --s.queued;
     }
   }
-  cv_.NotifyAll();
   step.memory->Release();  // before the answer: the caller may send again at once
   step.done_(status);
 }

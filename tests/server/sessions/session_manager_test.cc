@@ -1,15 +1,19 @@
 // SessionManager: steps of many sessions from many threads (also under
 // ThreadSanitizer), ordering of one session's queued steps, expiry on a
-// manual clock, eviction, steps sharing the batcher's engine calls with
-// Attend requests, and steps admitted as Attend requests are (memory,
-// deadline, cancellation).
+// manual clock (and its thread left asleep by steps), eviction, steps
+// sharing the batcher's engine calls with Attend requests, and steps
+// admitted as Attend requests are (memory, deadline, cancellation).
 #include "server/sessions/session_manager.h"
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "prometheus/gauge.h"
 #include "server/scheduling/admission.h"
@@ -188,6 +192,40 @@ TEST(SessionManagerTest, StepReadForAReopenedIdIsRefused) {
                   [&](absl::StatusOr<AppendResult> r) { again.set_value(r.status()); });
   EXPECT_TRUE(again.get_future().get().ok());
   EXPECT_EQ(sessions.List("")[0].position, 1);
+}
+
+// How many times the thread of this process named `name` has slept and
+// been woken (its voluntary context switches), or -1 if there is none.
+int64_t WakeUpsOfThread(const std::string& name) {
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string found;
+    if (!std::getline(comm, found) || found != name) continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      absl::string_view rest = line;
+      if (absl::ConsumePrefix(&rest, "voluntary_ctxt_switches:"))
+        return std::stoll(std::string(rest));
+    }
+  }
+  return -1;
+}
+
+// The expiry thread wakes on its tick (1 s) and at Stop, not for each step:
+// it used to share the condition variable every step notifies, and was
+// woken ~5,000 times a second by 16 stepping sessions, a context switch
+// each on the server's cores.
+TEST(SessionManagerTest, StepsDoNotWakeTheExpiryThread) {
+  SessionManager sessions({}, {});  // the real clock: the tick is a second away
+  const std::string id = OpenSync(sessions, MakeVersion());
+  const int64_t before = WakeUpsOfThread("mha-expiry");
+  ASSERT_GE(before, 0) << "no thread named mha-expiry";
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 200; ++i) AppendSync(sessions, id, 1, i);
+  const int64_t woken = WakeUpsOfThread("mha-expiry") - before;
+  // One tick may fall inside the steps (two if they took over a second).
+  EXPECT_LE(woken, 1 + absl::ToInt64Seconds(absl::Now() - start))
+      << "200 steps woke the expiry thread " << woken << " times";
 }
 
 TEST(SessionManagerTest, IdleSessionsExpireAndSaySo) {
