@@ -200,11 +200,12 @@ class Batcher final : public PoolQueue {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections, Workspace& ws);
   void Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws);
-  // Computes the requests and the steps in one engine call, encodes the
-  // requests' answers, records the call's statistics (RecordCall), then
-  // answers the steps and the requests; `answered` counts the steps and
-  // requests answered, so that on an allocation failure Compute answers
-  // only the rest (those counted OK already are not counted again).
+  // Computes the requests and the steps in one engine call (Compute passes
+  // one kind at a time: the steps' call goes first), encodes the requests'
+  // answers, records the call's statistics (RecordCall), then answers the
+  // steps and the requests; `answered` counts the steps and requests
+  // answered, so that on an allocation failure Compute answers only the
+  // rest (those counted OK already are not counted again).
   void ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                    std::vector<StartedStep>& steps, Workspace& ws, size_t& answered);
   // Records one engine call's statistics (ModelStatistics::Record): the

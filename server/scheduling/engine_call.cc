@@ -56,21 +56,21 @@ void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps
     refusals = !refused.empty();
     for (auto& step : refused) step->Fail(step->refusal);  // outside the lock
   }
-  size_t answered = 0;
-  if (!live.empty() || !started.empty()) {
-    try {
-      ComputeLive(live, started, ws, answered);
-    } catch (const std::bad_alloc&) {  // the call fails, the server goes on
-      const absl::Status status = absl::ResourceExhaustedError(
-          "out of memory while computing this request's batch; retry later");
-      for (size_t i = answered; i < started.size() + live.size(); ++i) {
-        if (i < started.size()) {
-          started[i].task->Finish(status, {}, {});
-        } else {
-          live[i - started.size()]->Fail(status);
-        }
-      }
-    }
+  // The steps (and chunks) go first, in an engine call of their own, and
+  // are answered before the requests taken with them are computed: a step
+  // waits for its own rows, not for a capped call's Attend rows as well and
+  // the preemptions of the worker in between (docs/PERFORMANCE.md).
+  size_t steps_answered = 0, requests_answered = 0;
+  try {
+    if (!started.empty()) ComputeLive({}, started, ws, steps_answered);
+    std::vector<StartedStep> no_steps;
+    if (!live.empty()) ComputeLive(live, no_steps, ws, requests_answered);
+  } catch (const std::bad_alloc&) {  // the call fails, the server goes on
+    const absl::Status status = absl::ResourceExhaustedError(
+        "out of memory while computing this request's batch; retry later");
+    for (size_t i = steps_answered; i < started.size(); ++i)
+      started[i].task->Finish(status, {}, {});
+    for (size_t i = requests_answered; i < live.size(); ++i) live[i]->Fail(status);
   }
   const bool ran_steps = !started.empty();
   started.clear();  // their memory and sessions' blocks come back first

@@ -676,10 +676,10 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
 
 
 class SessionStepsRideAlongTest(unittest.TestCase):
-    def test_a_step_closes_a_waiting_batch_and_shares_its_engine_call(self):
+    def test_a_step_closes_a_waiting_batch_and_goes_first(self):
         """demo with max_queue_delay_us of 3 s: an Attend request waits for
-        company; a session step arrives and both are computed in one engine
-        call at once, each answer right."""
+        company; a session step arrives and both are computed at once, the
+        step in an engine call of its own first, each answer right."""
         with tempfile.TemporaryDirectory() as tmp:
             models = make_repository(tmp, ("demo",))
             with open(os.path.join(tmp, "demo", "config.pbtxt"), "a") as f:
@@ -704,7 +704,7 @@ class SessionStepsRideAlongTest(unittest.TestCase):
                 self.assertLess(time.monotonic() - start, 2.0, "the step closed the batch")
                 after = metric_value(server.metrics(), "mha_compute_duration_seconds_count",
                                      model="demo")
-                self.assertEqual(after - calls, 1, "one engine call for both")
+                self.assertEqual(after - calls, 2, "the step's engine call, then the request's")
                 want, _ = reference(models["demo"], x)
                 np.testing.assert_allclose(out, want, rtol=TOL, atol=TOL)
                 want_step, _ = reference(models["demo"], step, is_causal=True)

@@ -296,9 +296,10 @@ TEST(SessionManagerTest, CacheGaugeFollowsASessionClosedWhileItsStepIsAnswered) 
 }
 
 // An Attend request waiting for its batch to fill and a session step go
-// in one engine call: the step closes the batch at once, and each gets what
-// a call of its own gives.
-TEST(SessionManagerTest, StepsAndAttendRequestsShareOneEngineCall) {
+// to one worker: the step closes the batch at once, goes first in an engine
+// call of its own and is answered before the request's call is computed;
+// each gets what a call of its own gives.
+TEST(SessionManagerTest, AStepIsAnsweredBeforeTheAttendRequestItWasTakenWith) {
   BatcherOptions options;
   options.max_queue_delay = absl::Seconds(30);  // the request would wait alone
   const VersionPtr version = MakeVersion(options);
@@ -318,9 +319,19 @@ TEST(SessionManagerTest, StepsAndAttendRequestsShareOneEngineCall) {
         attended.set_value(r.ok() ? std::vector<float>(r->output.begin(), r->output.end())
                                   : std::vector<float>{});
       }));
-  const std::vector<float> stepped = AppendSync(sessions, id, 2, 8);
+  std::vector<float> step_storage;
+  std::promise<std::vector<float>> step_done;
+  uint64_t calls_when_stepped = 0;
+  sessions.Append(Step(sessions, id, 2, 8, step_storage), [&](absl::StatusOr<AppendResult> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    calls_when_stepped = calls();
+    step_done.set_value(r.ok() ? std::vector<float>(r->output.begin(), r->output.end())
+                               : std::vector<float>{});
+  });
+  const std::vector<float> stepped = step_done.get_future().get();
   const std::vector<float> attend_out = attended.get_future().get();
-  EXPECT_EQ(calls() - calls_before, 1u) << "one engine call for both";
+  EXPECT_EQ(calls_when_stepped - calls_before, 1u) << "the request's call had not been computed";
+  EXPECT_EQ(calls() - calls_before, 2u) << "the step's call, then the request's";
 
   auto ws = engine.NewWorkspace();
   std::vector<float> want_attend(5 * kE);
