@@ -254,8 +254,9 @@ absl::StatusOr<SessionInfo> SessionManager::Close(const std::string& id) {
   return info;
 }
 
-absl::StatusOr<VersionPtr> SessionManager::VersionOf(const std::string& id) const {
+absl::StatusOr<VersionPtr> SessionManager::VersionOf(const std::string& id) {
   MutexLock lock(mu_);
+  ExpireIfIdleLocked(id);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return NotFoundLocked(id);
   return it->second->version;
@@ -321,16 +322,23 @@ void SessionManager::RememberGoneLocked(const std::string& id, const std::string
 }
 
 void SessionManager::ExpireIdleLocked() {
-  const absl::Time now = clock_.Now();
-  std::vector<std::pair<std::string, std::string>> expired;
-  for (const auto& [id, s] : sessions_) {
-    const absl::Duration idle = now - s->last_used;
-    if (!s->busy && s->queued == 0 && idle >= s->idle_timeout) {
-      expired.emplace_back(id, absl::StrCat("expired: idle ", Seconds(idle), " (idle timeout ",
-                                            Seconds(s->idle_timeout), ")"));
-    }
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    const std::string id = it->first;
+    ++it;  // before `id` may be removed
+    ExpireIfIdleLocked(id);
   }
-  for (const auto& [id, why] : expired) RemoveLocked(id, why, "expired");
+}
+
+void SessionManager::ExpireIfIdleLocked(const std::string& id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  const Session& s = *it->second;
+  const absl::Duration idle = clock_.Now() - s.last_used;
+  if (s.busy || s.queued != 0 || idle < s.idle_timeout) return;
+  RemoveLocked(id,
+               absl::StrCat("expired: idle ", Seconds(idle), " (idle timeout ",
+                            Seconds(s.idle_timeout), ")"),
+               "expired");
 }
 
 absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {

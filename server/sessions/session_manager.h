@@ -182,7 +182,7 @@ class SessionManager {
   absl::StatusOr<SessionInfo> Close(const std::string& id);
   // The model version `id` is open on (to decode its steps), or NOT_FOUND
   // as Append says it.
-  absl::StatusOr<VersionPtr> VersionOf(const std::string& id) const;
+  absl::StatusOr<VersionPtr> VersionOf(const std::string& id);
   // Every session (of `model` when not empty).
   std::vector<SessionInfo> List(const std::string& model) const;
 
@@ -247,6 +247,10 @@ class SessionManager {
   void RememberGoneLocked(const std::string& id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends session `id` if it has been idle past its timeout, as the expiry
+  // thread would at its next tick: a step or a lookup then finds it expired
+  // whenever the tick comes, at the cost of one session, not all of them.
+  void ExpireIfIdleLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionInfo InfoLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

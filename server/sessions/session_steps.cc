@@ -59,7 +59,7 @@ void SessionManager::Append(AppendParams params, AppendDone done) {
   if (stopping_) {
     refused = absl::UnavailableError("the server is shutting down");
   } else {
-    ExpireIdleLocked();
+    ExpireIfIdleLocked(params.id);
     it = sessions_.find(params.id);
     if (it == sessions_.end()) {
       refused = NotFoundLocked(params.id);

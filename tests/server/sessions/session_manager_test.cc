@@ -72,9 +72,8 @@ AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storag
 
 // A step of `tokens` random tokens for session `id`, read as the server
 // reads it: against the version the session is open on.
-AppendParams Step(const SessionManager& sessions, const std::string& id, int64_t tokens,
-                  uint32_t seed, std::vector<float>& storage,
-                  std::optional<int64_t> expected = std::nullopt) {
+AppendParams Step(SessionManager& sessions, const std::string& id, int64_t tokens, uint32_t seed,
+                  std::vector<float>& storage, std::optional<int64_t> expected = std::nullopt) {
   absl::StatusOr<VersionPtr> version = sessions.VersionOf(id);
   return {.id = id,
           .query = Query(tokens, seed, storage),
@@ -242,6 +241,19 @@ TEST(SessionManagerTest, IdleSessionsExpireAndSaySo) {
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_NE(status.message().find("expired: idle 11 s (idle timeout 10 s)"), std::string::npos)
       << status;
+}
+
+// A lookup (a step's decoding, a sequence's next request) finds a session
+// idle past its timeout expired at once, not only after the expiry thread's
+// next tick, up to a second later (a sequence then said NOT_FOUND from the
+// step instead of INVALID_ARGUMENT from its lookup).
+TEST(SessionManagerTest, ALookupFindsAnIdleSessionExpiredBeforeTheTick) {
+  SessionManager sessions({}, {});  // the real clock: the tick is up to a second away
+  const std::string id = OpenSync(sessions, MakeVersion(), absl::Milliseconds(50));
+  absl::SleepFor(absl::Milliseconds(60));
+  const absl::Status status = sessions.VersionOf(id).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_NE(status.message().find("was expired: idle"), std::string::npos) << status;
 }
 
 TEST(SessionManagerTest, FullCacheEvictsLeastRecentlyUsedIdleSession) {
