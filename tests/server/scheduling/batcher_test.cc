@@ -434,7 +434,7 @@ TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
 }
 
 // Steps go first: a step queued behind a run of Attend requests waits at
-// most for the call in progress, then rides in the next one (capped). Its
+// most for the call in progress, then goes first in the next one. Its
 // steps are refused, like Attend requests, when their deadline passed or
 // their caller cancelled, before anything is computed.
 TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
@@ -444,10 +444,17 @@ TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
   ASSERT_TRUE(Step(batcher, metrics).get().ok());  // sessions step: the cap holds
   std::vector<std::future<absl::StatusOr<Answer>>> results;
   for (int i = 0; i < 20; ++i) results.push_back(Submit(batcher, Request(20, i)));
+  // The one worker held inside its work (a step's answer, the work's
+  // capped requests still to compute) while the step arrives: no call can
+  // end between counting the calls and queueing the step.
+  std::promise<void> open, finishing;
+  std::future<absl::Status> held = HoldWorker(batcher, *engine_, open, finishing);
   const double calls_before =
       metrics.ForModel("m").compute_duration->Collect().histogram.sample_count;
   std::shared_ptr<double> calls_at_answer;
   std::future<absl::Status> answer = Step(batcher, metrics, 1, &calls_at_answer);
+  open.set_value();
+  ASSERT_TRUE(held.get().ok());
   ASSERT_TRUE(answer.get().ok());
   // The call computing when it arrived, then its own.
   EXPECT_LE(*calls_at_answer, calls_before + 2);
