@@ -34,6 +34,12 @@ one client sends 1 x L causal requests back to back. Those cannot go in
 chunks, so they run whole beside the steps: a step either goes to the free
 worker or runs inside the long call, between its blocks (its yield,
 mha_yielded_step_calls_total, counted over the window as "yielded_step_calls").
+
+With --wakeups, a thread of the clients' priority also sleeps 1 ms at a time
+through every steps' window, and "wakeup_late_p99_ms" says how late it woke
+at p99 (idle, beside Attend): what the machine's scheduler costs each of the
+hand-offs between threads a step makes (client, gRPC, worker, client). Off
+by default: it is one more thread on the cores.
 """
 
 import argparse
@@ -94,6 +100,35 @@ def whole_load(target, length):
     with mha_client.MhaClient(target) as client:
         while True:
             client.attend("demo", query, is_causal=True)
+
+
+# Sleeps 1 ms at a time until SIGTERM, then prints how late it woke (ms).
+WAKEUP_PROBE = """
+import json, signal, time
+stop, late = [], []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+while not stop:
+    due = time.monotonic() + 0.001
+    time.sleep(0.001)
+    late.append(time.monotonic() - due)
+late.sort()
+print(json.dumps({q: 1e3 * late[int(q * (len(late) - 1))] for q in (0.5, 0.99)}))
+"""
+
+
+class WakeupProbe:
+    """How late a sleeping thread of the clients' priority wakes, over a
+    window (None when not asked for)."""
+
+    def __init__(self, enabled):
+        self.process = subprocess.Popen([sys.executable, "-c", WAKEUP_PROBE],
+                                        stdout=subprocess.PIPE, text=True) if enabled else None
+
+    def stop(self):
+        if self.process is None:
+            return None
+        self.process.terminate()
+        return round(json.loads(self.process.communicate()[0])["0.99"], 3)
 
 
 def parse(pattern, process):
@@ -193,16 +228,18 @@ def steps_window(args, server, target, attend=None):
     over exactly that window, and where the cores went (the Attend client's
     threads counted when `attend` runs)."""
     cores = CoresUsed(server.process.pid, attend.pid if attend else None)
+    wakeups = WakeupProbe(args.wakeups)
     before, start = scrape(server.metrics_port), time.monotonic()
     tokens_s, p50, p99 = parse(STEPS_LINE, steps_load(args, target))  # the client, reaped
     after, wall = scrape(server.metrics_port), time.monotonic() - start
+    wakeup_late_p99 = wakeups.stop()
     workers, grpc, client_s, attend_s, machine = cores.stop()
     step, queue = "mha_append_duration_seconds", "mha_append_queue_duration_seconds"
     split = "mha_append_queue_split_duration_seconds"
     busy = (sample(after, f'{split}_count{{workers="all_busy"}}') -
             sample(before, f'{split}_count{{workers="all_busy"}}'))
     steps = sample(after, f"{queue}_count") - sample(before, f"{queue}_count")
-    return {"tokens_s": tokens_s, "p50": p50, "p99": p99,
+    return {"tokens_s": tokens_s, "p50": p50, "p99": p99, "wakeup_late_p99": wakeup_late_p99,
             "queued_behind_calls": round(busy / steps, 3) if steps else float("nan"),
             "queue_p99_behind_calls": 1e3 * histogram_quantile(before, after, split, 0.99,
                                                                'workers="all_busy",'),
@@ -268,6 +305,7 @@ def measure(args, cap):
             "server_step_queue_p50_ms": [idle["server_queue_p50"], mixed["server_queue_p50"]],
             "server_step_queue_p99_ms": [idle["server_queue_p99"], mixed["server_queue_p99"]],
             "step_tokens_s_mixed": mixed["tokens_s"],
+            "wakeup_late_p99_ms": [idle["wakeup_late_p99"], mixed["wakeup_late_p99"]],
             "steps_queued_behind_calls": [idle["queued_behind_calls"],
                                           mixed["queued_behind_calls"]],
             "server_step_queue_p99_behind_calls_ms": [idle["queue_p99_behind_calls"],
@@ -312,6 +350,8 @@ def main():
     parser.add_argument("--len_range", default="64:128", help="Attend lengths, MIN:MAX")
     parser.add_argument("--whole_len", type=int, default=0,
                         help="also measure the steps beside 1 x L causal requests (0: not)")
+    parser.add_argument("--wakeups", action="store_true",
+                        help="also time a sleeping thread's wake-ups through the steps' windows")
     parser.add_argument("--server_flags", default="", help="more flags for mha_server")
     args = parser.parse_args()
     for cap in args.caps.split(","):
