@@ -4,7 +4,7 @@ and together, for values of the per-model knob
 `dynamic_batching.max_batch_tokens_with_steps`.
 
     /usr/bin/python3 tests/bench/mixed_load.py [--caps=default,256,512,1024,0] [--seconds=5]
-        [--len_range=64:128] [--server_flags="--workers=1"]
+        [--len_range=64:128] [--server_flags="--workers=1"] [--whole_len=1024] [--wakeups]
 
 For each cap, one server on a copy of the demo model with that cap:
 1. Attend alone: `mha_client load --concurrency 16 --len_range 64:128` (or --len_range:
