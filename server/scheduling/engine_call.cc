@@ -96,8 +96,8 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
     inputs.push_back(&r->input());
     tokens += r->input().tokens();
   }
-  // The steps' query rows go right after the requests' (one buffer, one
-  // projection product, no copy in the engine).
+  // The steps' query rows in one buffer (Compute passes steps or requests,
+  // never both: the engine's joint call over both kinds is not used here).
   std::vector<float> step_query;
   AppendBatch step_batch;
   bool step_weights_wanted = false;
@@ -108,10 +108,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   }
   step_batch.query = step_query;
   std::optional<RaggedBatch> merged;
-  if (!live.empty()) {
-    merged.emplace(inputs, step_batch.query);
-    if (!steps.empty()) step_batch.query = merged->rows_after();
-  }
+  if (!live.empty()) merged.emplace(inputs);
   static const AttentionBatch kNoSequences;
   const int64_t request_elements = merged ? merged->output_elements() : 0;
   const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
