@@ -1,8 +1,10 @@
 #include "engine/attention_request.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -37,11 +39,11 @@ absl::Status CheckBytes(const TensorView& v, const char* field, DTypeSpelling sp
   if (!count.ok())
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", count.status().message()));
   const uint64_t elem = DTypeSize(v.dtype);
-  if (static_cast<uint64_t>(*count) > v.bytes.size() / elem ||
-      static_cast<uint64_t>(*count) * elem != v.bytes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": data has ", v.bytes.size(), " bytes, expected ", absl::StrJoin(v.shape, " x "),
-        " x ", elem, " bytes (", DTypeName(v.dtype, spelling), ")"));
+  const uint64_t size = static_cast<uint64_t>(v.byte_size());
+  if (static_cast<uint64_t>(*count) > size / elem || static_cast<uint64_t>(*count) * elem != size) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": data has ", size, " bytes, expected ",
+                                                   absl::StrJoin(v.shape, " x "), " x ", elem,
+                                                   " bytes (", DTypeName(v.dtype, spelling), ")"));
   }
   return absl::OkStatus();
 }
@@ -155,16 +157,51 @@ absl::Status CheckMasks(const AttentionDims& dims, const RequestInputs& in, cons
   return absl::OkStatus();
 }
 
-// The view's values as f32: in place when they are aligned FP32, else
-// converted once into `copy`.
+// The view's values as f32: in place when they are aligned FP32 in one
+// piece, else gathered or converted once into `copy` (an element may
+// straddle two pieces).
 absl::Span<const float> AsF32(const TensorView& v, std::vector<float>& copy) {
   const int64_t n = Elements(v);
-  if (v.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(v.bytes.data()) % alignof(float) == 0) {
+  if (v.pieces.empty() && v.dtype == DType::kF32 &&
+      reinterpret_cast<uintptr_t>(v.bytes.data()) % alignof(float) == 0) {
     return {reinterpret_cast<const float*>(v.bytes.data()), static_cast<size_t>(n)};
   }
   copy.resize(static_cast<size_t>(n));
-  ConvertToFloat(v.dtype, v.bytes.data(), n, copy.data());
+  if (v.pieces.empty()) {
+    ConvertToFloat(v.dtype, v.bytes.data(), n, copy.data());
+    return copy;
+  }
+  const int64_t elem = DTypeSize(v.dtype);
+  uint8_t straddler[8];
+  int64_t held = 0, done = 0;  // bytes of `straddler` filled; elements converted
+  for (absl::Span<const uint8_t> piece : v.pieces) {
+    const uint8_t* p = piece.data();
+    int64_t left = static_cast<int64_t>(piece.size());
+    if (held > 0) {
+      const int64_t more = std::min(elem - held, left);
+      std::memcpy(straddler + held, p, static_cast<size_t>(more));
+      held += more, p += more, left -= more;
+      if (held < elem) continue;
+      ConvertToFloat(v.dtype, straddler, 1, copy.data() + done++);
+      held = 0;
+    }
+    const int64_t whole = left / elem;
+    ConvertToFloat(v.dtype, p, whole, copy.data() + done);
+    done += whole;
+    held = left - whole * elem;
+    std::memcpy(straddler, p + whole * elem, static_cast<size_t>(held));
+  }
   return copy;
+}
+
+// The view's bytes in one piece: in place, or gathered into `copy`.
+const uint8_t* Contiguous(const TensorView& v, std::vector<uint8_t>& copy) {
+  if (v.pieces.empty()) return v.bytes.data();
+  copy.clear();
+  copy.reserve(static_cast<size_t>(v.byte_size()));
+  for (absl::Span<const uint8_t> piece : v.pieces)
+    copy.insert(copy.end(), piece.begin(), piece.end());
+  return copy.data();
 }
 
 // NaN or Inf in query, key or value would come back as NaN outputs.
@@ -181,10 +218,10 @@ absl::StatusOr<absl::Span<const float>> FiniteInput(const TensorView& v, const c
 // BOOL masks are used as they are; F32 ones may hold -inf (masked out) but
 // not NaN or +inf (copied only when unaligned).
 absl::StatusOr<MaskView> Mask(const std::optional<TensorView>& v, const char* field,
-                              std::vector<float>& copy) {
+                              std::vector<float>& copy, std::vector<uint8_t>& bool_copy) {
   if (!v.has_value()) return MaskView{};
   const int64_t n = Elements(*v);
-  if (v->dtype == DType::kBool) return MaskView{DType::kBool, v->bytes.data(), n};
+  if (v->dtype == DType::kBool) return MaskView{DType::kBool, Contiguous(*v, bool_copy), n};
   const absl::Span<const float> values = AsF32(*v, copy);
   if (FirstNonFinite(values) >= 0) {
     for (size_t i = 0; i < values.size(); ++i) {
@@ -215,7 +252,7 @@ absl::StatusOr<AttentionRequest> AttentionRequest::Create(const AttentionDims& d
     RETURN_IF_ERROR(CheckBytes(*view, field, spelling));
     RETURN_IF_ERROR(absl::EndsWith(field, "mask") ? CheckMaskDType(*view, field, spelling)
                                                   : CheckFloating(*view, field, spelling));
-    r.wire_bytes_ += static_cast<int64_t>(view->bytes.size());
+    r.wire_bytes_ += view->byte_size();
   }
   ASSIGN_OR_RETURN(Extents e, CheckQuery(dims, in.query));
   RETURN_IF_ERROR(CheckKeyValue(dims, in, e));
@@ -254,14 +291,22 @@ absl::Status AttentionRequest::Bind(const RequestInputs& in) {
   if (in.value.has_value()) {
     ASSIGN_OR_RETURN(b.value, FiniteInput(*in.value, "value", value_));
   }
-  ASSIGN_OR_RETURN(b.key_padding_mask, Mask(in.key_padding_mask, "key_padding_mask", key_padding_));
-  ASSIGN_OR_RETURN(b.attn_mask, Mask(in.attn_mask, "attn_mask", attn_mask_));
+  ASSIGN_OR_RETURN(b.key_padding_mask,
+                   Mask(in.key_padding_mask, "key_padding_mask", key_padding_, bool_key_padding_));
+  ASSIGN_OR_RETURN(b.attn_mask, Mask(in.attn_mask, "attn_mask", attn_mask_, bool_attn_mask_));
   b.attn_mask_per_head = in.attn_mask.has_value() && Rank(*in.attn_mask) == 3;
   b.is_causal = in.is_causal;
   for (const std::vector<float>* copy : {&query_, &key_, &value_, &key_padding_, &attn_mask_}) {
     converted_bytes_ += static_cast<int64_t>(copy->size() * sizeof(float));
   }
+  converted_bytes_ += static_cast<int64_t>(bool_key_padding_.size() + bool_attn_mask_.size());
   return absl::OkStatus();
+}
+
+int64_t TensorView::byte_size() const {
+  int64_t size = static_cast<int64_t>(bytes.size());
+  for (absl::Span<const uint8_t> piece : pieces) size += static_cast<int64_t>(piece.size());
+  return size;
 }
 
 int64_t AttentionRequest::output_elements() const {

@@ -21,10 +21,15 @@ namespace mha {
 // The bytes received for one tensor, little-endian in `dtype`, borrowed:
 // they must outlive the AttentionRequest made from them (or be handed to
 // it with KeepAlive).
+// A message received in several buffers may hold a tensor in `pieces`
+// instead (in order, `bytes` empty): it is gathered or converted once.
 struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   absl::Span<const uint8_t> bytes;
+  std::vector<absl::Span<const uint8_t>> pieces;
+
+  int64_t byte_size() const;
 };
 
 // A view of an owned tensor's bytes.
@@ -97,6 +102,7 @@ class AttentionRequest {
 
   AttentionBatch batch_;
   std::vector<float> query_, key_, value_, key_padding_, attn_mask_;  // converted copies
+  std::vector<uint8_t> bool_key_padding_, bool_attn_mask_;  // BOOL masks gathered from pieces
   std::vector<std::shared_ptr<const void>> keep_alive_;
   bool need_weights_ = false, per_head_weights_ = false;
   DType output_dtype_ = DType::kF32;

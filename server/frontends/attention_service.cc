@@ -5,8 +5,11 @@
 
 #include "engine/status_macros.h"
 #include "engine/weights.h"
+#include "engine/wire_dtype.h"
 #include "server/frontends/statistics_fill.h"
 #include "server/frontends/stream_reactor.h"
+#include "server/frontends/wire_reader.h"
+#include "server/frontends/wire_writer.h"
 
 namespace mha::server {
 namespace {
@@ -73,40 +76,99 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
 
 namespace {
 
-// An Attend request and its response; UnaryCall answers it through its
-// reactor, which holds the memory until the response is sent.
+// AttendRequest's tensor fields (query, key, value and the masks: fields 2
+// to 6), whose `data` (field 3 of Tensor) stays where gRPC received it.
+const PayloadField kAttendPayloads[] = {
+    {2, {{3, {}}}}, {3, {{3, {}}}}, {4, {{3, {}}}}, {5, {{3, {}}}}, {6, {{3, {}}}}};
+
+// A received Attend request, read around its tensor bytes: the slices it
+// arrived in (which its views keep alive), its other fields and where its
+// tensors' data are. Not copyable (the views point into it).
+struct ReceivedAttend {
+  std::vector<grpc::Slice> slices;
+  WirePieces pieces;
+  v1::AttendRequest fields;
+  ReadResult read;
+  AttendReceived data{};
+
+  ReceivedAttend() = default;
+  ReceivedAttend(const ReceivedAttend&) = delete;
+  ReceivedAttend& operator=(const ReceivedAttend&) = delete;
+
+  absl::Status Read(const grpc::ByteBuffer& buffer) {
+    if (grpc::Status dumped = buffer.Dump(&slices); !dumped.ok()) {
+      return absl::InternalError(dumped.error_message());
+    }
+    for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
+    RETURN_IF_ERROR(ReadWireMessage(pieces, kAttendPayloads, "AttendRequest", fields, read));
+    for (int i = 0; i < 5; ++i) {
+      const int path[] = {i + 2, 3};
+      if (const WirePayload* p = LastPayload(read, path); p != nullptr) data[i] = &p->pieces;
+    }
+    return absl::OkStatus();
+  }
+};
+
+// An Attend request and its response, written around the output's bytes;
+// UnaryCall answers it through its reactor, which holds the memory until the
+// response is sent.
 class AttendRequestCall : public DispatchedCall {
  public:
-  AttendRequestCall(const v1::AttendRequest* request, v1::AttendResponse* response,
+  AttendRequestCall(std::unique_ptr<ReceivedAttend> request, grpc::ByteBuffer* response,
                     const FrontEndGate& gate)
-      : request_(request), response_(response), gate_(gate) {}
+      : request_(std::move(request)), response_(response), gate_(gate) {}
 
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
-    return DecodeAttendRequest(*request_, model.loaded.dims, gate_.limits());
+    return DecodeAttendRequest(request_->fields, model.loaded.dims, gate_.limits(), request_->data);
   }
 
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override {
-    EncodeAttendResponse(model, layout, result, response_);
+    WireWriter writer;
+    AppendTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
+    if (!layout.weights_shape.empty()) {
+      AppendTensor(2, result.weights, layout.weights_shape, DType::kF32, writer);
+    }
+    v1::AttendResponse rest;
+    rest.set_model(model.name);
+    rest.set_model_version(model.version);
+    writer.Append(rest);
+    *response_ = writer.Finish();
     return absl::OkStatus();
   }
 
-  const v1::AttendRequest* const request_;
-  v1::AttendResponse* const response_;
+  // Field `number` of AttendResponse: `values` as a Tensor of `dtype`.
+  static void AppendTensor(int number, absl::Span<const float> values,
+                           const std::vector<int64_t>& shape, DType dtype, WireWriter& writer) {
+    v1::Tensor fields;
+    fields.set_dtype(ToWireDType(dtype));
+    fields.mutable_shape()->Assign(shape.begin(), shape.end());
+    writer.AppendMessageWithBytes(number, fields, 3, values.size() * DTypeSize(dtype),
+                                  [&](uint8_t* out) { WriteBytes(values, dtype, out); });
+  }
+
+  const std::unique_ptr<ReceivedAttend> request_;
+  grpc::ByteBuffer* const response_;
   const FrontEndGate& gate_;
 };
 
 }  // namespace
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Attend(grpc::CallbackServerContext* context,
-                                                       const v1::AttendRequest* request,
-                                                       v1::AttendResponse* response) {
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  auto received = std::make_unique<ReceivedAttend>();
+  if (absl::Status read = received->Read(*request); !read.ok()) {
+    return FinishUnary(context, read);
+  }
+  const std::string model = received->fields.model();
+  const int64_t version = received->fields.model_version();
   auto* reactor = new CallReactor();
-  gate_.Dispatch(
-      context,
-      std::make_unique<UnaryCall<AttendRequestCall>>(context, reactor, request, response, gate_),
-      request->model(), request->model_version(), kApiMha);
+  gate_.Dispatch(context,
+                 std::make_unique<UnaryCall<AttendRequestCall>>(
+                     context, reactor, std::move(received), response, gate_),
+                 model, version, kApiMha);
   return reactor;
 }
 

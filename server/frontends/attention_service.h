@@ -19,14 +19,17 @@ void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
 // the server).
 // Handlers validate, enqueue and return; they never wait for compute or for
 // a load. Thread-safe.
-class AttentionServiceImpl final : public v1::AttentionService::CallbackService {
+// Attend is read and written around its tensor bytes (wire_reader.h,
+// wire_writer.h): the service takes it as gRPC's bytes.
+class AttentionServiceImpl final : public v1::AttentionService::WithRawCallbackMethod_Attend<
+                                       v1::AttentionService::CallbackService> {
  public:
   AttentionServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions)
       : gate_(gate), control_(control), sessions_(sessions), session_calls_(gate, sessions) {}
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const v1::AttendRequest* request,
-                                   v1::AttendResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;

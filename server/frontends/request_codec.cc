@@ -1,5 +1,6 @@
 #include "server/frontends/request_codec.h"
 
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -8,7 +9,8 @@
 #include "engine/wire_dtype.h"
 
 namespace mha::server {
-absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field) {
+absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field,
+                                      const ReceivedBytes* received) {
   const std::optional<DType> dtype = FromWireDType(wire.dtype());
   if (!dtype.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -17,18 +19,24 @@ absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field)
                                            : absl::StrCat(static_cast<int>(wire.dtype())),
         " is not one of DATA_TYPE_FP32, DATA_TYPE_BF16, DATA_TYPE_FP16, DATA_TYPE_BOOL"));
   }
-  const std::string& data = wire.data();
-  return TensorView{
-      *dtype, std::vector<int64_t>(wire.shape().begin(), wire.shape().end()),
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(data.data()), data.size())};
+  TensorView view{*dtype, std::vector<int64_t>(wire.shape().begin(), wire.shape().end()), {}, {}};
+  if (received == nullptr) {
+    view.bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(wire.data().data()),
+                                     wire.data().size());
+  } else if (received->size() == 1) {
+    view.bytes = received->front();
+  } else {
+    view.pieces = *received;
+  }
+  return view;
 }
 
 namespace {
 
 absl::Status ViewIfPresent(bool present, const v1::Tensor& wire, const char* field,
-                           std::optional<TensorView>& view) {
+                           const ReceivedBytes* received, std::optional<TensorView>& view) {
   if (!present) return absl::OkStatus();
-  ASSIGN_OR_RETURN(view, ViewTensor(wire, field));
+  ASSIGN_OR_RETURN(view, ViewTensor(wire, field, received));
   return absl::OkStatus();
 }
 
@@ -36,20 +44,30 @@ absl::Status ViewIfPresent(bool present, const v1::Tensor& wire, const char* fie
 
 absl::StatusOr<AttentionRequest> DecodeAttendRequest(const v1::AttendRequest& request,
                                                      const AttentionDims& dims,
-                                                     const RequestLimits& limits) {
+                                                     const RequestLimits& limits,
+                                                     const AttendReceived& received) {
   if (!request.has_query()) return absl::InvalidArgumentError("query: required");
   RequestInputs in;
-  ASSIGN_OR_RETURN(in.query, ViewTensor(request.query(), "query"));
-  RETURN_IF_ERROR(ViewIfPresent(request.has_key(), request.key(), "key", in.key));
-  RETURN_IF_ERROR(ViewIfPresent(request.has_value(), request.value(), "value", in.value));
-  RETURN_IF_ERROR(ViewIfPresent(request.has_key_padding_mask(), request.key_padding_mask(),
-                                "key_padding_mask", in.key_padding_mask));
+  ASSIGN_OR_RETURN(in.query, ViewTensor(request.query(), "query", received[0]));
+  RETURN_IF_ERROR(ViewIfPresent(request.has_key(), request.key(), "key", received[1], in.key));
   RETURN_IF_ERROR(
-      ViewIfPresent(request.has_attn_mask(), request.attn_mask(), "attn_mask", in.attn_mask));
+      ViewIfPresent(request.has_value(), request.value(), "value", received[2], in.value));
+  RETURN_IF_ERROR(ViewIfPresent(request.has_key_padding_mask(), request.key_padding_mask(),
+                                "key_padding_mask", received[3], in.key_padding_mask));
+  RETURN_IF_ERROR(ViewIfPresent(request.has_attn_mask(), request.attn_mask(), "attn_mask",
+                                received[4], in.attn_mask));
   in.is_causal = request.is_causal();
   in.need_weights = request.need_weights();
   in.per_head_weights = request.per_head_weights();
   return AttentionRequest::Create(dims, in, limits.max_tokens, DTypeSpelling::kMhaV1);
+}
+
+void WriteBytes(absl::Span<const float> values, DType dtype, uint8_t* out) {
+  if (dtype == DType::kF32) {
+    std::memcpy(out, values.data(), values.size() * sizeof(float));
+    return;
+  }
+  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()), dtype, out);
 }
 
 void EncodeBytes(absl::Span<const float> values, DType dtype, std::string& out) {

@@ -1,0 +1,57 @@
+// Reads a protobuf message as it arrived (in several buffers) without
+// copying its tensor bytes: the fields named as payloads stay where gRPC
+// received them, and everything else is parsed by protobuf as usual.
+#ifndef MHA_SERVER_FRONTENDS_WIRE_READER_H_
+#define MHA_SERVER_FRONTENDS_WIRE_READER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "google/protobuf/message_lite.h"
+
+namespace mha::server {
+
+using WirePieces = std::vector<absl::Span<const uint8_t>>;
+
+// A field that holds tensor bytes: a `bytes` field (no `inner`), or a
+// message field whose own fields named in `inner` hold them.
+struct PayloadField {
+  int number = 0;
+  std::vector<PayloadField> inner;
+};
+
+// One payload as received: the path of field numbers that leads to it
+// (e.g. {2, 3}: AttendRequest.query.data) and its bytes, in pieces of the
+// received buffers.
+struct WirePayload {
+  std::vector<int> path;
+  WirePieces pieces;
+  int64_t size = 0;
+};
+
+// A message read from `pieces` (which must outlive it): `header` holds every
+// field but the payloads (each left as an empty field in its place, so a
+// repeated field keeps its count), `payloads` the payloads in the order they
+// came. Anything unusual in the encoding (groups, a non-minimal tag or
+// length, a truncated field) is left to protobuf: then the whole message is
+// parsed into `header` and `payloads` is empty. Either way the result is
+// what protobuf's own parser makes of the bytes: the same fields, and the
+// same refusals (INVALID_ARGUMENT naming `what`).
+struct ReadResult {
+  std::vector<WirePayload> payloads;
+  bool whole = false;  // parsed whole by protobuf: the payloads are in `header`
+};
+absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadField> fields,
+                             const char* what, google::protobuf::MessageLite& header,
+                             ReadResult& result);
+
+// The last payload whose path is `path` (the value protobuf keeps when a
+// field comes twice), or null.
+const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> path);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_WIRE_READER_H_

@@ -1,0 +1,82 @@
+#include "server/frontends/wire_writer.h"
+
+#include <utility>
+
+namespace mha::server {
+void AppendVarint(uint64_t value, std::string& out) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+namespace {
+
+size_t VarintSize(uint64_t value) {
+  size_t n = 1;
+  while (value >= 0x80) value >>= 7, ++n;
+  return n;
+}
+
+}  // namespace
+
+size_t BytesFieldOverhead(int number, size_t size) {
+  return VarintSize(static_cast<uint64_t>(number) << 3 | 2) + VarintSize(size);
+}
+
+void WireWriter::Append(const google::protobuf::MessageLite& fields) {
+  const size_t before = pending_.size();
+  fields.AppendToString(&pending_);
+  size_ += pending_.size() - before;
+}
+
+void WireWriter::AppendTag(int number) {
+  const size_t before = pending_.size();
+  AppendVarint(static_cast<uint64_t>(number) << 3 | 2, pending_);
+  size_ += pending_.size() - before;
+}
+
+void WireWriter::AppendPayload(size_t size, Fill fill) {
+  const size_t before = pending_.size();
+  AppendVarint(size, pending_);
+  size_ += pending_.size() - before;
+  if (size == 0) return;
+  Flush();
+  grpc::Slice slice(size);  // uninitialised: `fill` writes every byte
+  fill(const_cast<uint8_t*>(slice.begin()));
+  slices_.push_back(std::move(slice));
+  size_ += size;
+}
+
+void WireWriter::AppendBytes(int number, size_t size, Fill fill) {
+  AppendTag(number);
+  AppendPayload(size, fill);
+}
+
+void WireWriter::AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
+                                        int data_number, size_t size, Fill fill) {
+  const size_t fields_size = fields.ByteSizeLong();
+  AppendTag(number);
+  const size_t before = pending_.size();
+  AppendVarint(fields_size + BytesFieldOverhead(data_number, size) + size, pending_);
+  size_ += pending_.size() - before;
+  Append(fields);
+  AppendBytes(data_number, size, fill);
+}
+
+void WireWriter::Flush() {
+  if (pending_.empty()) return;
+  slices_.emplace_back(pending_);
+  pending_.clear();
+}
+
+grpc::ByteBuffer WireWriter::Finish() {
+  Flush();
+  grpc::ByteBuffer buffer(slices_.data(), slices_.size());
+  slices_.clear();
+  size_ = 0;
+  return buffer;
+}
+
+}  // namespace mha::server

@@ -1,0 +1,55 @@
+// Writes a protobuf message as gRPC sends it, without copying tensor bytes
+// twice: the fields of small size are serialized by protobuf, and each
+// payload is a buffer of its own that is filled once and handed to gRPC as
+// a slice that owns it.
+#ifndef MHA_SERVER_FRONTENDS_WIRE_WRITER_H_
+#define MHA_SERVER_FRONTENDS_WIRE_WRITER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "google/protobuf/message_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace mha::server {
+
+// The bytes of one message, in order. Not thread-safe.
+class WireWriter {
+ public:
+  using Fill = absl::FunctionRef<void(uint8_t* out)>;
+
+  // `fields` serialized (a message's fields may come in any order and
+  // several parts: protobuf merges them).
+  void Append(const google::protobuf::MessageLite& fields);
+  // Field `number` (bytes) of `size` bytes, which `fill` writes.
+  void AppendBytes(int number, size_t size, Fill fill);
+  // Field `number`, a message: `fields` serialized, then its bytes field
+  // `data_number` of `size` bytes, which `fill` writes.
+  void AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
+                              int data_number, size_t size, Fill fill);
+
+  size_t size() const { return size_; }
+  // The message as gRPC's buffer; the writer is empty after.
+  grpc::ByteBuffer Finish();
+
+ private:
+  void AppendTag(int number);  // length-delimited
+  void AppendPayload(size_t size, Fill fill);
+  void Flush();
+
+  std::string pending_;  // serialized bytes not yet in a slice
+  std::vector<grpc::Slice> slices_;
+  size_t size_ = 0;
+};
+
+// `value` as a protobuf varint, appended to `out`.
+void AppendVarint(uint64_t value, std::string& out);
+// Field `number`'s length-delimited tag and `size` as protobuf encodes them.
+size_t BytesFieldOverhead(int number, size_t size);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_WIRE_WRITER_H_
