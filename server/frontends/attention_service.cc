@@ -76,11 +76,6 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
 
 namespace {
 
-// AttendRequest's tensor fields (query, key, value and the masks: fields 2
-// to 6), whose `data` (field 3 of Tensor) stays where gRPC received it.
-const PayloadField kAttendPayloads[] = {
-    {2, {{3, {}}}}, {3, {{3, {}}}}, {4, {{3, {}}}}, {5, {{3, {}}}}, {6, {{3, {}}}}};
-
 // A received Attend request, read around its tensor bytes: the slices it
 // arrived in (which its views keep alive), its other fields and where its
 // tensors' data are. Not copyable (the views point into it).
@@ -100,7 +95,7 @@ struct ReceivedAttend {
       return absl::InternalError(dumped.error_message());
     }
     for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
-    RETURN_IF_ERROR(ReadWireMessage(pieces, kAttendPayloads, "AttendRequest", fields, read));
+    RETURN_IF_ERROR(ReadWireMessage(pieces, kAttendRequestPayloads, "AttendRequest", fields, read));
     for (int i = 0; i < 5; ++i) {
       const int path[] = {i + 2, 3};
       if (const WirePayload* p = LastPayload(read, path); p != nullptr) data[i] = &p->pieces;

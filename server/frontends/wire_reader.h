@@ -48,6 +48,13 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
                              const char* what, google::protobuf::MessageLite& header,
                              ReadResult& result);
 
+// The server's messages read this way: AttendRequest's tensors (query,
+// key, value and the masks, fields 2 to 6: their `data`, field 3), and
+// ModelInferRequest's raw_input_contents (field 7).
+inline const PayloadField kAttendRequestPayloads[] = {
+    {2, {{3, {}}}}, {3, {{3, {}}}}, {4, {{3, {}}}}, {5, {{3, {}}}}, {6, {{3, {}}}}};
+inline const PayloadField kInferRequestPayloads[] = {{7, {}}};
+
 // The last payload whose path is `path` (the value protobuf keeps when a
 // field comes twice), or null.
 const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> path);

@@ -215,9 +215,26 @@ def content_hash(data, seed=0):
     return avalanche(h)
 
 
+def wire_seeds():
+    """fuzz_wire: the request seeds above and a response of each API, behind
+    two bytes that choose the pieces' sizes (no random numbers: the seeds
+    before keep theirs)."""
+    corpus = os.path.join(HERE, "corpus")
+    for target in ("fuzz_request", "fuzz_kserve"):
+        for name in sorted(os.listdir(os.path.join(corpus, target))):
+            with open(os.path.join(corpus, target, name), "rb") as f:
+                write("fuzz_wire", f"{target[5:]}_{name}", bytes([6, 200]) + f.read())
+    pb, _, _ = load_stubs()
+    response = pb.AttendResponse(model="m", model_version=1,
+                                 output=mha_tensor(np.ones((1, 2, 8), np.float32)),
+                                 attn_weights=mha_tensor(np.full((1, 2, 2), 0.5, np.float32)))
+    write("fuzz_wire", "attend_response", bytes([0, 3]) + response.SerializeToString())
+
+
 if __name__ == "__main__":
     model_seeds()
     request_seeds()
     kserve_seeds()
     session_seeds()
     http_seeds()  # last: the seeds before it keep their random numbers
+    wire_seeds()

@@ -1,0 +1,32 @@
+// The differential checks of the wire reader and writer against protobuf's
+// own parser, shared by wire_test.cc and the fuzzer tests/fuzz/fuzz_wire.cc.
+#ifndef MHA_TESTS_SERVER_FRONTENDS_WIRE_CHECK_H_
+#define MHA_TESTS_SERVER_FRONTENDS_WIRE_CHECK_H_
+
+#include <string>
+
+#include "absl/types/span.h"
+#include "server/frontends/wire_reader.h"
+
+namespace mha::server::testing {
+
+// `bytes` split into pieces whose sizes cycle through `sizes` (each at
+// least 1; the last piece takes the rest).
+WirePieces SplitInto(absl::string_view bytes, absl::Span<const int> sizes);
+
+// Reads `bytes` (in `pieces`) as an AttendRequest and as a
+// ModelInferRequest with the server's payload fields, and compares with
+// protobuf's parse of the bytes: the same verdict, and when accepted the
+// same message once the payloads are put back. "" when they agree, else
+// what differed.
+std::string CheckReadAgrees(absl::string_view bytes, const WirePieces& pieces);
+
+// Parses `bytes` as an AttendResponse and as a ModelInferResponse; for each
+// that parses, writes it again through WireWriter (its tensors' data and
+// raw outputs as payloads) and parses what was written. "" when protobuf
+// reads back the same message, else what differed.
+std::string CheckWriteRoundTrips(absl::string_view bytes);
+
+}  // namespace mha::server::testing
+
+#endif  // MHA_TESTS_SERVER_FRONTENDS_WIRE_CHECK_H_
