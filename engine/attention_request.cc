@@ -160,16 +160,17 @@ absl::Status CheckMasks(const AttentionDims& dims, const RequestInputs& in, cons
 // The view's values as f32: in place when they are aligned FP32 in one
 // piece, else gathered or converted once into `copy` (an element may
 // straddle two pieces).
-absl::Span<const float> AsF32(const TensorView& v, std::vector<float>& copy) {
+absl::Span<const float> AsF32(const TensorView& v, LargeArray<float>& copy) {
   const int64_t n = Elements(v);
   if (v.pieces.empty() && v.dtype == DType::kF32 &&
       reinterpret_cast<uintptr_t>(v.bytes.data()) % alignof(float) == 0) {
     return {reinterpret_cast<const float*>(v.bytes.data()), static_cast<size_t>(n)};
   }
-  copy.resize(static_cast<size_t>(n));
+  copy = LargeArray<float>(static_cast<size_t>(n));
+  const absl::Span<const float> values(copy.data(), copy.size());
   if (v.pieces.empty()) {
     ConvertToFloat(v.dtype, v.bytes.data(), n, copy.data());
-    return copy;
+    return values;
   }
   const int64_t elem = DTypeSize(v.dtype);
   uint8_t straddler[8];
@@ -191,22 +192,24 @@ absl::Span<const float> AsF32(const TensorView& v, std::vector<float>& copy) {
     held = left - whole * elem;
     std::memcpy(straddler, p + whole * elem, static_cast<size_t>(held));
   }
-  return copy;
+  return values;
 }
 
 // The view's bytes in one piece: in place, or gathered into `copy`.
-const uint8_t* Contiguous(const TensorView& v, std::vector<uint8_t>& copy) {
+const uint8_t* Contiguous(const TensorView& v, LargeArray<uint8_t>& copy) {
   if (v.pieces.empty()) return v.bytes.data();
-  copy.clear();
-  copy.reserve(static_cast<size_t>(v.byte_size()));
-  for (absl::Span<const uint8_t> piece : v.pieces)
-    copy.insert(copy.end(), piece.begin(), piece.end());
+  copy = LargeArray<uint8_t>(static_cast<size_t>(v.byte_size()));
+  uint8_t* out = copy.data();
+  for (absl::Span<const uint8_t> piece : v.pieces) {
+    std::memcpy(out, piece.data(), piece.size());
+    out += piece.size();
+  }
   return copy.data();
 }
 
 // NaN or Inf in query, key or value would come back as NaN outputs.
 absl::StatusOr<absl::Span<const float>> FiniteInput(const TensorView& v, const char* field,
-                                                    std::vector<float>& copy) {
+                                                    LargeArray<float>& copy) {
   const absl::Span<const float> values = AsF32(v, copy);
   if (const int64_t i = FirstNonFinite(values); i >= 0) {
     return absl::InvalidArgumentError(
@@ -218,7 +221,7 @@ absl::StatusOr<absl::Span<const float>> FiniteInput(const TensorView& v, const c
 // BOOL masks are used as they are; F32 ones may hold -inf (masked out) but
 // not NaN or +inf (copied only when unaligned).
 absl::StatusOr<MaskView> Mask(const std::optional<TensorView>& v, const char* field,
-                              std::vector<float>& copy, std::vector<uint8_t>& bool_copy) {
+                              LargeArray<float>& copy, LargeArray<uint8_t>& bool_copy) {
   if (!v.has_value()) return MaskView{};
   const int64_t n = Elements(*v);
   if (v->dtype == DType::kBool) return MaskView{DType::kBool, Contiguous(*v, bool_copy), n};
@@ -296,7 +299,7 @@ absl::Status AttentionRequest::Bind(const RequestInputs& in) {
   ASSIGN_OR_RETURN(b.attn_mask, Mask(in.attn_mask, "attn_mask", attn_mask_, bool_attn_mask_));
   b.attn_mask_per_head = in.attn_mask.has_value() && Rank(*in.attn_mask) == 3;
   b.is_causal = in.is_causal;
-  for (const std::vector<float>* copy : {&query_, &key_, &value_, &key_padding_, &attn_mask_}) {
+  for (const LargeArray<float>* copy : {&query_, &key_, &value_, &key_padding_, &attn_mask_}) {
     converted_bytes_ += static_cast<int64_t>(copy->size() * sizeof(float));
   }
   converted_bytes_ += static_cast<int64_t>(bool_key_padding_.size() + bool_attn_mask_.size());

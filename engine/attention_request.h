@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "engine/attention_batch.h"
 #include "engine/attention_dims.h"
+#include "engine/large_buffer.h"
 #include "engine/tensor.h"
 
 namespace mha {
@@ -101,8 +102,10 @@ class AttentionRequest {
   absl::Status Bind(const RequestInputs& in);
 
   AttentionBatch batch_;
-  std::vector<float> query_, key_, value_, key_padding_, attn_mask_;  // converted copies
-  std::vector<uint8_t> bool_key_padding_, bool_attn_mask_;  // BOOL masks gathered from pieces
+  // Converted or gathered copies (uninitialised until written: a fresh
+  // page costs microseconds, and huge pages from 2 MiB on).
+  LargeArray<float> query_, key_, value_, key_padding_, attn_mask_;
+  LargeArray<uint8_t> bool_key_padding_, bool_attn_mask_;  // BOOL masks gathered from pieces
   std::vector<std::shared_ptr<const void>> keep_alive_;
   bool need_weights_ = false, per_head_weights_ = false;
   DType output_dtype_ = DType::kF32;

@@ -1,7 +1,5 @@
 #include "engine/workspace.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -28,17 +26,10 @@ void* Workspace::Get(Slot slot, size_t bytes) {
   return b.storage.get();
 }
 
-std::unique_ptr<uint8_t, Workspace::FreeBuffer> Workspace::AllocateBuffer(size_t bytes) {
-  // Large buffers on 2 MiB boundaries, advised to be backed by transparent
-  // huge pages: a buffer released after a large call is faulted in again by
-  // the next, and a 4 KiB fault costs microseconds (7 us on a paravirtual
-  // guest, where 8192 tokens' buffers took 140 ms a call to fault in).
-  const size_t align = bytes >= kHugePageBytes ? kHugePageBytes : 64;
-  const size_t rounded = (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, rounded);
-  if (p == nullptr) throw std::bad_alloc();
-  if (align == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);  // advice: failure is harmless
-  return std::unique_ptr<uint8_t, FreeBuffer>(static_cast<uint8_t*>(p));
+std::unique_ptr<uint8_t, FreeLarge> Workspace::AllocateBuffer(size_t bytes) {
+  // Large buffers on huge pages (large_buffer.h): 8192 tokens' buffers took
+  // 140 ms a call to fault in 4 KiB at a time on a paravirtual guest.
+  return std::unique_ptr<uint8_t, FreeLarge>(static_cast<uint8_t*>(AllocateLarge(bytes)));
 }
 
 void Workspace::ReserveChildren(int n) {

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/large_buffer.h"
+
 namespace dnnl {
 struct engine;  // oneapi/dnnl/dnnl.hpp
 struct stream;
@@ -103,18 +105,12 @@ class Workspace {
   bool ReleaseIfAbove(size_t keep);
 
  private:
-  struct FreeBuffer {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
   struct Buffer {
-    std::unique_ptr<uint8_t, FreeBuffer> storage;
+    std::unique_ptr<uint8_t, FreeLarge> storage;
     size_t capacity = 0;
   };
-  // Buffers this large or larger start on a huge page and ask for them.
-  static constexpr size_t kHugePageBytes = size_t{2} << 20;
-  // `bytes` (at least), 64-byte aligned; from kHugePageBytes on, aligned to
-  // it and advised MADV_HUGEPAGE. Throws std::bad_alloc.
-  static std::unique_ptr<uint8_t, FreeBuffer> AllocateBuffer(size_t bytes);
+  // `bytes` (at least), from AllocateLarge. Throws std::bad_alloc.
+  static std::unique_ptr<uint8_t, FreeLarge> AllocateBuffer(size_t bytes);
   std::array<Buffer, kNumSlots> buffers_;
   std::unique_ptr<dnnl::stream> stream_;
   std::unique_ptr<BoundMemories> bound_;

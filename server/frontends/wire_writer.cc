@@ -1,6 +1,9 @@
 #include "server/frontends/wire_writer.h"
 
+#include <cstdlib>
 #include <utility>
+
+#include "engine/large_buffer.h"
 
 namespace mha::server {
 void AppendVarint(uint64_t value, std::string& out) {
@@ -12,6 +15,9 @@ void AppendVarint(uint64_t value, std::string& out) {
 }
 
 namespace {
+
+// Payloads from this size on are allocated apart from gRPC's slices.
+constexpr size_t kLargePayloadBytes = size_t{256} << 10;
 
 size_t VarintSize(uint64_t value) {
   size_t n = 1;
@@ -43,9 +49,15 @@ void WireWriter::AppendPayload(size_t size, Fill fill) {
   size_ += pending_.size() - before;
   if (size == 0) return;
   Flush();
-  grpc::Slice slice(size);  // uninitialised: `fill` writes every byte
-  fill(const_cast<uint8_t*>(slice.begin()));
-  slices_.push_back(std::move(slice));
+  if (size < kLargePayloadBytes) {
+    grpc::Slice slice(size);  // uninitialised: `fill` writes every byte
+    fill(const_cast<uint8_t*>(slice.begin()));
+    slices_.push_back(std::move(slice));
+  } else {  // on huge pages (large_buffer.h), owned by the slice
+    void* buffer = AllocateLarge(size);
+    fill(static_cast<uint8_t*>(buffer));
+    slices_.emplace_back(buffer, size, &std::free);
+  }
   size_ += size;
 }
 

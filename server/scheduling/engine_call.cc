@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "engine/large_buffer.h"
 #include "engine/mha_engine.h"
 #include "server/scheduling/batcher.h"
 
@@ -114,15 +115,16 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
   const int64_t step_weights_elements =
       step_weights_wanted ? engine_.AppendWeightsElements(step_batch) : 0;
-  // Every element is written by the engine: no zero-fill.
-  const std::unique_ptr<float[]> output(new float[request_elements + step_elements]);
-  const std::unique_ptr<float[]> weights(new float[merged ? merged->weights_elements() : 0]);
-  const std::unique_ptr<float[]> step_weights(new float[step_weights_elements]);
-  const absl::Span<float> all_output(output.get(), request_elements);
-  const absl::Span<float> all_weights(weights.get(), merged ? merged->weights_elements() : 0);
-  const MixedOutputs out{absl::MakeSpan(output.get(), request_elements + step_elements),
-                         all_weights, merged && merged->per_head_weights(),
-                         absl::MakeSpan(step_weights.get(), step_weights_elements)};
+  // Every element is written by the engine: no zero-fill; huge pages for
+  // large outputs (a fresh 4 KiB page costs microseconds to fault in).
+  LargeArray<float> output(static_cast<size_t>(request_elements + step_elements));
+  LargeArray<float> weights(static_cast<size_t>(merged ? merged->weights_elements() : 0));
+  LargeArray<float> step_weights(static_cast<size_t>(step_weights_elements));
+  const absl::Span<float> all_output(output.data(), request_elements);
+  const absl::Span<float> all_weights(weights.data(), weights.size());
+  const MixedOutputs out{absl::MakeSpan(output.data(), output.size()), all_weights,
+                         merged && merged->per_head_weights(),
+                         absl::MakeSpan(step_weights.data(), step_weights.size())};
   const absl::Time start = absl::Now();
   const absl::Status status =
       engine_.Compute(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
