@@ -8,8 +8,8 @@
 #include "engine/wire_dtype.h"
 #include "server/frontends/statistics_fill.h"
 #include "server/frontends/stream_reactor.h"
-#include "server/frontends/wire_reader.h"
-#include "server/frontends/wire_writer.h"
+#include "wire/wire_reader.h"
+#include "wire/wire_writer.h"
 
 namespace mha::server {
 namespace {
@@ -75,6 +75,14 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
 }
 
 namespace {
+
+using wire::kAttendRequestPayloads;
+using wire::LastPayload;
+using wire::ReadResult;
+using wire::ReadWireMessage;
+using wire::WirePayload;
+using wire::WirePieces;
+using wire::WireWriter;
 
 // A received Attend request, read around its tensor bytes: the slices it
 // arrived in (which its views keep alive), its other fields and where its

@@ -19,8 +19,8 @@ void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
 // the server).
 // Handlers validate, enqueue and return; they never wait for compute or for
 // a load. Thread-safe.
-// Attend is read and written around its tensor bytes (wire_reader.h,
-// wire_writer.h): the service takes it as gRPC's bytes.
+// Attend is read and written around its tensor bytes (proto/wire/): the service takes it as gRPC's
+// bytes.
 class AttentionServiceImpl final : public v1::AttentionService::WithRawCallbackMethod_Attend<
                                        v1::AttentionService::CallbackService> {
  public:

@@ -23,7 +23,7 @@ struct RequestLimits {
   int64_t max_message_bytes = int64_t{64} << 20;  // a response larger is never sent
 };
 
-// Bytes as they were received, in pieces of gRPC's buffers (wire_reader.h).
+// Bytes as they were received, in pieces of gRPC's buffers (proto/wire/wire_reader.h).
 using ReceivedBytes = std::vector<absl::Span<const uint8_t>>;
 
 // A wire tensor as a view of its bytes (`wire` must outlive it), or of

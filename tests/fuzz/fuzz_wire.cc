@@ -1,5 +1,4 @@
-// The wire reader and writer (server/frontends/wire_reader.h,
-// wire_writer.h) against protobuf's own parser on any bytes: the reader
+// The wire reader and writer (proto/wire/) against protobuf's own parser on any bytes: the reader
 // accepts and refuses what protobuf does and yields the same fields
 // (AttendRequest and ModelInferRequest, received in pieces of sizes the
 // input's first bytes choose); what the writer writes parses to the same
@@ -10,7 +9,7 @@
 #include <vector>
 
 #include "google/protobuf/stubs/logging.h"
-#include "tests/server/frontends/wire_check.h"
+#include "tests/proto/wire/wire_check.h"
 
 // Protobuf logs every string field that is not UTF-8: not an error here.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -24,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<int> sizes = {data[0] + 1, data[1] + 1};
   const absl::string_view bytes(reinterpret_cast<const char*>(data + 2), size - 2);
   for (const std::string& error :
-       {mha::server::testing::CheckReadAgrees(bytes, mha::server::testing::SplitInto(bytes, sizes)),
-        mha::server::testing::CheckWriteRoundTrips(bytes)}) {
+       {mha::wire::testing::CheckReadAgrees(bytes, mha::wire::testing::SplitInto(bytes, sizes)),
+        mha::wire::testing::CheckWriteRoundTrips(bytes)}) {
     if (!error.empty()) {
       std::fprintf(stderr, "fuzz_wire: %s\n", error.c_str());
       std::abort();

@@ -1,13 +1,13 @@
-#include "server/frontends/wire_reader.h"
+#include "wire/wire_reader.h"
 
 #include <algorithm>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/frontends/wire_writer.h"
+#include "wire/wire_writer.h"
 
-namespace mha::server {
+namespace mha::wire {
 namespace {
 
 constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
@@ -183,4 +183,4 @@ const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> p
   return nullptr;
 }
 
-}  // namespace mha::server
+}  // namespace mha::wire

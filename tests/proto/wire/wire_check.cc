@@ -1,4 +1,4 @@
-#include "tests/server/frontends/wire_check.h"
+#include "tests/proto/wire/wire_check.h"
 
 #include <algorithm>
 #include <vector>
@@ -8,9 +8,9 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "inference/grpc_service.pb.h"
 #include "mha/v1/attention.pb.h"
-#include "server/frontends/wire_writer.h"
+#include "wire/wire_writer.h"
 
-namespace mha::server::testing {
+namespace mha::wire::testing {
 namespace {
 
 // The bytes of `m` in protobuf's deterministic order (maps sorted): equal
@@ -178,4 +178,4 @@ std::string CheckWriteRoundTrips(absl::string_view bytes) {
   return "";
 }
 
-}  // namespace mha::server::testing
+}  // namespace mha::wire::testing

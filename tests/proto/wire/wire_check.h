@@ -1,14 +1,14 @@
 // The differential checks of the wire reader and writer against protobuf's
 // own parser, shared by wire_test.cc and the fuzzer tests/fuzz/fuzz_wire.cc.
-#ifndef MHA_TESTS_SERVER_FRONTENDS_WIRE_CHECK_H_
-#define MHA_TESTS_SERVER_FRONTENDS_WIRE_CHECK_H_
+#ifndef MHA_TESTS_PROTO_WIRE_WIRE_CHECK_H_
+#define MHA_TESTS_PROTO_WIRE_WIRE_CHECK_H_
 
 #include <string>
 
 #include "absl/types/span.h"
-#include "server/frontends/wire_reader.h"
+#include "wire/wire_reader.h"
 
-namespace mha::server::testing {
+namespace mha::wire::testing {
 
 // `bytes` split into pieces whose sizes cycle through `sizes` (each at
 // least 1; the last piece takes the rest).
@@ -27,6 +27,6 @@ std::string CheckReadAgrees(absl::string_view bytes, const WirePieces& pieces);
 // reads back the same message, else what differed.
 std::string CheckWriteRoundTrips(absl::string_view bytes);
 
-}  // namespace mha::server::testing
+}  // namespace mha::wire::testing
 
-#endif  // MHA_TESTS_SERVER_FRONTENDS_WIRE_CHECK_H_
+#endif  // MHA_TESTS_PROTO_WIRE_WIRE_CHECK_H_

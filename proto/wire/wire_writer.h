@@ -2,8 +2,8 @@
 // twice: the fields of small size are serialized by protobuf, and each
 // payload is a buffer of its own that is filled once and handed to gRPC as
 // a slice that owns it.
-#ifndef MHA_SERVER_FRONTENDS_WIRE_WRITER_H_
-#define MHA_SERVER_FRONTENDS_WIRE_WRITER_H_
+#ifndef MHA_PROTO_WIRE_WIRE_WRITER_H_
+#define MHA_PROTO_WIRE_WIRE_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -14,7 +14,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
-namespace mha::server {
+namespace mha::wire {
 
 // The bytes of one message, in order. Not thread-safe.
 class WireWriter {
@@ -50,6 +50,6 @@ void AppendVarint(uint64_t value, std::string& out);
 // Field `number`'s length-delimited tag and `size` as protobuf encodes them.
 size_t BytesFieldOverhead(int number, size_t size);
 
-}  // namespace mha::server
+}  // namespace mha::wire
 
-#endif  // MHA_SERVER_FRONTENDS_WIRE_WRITER_H_
+#endif  // MHA_PROTO_WIRE_WIRE_WRITER_H_

@@ -1,32 +1,45 @@
-// The wire reader and writer (server/frontends/wire_reader.h,
-// wire_writer.h) against protobuf's own parser, and requests decoded from
-// tensors received in pieces against the same requests in one piece.
-#include <random>
+// The wire reader and writer (proto/wire/) against protobuf's own parser.
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "inference/grpc_service.pb.h"
-#include "server/frontends/request_codec.h"
-#include "server/frontends/wire_writer.h"
-#include "tests/server/attend_requests.h"
-#include "tests/server/frontends/wire_check.h"
+#include "mha/v1/attention.pb.h"
+#include "tests/proto/wire/wire_check.h"
+#include "wire/wire_writer.h"
 
-namespace mha::server {
+namespace mha::wire {
 namespace {
 
 using testing::CheckReadAgrees;
 using testing::CheckWriteRoundTrips;
 using testing::SplitInto;
 
+// A tensor of `shape` (FP32), its bytes counting up from `seed`.
+v1::Tensor TensorOf(const std::vector<int64_t>& shape, int seed) {
+  v1::Tensor t;
+  t.set_dtype(v1::DATA_TYPE_FP32);
+  int64_t n = 4;
+  for (int64_t d : shape) {
+    t.add_shape(d);
+    n *= d;
+  }
+  std::string data(static_cast<size_t>(n), '\0');
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<char>(seed + i);
+  t.set_data(std::move(data));
+  return t;
+}
+
 // A request with every tensor field and a query of `len` rows.
 v1::AttendRequest FullRequest(int64_t len) {
-  v1::AttendRequest r = Request(len, 7, true);
+  v1::AttendRequest r;
   r.set_model("demo");
   r.set_model_version(3);
-  *r.mutable_key() = Wire({1, 4, 24}, std::vector<float>(96, 0.5f));
-  *r.mutable_value() = Wire({1, 4, 24}, std::vector<float>(96, -0.25f));
-  *r.mutable_attn_mask() = Wire({static_cast<int>(len), 4}, std::vector<float>(len * 4, 0.0f));
+  *r.mutable_query() = TensorOf({1, len, 24}, 1);
+  *r.mutable_key() = TensorOf({1, 4, 24}, 2);
+  *r.mutable_value() = TensorOf({1, 4, 24}, 3);
+  *r.mutable_key_padding_mask() = TensorOf({1, 4}, 4);
+  *r.mutable_attn_mask() = TensorOf({len, 4}, 5);
   r.set_need_weights(true);
   return r;
 }
@@ -127,8 +140,8 @@ TEST(WireWriterTest, ResponsesWrittenAroundTheirPayloadsParseToTheSameMessage) {
   v1::AttendResponse attend;
   attend.set_model("demo");
   attend.set_model_version(2);
-  *attend.mutable_output() = Wire({1, 300, 24}, std::vector<float>(300 * 24, 1.5f));
-  *attend.mutable_attn_weights() = Wire({1, 300, 300}, std::vector<float>(90000, 0.25f));
+  *attend.mutable_output() = TensorOf({1, 300, 24}, 6);
+  *attend.mutable_attn_weights() = TensorOf({1, 300, 300}, 7);
   EXPECT_EQ(CheckWriteRoundTrips(attend.SerializeAsString()), "");
   attend.mutable_output()->clear_data();  // an empty payload
   EXPECT_EQ(CheckWriteRoundTrips(attend.SerializeAsString()), "");
@@ -140,43 +153,5 @@ TEST(WireWriterTest, ResponsesWrittenAroundTheirPayloadsParseToTheSameMessage) {
   EXPECT_EQ(CheckWriteRoundTrips(infer.SerializeAsString()), "");
 }
 
-// A request whose tensors arrive in pieces decodes to the values of the
-// same request in one piece: F32 gathered, F16 and BF16 converted across
-// pieces that split their elements, BOOL masks gathered.
-TEST(WireDecodeTest, TensorsInPiecesDecodeAsInOnePiece) {
-  std::mt19937 gen(3);
-  std::normal_distribution<float> dist;
-  std::vector<float> values(5 * 24);
-  for (float& v : values) v = dist(gen);
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    v1::AttendRequest request = Request(5, 1, true);
-    EncodeTensor(values, {1, 5, 24}, dtype, request.mutable_query());
-    const std::string& query = request.query().data();
-    const std::string& mask = request.key_padding_mask().data();
-    const WirePieces query_pieces = SplitInto(query, {3, 1, 5});
-    const WirePieces mask_pieces = SplitInto(mask, {1});
-    AttendReceived received{};
-    received[0] = &query_pieces;
-    received[3] = &mask_pieces;
-    absl::StatusOr<AttentionRequest> whole = DecodeAttendRequest(request, Dims(), {});
-    absl::StatusOr<AttentionRequest> pieces = DecodeAttendRequest(request, Dims(), {}, received);
-    ASSERT_TRUE(whole.ok() && pieces.ok()) << pieces.status();
-    EXPECT_EQ(pieces->output_dtype(), dtype);
-    ASSERT_EQ(whole->batch().query.size(), pieces->batch().query.size());
-    for (size_t i = 0; i < whole->batch().query.size(); ++i) {
-      ASSERT_EQ(whole->batch().query[i], pieces->batch().query[i]) << i;
-    }
-    const MaskView& a = whole->batch().key_padding_mask;
-    const MaskView& b = pieces->batch().key_padding_mask;
-    ASSERT_EQ(a.num_elements, b.num_elements);
-    EXPECT_EQ(std::memcmp(a.data, b.data, a.num_elements), 0);
-    // One byte short, in pieces: the size is checked as in one piece.
-    const WirePieces short_pieces = SplitInto(query.substr(0, query.size() - 1), {7});
-    received[0] = &short_pieces;
-    EXPECT_EQ(DecodeAttendRequest(request, Dims(), {}, received).status().code(),
-              absl::StatusCode::kInvalidArgument);
-  }
-}
-
 }  // namespace
-}  // namespace mha::server
+}  // namespace mha::wire

@@ -1,11 +1,11 @@
-#include "server/frontends/wire_writer.h"
+#include "wire/wire_writer.h"
 
 #include <cstdlib>
 #include <utility>
 
 #include "engine/large_buffer.h"
 
-namespace mha::server {
+namespace mha::wire {
 void AppendVarint(uint64_t value, std::string& out) {
   while (value >= 0x80) {
     out.push_back(static_cast<char>((value & 0x7f) | 0x80));
@@ -91,4 +91,4 @@ grpc::ByteBuffer WireWriter::Finish() {
   return buffer;
 }
 
-}  // namespace mha::server
+}  // namespace mha::wire

@@ -1,8 +1,8 @@
 // Reads a protobuf message as it arrived (in several buffers) without
 // copying its tensor bytes: the fields named as payloads stay where gRPC
 // received them, and everything else is parsed by protobuf as usual.
-#ifndef MHA_SERVER_FRONTENDS_WIRE_READER_H_
-#define MHA_SERVER_FRONTENDS_WIRE_READER_H_
+#ifndef MHA_PROTO_WIRE_WIRE_READER_H_
+#define MHA_PROTO_WIRE_WIRE_READER_H_
 
 #include <cstdint>
 #include <string>
@@ -12,7 +12,7 @@
 #include "absl/types/span.h"
 #include "google/protobuf/message_lite.h"
 
-namespace mha::server {
+namespace mha::wire {
 
 using WirePieces = std::vector<absl::Span<const uint8_t>>;
 
@@ -59,6 +59,6 @@ inline const PayloadField kInferRequestPayloads[] = {{7, {}}};
 // field comes twice), or null.
 const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> path);
 
-}  // namespace mha::server
+}  // namespace mha::wire
 
-#endif  // MHA_SERVER_FRONTENDS_WIRE_READER_H_
+#endif  // MHA_PROTO_WIRE_WIRE_READER_H_
