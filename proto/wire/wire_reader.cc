@@ -176,6 +176,16 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
   return absl::OkStatus();
 }
 
+absl::Status SlicesOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>& slices,
+                      WirePieces& pieces) {
+  if (grpc::Status dumped = buffer.Dump(&slices); !dumped.ok()) {
+    return absl::InternalError(dumped.error_message());
+  }
+  pieces.clear();
+  for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
+  return absl::OkStatus();
+}
+
 const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> path) {
   for (auto it = result.payloads.rbegin(); it != result.payloads.rend(); ++it) {
     if (absl::MakeConstSpan(it->path) == path) return &*it;

@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "google/protobuf/message_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 
 namespace mha::wire {
 
@@ -54,10 +56,52 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
 inline const PayloadField kAttendRequestPayloads[] = {
     {2, {{3, {}}}}, {3, {{3, {}}}}, {4, {{3, {}}}}, {5, {{3, {}}}}, {6, {{3, {}}}}};
 inline const PayloadField kInferRequestPayloads[] = {{7, {}}};
+// And, for the clients, AttendResponse's output and attn_weights (fields 1
+// and 2: their `data`, field 3).
+inline const PayloadField kAttendResponsePayloads[] = {{1, {{3, {}}}}, {2, {{3, {}}}}};
+
+// A message as gRPC received it, read around its payloads: the slices it
+// arrived in (which the payloads' pieces point into), its other fields and
+// where its payloads are. Not copyable (the views point into it); movable
+// only before Read.
+template <typename Message>
+struct ReceivedMessage {
+  std::vector<grpc::Slice> slices;
+  WirePieces pieces;
+  Message fields;
+  ReadResult read;
+
+  ReceivedMessage() = default;
+  ReceivedMessage(const ReceivedMessage&) = delete;
+  ReceivedMessage& operator=(const ReceivedMessage&) = delete;
+
+  absl::Status Read(const grpc::ByteBuffer& buffer, absl::Span<const PayloadField> payloads,
+                    const char* what);
+  // The pieces of the last payload at `path`, or null.
+  const WirePieces* Payload(absl::Span<const int> path) const;
+};
 
 // The last payload whose path is `path` (the value protobuf keeps when a
 // field comes twice), or null.
 const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> path);
+
+// The slices of `buffer` (references, not copies) and their bytes as pieces.
+absl::Status SlicesOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>& slices,
+                      WirePieces& pieces);
+
+template <typename Message>
+absl::Status ReceivedMessage<Message>::Read(const grpc::ByteBuffer& buffer,
+                                            absl::Span<const PayloadField> payloads,
+                                            const char* what) {
+  if (absl::Status s = SlicesOf(buffer, slices, pieces); !s.ok()) return s;
+  return ReadWireMessage(pieces, payloads, what, fields, read);
+}
+
+template <typename Message>
+const WirePieces* ReceivedMessage<Message>::Payload(absl::Span<const int> path) const {
+  const WirePayload* p = LastPayload(read, path);
+  return p == nullptr ? nullptr : &p->pieces;
+}
 
 }  // namespace mha::wire
 

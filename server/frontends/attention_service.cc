@@ -76,37 +76,18 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
 
 namespace {
 
-using wire::kAttendRequestPayloads;
-using wire::LastPayload;
-using wire::ReadResult;
-using wire::ReadWireMessage;
-using wire::WirePayload;
-using wire::WirePieces;
 using wire::WireWriter;
 
-// A received Attend request, read around its tensor bytes: the slices it
-// arrived in (which its views keep alive), its other fields and where its
-// tensors' data are. Not copyable (the views point into it).
-struct ReceivedAttend {
-  std::vector<grpc::Slice> slices;
-  WirePieces pieces;
-  v1::AttendRequest fields;
-  ReadResult read;
+// A received Attend request, read around its tensor bytes (proto/wire/),
+// with where its tensors' data are for the decoder.
+struct ReceivedAttend : wire::ReceivedMessage<v1::AttendRequest> {
   AttendReceived data{};
 
-  ReceivedAttend() = default;
-  ReceivedAttend(const ReceivedAttend&) = delete;
-  ReceivedAttend& operator=(const ReceivedAttend&) = delete;
-
   absl::Status Read(const grpc::ByteBuffer& buffer) {
-    if (grpc::Status dumped = buffer.Dump(&slices); !dumped.ok()) {
-      return absl::InternalError(dumped.error_message());
-    }
-    for (const grpc::Slice& slice : slices) pieces.emplace_back(slice.begin(), slice.size());
-    RETURN_IF_ERROR(ReadWireMessage(pieces, kAttendRequestPayloads, "AttendRequest", fields, read));
+    RETURN_IF_ERROR(ReceivedMessage::Read(buffer, wire::kAttendRequestPayloads, "AttendRequest"));
     for (int i = 0; i < 5; ++i) {
       const int path[] = {i + 2, 3};
-      if (const WirePayload* p = LastPayload(read, path); p != nullptr) data[i] = &p->pieces;
+      data[i] = Payload(path);
     }
     return absl::OkStatus();
   }
