@@ -41,6 +41,10 @@ struct LoadReport {
   int64_t streams = 0;  // --stream: streams the server ended with OK
   double seconds = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, p999_ms = 0, max_ms = 0;
+  // Median of each Attend call's round trip minus its compute (the
+  // server's mha-compute-time-us trailer): what the call cost above the
+  // engine. 0 when no call reported its compute (--stream).
+  double above_compute_p50_ms = 0;
 
   double rps() const { return seconds > 0 ? requests / seconds : 0; }
   std::string Text() const;

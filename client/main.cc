@@ -241,11 +241,12 @@ int Attend(v1::AttentionService::Stub& stub, const std::shared_ptr<grpc::Channel
     std::printf("attn_weights %s\n", ShapeText(response.attn_weights()).c_str());
   }
   const auto& trailers = context->GetServerTrailingMetadata();
-  const auto server_us = trailers.find("mha-server-time-us");
-  if (server_us != trailers.end()) {
-    std::printf(
-        "server %.3f ms, ",
-        std::atof(std::string(server_us->second.data(), server_us->second.size()).c_str()) / 1e3);
+  for (const auto& [trailer, label] :
+       {std::pair{"mha-server-time-us", "server"}, std::pair{"mha-compute-time-us", "compute"}}) {
+    const auto us = trailers.find(trailer);
+    if (us == trailers.end()) continue;
+    std::printf("%s %.3f ms, ", label,
+                std::atof(std::string(us->second.data(), us->second.size()).c_str()) / 1e3);
   }
   std::printf("round trip %.3f ms\n", ms);
   const std::string out_path = absl::GetFlag(FLAGS_out);

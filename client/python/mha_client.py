@@ -52,48 +52,68 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # the server's default limit
 
 try:
     from mha_stubs import generate_stubs, load_kserve_stubs, load_stubs  # noqa: F401 (API)
+    import mha_wire
 except ModuleNotFoundError as missing:
     raise ImportError(
-        "mha_client: mha_stubs.py is not next to it: install the client (pip install --no-deps "
+        "mha_client: mha_stubs.py or mha_wire.py is not next to it: install the client (pip install --no-deps "
         "--no-build-isolation ./client/python) or copy client/python/ whole") from missing
 
 
 # ----------------------------------------------------------------- tensors
 
+# mha.v1 DataType names of the wire dtypes, for mha_wire.array_of.
+_DATATYPE_NAMES = {"DATA_TYPE_FP32": "FP32", "DATA_TYPE_FP16": "FP16", "DATA_TYPE_BF16": "BF16",
+                   "DATA_TYPE_BOOL": "BOOL"}
+
+
+def _wire_array(array):
+    """(mha.v1 dtype, C-contiguous little-endian array) of an array:
+    float32/float64 -> FP32, float16 -> FP16, bool -> BOOL (one byte per
+    element), the array itself when it already is one. TypeError for any
+    other dtype."""
+    _, _, config_pb = load_stubs()
+    a = np.asarray(array)
+    if a.dtype == np.bool_:
+        return config_pb.DATA_TYPE_BOOL, np.ascontiguousarray(a).view(np.uint8)
+    if a.dtype.kind == "f" and a.dtype.itemsize == 2:  # float16, either byte order
+        return config_pb.DATA_TYPE_FP16, mha_wire.little_endian(a, "<f2")
+    if a.dtype.kind == "f" and a.dtype.itemsize in (4, 8):
+        return config_pb.DATA_TYPE_FP32, mha_wire.little_endian(a, "<f4")
+    raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
+
+
 def to_tensor(array):
     """An mha.v1.Tensor of a numpy array: float32/float64 -> FP32,
     float16 -> FP16, bool -> BOOL (one byte per element). TypeError for
     any other dtype."""
-    pb, _, config_pb = load_stubs()
-    a = np.asarray(array)
-    if a.dtype == np.bool_:
-        dtype, data = config_pb.DATA_TYPE_BOOL, a.astype(np.uint8).tobytes()
-    elif a.dtype == np.float16:
-        dtype, data = config_pb.DATA_TYPE_FP16, a.astype("<f2").tobytes()
-    elif a.dtype in (np.float32, np.float64):
-        dtype, data = config_pb.DATA_TYPE_FP32, a.astype("<f4").tobytes()
-    else:
-        raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
-    return pb.Tensor(dtype=dtype, shape=a.shape, data=data)
+    pb, _, _ = load_stubs()
+    dtype, a = _wire_array(array)
+    return pb.Tensor(dtype=dtype, shape=a.shape, data=a.tobytes())
+
+
+def _array_of(tensor, buf=None, where=None):
+    """A numpy array of an mha.v1.Tensor whose data is buf[offset:offset +
+    length] for where = (offset, length), or in the tensor itself: FP32 ->
+    float32, FP16 -> float16 (read-only views of the received bytes), BOOL
+    -> bool, BF16 -> float32 (numpy has no bfloat16)."""
+    _, _, config_pb = load_stubs()
+    name = config_pb.DataType.Name(tensor.dtype) if tensor.dtype in (
+        config_pb.DataType.values()) else str(tensor.dtype)
+    if name not in _DATATYPE_NAMES:
+        raise ValueError(f"tensor has unknown dtype {tensor.dtype}")
+    if where is None:
+        buf, where = tensor.data, (0, len(tensor.data))
+    datatype = _DATATYPE_NAMES[name]
+    if datatype == "BOOL":
+        return np.frombuffer(buf, np.uint8, where[1], where[0]).reshape(tuple(tensor.shape)) != 0
+    return mha_wire.array_of(datatype, buf, where[0], where[1], tuple(tensor.shape))
 
 
 def from_tensor(tensor):
-    """A numpy array of an mha.v1.Tensor: FP32 -> float32, FP16 -> float16,
-    BOOL -> bool, BF16 -> float32 (numpy has no bfloat16)."""
-    _, _, config_pb = load_stubs()
-    shape = tuple(tensor.shape)
-    if tensor.dtype == config_pb.DATA_TYPE_FP32:
-        values = np.frombuffer(tensor.data, dtype="<f4").astype(np.float32)
-    elif tensor.dtype == config_pb.DATA_TYPE_FP16:
-        values = np.frombuffer(tensor.data, dtype="<f2").astype(np.float16)
-    elif tensor.dtype == config_pb.DATA_TYPE_BOOL:
-        values = np.frombuffer(tensor.data, dtype=np.uint8) != 0
-    elif tensor.dtype == config_pb.DATA_TYPE_BF16:
-        bits = np.frombuffer(tensor.data, dtype="<u2").astype(np.uint32) << 16
-        values = bits.view(np.float32)
-    else:
-        raise ValueError(f"tensor has unknown dtype {tensor.dtype}")
-    return values.reshape(shape)
+    """A numpy array of an mha.v1.Tensor: FP32 -> float32, FP16 -> float16
+    (read-only views of its bytes), BOOL -> bool, BF16 -> float32 (numpy has
+    no bfloat16)."""
+    return _array_of(tensor)
 
 
 def _set_optional(request, tensors, masks):
@@ -104,21 +124,53 @@ def _set_optional(request, tensors, masks):
             getattr(request, field).CopyFrom(to_tensor(array))
     for field, mask in masks.items():
         if mask is not None:
-            getattr(request, field).CopyFrom(_mask_tensor(mask, field))
+            getattr(request, field).CopyFrom(to_tensor(_mask_array(mask, field)))
 
 
-def _mask_tensor(mask, name):
+def _mask_array(mask, name):
     """Masks go as BOOL (bool arrays) or FP32 (floating arrays, added to the
     scores). Anything else is a TypeError: an integer 0/1 mask sent as a
     float would add 1 to the scores instead of masking (PyTorch refuses
     integer masks too)."""
     m = np.asarray(mask)
     if m.dtype == np.bool_:
-        return to_tensor(m)
+        return m
     if np.issubdtype(m.dtype, np.floating):
-        return to_tensor(m.astype(np.float32))
+        return mha_wire.little_endian(m, "<f4")
     raise TypeError(f"{name}: cannot send a {m.dtype} mask: use bool (True = masked out) "
                     "or a floating type (added to the scores, -inf = masked out)")
+
+
+def attend_request_bytes(model, query, key=None, value=None, key_padding_mask=None,
+                         attn_mask=None, is_causal=False, need_weights=False,
+                         per_head_weights=False, model_version=0):
+    """An AttendRequest as the bytes protobuf would write for it, each
+    tensor's bytes copied once, into them (a C-contiguous array already in
+    its wire dtype is not copied before)."""
+    pb, _, _ = load_stubs()
+    arrays = {"query": _wire_array(query)}
+    for name, array in (("key", key), ("value", value)):
+        if array is not None:
+            arrays[name] = _wire_array(array)
+    for name, mask in (("key_padding_mask", key_padding_mask), ("attn_mask", attn_mask)):
+        if mask is not None:
+            arrays[name] = _wire_array(_mask_array(mask, name))
+    parts = []
+    for name, number in _ATTEND_TENSOR_FIELDS:
+        if name in arrays:
+            dtype, a = arrays[name]
+            fields = pb.Tensor(dtype=dtype, shape=a.shape).SerializeToString()
+            parts += mha_wire.message_with_bytes(number, fields, 3, mha_wire.bytes_of(a))
+    parts.append(pb.AttendRequest(
+        model=model, is_causal=is_causal, need_weights=need_weights,
+        per_head_weights=per_head_weights, model_version=model_version).SerializeToString())
+    return b"".join(parts)
+
+
+# AttendRequest's tensor fields by number; AttendResponse's tensors' data.
+_ATTEND_TENSOR_FIELDS = (("query", 2), ("key", 3), ("value", 4), ("key_padding_mask", 5),
+                         ("attn_mask", 6))
+_ATTEND_RESPONSE_PAYLOADS = {1: {3: None}, 2: {3: None}}
 
 
 # ----------------------------------------------------------------- client
@@ -210,6 +262,9 @@ class MhaClient:
             self._channel = grpc.insecure_channel(target, options=options)
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
         self._stub = rpc.AttentionServiceStub(self._channel)
+        # Attend as bytes both ways, read and written around its tensors'
+        # bytes (mha_wire): the same messages as the stub's.
+        self._attend_bytes = self._channel.unary_unary("/mha.v1.AttentionService/Attend")
 
     def _call(self, method, request):
         """One unary call with this client's deadline, token and
@@ -240,17 +295,19 @@ class MhaClient:
 
         Returns (output, weights): output has the query's shape and dtype;
         weights is None unless need_weights, then float32 [B, L, S'] (the
-        mean over heads) or [B, h, L, S'] with per_head_weights."""
+        mean over heads) or [B, h, L, S'] with per_head_weights. float32 and
+        float16 results are read-only views of the received bytes (no copy):
+        .copy() one to write into it."""
         query = np.asarray(query)
-        request = self._pb.AttendRequest(
-            model=model, query=to_tensor(query), is_causal=is_causal,
-            need_weights=need_weights, per_head_weights=per_head_weights)
-        _set_optional(request, tensors={"key": key, "value": value},
-                      masks={"key_padding_mask": key_padding_mask, "attn_mask": attn_mask})
-        response = self._call(self._stub.Attend, request)
-        weights = from_tensor(response.attn_weights) if response.HasField("attn_weights") else None
-        output = from_tensor(response.output)
-        if query.dtype == np.float64:  # sent and computed as float32
+        request = attend_request_bytes(model, query, key, value, key_padding_mask, attn_mask,
+                                       is_causal, need_weights, per_head_weights)
+        received = self._call(self._attend_bytes, request)
+        response, payloads = mha_wire.read_message(self._pb.AttendResponse, received,
+                                                   _ATTEND_RESPONSE_PAYLOADS)
+        weights = (_array_of(response.attn_weights, received, payloads.get((2, 3)))
+                   if response.HasField("attn_weights") else None)
+        output = _array_of(response.output, received, payloads.get((1, 3)))
+        if query.dtype.kind == "f" and query.dtype.itemsize == 8:  # sent, computed as float32
             output = output.astype(np.float64)
         return output, weights
 

@@ -37,6 +37,8 @@ import uuid
 
 import numpy as np
 
+import mha_wire
+
 _CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
           404: "NOT_FOUND", 405: "UNIMPLEMENTED", 413: "RESOURCE_EXHAUSTED",
           501: "UNIMPLEMENTED", 503: "UNAVAILABLE"}
@@ -61,32 +63,29 @@ class HttpError(Exception):
 
 
 def _wire(array, name, mask=False):
-    """(datatype, little-endian bytes) of an array, or TypeError."""
+    """(datatype, little-endian bytes) of an array, or TypeError: a view of
+    the array's own bytes when it is already C-contiguous in that dtype,
+    else of its one converted copy."""
     a = np.asarray(array)
     if mask and not (a.dtype == np.bool_ or np.issubdtype(a.dtype, np.floating)):
         raise TypeError(f"{name}: cannot send a {a.dtype} mask: use bool (True = masked out) "
                         "or a floating type (added to the scores, -inf = masked out)")
     if a.dtype == np.bool_:
-        return "BOOL", a.astype(np.uint8).tobytes()
-    if a.dtype == np.float16 and not mask:
-        return "FP16", a.astype("<f2").tobytes()
-    if a.dtype in (np.float32, np.float64) or (mask and np.issubdtype(a.dtype, np.floating)):
-        return "FP32", a.astype("<f4").tobytes()
+        return "BOOL", mha_wire.bytes_of(np.ascontiguousarray(a).view(np.uint8))
+    if a.dtype.kind == "f" and a.dtype.itemsize == 2 and not mask:
+        return "FP16", mha_wire.bytes_of(mha_wire.little_endian(a, "<f2"))
+    if (a.dtype.kind == "f" and a.dtype.itemsize in (4, 8)) or (
+            mask and np.issubdtype(a.dtype, np.floating)):
+        return "FP32", mha_wire.bytes_of(mha_wire.little_endian(a, "<f4"))
     raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
 
 
-def _from_wire(datatype, data, shape):
-    if datatype == "FP32":
-        values = np.frombuffer(data, dtype="<f4").astype(np.float32)
-    elif datatype == "FP16":
-        values = np.frombuffer(data, dtype="<f2").astype(np.float16)
-    elif datatype == "BF16":  # numpy has no bfloat16: float32
-        values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    elif datatype == "BOOL":
-        values = np.frombuffer(data, dtype=np.uint8) != 0
-    else:
-        raise ValueError(f"output has unknown datatype {datatype}")
-    return values.reshape(shape)
+def _from_wire(datatype, data, offset, size, shape):
+    """The output held in data[offset:offset + size]: a read-only view for
+    FP32 and FP16 (no copy)."""
+    if datatype == "BOOL":
+        return np.frombuffer(data, np.uint8, size, offset).reshape(shape) != 0
+    return mha_wire.array_of(datatype, data, offset, size, shape)
 
 
 class MhaHttpClient:
@@ -218,21 +217,22 @@ class MhaHttpClient:
             "parameters": parameters,
         }
         text = json.dumps(header).encode()
-        body = b"".join([text] + [b for _, _, b, _ in inputs])
+        # Sent piece by piece (no joined copy of the tensors' bytes).
+        body = [text] + [b for _, _, b, _ in inputs]
         path = f"/v2/models/{urllib.parse.quote(model, safe='')}"
         if version:
             path += f"/versions/{int(version)}"
         head, data = self._checked(
             "POST", path + "/infer", body,
             {"Inference-Header-Content-Length": str(len(text)),
-             "Content-Type": "application/octet-stream"})
+             "Content-Type": "application/octet-stream",
+             "Content-Length": str(sum(len(part) for part in body))})
         length = int(head.get("inference-header-content-length", len(data)))
         answer = json.loads(data[:length])
         arrays, offset = {}, length
         for out in answer["outputs"]:
             size = out["parameters"]["binary_data_size"]
-            arrays[out["name"]] = _from_wire(out["datatype"], data[offset:offset + size],
-                                             out["shape"])
+            arrays[out["name"]] = _from_wire(out["datatype"], data, offset, size, out["shape"])
             offset += size
         return arrays
 
@@ -251,7 +251,8 @@ def _inputs(first_array, tensors, masks, first="query"):
 def _as_query(output, query):
     """The output in the query's dtype (float64 is sent and computed as
     float32)."""
-    return output.astype(np.float64) if query.dtype == np.float64 else output
+    wide = query.dtype.kind == "f" and query.dtype.itemsize == 8
+    return output.astype(np.float64) if wide else output
 
 
 class HttpSession:

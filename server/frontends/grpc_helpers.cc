@@ -26,9 +26,13 @@ std::function<void(const absl::Status&)> FinisherOf(grpc::ServerUnaryReactor* re
 }
 
 void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,
-               const absl::Status& status, absl::Duration took) {
+               const absl::Status& status, absl::Duration took, absl::Duration compute) {
   context->AddTrailingMetadata(std::string(kServerTimeMetadata),
                                std::to_string(absl::ToInt64Microseconds(took)));
+  if (compute > absl::ZeroDuration()) {
+    context->AddTrailingMetadata(std::string(kComputeTimeMetadata),
+                                 std::to_string(absl::ToInt64Microseconds(compute)));
+  }
   reactor->Finish(ToGrpcStatus(status));
 }
 

@@ -20,6 +20,10 @@ namespace mha::server {
 // Trailing metadata of every attention answer: microseconds from handler in
 // to response out.
 inline constexpr char kServerTimeMetadata[] = "mha-server-time-us";
+// And of a computed request: microseconds of the engine call that computed
+// it (what mha_compute_duration_seconds observes), so that a client can
+// tell its call's compute from the rest.
+inline constexpr char kComputeTimeMetadata[] = "mha-compute-time-us";
 
 // The one conversion from absl::Status to grpc::Status. No error leaves
 // without a message (Triton's C++ client takes an empty one for success).
@@ -45,9 +49,11 @@ class CallReactor : public grpc::ServerUnaryReactor {
   std::shared_ptr<MemoryReservation> memory_;
 };
 
-// Answers a unary attention call: the server-time trailer, then the status.
+// Answers a unary attention call: the server-time trailer (and the
+// compute-time one when `compute` is not zero), then the status.
 void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,
-               const absl::Status& status, absl::Duration took);
+               const absl::Status& status, absl::Duration took,
+               absl::Duration compute = absl::ZeroDuration());
 
 // A dispatched call (front_end_gate.h) answered over a unary RPC: `Call`'s
 // Send and Hold go to the call's CallReactor. The remaining arguments
@@ -61,7 +67,7 @@ class UnaryCall final : public Call {
 
  private:
   void Send(const absl::Status& status, absl::Duration took) override {
-    SendUnary(context_, reactor_, status, took);
+    SendUnary(context_, reactor_, status, took, this->compute_time);
   }
   void Hold(std::shared_ptr<MemoryReservation> memory) override {
     reactor_->Hold(std::move(memory));

@@ -131,6 +131,10 @@ class HttpInferCall final : public KserveInferCall {
       }
     }
     out.headers.emplace_back(kServerTimeMetadata, absl::StrCat(absl::ToInt64Microseconds(took)));
+    if (compute_time > absl::ZeroDuration()) {
+      out.headers.emplace_back(kComputeTimeMetadata,
+                               absl::StrCat(absl::ToInt64Microseconds(compute_time)));
+    }
     state_->respond(std::move(out));
   }
   void Hold(std::shared_ptr<MemoryReservation> memory) override { memory_ = std::move(memory); }

@@ -44,6 +44,9 @@ class AttendCall : public Task {
     wire_bytes = input_->wire_bytes();
   }
   const AttentionRequest& input() const { return *input_; }
+  // The engine call that computed it took this long (set by the worker
+  // before Prepare; zero until then): the front ends report it.
+  absl::Duration compute_time = absl::ZeroDuration();
   // Which requests it may share an engine call with.
   const BatchSignature& signature() const { return signature_; }
 

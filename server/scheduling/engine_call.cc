@@ -136,6 +136,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   std::vector<absl::Status> answers(live.size(), status);
   if (status.ok()) {
     for (size_t i = 0; i < live.size(); ++i) {
+      live[i]->compute_time = computed - start;
       const AttentionResult result{merged->OutputOf(i, all_output),
                                    merged->WeightsOf(i, all_weights)};
       answers[i] =

@@ -19,10 +19,13 @@ this order:
 - shared_memory: KServe ModelInfer with the query and output in Triton's
   system shared memory (Python gRPC stub);
 - fp16: MhaClient.attend with a float16 query (half the bytes each way).
-For each path: the mean round trip, the mean compute of the same calls
-(mha_compute_duration_seconds), overhead = round trip - compute, and
-overhead / echo (and / grpc_floor). Prints one JSON object: the medians
-over the rounds. Name the machine beside any figure quoted from it.
+For each path, medians over the calls after a warm-up call: the round
+trip, the compute of the engine call that computed it (the C++ client reads
+each call's mha-compute-time-us trailer; the Python paths read
+mha_compute_duration_seconds before and after each call), overhead = round
+trip - compute, taken call by call, and overhead / echo (and / the gRPC
+floor: the p50 of each). Prints
+one JSON object: the medians over the rounds. Name the machine beside any figure quoted from it.
 """
 
 import argparse
@@ -88,7 +91,7 @@ def tcp_echo_ms(nbytes, calls):
             times.append(time.perf_counter() - start)
     client.close()
     listener.close()
-    return statistics.mean(times) * 1e3
+    return statistics.median(times) * 1e3
 
 
 def grpc_floor_ms(echo_binary, port, nbytes, calls):
@@ -109,30 +112,36 @@ def compute_total(metrics_port):
 
 
 def timed(server, call, calls):
-    """Mean round trip (ms) of `calls` calls of `call`, and the mean compute
-    (ms) of the engine calls they made."""
-    call()  # warm-up
-    count0, sum0 = compute_total(server.metrics_port)
-    times = []
+    """Medians over `calls` calls of `call`: (round trip, compute of the
+    engine call that computed it, round trip - compute), in ms. The
+    compute comes from /metrics, read before and after each call (outside
+    its time)."""
+    call()  # warm-up: the connection's windows open
+    round_trips, computes = [], []
     for _ in range(calls):
+        count0, sum0 = compute_total(server.metrics_port)
         start = time.perf_counter()
         call()
-        times.append(time.perf_counter() - start)
-    count1, sum1 = compute_total(server.metrics_port)
-    compute = (sum1 - sum0) / max(count1 - count0, 1) * 1e3
-    return statistics.mean(times) * 1e3, compute
+        round_trips.append((time.perf_counter() - start) * 1e3)
+        count1, sum1 = compute_total(server.metrics_port)
+        assert count1 == count0 + 1, "another engine call ran meanwhile"
+        computes.append((sum1 - sum0) * 1e3)
+    above = [r - c for r, c in zip(round_trips, computes)]
+    return (statistics.median(round_trips), statistics.median(computes),
+            statistics.median(above))
 
 
 def cpp_client(args, server, batch, length, calls):
-    count0, sum0 = compute_total(server.metrics_port)
+    """The same medians for `mha_client load` (one connection: the median
+    is robust to its first call, which opens the windows); the compute is
+    each call's mha-compute-time-us trailer."""
     out = subprocess.run([args.mha_client, f"--target={server.target()}", "load", "--model=demo",
                           "--concurrency=1", f"--batch={batch}", f"--len_range={length}:{length}",
-                          f"--requests={calls}", "--json"],
+                          f"--requests={calls + 1}", "--json"],
                          check=True, capture_output=True, text=True)
-    count1, sum1 = compute_total(server.metrics_port)
     report = json.loads(out.stdout)
-    mean_ms = report["seconds"] / report["requests"] * 1e3
-    return mean_ms, (sum1 - sum0) / max(count1 - count0, 1) * 1e3
+    return report["p50_ms"], report["p50_ms"] - report["above_compute_p50_ms"], \
+        report["above_compute_p50_ms"]
 
 
 def shared_memory_call(server, query):
@@ -188,8 +197,7 @@ def one_round(args, server, echo_port, size):
         paths["shared_memory"] = timed(server, call, args.calls)
     finally:
         close()
-    for name, (round_trip, compute) in paths.items():
-        overhead = round_trip - compute
+    for name, (round_trip, compute, overhead) in paths.items():
         result[name] = {"round_trip_ms": round_trip, "compute_ms": compute,
                         "overhead_ms": overhead, "over_echo": overhead / result["echo_ms"],
                         "over_grpc_floor": overhead / result["grpc_floor_ms"]}

@@ -106,7 +106,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("output [2, 5, 256]", r.stdout)
         self.assertIn("attn_weights [2, 4, 5, 5]", r.stdout)
-        self.assertRegex(r.stdout, r"server \d+\.\d{3} ms, round trip \d+\.\d{3} ms")
+        self.assertRegex(r.stdout, r"server \d+\.\d{3} ms, compute \d+\.\d{3} ms, round trip \d+\.\d{3} ms")
         # --random (the earlier CLI's flag) is accepted and changes nothing.
         same = [self.client("attend", "--model=demo", "--len=5", "--seed=3", *extra)
                 for extra in ((), ("--random",))]
