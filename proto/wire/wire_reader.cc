@@ -149,7 +149,9 @@ absl::Status ParseWhole(const WirePieces& pieces, const char* what,
     whole.append(reinterpret_cast<const char*>(piece.data()), piece.size());
   }
   if (!message.ParseFromString(whole)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the message does not parse"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": not a valid protobuf message (truncated, malformed, or a string that is not UTF-8)"));
   }
   return absl::OkStatus();
 }
@@ -171,7 +173,9 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
   }
   if (!header.ParseFromString(header_bytes)) {
     result = ReadResult{};
-    return absl::InvalidArgumentError(absl::StrCat(what, ": the message does not parse"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": not a valid protobuf message (truncated, malformed, or a string that is not UTF-8)"));
   }
   return absl::OkStatus();
 }

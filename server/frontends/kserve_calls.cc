@@ -51,7 +51,8 @@ absl::StatusOr<AttentionRequest> KserveInferCall::Decode(const ModelVersion& mod
   if (!call_parameters_.ok()) return call_parameters_.status();
   LimitTime(call_parameters_->timeout);
   priority = call_parameters_->priority;
-  return DecodeInferRequest(request_, model.loaded.dims, gate_.limits(), &shared_memory_, outputs_);
+  return DecodeInferRequest(request_, model.loaded.dims, gate_.limits(), &shared_memory_, outputs_,
+                            received_);
 }
 
 absl::Time KserveInferCall::Deadline(absl::Time transport_deadline) const {
@@ -61,7 +62,7 @@ absl::Time KserveInferCall::Deadline(absl::Time transport_deadline) const {
 
 absl::Status KserveInferCall::EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                                            const AttentionResult& result) {
-  return FillInferResponse(request_, model.version, outputs_, layout, result, response_);
+  return FillInferResponse(request_, model.version, outputs_, layout, result, response_, deferred_);
 }
 
 absl::StatusOr<VersionPtr> KserveCalls::FindVersion(const std::string& name,

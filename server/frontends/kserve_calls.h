@@ -58,10 +58,18 @@ class KserveInferCall : public DispatchedCall {
   // The earlier of `transport_deadline` and the request's own timeout.
   absl::Time Deadline(absl::Time transport_deadline) const;
 
- private:
+ protected:
+  // For a transport that read the message around its raw contents
+  // (proto/wire/): where they are; they must live as long as the call.
+  void SetReceived(const RawReceived* received) { received_ = received; }
+  // For a transport that writes the inline outputs itself, straight into
+  // the message's bytes: EncodeResult lists them in `deferred` instead of
+  // copying them into the response (FillInferResponse).
+  void DeferOutputs(std::vector<DeferredOutput>* deferred) { deferred_ = deferred; }
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override;
 
+ private:
   const inference::ModelInferRequest& request_;
   inference::ModelInferResponse* const response_;
   const FrontEndGate& gate_;
@@ -70,6 +78,8 @@ class KserveInferCall : public DispatchedCall {
   const absl::StatusOr<InferCallParameters> call_parameters_;
   const absl::Time arrival_;
   std::vector<RequestedOutput> outputs_;  // as requested, known once decoded
+  const RawReceived* received_ = nullptr;
+  std::vector<DeferredOutput>* deferred_ = nullptr;
 };
 
 // Borrows the front-end gate, the model control and the session manager

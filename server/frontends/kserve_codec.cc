@@ -228,7 +228,8 @@ absl::Status CheckOutputSlices(const std::vector<RequestedOutput>& outputs,
 // The inputs as views, in the slots their names give.
 absl::Status ViewInputs(const inference::ModelInferRequest& request,
                         const SharedMemoryRegistry* shared_memory, int64_t max_shared_bytes,
-                        RequestInputs& in, std::deque<std::string>& converted) {
+                        const RawReceived* received, RequestInputs& in,
+                        std::deque<std::string>& converted) {
   const bool raw = request.raw_input_contents_size() > 0;
   const int in_messages = static_cast<int>(
       std::count_if(request.inputs().begin(), request.inputs().end(), [](const auto& input) {
@@ -272,8 +273,18 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
       ASSIGN_OR_RETURN(view.bytes,
                        ReadSharedInput(*slice, view, input.name(), max_shared_bytes, converted));
     } else if (raw) {
-      const std::string& bytes = request.raw_input_contents(raw_index++);
-      view.bytes = AsBytes(bytes.data(), bytes.size());
+      const int index = raw_index++;
+      const ReceivedBytes* pieces =
+          received != nullptr && index < static_cast<int>(received->size()) ? (*received)[index]
+                                                                            : nullptr;
+      if (pieces == nullptr) {
+        const std::string& bytes = request.raw_input_contents(index);
+        view.bytes = AsBytes(bytes.data(), bytes.size());
+      } else if (pieces->size() == 1) {
+        view.bytes = pieces->front();
+      } else {
+        view.pieces = *pieces;
+      }
     } else {
       ASSIGN_OR_RETURN(view.bytes,
                        ContentsBytes(input.contents(), *dtype, input.name(), converted));
@@ -290,8 +301,9 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
 absl::Status ReadRequest(const inference::ModelInferRequest& request,
                          const SharedMemoryRegistry* shared_memory, const RequestLimits& limits,
                          RequestInputs& in, std::deque<std::string>& converted,
-                         std::vector<RequestedOutput>& outputs) {
-  RETURN_IF_ERROR(ViewInputs(request, shared_memory, limits.max_message_bytes, in, converted));
+                         std::vector<RequestedOutput>& outputs, const RawReceived* received) {
+  RETURN_IF_ERROR(
+      ViewInputs(request, shared_memory, limits.max_message_bytes, received, in, converted));
   RETURN_IF_ERROR(ReadParameters(request, in));
   ASSIGN_OR_RETURN(outputs, RequestedOutputs(request, shared_memory, in));
   return absl::OkStatus();
@@ -301,10 +313,11 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
                                                     const AttentionDims& dims,
                                                     const RequestLimits& limits,
                                                     const SharedMemoryRegistry* shared_memory,
-                                                    std::vector<RequestedOutput>& outputs) {
+                                                    std::vector<RequestedOutput>& outputs,
+                                                    const RawReceived* received) {
   auto converted = std::make_shared<std::deque<std::string>>();
   RequestInputs in;
-  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, *converted, outputs));
+  RETURN_IF_ERROR(ReadRequest(request, shared_memory, limits, in, *converted, outputs, received));
   ASSIGN_OR_RETURN(AttentionRequest decoded,
                    AttentionRequest::Create(dims, in, limits.max_tokens, DTypeSpelling::kKserve));
   RETURN_IF_ERROR(CheckOutputSlices(outputs, decoded));

@@ -83,11 +83,16 @@ struct RequestedOutput {
 // must be its shape's, at most limits.max_message_bytes, and an output's
 // slice must hold the output. raw_input_contents then has one entry per
 // input not in shared memory.
+// `received`: where each raw_input_contents entry arrived when the message
+// was read around them (proto/wire/; null entries and a null vector: in the
+// message itself).
+using RawReceived = std::vector<const ReceivedBytes*>;
 absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferRequest& request,
                                                     const AttentionDims& dims,
                                                     const RequestLimits& limits,
                                                     const SharedMemoryRegistry* shared_memory,
-                                                    std::vector<RequestedOutput>& outputs);
+                                                    std::vector<RequestedOutput>& outputs,
+                                                    const RawReceived* received = nullptr);
 
 // The inputs, parameters and requested outputs of `request`: where every
 // decoder here starts. Inputs converted from other dtypes live in
@@ -95,7 +100,8 @@ absl::StatusOr<AttentionRequest> DecodeInferRequest(const inference::ModelInferR
 absl::Status ReadRequest(const inference::ModelInferRequest& request,
                          const SharedMemoryRegistry* shared_memory, const RequestLimits& limits,
                          RequestInputs& in, std::deque<std::string>& converted,
-                         std::vector<RequestedOutput>& outputs);
+                         std::vector<RequestedOutput>& outputs,
+                         const RawReceived* received = nullptr);
 
 // In kserve_sequence_codec.cc:
 // A sequence request's inputs: its query as a session step's ([1, T, E]
@@ -130,10 +136,19 @@ absl::StatusOr<std::optional<StepLayout>> DecodeEmptyEnd(
 // raw entry for one written to shared memory, as Triton, so that entries
 // and outputs keep one index), and the version that computed them. Fails
 // when a shared-memory output cannot be written or does not fit its slice.
+// With `deferred`, an output sent inline is left as an empty raw entry and
+// listed there instead, for a writer that fills it straight into the
+// message's bytes (wire_writer.h); `result` must outlive that.
+struct DeferredOutput {
+  int raw_index = 0;
+  absl::Span<const float> values;
+  DType dtype = DType::kF32;
+};
 absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                                const std::vector<RequestedOutput>& outputs,
                                const ResultLayout& layout, const AttentionResult& result,
-                               inference::ModelInferResponse* response);
+                               inference::ModelInferResponse* response,
+                               std::vector<DeferredOutput>* deferred = nullptr);
 
 // A sequence step's response: `output` in the query's dtype and shape,
 // `attn_weights` [1, T, K'] (or [T, K']) over every key the step saw.

@@ -14,7 +14,8 @@ namespace mha::server {
 absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                                const std::vector<RequestedOutput>& outputs,
                                const ResultLayout& layout, const AttentionResult& result,
-                               inference::ModelInferResponse* response) {
+                               inference::ModelInferResponse* response,
+                               std::vector<DeferredOutput>* deferred) {
   response->set_model_name(request.model_name());
   response->set_model_version(absl::StrCat(version));
   response->set_id(request.id());
@@ -29,7 +30,11 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
     std::string* raw = response->add_raw_output_contents();
     const absl::Span<const float> values = is_output ? result.output : result.weights;
     if (!requested.shared_memory.has_value()) {
-      EncodeBytes(values, dtype, *raw);
+      if (deferred != nullptr) {
+        deferred->push_back({response->raw_output_contents_size() - 1, values, dtype});
+      } else {
+        EncodeBytes(values, dtype, *raw);
+      }
       continue;
     }
     const SharedMemorySlice& slice = *requested.shared_memory;

@@ -1,9 +1,14 @@
 #include "server/frontends/kserve_service.h"
 
+#include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 
+#include "engine/status_macros.h"
 #include "server/frontends/message_stream.h"
+#include "wire/wire_reader.h"
+#include "wire/wire_writer.h"
 
 namespace mha::server {
 
@@ -45,13 +50,116 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelConfig(
   return FinishUnary(context, calls_.ModelConfig(AuthorizationOf(*context), *request, response));
 }
 
+namespace {
+
+// A ModelInfer request read around its raw contents (proto/wire/), with
+// where each entry is, and the response message it is answered with before
+// its bytes are written.
+struct ReceivedInfer : wire::ReceivedMessage<inference::ModelInferRequest> {
+  RawReceived raw;
+  inference::ModelInferResponse response;
+
+  absl::Status Read(const grpc::ByteBuffer& buffer) {
+    RETURN_IF_ERROR(
+        ReceivedMessage::Read(buffer, wire::kInferRequestPayloads, "ModelInferRequest"));
+    raw.assign(fields.raw_input_contents_size(), nullptr);
+    size_t index = 0;  // the payloads come in the order of their entries
+    for (const wire::WirePayload& payload : read.payloads) raw[index++] = &payload.pieces;
+    return absl::OkStatus();
+  }
+  // The raw contents copied into the message, for a path that reads the
+  // message itself (a sequence's step: a few tokens).
+  void Materialize() {
+    for (size_t i = 0; i < raw.size(); ++i) {
+      std::string* entry = fields.mutable_raw_input_contents(static_cast<int>(i));
+      for (absl::Span<const uint8_t> piece : *raw[i]) {
+        entry->append(reinterpret_cast<const char*>(piece.data()), piece.size());
+      }
+    }
+    raw.assign(raw.size(), nullptr);
+  }
+};
+
+// A unary ModelInfer answered as gRPC's bytes: the inline outputs are
+// written straight from the engine's output into the message's bytes, once
+// (the rest of the response through protobuf). Holds the memory until the
+// response is sent, as UnaryCall does.
+class RawInferCall final : public KserveInferCall {
+ public:
+  RawInferCall(grpc::CallbackServerContext* context, CallReactor* reactor,
+               std::unique_ptr<ReceivedInfer> received, grpc::ByteBuffer* bytes,
+               const KserveCalls& calls)
+      : KserveInferCall(received->fields, &received->response, calls),
+        context_(context),
+        reactor_(reactor),
+        received_(std::move(received)),
+        bytes_(bytes) {
+    if (sequence_parameters() != nullptr) {
+      received_->Materialize();
+    } else {
+      SetReceived(&received_->raw);
+    }
+    DeferOutputs(&deferred_);
+  }
+
+ private:
+  absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) override {
+    deferred_.clear();
+    RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
+    inference::ModelInferResponse fields = received_->response;
+    fields.clear_raw_output_contents();
+    wire::WireWriter writer;
+    writer.Append(fields);
+    size_t next = 0;
+    for (int i = 0; i < received_->response.raw_output_contents_size(); ++i) {
+      if (next < deferred_.size() && deferred_[next].raw_index == i) {
+        const DeferredOutput& out = deferred_[next++];
+        writer.AppendBytes(6, out.values.size() * DTypeSize(out.dtype),
+                           [&](uint8_t* to) { WriteBytes(out.values, out.dtype, to); });
+      } else {  // written to shared memory: an empty entry
+        const std::string& raw = received_->response.raw_output_contents(i);
+        writer.AppendBytes(6, raw.size(),
+                           [&](uint8_t* to) { std::memcpy(to, raw.data(), raw.size()); });
+      }
+    }
+    *bytes_ = writer.Finish();
+    written_ = true;
+    return absl::OkStatus();
+  }
+  void Send(const absl::Status& status, absl::Duration took) override {
+    if (status.ok() && !written_) {  // answered by a sequence's step: the message as it is
+      const std::string serialized = received_->response.SerializeAsString();
+      grpc::Slice slice(serialized);
+      *bytes_ = grpc::ByteBuffer(&slice, 1);
+    }
+    SendUnary(context_, reactor_, status, took, compute_time);
+  }
+  void Hold(std::shared_ptr<MemoryReservation> memory) override {
+    reactor_->Hold(std::move(memory));
+  }
+
+  grpc::CallbackServerContext* const context_;
+  CallReactor* const reactor_;
+  const std::unique_ptr<ReceivedInfer> received_;
+  grpc::ByteBuffer* const bytes_;
+  std::vector<DeferredOutput> deferred_;
+  bool written_ = false;
+};
+
+}  // namespace
+
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerContext* context,
-                                                        const inference::ModelInferRequest* request,
-                                                        inference::ModelInferResponse* response) {
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  auto received = std::make_unique<ReceivedInfer>();
+  if (absl::Status read = received->Read(*request); !read.ok()) {
+    return FinishUnary(context, read);
+  }
   auto* reactor = new CallReactor();
   calls_.StartInfer(
       context,
-      std::make_unique<UnaryCall<KserveInferCall>>(context, reactor, *request, response, calls_),
+      std::make_unique<RawInferCall>(context, reactor, std::move(received), response, calls_),
       kApiKserve);
   return reactor;
 }

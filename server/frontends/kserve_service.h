@@ -15,7 +15,11 @@ namespace mha::server {
 // The gRPC codec of KserveCalls (kserve_calls.h), which it borrows and
 // which holds the protocol's logic: each RPC reads the caller's token from
 // the metadata, calls it and finishes the reactor. Thread-safe.
-class KserveServiceImpl final : public inference::GRPCInferenceService::CallbackService {
+// ModelInfer is read and written around its raw contents (proto/wire/):
+// the service takes it as gRPC's bytes.
+class KserveServiceImpl final
+    : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+          inference::GRPCInferenceService::CallbackService> {
  public:
   explicit KserveServiceImpl(KserveCalls& calls) : calls_(calls) {}
 
@@ -38,8 +42,8 @@ class KserveServiceImpl final : public inference::GRPCInferenceService::Callback
                                         const inference::ModelConfigRequest* request,
                                         inference::ModelConfigResponse* response) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,

@@ -207,6 +207,21 @@ class KserveTest(OneServerPerClass):
         self.assertEqual(infer.outputs[0].datatype, "BF16")
         self.assert_same_answer(infer, attend)
 
+    def test_large_raw_contents_in_many_slices_equal_attend_and_torch(self):
+        # 1 MiB and more of raw contents arrive in many of gRPC's slices: the
+        # server reads ModelInfer around them (proto/wire/) and writes the
+        # outputs straight into the response's bytes.
+        inputs = random_inputs(6, batch=4, length=256, masks=True)
+        infer, attend = self.both(inputs, params={"need_weights": True})
+        self.assert_same_answer(infer, attend, names=("output", "attn_weights"))
+        got = np.frombuffer(infer.raw_output_contents[0], dtype="<f4").reshape(4, 256, DEMO_E)
+        want, _ = reference(self.models["demo"], inputs.arrays["query"],
+                            key_padding_mask=inputs.arrays["key_padding_mask"],
+                            attn_mask=inputs.arrays["attn_mask"])
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+        infer, attend = self.both(inputs, bf16_query=True)
+        self.assert_same_answer(infer, attend)
+
     def test_typed_contents_equal_raw(self):
         inputs = random_inputs(5, batch=2, length=3, masks=True)
         raw, _ = self.both(inputs, raw=True)

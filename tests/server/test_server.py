@@ -273,6 +273,48 @@ class SharedServerTest(ServerTestCase, OneServerPerClass):
                 self.assert_close(from_wire(cfg, response.output), ref_out, tol=atol, rtol=rtol)
                 self.assert_close(to_numpy(response.attn_weights), ref_w, what="attn_weights")
 
+    def test_large_requests_in_many_slices_match_torch(self):
+        # 1 MiB and more arrive in many of gRPC's slices: the server reads
+        # Attend around them (proto/wire/) and converts FP16 and BF16 across
+        # the slices' edges; the masks and key are gathered the same way.
+        query = randn(self.rng, 4, 256, DEMO_E)
+        mask = self.rng.random((4, 256)) < 0.2
+        mask[:, 0] = False
+        response = self.attend(**request_fields(query, key_padding_mask=mask, need_weights=True))
+        self.check_against_torch("demo", response, query, need_weights=True,
+                                 key_padding_mask=mask)
+        for dtype, rtol, atol in ((cfg.DATA_TYPE_FP16, 2e-3, 1e-3),
+                                  (cfg.DATA_TYPE_BF16, 1.6e-2, 1e-2)):
+            with self.subTest(dtype=cfg.DataType.Name(dtype)):
+                wire = half_tensor(pb, cfg, query, dtype)
+                response = self.attend(query=wire)
+                self.assertEqual(response.output.dtype, dtype)
+                ref_out, _ = reference(self.models["demo"], from_wire(cfg, wire))
+                self.assert_close(from_wire(cfg, response.output), ref_out, tol=atol, rtol=rtol)
+
+    def test_malformed_messages_are_invalid_argument_then_a_good_request(self):
+        # Bytes protobuf refuses (a truncated field, a string that is not
+        # UTF-8) are refused with INVALID_ARGUMENT by Attend and ModelInfer
+        # alike (before they were read around their tensors, gRPC answered
+        # UNIMPLEMENTED with no message).
+        channel = grpc.insecure_channel(self.server.target())
+        try:
+            for method, name in (("/mha.v1.AttentionService/Attend", "AttendRequest"),
+                                 ("/inference.GRPCInferenceService/ModelInfer",
+                                  "ModelInferRequest")):
+                call = channel.unary_unary(method)
+                for body in (b"\x0a\xff", b"\x12\x05\x01", b"\x0a\x02\xc3\x28"):
+                    with self.subTest(method=method, body=body):
+                        with self.assertRaises(grpc.RpcError) as caught:
+                            call(body, timeout=RPC_TIMEOUT)
+                        self.assertEqual(caught.exception.code(), INVALID)
+                        self.assertIn(f"{name}: not a valid protobuf message",
+                                      caught.exception.details())
+        finally:
+            channel.close()
+        query = randn(self.rng, 1, 3, DEMO_E)
+        self.check_against_torch("demo", self.attend(**request_fields(query)), query)
+
     def test_post_norm_model(self):
         query = randn(self.rng, 3, 4, POST_E)
         response = self.attend("post", **request_fields(query, need_weights=True))
