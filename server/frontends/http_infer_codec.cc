@@ -139,9 +139,12 @@ absl::Status DecodeInput(const json& in, absl::string_view binary, size_t& binar
                      absl::StrCat("binary_data_size ", bytes, " runs past the end of the body (",
                                   binary.size() - binary_used, " bytes left)"));
     }
-    decoded.message.add_raw_input_contents()->assign(binary.data() + binary_used, bytes);
+    decoded.message.add_raw_input_contents();  // left in the body
+    decoded.in_body.push_back({absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(binary.data()) + binary_used, bytes)});
     binary_used += bytes;
   } else if (data != nullptr) {
+    decoded.in_body.emplace_back();
     std::string* raw = decoded.message.add_raw_input_contents();
     int64_t count = 0;
     RETURN_IF_ERROR(AppendElements(*data, tensor->datatype(), input_name, *raw, count));
@@ -239,6 +242,16 @@ absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
   }
 }
 
+void HttpInferRequest::Materialize() {
+  for (size_t i = 0; i < in_body.size(); ++i) {
+    std::string* entry = message.mutable_raw_input_contents(static_cast<int>(i));
+    for (absl::Span<const uint8_t> piece : in_body[i]) {
+      entry->append(reinterpret_cast<const char*>(piece.data()), piece.size());
+    }
+    in_body[i].clear();
+  }
+}
+
 bool HttpInferRequest::Binary(const std::string& output_name) const {
   for (const auto& [name, binary] : outputs) {
     if (name == output_name) return binary.value_or(binary_by_default);
@@ -268,7 +281,9 @@ absl::StatusOr<HttpInferRequest> DecodeRawInfer(absl::string_view body, const st
   for (const int64_t d : {int64_t{1}, static_cast<int64_t>(body.size() / row_bytes), width}) {
     query->add_shape(d);
   }
-  decoded.message.add_raw_input_contents()->assign(body.data(), body.size());
+  decoded.message.add_raw_input_contents();  // left in the body
+  decoded.in_body.push_back(
+      {absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(body.data()), body.size())});
   decoded.binary_by_default = true;
   return decoded;
 }
@@ -320,7 +335,7 @@ absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
   return decoded;
 }
 
-absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferResponse& response,
+absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& response,
                                               const HttpInferRequest& request) {
   json out = {{"model_name", response.model_name()}, {"model_version", response.model_version()}};
   if (!response.id().empty()) out["id"] = response.id();
@@ -331,7 +346,7 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferRespons
   // The outputs' text is written here: their data arrays go straight from
   // the raw bytes to text, not through a JSON value per element.
   std::string outputs = "[";
-  std::string blobs;
+  std::vector<int> binary;  // the raw entries sent as binary, in order
   for (int i = 0; i < response.outputs_size(); ++i) {
     const auto& tensor = response.outputs(i);
     json entry = {{"name", tensor.name()},
@@ -347,7 +362,7 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferRespons
     if (!in_shared_memory) {
       if (request.Binary(tensor.name())) {
         parameters["binary_data_size"] = raw.size();
-        blobs.append(raw.data(), raw.size());
+        binary.push_back(i);
       } else if (tensor.datatype() == "FP32" || tensor.datatype() == "BOOL") {
         json_data = true;
       } else {
@@ -375,11 +390,12 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferRespons
   encoded.body += ",\"outputs\":";
   encoded.body += outputs;
   encoded.body.push_back('}');
-  if (!blobs.empty() || request.binary_by_default ||
+  if (!binary.empty() || request.binary_by_default ||
       std::any_of(request.outputs.begin(), request.outputs.end(),
                   [](const auto& o) { return o.second.value_or(false); })) {
     encoded.header_length = encoded.body.size();
-    encoded.body += blobs;
+    for (int i : binary)
+      encoded.binary.push_back(std::move(*response.mutable_raw_output_contents(i)));
   }
   return encoded;
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "inference/grpc_service.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -30,11 +31,18 @@ absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text, absl::string_vi
 // parameters taken out) and how each output goes back.
 struct HttpInferRequest {
   inference::ModelInferRequest message;
+  // Per raw entry of `message`: its bytes in the body (binary data: the
+  // entry stays empty, the body is held once), or empty (the entry holds
+  // the bytes, decoded from JSON). The body must outlive these.
+  std::vector<std::vector<absl::Span<const uint8_t>>> in_body;
   bool binary_by_default = false;  // `binary_data_output`
   // Outputs asked for with their `binary_data` parameter (unset: default).
   std::vector<std::pair<std::string, std::optional<bool>>> outputs;
 
   bool Binary(const std::string& output_name) const;
+  // Copies the inputs left in the body into `message` (for a path that reads
+  // the message itself: a sequence's step, a few tokens).
+  void Materialize();
 };
 
 // `body` with `header_length` (the Inference-Header-Content-Length value;
@@ -50,12 +58,15 @@ absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
                                                  int64_t raw_query_width = 0);
 
 // The response body: JSON, followed by the binary outputs' bytes when any
-// output goes as binary (then `header_length` is the JSON's size).
+// output goes as binary (then `header_length` is the JSON's size). The
+// binary outputs are moved out of `response` into `binary`, in order, to
+// be sent after `body` as they are (no joined copy).
 struct HttpInferBody {
   std::string body;
+  std::vector<std::string> binary;
   std::optional<size_t> header_length;
 };
-absl::StatusOr<HttpInferBody> EncodeHttpInfer(const inference::ModelInferResponse& response,
+absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& response,
                                               const HttpInferRequest& request);
 
 // A protobuf message as JSON with every field (defaults too), 64-bit

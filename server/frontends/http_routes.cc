@@ -94,7 +94,10 @@ absl::Status ReadRepositoryParameters(
 // What an infer call needs beyond the KServe message: kept together so
 // that the call's base can be given the message before the call exists.
 struct HttpInferState {
+  // Its binary inputs are views of the request's body, which the
+  // connection holds until `respond` has answered (respond holds it).
   HttpInferRequest request;
+  RawReceived raw;  // request.in_body, as KserveInferCall reads it
   inference::ModelInferResponse response;
   std::string authorization;
   bool gzip = false;
@@ -106,8 +109,16 @@ struct HttpInferState {
 class HttpInferCall final : public KserveInferCall {
  public:
   HttpInferCall(std::unique_ptr<HttpInferState> state, const KserveCalls& calls)
-      : KserveInferCall(state->request.message, &state->response, calls),
-        state_(std::move(state)) {}
+      : KserveInferCall(state->request.message, &state->response, calls), state_(std::move(state)) {
+    if (sequence_parameters() != nullptr) {  // its step reads the message
+      state_->request.Materialize();
+      return;
+    }
+    for (const auto& pieces : state_->request.in_body) {
+      state_->raw.push_back(pieces.empty() ? nullptr : &pieces);
+    }
+    SetReceived(&state_->raw);
+  }
 
   absl::string_view Authorization() const override { return state_->authorization; }
 
@@ -120,12 +131,17 @@ class HttpInferCall final : public KserveInferCall {
       out = HttpError(body.status());
     } else {
       out.body = std::move(body->body);
+      out.tail = std::move(body->binary);
       if (body->header_length.has_value()) {
         out.content_type = "application/octet-stream";
         out.headers.emplace_back("Inference-Header-Content-Length",
                                  absl::StrCat(*body->header_length));
       }
-      if (state_->gzip && out.body.size() > 1024) {
+      size_t size = out.body.size();
+      for (const std::string& part : out.tail) size += part.size();
+      if (state_->gzip && size > 1024) {  // compressed whole
+        for (const std::string& part : out.tail) out.body += part;
+        out.tail.clear();
         out.body = GzipOf(out.body);
         out.headers.emplace_back("Content-Encoding", "gzip");
       }

@@ -69,8 +69,15 @@ MHD_Result CollectHeader(void* cls, MHD_ValueKind, const char* key, const char* 
 // Queues `response` (whose body `connection` keeps until completed).
 MHD_Result Queue(Connection& connection, const std::string& cors_origin) {
   HttpResponse& r = connection.response;
-  MHD_Response* out =
-      MHD_create_response_from_buffer(r.body.size(), r.body.data(), MHD_RESPMEM_PERSISTENT);
+  MHD_Response* out = nullptr;
+  if (r.tail.empty()) {
+    out = MHD_create_response_from_buffer(r.body.size(), r.body.data(), MHD_RESPMEM_PERSISTENT);
+  } else {  // written from each buffer in turn (libmicrohttpd copies the vector, not the bytes)
+    std::vector<MHD_IoVec> pieces = {{r.body.data(), r.body.size()}};
+    for (const std::string& part : r.tail) pieces.push_back({part.data(), part.size()});
+    out = MHD_create_response_from_iovec(pieces.data(), static_cast<unsigned>(pieces.size()),
+                                         nullptr, nullptr);
+  }
   if (out == nullptr) return MHD_NO;
   MHD_add_response_header(out, "Content-Type", r.content_type.c_str());
   for (const auto& [name, value] : r.headers) {
@@ -179,6 +186,8 @@ class HttpServerCallbacks {
                                  server.options_.max_body_bytes, " (--max_message_bytes)"),
                     cors);
     }
+    // Its whole size at once: the body is not copied as it grows.
+    if (bytes > 0) connection->request.body.reserve(static_cast<size_t>(bytes));
     return MHD_YES;  // the body follows (after 100 Continue when asked for)
   }
 

@@ -40,6 +40,9 @@ struct HttpResponse {
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;  // besides Content-Type
   std::string body;
+  // Sent after `body`, each from its own buffer (no joined copy): a
+  // response's binary tensors.
+  std::vector<std::string> tail;
 };
 
 // Answers a request: exactly once, from any thread.

@@ -114,6 +114,7 @@ bool DecodeHttp(const uint8_t* data, size_t size, inference::ModelInferRequest& 
     }
     return false;
   }
+  request->Materialize();  // the body ends here: its inputs into the message
   decoded = *std::move(request);
   infer = decoded.message;
   return true;

@@ -484,6 +484,25 @@ class PythonHttpClientTest(HttpServerTest):
             self.assertLess(np.abs(out16.astype(np.float32) - reference(
                 self.models["cross"], query, key, value)[0]).max(), 0.05)
 
+    def test_large_binary_requests_and_answers_match_pytorch(self):
+        # 1 MiB in, 1 MiB + 1 MiB of weights out: the server reads the
+        # binary inputs where they are in the body and sends each output
+        # from its own buffer; the client sends the arrays without joining
+        # them and returns read-only views of the answer's bytes.
+        from mha_http import MhaHttpClient
+        rng = np.random.default_rng(17)
+        query = rng.standard_normal((4, 256, DEMO_E)).astype(np.float32)
+        with MhaHttpClient(f"http://127.0.0.1:{self.http_port}") as client:
+            out, weights = client.attend("demo", query, need_weights=True)
+            want, want_weights = reference(self.models["demo"], query)
+            np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(weights, want_weights, atol=1e-5, rtol=1e-5)
+            self.assertFalse(out.flags.writeable)
+            self.assertFalse(out.flags.owndata)
+            half, _ = client.attend("demo", query.astype(np.float16))
+            self.assertEqual(half.dtype, np.float16)
+            self.assertLess(np.abs(half.astype(np.float32) - want).max(), 0.05)
+
     def test_misread_tensors_are_refused_before_any_call_and_errors_carry_codes(self):
         from mha_http import HttpError, MhaHttpClient
         query = np.zeros((1, 2, DEMO_E), np.float32)

@@ -52,6 +52,15 @@ TEST(HttpInferCodecTest, BinaryInputsAreCutFromTheBodyInOrder) {
   const std::string body = header + FloatBytes({1, 2}) + FloatBytes({3});
   absl::StatusOr<HttpInferRequest> decoded = DecodeHttpInfer(body, header.size(), "demo", "1");
   ASSERT_TRUE(decoded.ok()) << decoded.status();
+  // The binary inputs stay in the body (held once), the JSON one is decoded.
+  ASSERT_EQ(decoded->in_body.size(), 3u);
+  ASSERT_EQ(decoded->in_body[0].size(), 1u);
+  EXPECT_EQ(reinterpret_cast<const char*>(decoded->in_body[0][0].data()),
+            body.data() + header.size());
+  EXPECT_EQ(decoded->in_body[0][0].size(), 8u);
+  EXPECT_TRUE(decoded->in_body[1].empty());
+  EXPECT_EQ(decoded->message.raw_input_contents(0), "");
+  decoded->Materialize();
   const inference::ModelInferRequest& m = decoded->message;
   ASSERT_EQ(m.raw_input_contents_size(), 3);
   EXPECT_EQ(m.raw_input_contents(0), FloatBytes({1, 2}));
@@ -68,6 +77,7 @@ TEST(HttpInferCodecTest, RawBodyIsOneFp32QueryAnsweredInBinary) {
   const std::string body(reinterpret_cast<const char*>(rows.data()), rows.size() * sizeof(float));
   absl::StatusOr<HttpInferRequest> decoded = DecodeHttpInfer(body, 0, "m", "2", 3);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
+  decoded->Materialize();
   const inference::ModelInferRequest& m = decoded->message;
   EXPECT_EQ(m.model_version(), "2");
   ASSERT_EQ(m.inputs_size(), 1);
@@ -150,10 +160,12 @@ TEST(HttpInferCodecTest, ResponsesAreJsonOrJsonFollowedByBinary) {
   body = EncodeHttpInfer(response, as_binary);
   ASSERT_TRUE(body.ok()) << body.status();
   ASSERT_TRUE(body->header_length.has_value());
-  const nlohmann::json header = nlohmann::json::parse(body->body.substr(0, *body->header_length));
+  EXPECT_EQ(*body->header_length, body->body.size());  // the binary outputs follow apart
+  const nlohmann::json header = nlohmann::json::parse(body->body);
   EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 8);
   EXPECT_FALSE(header["outputs"][0].contains("data"));
-  EXPECT_EQ(body->body.substr(*body->header_length), FloatBytes({0.5f, -2}));
+  EXPECT_EQ(body->binary, std::vector<std::string>{FloatBytes({0.5f, -2})});
+  response.set_raw_output_contents(0, FloatBytes({0.5f, -2}));  // moved out
 
   // Floats as text read back to the same float; JSON has no NaN: null.
   const std::vector<float> values = {0.1f,  3.4028235e38f, 1e-45f,
