@@ -56,6 +56,8 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
 inline const PayloadField kAttendRequestPayloads[] = {
     {2, {{3, {}}}}, {3, {{3, {}}}}, {4, {{3, {}}}}, {5, {{3, {}}}}, {6, {{3, {}}}}};
 inline const PayloadField kInferRequestPayloads[] = {{7, {}}};
+// AppendRequest's query (field 2: its `data`, field 3).
+inline const PayloadField kAppendRequestPayloads[] = {{2, {{3, {}}}}};
 // And, for the clients, AttendResponse's output and attn_weights (fields 1
 // and 2: their `data`, field 3).
 inline const PayloadField kAttendResponsePayloads[] = {{1, {{3, {}}}}, {2, {{3, {}}}}};

@@ -8,8 +8,8 @@
 #include "engine/wire_dtype.h"
 #include "server/frontends/statistics_fill.h"
 #include "server/frontends/stream_reactor.h"
+#include "server/frontends/wire_responses.h"
 #include "wire/wire_reader.h"
-#include "wire/wire_writer.h"
 
 namespace mha::server {
 namespace {
@@ -76,8 +76,6 @@ grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionService
 
 namespace {
 
-using wire::WireWriter;
-
 // A received Attend request, read around its tensor bytes (proto/wire/),
 // with where its tensors' data are for the decoder.
 struct ReceivedAttend : wire::ReceivedMessage<v1::AttendRequest> {
@@ -109,27 +107,8 @@ class AttendRequestCall : public DispatchedCall {
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override {
-    WireWriter writer;
-    AppendTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
-    if (!layout.weights_shape.empty()) {
-      AppendTensor(2, result.weights, layout.weights_shape, DType::kF32, writer);
-    }
-    v1::AttendResponse rest;
-    rest.set_model(model.name);
-    rest.set_model_version(model.version);
-    writer.Append(rest);
-    *response_ = writer.Finish();
+    *response_ = AttendResponseBytes(model.name, model.version, layout, result);
     return absl::OkStatus();
-  }
-
-  // Field `number` of AttendResponse: `values` as a Tensor of `dtype`.
-  static void AppendTensor(int number, absl::Span<const float> values,
-                           const std::vector<int64_t>& shape, DType dtype, WireWriter& writer) {
-    v1::Tensor fields;
-    fields.set_dtype(ToWireDType(dtype));
-    fields.mutable_shape()->Assign(shape.begin(), shape.end());
-    writer.AppendMessageWithBytes(number, fields, 3, values.size() * DTypeSize(dtype),
-                                  [&](uint8_t* out) { WriteBytes(values, dtype, out); });
   }
 
   const std::unique_ptr<ReceivedAttend> request_;

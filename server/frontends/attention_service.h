@@ -19,10 +19,11 @@ void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
 // the server).
 // Handlers validate, enqueue and return; they never wait for compute or for
 // a load. Thread-safe.
-// Attend is read and written around its tensor bytes (proto/wire/): the service takes it as gRPC's
-// bytes.
+// Attend and Append are read and written around their tensor bytes
+// (proto/wire/): the service takes them as gRPC's bytes.
 class AttentionServiceImpl final : public v1::AttentionService::WithRawCallbackMethod_Attend<
-                                       v1::AttentionService::CallbackService> {
+                                       v1::AttentionService::WithRawCallbackMethod_Append<
+                                           v1::AttentionService::CallbackService>> {
  public:
   AttentionServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions)
       : gate_(gate), control_(control), sessions_(sessions), session_calls_(gate, sessions) {}
@@ -50,8 +51,8 @@ class AttentionServiceImpl final : public v1::AttentionService::WithRawCallbackM
                                         const v1::OpenSessionRequest* request,
                                         v1::Session* response) override;
   grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* context,
-                                   const v1::AppendRequest* request,
-                                   v1::AppendResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
                                         const v1::ForkSessionRequest* request,
                                         v1::Session* response) override;

@@ -31,14 +31,26 @@ void SessionCalls::Open(const grpc::CallbackServerContext& context,
 void SessionCalls::Append(const grpc::CallbackServerContext& context,
                           const v1::AppendRequest& request, std::shared_ptr<const void> keep_alive,
                           v1::AppendResponse* response, Done done) {
+  Append(
+      context, request, nullptr, std::move(keep_alive),
+      [response](const StepLayout& layout, const AppendResult& result) {
+        EncodeAppendResult(layout, result, response);
+        return absl::OkStatus();
+      },
+      std::move(done));
+}
+
+void SessionCalls::Append(const grpc::CallbackServerContext& context,
+                          const v1::AppendRequest& request, const ReceivedBytes* query_data,
+                          std::shared_ptr<const void> keep_alive, EncodeStep encode, Done done) {
   const absl::Time arrived = absl::Now();
   VersionPtr found;  // the session's version, once known
   auto decode = [&]() -> absl::StatusOr<AppendParams> {
     RETURN_IF_ERROR(gate_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
     found = version;
-    ASSIGN_OR_RETURN(AppendParams params,
-                     DecodeAppend(request, version->loaded.engine->dims(), gate_.limits()));
+    ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->loaded.engine->dims(),
+                                                       gate_.limits(), query_data));
     params.decoded_for = std::move(version);
     params.deadline = absl::FromChrono(context.deadline());
     params.cancelled = [&context] { return context.IsCancelled(); };
@@ -53,11 +65,10 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
   }
   if (keep_alive != nullptr) params->query.KeepAlive(std::move(keep_alive));
   const StepLayout layout = StepLayout::Of(*params);
-  sessions_.Append(*std::move(params),
-                   [response, layout, done = std::move(done)](absl::StatusOr<AppendResult> result) {
-                     if (result.ok()) EncodeAppendResult(layout, *result, response);
-                     done(result.status());
-                   });
+  sessions_.Append(*std::move(params), [layout, encode = std::move(encode), done = std::move(done)](
+                                           absl::StatusOr<AppendResult> result) {
+    done(result.ok() ? encode(layout, *result) : result.status());
+  });
 }
 
 absl::Status SessionCalls::Fork(const grpc::CallbackServerContext& context,

@@ -10,6 +10,7 @@
 #include "grpcpp/grpcpp.h"
 #include "mha/v1/attention.pb.h"
 #include "server/frontends/front_end_gate.h"
+#include "server/frontends/session_codec.h"
 #include "server/sessions/session_manager.h"
 
 namespace mha::server {
@@ -29,6 +30,13 @@ class SessionCalls {
             std::shared_ptr<const void> keep_alive, v1::Session* response, Done done);
   void Append(const grpc::CallbackServerContext& context, const v1::AppendRequest& request,
               std::shared_ptr<const void> keep_alive, v1::AppendResponse* response, Done done);
+  // The same for a request read around its query's bytes (`query_data`:
+  // where they are, or null: in the message), answered by `encode` (on the
+  // worker, while the result's views are valid) before `done`.
+  using EncodeStep = std::function<absl::Status(const StepLayout&, const AppendResult&)>;
+  void Append(const grpc::CallbackServerContext& context, const v1::AppendRequest& request,
+              const ReceivedBytes* query_data, std::shared_ptr<const void> keep_alive,
+              EncodeStep encode, Done done);
   absl::Status Fork(const grpc::CallbackServerContext& context,
                     const v1::ForkSessionRequest& request, v1::Session* response);
   absl::Status Close(const grpc::CallbackServerContext& context,

@@ -129,9 +129,10 @@ absl::StatusOr<AttentionRequest> StepQuery(const AttentionDims& dims, const Tens
 }
 
 absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
-                                          const AttentionDims& dims, const RequestLimits& limits) {
+                                          const AttentionDims& dims, const RequestLimits& limits,
+                                          const ReceivedBytes* query_data) {
   if (!request.has_query()) return absl::InvalidArgumentError("query: required");
-  ASSIGN_OR_RETURN(TensorView view, ViewTensor(request.query(), "query"));
+  ASSIGN_OR_RETURN(TensorView view, ViewTensor(request.query(), "query", query_data));
   ASSIGN_OR_RETURN(AttentionRequest query,
                    StepQuery(dims, view, request.need_weights(), limits, DTypeSpelling::kMhaV1));
   AppendParams params{request.session_id(), std::move(query), std::nullopt,
@@ -161,11 +162,16 @@ void EncodeAppendResult(const StepLayout& layout, const AppendResult& result,
   EncodeTensor(result.output, layout.output_shape, layout.output_dtype, out->mutable_output());
   out->set_position(result.position);
   if (layout.need_weights) {
-    const int64_t tokens = layout.output_shape[layout.output_shape.size() - 2];
-    std::vector<int64_t> shape = {tokens, result.keys};
-    if (layout.output_shape.size() == 3) shape.insert(shape.begin(), 1);
-    EncodeTensor(result.weights, shape, DType::kF32, out->mutable_attn_weights());
+    EncodeTensor(result.weights, StepWeightsShape(layout, result.keys), DType::kF32,
+                 out->mutable_attn_weights());
   }
+}
+
+std::vector<int64_t> StepWeightsShape(const StepLayout& layout, int64_t keys) {
+  const int64_t tokens = layout.output_shape[layout.output_shape.size() - 2];
+  std::vector<int64_t> shape = {tokens, keys};
+  if (layout.output_shape.size() == 3) shape.insert(shape.begin(), 1);
+  return shape;
 }
 
 }  // namespace mha::server

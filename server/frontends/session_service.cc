@@ -4,6 +4,8 @@
 #include "absl/time/clock.h"
 #include "server/frontends/attention_service.h"
 #include "server/frontends/session_transfer.h"
+#include "server/frontends/wire_responses.h"
+#include "wire/wire_reader.h"
 
 namespace mha::server {
 
@@ -16,10 +18,26 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::OpenSession(grpc::CallbackServer
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerContext* context,
-                                                       const v1::AppendRequest* request,
-                                                       v1::AppendResponse* response) {
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  // Read around the query's bytes (proto/wire/), which the step keeps
+  // alive; answered with the output written once into gRPC's buffer.
+  auto received = std::make_shared<wire::ReceivedMessage<v1::AppendRequest>>();
+  if (absl::Status read = received->Read(*request, wire::kAppendRequestPayloads, "AppendRequest");
+      !read.ok()) {
+    return FinishUnary(context, read);
+  }
+  static constexpr int kQueryData[] = {2, 3};
+  const ReceivedBytes* query = received->Payload(kQueryData);
+  const v1::AppendRequest& fields = received->fields;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  session_calls_.Append(*context, *request, nullptr, response, FinisherOf(reactor));
+  session_calls_.Append(
+      *context, fields, query, std::move(received),
+      [response](const StepLayout& layout, const AppendResult& result) {
+        *response = AppendResponseBytes(layout, result);
+        return absl::OkStatus();
+      },
+      FinisherOf(reactor));
   return reactor;
 }
 

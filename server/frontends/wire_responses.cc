@@ -1,0 +1,46 @@
+#include "server/frontends/wire_responses.h"
+
+#include <string>
+
+#include "engine/wire_dtype.h"
+#include "mha/v1/attention.pb.h"
+#include "server/frontends/request_codec.h"
+
+namespace mha::server {
+
+void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
+                      DType dtype, wire::WireWriter& writer) {
+  v1::Tensor fields;
+  fields.set_dtype(ToWireDType(dtype));
+  fields.mutable_shape()->Assign(shape.begin(), shape.end());
+  writer.AppendMessageWithBytes(number, fields, 3, values.size() * DTypeSize(dtype),
+                                [&](uint8_t* out) { WriteBytes(values, dtype, out); });
+}
+
+grpc::ByteBuffer AttendResponseBytes(const std::string& model, int64_t version,
+                                     const ResultLayout& layout, const AttentionResult& result) {
+  wire::WireWriter writer;
+  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
+  if (!layout.weights_shape.empty()) {
+    AppendWireTensor(2, result.weights, layout.weights_shape, DType::kF32, writer);
+  }
+  v1::AttendResponse rest;
+  rest.set_model(model);
+  rest.set_model_version(version);
+  writer.Append(rest);
+  return writer.Finish();
+}
+
+grpc::ByteBuffer AppendResponseBytes(const StepLayout& layout, const AppendResult& result) {
+  wire::WireWriter writer;
+  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
+  if (layout.need_weights) {
+    AppendWireTensor(3, result.weights, StepWeightsShape(layout, result.keys), DType::kF32, writer);
+  }
+  v1::AppendResponse rest;
+  rest.set_position(result.position);
+  writer.Append(rest);
+  return writer.Finish();
+}
+
+}  // namespace mha::server

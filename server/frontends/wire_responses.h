@@ -1,0 +1,34 @@
+// mha.v1's responses written around their tensors' bytes (proto/wire/):
+// each output filled once, from the engine's f32 result in its wire dtype,
+// into a buffer gRPC sends as it is.
+#ifndef MHA_SERVER_FRONTENDS_WIRE_RESPONSES_H_
+#define MHA_SERVER_FRONTENDS_WIRE_RESPONSES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "engine/dtype.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "server/frontends/front_end_gate.h"
+#include "server/frontends/session_codec.h"
+#include "wire/wire_writer.h"
+
+namespace mha::server {
+
+// Field `number` of the message being written: a Tensor of `values` in
+// `dtype` with `shape`.
+void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
+                      DType dtype, wire::WireWriter& writer);
+
+// An AttendResponse of `result` from version `version` of `model`.
+grpc::ByteBuffer AttendResponseBytes(const std::string& model, int64_t version,
+                                     const ResultLayout& layout, const AttentionResult& result);
+
+// An AppendResponse of a step's result.
+grpc::ByteBuffer AppendResponseBytes(const StepLayout& layout, const AppendResult& result);
+
+}  // namespace mha::server
+
+#endif  // MHA_SERVER_FRONTENDS_WIRE_RESPONSES_H_
