@@ -35,7 +35,7 @@ struct TensorView {
 
 // A view of an owned tensor's bytes.
 inline TensorView ViewOf(const Tensor& t) {
-  return TensorView{t.dtype(), t.shape(), absl::MakeConstSpan(t.raw(), t.num_bytes())};
+  return TensorView{t.dtype(), t.shape(), absl::MakeConstSpan(t.raw(), t.num_bytes()), {}};
 }
 
 // PyTorch's inputs (batch_first): query [B, L, E] or [L, E]; key

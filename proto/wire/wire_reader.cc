@@ -168,7 +168,7 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
   std::vector<int> path;
   result = ReadResult{};
   if (!Walk(cursor, total, fields, path, header_bytes, result.payloads)) {
-    result = ReadResult{.whole = true};
+    result = ReadResult{.payloads = {}, .whole = true};
     return ParseWhole(pieces, what, header);
   }
   if (!header.ParseFromString(header_bytes)) {

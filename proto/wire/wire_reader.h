@@ -5,6 +5,7 @@
 #define MHA_PROTO_WIRE_WIRE_READER_H_
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,12 @@ inline const PayloadField kAttendRequestPayloads[] = {
 inline const PayloadField kInferRequestPayloads[] = {{7, {}}};
 // AppendRequest's query (field 2: its `data`, field 3).
 inline const PayloadField kAppendRequestPayloads[] = {{2, {{3, {}}}}};
+// StreamRequest's attend (field 2) and append (field 4) messages.
+inline const PayloadField kStreamRequestPayloads[] = {
+    {2, std::vector<PayloadField>(std::begin(kAttendRequestPayloads),
+                                  std::end(kAttendRequestPayloads))},
+    {4, std::vector<PayloadField>(std::begin(kAppendRequestPayloads),
+                                  std::end(kAppendRequestPayloads))}};
 // And, for the clients, AttendResponse's output and attn_weights (fields 1
 // and 2: their `data`, field 3).
 inline const PayloadField kAttendResponsePayloads[] = {{1, {{3, {}}}}, {2, {{3, {}}}}};

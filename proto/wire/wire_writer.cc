@@ -77,6 +77,21 @@ void WireWriter::AppendMessageWithBytes(int number, const google::protobuf::Mess
   AppendBytes(data_number, size, fill);
 }
 
+void WireWriter::AppendMessage(int number, WireWriter& inner) {
+  AppendTag(number);
+  const size_t before = pending_.size();
+  AppendVarint(inner.size_, pending_);
+  size_ += pending_.size() - before;
+  inner.Flush();
+  if (!inner.slices_.empty()) {
+    Flush();
+    for (grpc::Slice& slice : inner.slices_) slices_.push_back(std::move(slice));
+  }
+  size_ += inner.size_;
+  inner.slices_.clear();
+  inner.size_ = 0;
+}
+
 void WireWriter::Flush() {
   if (pending_.empty()) return;
   slices_.emplace_back(pending_);

@@ -31,6 +31,10 @@ class WireWriter {
   void AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
                               int data_number, size_t size, Fill fill);
 
+  // Field `number`, a message: what `inner` wrote (its payloads are moved,
+  // not copied). `inner` is empty after.
+  void AppendMessage(int number, WireWriter& inner);
+
   size_t size() const { return size_; }
   // The message as gRPC's buffer; the writer is empty after.
   grpc::ByteBuffer Finish();

@@ -1,5 +1,7 @@
 #include "server/frontends/grpc_helpers.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 namespace mha::server {
@@ -23,6 +25,19 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
 
 std::function<void(const absl::Status&)> FinisherOf(grpc::ServerUnaryReactor* reactor) {
   return [reactor](const absl::Status& status) { reactor->Finish(ToGrpcStatus(status)); };
+}
+
+int MethodIndex(const google::protobuf::FileDescriptor& file, const std::string& service,
+                const std::string& method) {
+  const google::protobuf::ServiceDescriptor* s = file.FindServiceByName(service);
+  const google::protobuf::MethodDescriptor* m =
+      s == nullptr ? nullptr : s->FindMethodByName(method);
+  if (m == nullptr) {
+    std::fprintf(stderr, "no method %s.%s in %s\n", service.c_str(), method.c_str(),
+                 file.name().c_str());
+    std::abort();
+  }
+  return m->index();
 }
 
 void SendUnary(grpc::CallbackServerContext* context, CallReactor* reactor,

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/grpcpp.h"
 #include "server/scheduling/memory_budget.h"
 
@@ -30,6 +31,12 @@ inline constexpr char kComputeTimeMetadata[] = "mha-compute-time-us";
 grpc::Status ToGrpcStatus(const absl::Status& status);
 // `status`'s message, or its code's name when it has none.
 std::string MessageOf(const absl::Status& status);
+
+// The index of `method` of `service` in `file` (the order of the methods a
+// generated service registers). Aborts when there is none: a programming
+// error.
+int MethodIndex(const google::protobuf::FileDescriptor& file, const std::string& service,
+                const std::string& method);
 
 // Finishes a unary call now with `status` (its default reactor).
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,

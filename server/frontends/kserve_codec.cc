@@ -262,7 +262,8 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
       return absl::InvalidArgumentError(
           absl::StrCat(input.name(), ": contents and raw_input_contents both given; use one"));
     }
-    TensorView view{*dtype, std::vector<int64_t>(input.shape().begin(), input.shape().end()), {}};
+    TensorView view{
+        *dtype, std::vector<int64_t>(input.shape().begin(), input.shape().end()), {}, {}};
     ASSIGN_OR_RETURN(std::optional<SharedMemorySlice> slice,
                      SharedMemoryOf(input.parameters(), shared_memory, input.name()));
     if (slice.has_value()) {

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "engine/status_macros.h"
+#include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "server/frontends/message_stream.h"
+#include "server/frontends/wire_responses.h"
 #include "wire/wire_reader.h"
 #include "wire/wire_writer.h"
 
@@ -107,31 +109,15 @@ class RawInferCall final : public KserveInferCall {
                             const AttentionResult& result) override {
     deferred_.clear();
     RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
-    inference::ModelInferResponse fields = received_->response;
-    fields.clear_raw_output_contents();
     wire::WireWriter writer;
-    writer.Append(fields);
-    size_t next = 0;
-    for (int i = 0; i < received_->response.raw_output_contents_size(); ++i) {
-      if (next < deferred_.size() && deferred_[next].raw_index == i) {
-        const DeferredOutput& out = deferred_[next++];
-        writer.AppendBytes(6, out.values.size() * DTypeSize(out.dtype),
-                           [&](uint8_t* to) { WriteBytes(out.values, out.dtype, to); });
-      } else {  // written to shared memory: an empty entry
-        const std::string& raw = received_->response.raw_output_contents(i);
-        writer.AppendBytes(6, raw.size(),
-                           [&](uint8_t* to) { std::memcpy(to, raw.data(), raw.size()); });
-      }
-    }
+    WriteInferResponse(received_->response, deferred_, writer);
     *bytes_ = writer.Finish();
     written_ = true;
     return absl::OkStatus();
   }
   void Send(const absl::Status& status, absl::Duration took) override {
     if (status.ok() && !written_) {  // answered by a sequence's step: the message as it is
-      const std::string serialized = received_->response.SerializeAsString();
-      grpc::Slice slice(serialized);
-      *bytes_ = grpc::ByteBuffer(&slice, 1);
+      *bytes_ = MessageBytes(received_->response);
     }
     SendUnary(context_, reactor_, status, took, compute_time);
   }
@@ -164,10 +150,13 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelInfer(grpc::CallbackServerCont
   return reactor;
 }
 
-// One ModelStreamInfer call: each request runs as ModelInfer does; an error
-// is its answer's error_message (with the request's id and model name).
-class KserveServiceImpl::InferStream final
-    : public MessageStream<inference::ModelInferRequest, inference::ModelStreamInferResponse> {
+namespace {
+
+// One ModelStreamInfer call: each request runs as ModelInfer does (read
+// and written around its raw contents); an error is its answer's
+// error_message (with the request's id and model name), a message that
+// does not parse included.
+class InferStream final : public MessageStream<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   InferStream(grpc::CallbackServerContext* context, KserveCalls& calls)
       : context_(context), calls_(calls) {
@@ -175,43 +164,82 @@ class KserveServiceImpl::InferStream final
   }
 
  private:
-  // A request of the stream; it keeps its message alive until answered.
+  // A request of the stream; it keeps its received bytes alive until
+  // answered.
   class Message final : public KserveInferCall {
    public:
-    Message(InferStream& stream, std::shared_ptr<inference::ModelInferRequest> request,
+    Message(InferStream& stream, std::unique_ptr<ReceivedInfer> received,
             std::shared_ptr<Outbound> out)
-        : KserveInferCall(*request, out->response.mutable_infer_response(), stream.calls_),
+        : KserveInferCall(received->fields, &received->response, stream.calls_),
           stream_(stream),
-          message_(std::move(request)),
-          out_(std::move(out)) {}
+          received_(std::move(received)),
+          out_(std::move(out)) {
+      if (sequence_parameters() != nullptr) {
+        received_->Materialize();
+      } else {
+        SetReceived(&received_->raw);
+      }
+      DeferOutputs(&deferred_);
+    }
 
    private:
+    absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                              const AttentionResult& result) override {
+      deferred_.clear();
+      RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
+      MarkFinal(received_->response);
+      wire::WireWriter infer;
+      WriteInferResponse(received_->response, deferred_, infer);
+      wire::WireWriter writer;
+      writer.AppendMessage(2, infer);  // ModelStreamInferResponse.infer_response
+      out_->response = writer.Finish();
+      written_ = true;
+      return absl::OkStatus();
+    }
     void Send(const absl::Status& status, absl::Duration) override {
-      inference::ModelInferResponse* infer = out_->response.mutable_infer_response();
-      if (!status.ok()) {
-        out_->response.set_error_message(MessageOf(status));
-        infer->Clear();
-        infer->set_id(message_->id());
-        infer->set_model_name(message_->model_name());
-        infer->set_model_version(message_->model_version());
-      }
-      if (final_response_flag()) {  // one response per request: the last
-        (*infer->mutable_parameters())["triton_final_response"].set_bool_param(true);
+      if (!status.ok() || !written_) {  // an error, or a sequence's step: through protobuf
+        inference::ModelStreamInferResponse message;
+        inference::ModelInferResponse* infer = message.mutable_infer_response();
+        if (status.ok()) {
+          *infer = received_->response;
+        } else {
+          message.set_error_message(MessageOf(status));
+          infer->set_id(received_->fields.id());
+          infer->set_model_name(received_->fields.model_name());
+          infer->set_model_version(received_->fields.model_version());
+        }
+        MarkFinal(*infer);
+        out_->response = MessageBytes(message);
       }
       stream_.Reply(out_);
     }
     void Hold(std::shared_ptr<MemoryReservation> memory) override {
       out_->memory = std::move(memory);
     }
+    // One response per request: the last, when the request asks to be told.
+    void MarkFinal(inference::ModelInferResponse& response) const {
+      if (final_response_flag()) {
+        (*response.mutable_parameters())["triton_final_response"].set_bool_param(true);
+      }
+    }
 
     InferStream& stream_;
-    const std::shared_ptr<inference::ModelInferRequest> message_;
+    const std::unique_ptr<ReceivedInfer> received_;
     const std::shared_ptr<Outbound> out_;
+    std::vector<DeferredOutput> deferred_;
+    bool written_ = false;
   };
 
-  void Start(std::shared_ptr<inference::ModelInferRequest> request) override {
+  void Start(std::shared_ptr<grpc::ByteBuffer> bytes) override {
     auto out = std::make_shared<Outbound>();
-    calls_.StartInfer(context_, std::make_unique<Message>(*this, std::move(request), out),
+    auto received = std::make_unique<ReceivedInfer>();
+    if (absl::Status read = received->Read(*bytes); !read.ok()) {
+      inference::ModelStreamInferResponse message;
+      message.set_error_message(MessageOf(read));
+      out->response = MessageBytes(message);
+      return Reply(std::move(out));
+    }
+    calls_.StartInfer(context_, std::make_unique<Message>(*this, std::move(received), out),
                       kApiKserve);
   }
 
@@ -219,9 +247,15 @@ class KserveServiceImpl::InferStream final
   KserveCalls& calls_;
 };
 
-grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-KserveServiceImpl::ModelStreamInfer(grpc::CallbackServerContext* context) {
-  return new InferStream(context, calls_);
+}  // namespace
+
+KserveServiceImpl::KserveServiceImpl(KserveCalls& calls) : calls_(calls) {
+  MarkMethodRawCallback(MethodIndex(*inference::ModelInferRequest::descriptor()->file(),
+                                    "GRPCInferenceService", "ModelStreamInfer"),
+                        new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                            [this](grpc::CallbackServerContext* context) {
+                              return new InferStream(context, calls_);
+                            }));
 }
 
 grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(

@@ -15,13 +15,15 @@ namespace mha::server {
 // The gRPC codec of KserveCalls (kserve_calls.h), which it borrows and
 // which holds the protocol's logic: each RPC reads the caller's token from
 // the metadata, calls it and finishes the reactor. Thread-safe.
-// ModelInfer is read and written around its raw contents (proto/wire/):
-// the service takes it as gRPC's bytes.
+// ModelInfer and ModelStreamInfer are read and written around their raw
+// contents (proto/wire/): the service takes them as gRPC's bytes (the
+// stream's handler is set in the constructor: a typed and a raw stream
+// method cannot share a name in one class).
 class KserveServiceImpl final
     : public inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
           inference::GRPCInferenceService::CallbackService> {
  public:
-  explicit KserveServiceImpl(KserveCalls& calls) : calls_(calls) {}
+  explicit KserveServiceImpl(KserveCalls& calls);
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -44,8 +46,6 @@ class KserveServiceImpl final
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
-  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-  ModelStreamInfer(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
                                             const inference::ModelStatisticsRequest* request,
                                             inference::ModelStatisticsResponse* response) override;
@@ -83,8 +83,6 @@ class KserveServiceImpl final
       inference::CudaSharedMemoryUnregisterResponse* response) override;
 
  private:
-  class InferStream;
-
   KserveCalls& calls_;
 };
 

@@ -487,7 +487,7 @@ TEST(AttentionRequestTest, UnalignedF32BytesAreCopiedOnce) {
   std::vector<uint8_t> shifted(query.num_bytes() + 1);
   std::memcpy(shifted.data() + 1, query.raw(), query.num_bytes());
   RequestInputs in;
-  in.query = TensorView{DType::kF32, {1, 2, 24}, absl::MakeConstSpan(shifted).subspan(1)};
+  in.query = TensorView{DType::kF32, {1, 2, 24}, absl::MakeConstSpan(shifted).subspan(1), {}};
   absl::StatusOr<AttentionRequest> r =
       AttentionRequest::Create(SelfDims(), in, kNoLimit, DTypeSpelling::kSafetensors);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -533,7 +533,7 @@ TEST(AttentionRequestTest, ErrorsSpellDTypesAsTheFrontEndDoes) {
 TEST(AttentionRequestTest, BytesThatAreNotTheShapeAreRejected) {
   const Tensor query = Random({1, 2, 24}, 1);
   RequestInputs in;
-  in.query = TensorView{DType::kF32, {1, 2, 24}, absl::MakeConstSpan(query.raw(), 100)};
+  in.query = TensorView{DType::kF32, {1, 2, 24}, absl::MakeConstSpan(query.raw(), 100), {}};
   const absl::Status s =
       AttentionRequest::Create(SelfDims(), in, kNoLimit, DTypeSpelling::kKserve).status();
   EXPECT_THAT(std::string(s.message()),

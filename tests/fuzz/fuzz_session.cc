@@ -142,7 +142,8 @@ void OnSessionFile(const uint8_t* data, size_t size, const VersionPtr& version,
   in.query = mha::TensorView{mha::DType::kF32,
                              {1, 2, engine.dims().embed_dim},
                              absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
-                                                 storage.size() * sizeof(float))};
+                                                 storage.size() * sizeof(float)),
+                             {}};
   mha::AttentionDims query_dims = engine.dims();
   query_dims.kdim = query_dims.vdim = query_dims.embed_dim;
   absl::StatusOr<mha::AttentionRequest> query =

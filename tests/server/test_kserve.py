@@ -354,6 +354,27 @@ class KserveTest(OneServerPerClass):
                                        np.frombuffer(attend.output.data, "<f4"),
                                        rtol=1e-5, atol=1e-5)
 
+    def test_model_stream_infer_answers_malformed_and_large_messages_in_place(self):
+        # Read around their raw contents: bytes that do not parse are one
+        # answer's error_message (the stream goes on), and a large request
+        # (many of gRPC's slices) equals Attend's answer.
+        large = random_inputs(50, batch=4, length=256)
+        request = large.kserve("demo")
+        request.id = "large"
+        method = "/inference.GRPCInferenceService/ModelStreamInfer"
+        call = self.channel.stream_stream(
+            method, request_serializer=lambda b: b,
+            response_deserializer=kpb.ModelStreamInferResponse.FromString)
+        answers = list(call(iter([b"\x0a\xff", request.SerializeToString()]), timeout=TIMEOUT))
+        self.assertEqual(len(answers), 2)
+        bad = [a for a in answers if a.error_message]
+        self.assertEqual(len(bad), 1)
+        self.assertIn("ModelInferRequest: not a valid protobuf message", bad[0].error_message)
+        good = [a for a in answers if not a.error_message][0].infer_response
+        self.assertEqual(good.id, "large")
+        attend = self.attend.Attend(large.attend("demo"), timeout=TIMEOUT)
+        self.assertEqual(good.raw_output_contents[0], attend.output.data)
+
     def test_triton_timeout_parameter_tightens_the_deadline(self):
         # Triton's `timeout` (microseconds): the earlier of it and the gRPC
         # deadline wins, and an expired request is never computed.

@@ -63,7 +63,8 @@ AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storag
   in.query = TensorView{DType::kF32,
                         {1, tokens, embed_dim},
                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(storage.data()),
-                                            storage.size() * sizeof(float))};
+                                            storage.size() * sizeof(float)),
+                        {}};
   auto request =
       AttentionRequest::Create(MakeDims(embed_dim, 4), in, 1 << 20, DTypeSpelling::kMhaV1);
   EXPECT_TRUE(request.ok()) << request.status();
