@@ -6,6 +6,7 @@
 #include "engine/status_macros.h"
 #include "engine/weights.h"
 #include "engine/wire_dtype.h"
+#include "grpcpp/impl/codegen/server_callback_handlers.h"
 #include "server/frontends/statistics_fill.h"
 #include "server/frontends/stream_reactor.h"
 #include "server/frontends/wire_responses.h"
@@ -58,20 +59,15 @@ v1::ModelInfo ToModelInfo(const ModelStatus& status) {
 
 }  // namespace
 
-void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
-                          const AttentionResult& result, v1::AttendResponse* response) {
-  response->set_model(model.name);
-  response->set_model_version(model.version);
-  EncodeTensor(result.output, layout.output_shape, layout.output_dtype, response->mutable_output());
-  if (!layout.weights_shape.empty()) {
-    EncodeTensor(result.weights, layout.weights_shape, DType::kF32,
-                 response->mutable_attn_weights());
-  }
-}
-
-grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* AttentionServiceImpl::Stream(
-    grpc::CallbackServerContext* context) {
-  return new StreamReactor(context, gate_, session_calls_);
+AttentionServiceImpl::AttentionServiceImpl(FrontEndGate& gate, ModelControl& control,
+                                           SessionManager& sessions)
+    : gate_(gate), control_(control), sessions_(sessions), session_calls_(gate, sessions) {
+  MarkMethodRawCallback(
+      MethodIndex(*v1::AttendRequest::descriptor()->file(), "AttentionService", "Stream"),
+      new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+          [this](grpc::CallbackServerContext* context) {
+            return new StreamReactor(context, gate_, session_calls_);
+          }));
 }
 
 namespace {

@@ -11,22 +11,19 @@
 
 namespace mha::server {
 
-// An Attend's response from its result (shared by Attend and Stream).
-void EncodeAttendResponse(const ModelVersion& model, const ResultLayout& layout,
-                          const AttentionResult& result, v1::AttendResponse* response);
-
 // Borrows the front-end gate, the model control and the sessions (all outlive
 // the server).
 // Handlers validate, enqueue and return; they never wait for compute or for
 // a load. Thread-safe.
-// Attend and Append are read and written around their tensor bytes
-// (proto/wire/): the service takes them as gRPC's bytes.
+// Attend, Append and Stream are read and written around their tensor bytes
+// (proto/wire/): the service takes them as gRPC's bytes (Stream's handler is
+// set in the constructor: a typed and a raw stream method cannot share a
+// name in one class).
 class AttentionServiceImpl final : public v1::AttentionService::WithRawCallbackMethod_Attend<
                                        v1::AttentionService::WithRawCallbackMethod_Append<
                                            v1::AttentionService::CallbackService>> {
  public:
-  AttentionServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions)
-      : gate_(gate), control_(control), sessions_(sessions), session_calls_(gate, sessions) {}
+  AttentionServiceImpl(FrontEndGate& gate, ModelControl& control, SessionManager& sessions);
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
@@ -66,8 +63,6 @@ class AttentionServiceImpl final : public v1::AttentionService::WithRawCallbackM
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsResponse* response) override;
-  grpc::ServerBidiReactor<v1::StreamRequest, v1::StreamResponse>* Stream(
-      grpc::CallbackServerContext* context) override;
 
  private:
   // Why a model control call may not run (auth, mode none), or OK.

@@ -3,22 +3,54 @@
 #include <memory>
 #include <utility>
 
-#include "server/frontends/attention_service.h"
 #include "server/frontends/request_codec.h"
+#include "server/frontends/wire_responses.h"
+#include "wire/wire_reader.h"
+#include "wire/wire_writer.h"
 
 namespace mha::server {
+
+using ReceivedStreamRequest = wire::ReceivedMessage<v1::StreamRequest>;
+
+// A message's answer: its small fields (id, code, a session's answer), and
+// its bytes once written (an Attend's or Append's answer is written around
+// its tensors as soon as they are computed).
+struct StreamReactor::Pending {
+  v1::StreamResponse message;
+  std::shared_ptr<Outbound> out = std::make_shared<Outbound>();
+  bool written = false;
+
+  // The answer with `field` (a message) written by `write`.
+  template <typename Write>
+  void WriteWith(int field, Write write) {
+    wire::WireWriter inner;
+    write(inner);
+    wire::WireWriter writer;
+    v1::StreamResponse id;
+    id.set_id(message.id());
+    writer.Append(id);
+    writer.AppendMessage(field, inner);
+    out->response = writer.Finish();
+    written = true;
+  }
+};
 
 // An attend message: decoded from the stream's message (which its tensors
 // view, so the request keeps it alive), answered on the stream.
 class StreamReactor::AttendMessage final : public DispatchedCall {
  public:
-  AttendMessage(StreamReactor& stream, std::shared_ptr<v1::StreamRequest> request,
-                std::shared_ptr<Outbound> out)
-      : stream_(stream), request_(std::move(request)), out_(std::move(out)) {}
+  AttendMessage(StreamReactor& stream, std::shared_ptr<const ReceivedStreamRequest> request,
+                std::shared_ptr<Pending> pending)
+      : stream_(stream), request_(std::move(request)), pending_(std::move(pending)) {}
 
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
-    absl::StatusOr<AttentionRequest> decoded =
-        DecodeAttendRequest(request_->attend(), model.loaded.dims, stream_.gate_.limits());
+    AttendReceived data{};
+    for (int i = 0; i < 5; ++i) {
+      const int path[] = {2, i + 2, 3};  // StreamRequest.attend's tensors' data
+      data[i] = request_->Payload(path);
+    }
+    absl::StatusOr<AttentionRequest> decoded = DecodeAttendRequest(
+        request_->fields.attend(), model.loaded.dims, stream_.gate_.limits(), data);
     if (decoded.ok()) decoded->KeepAlive(request_);
     return decoded;
   }
@@ -26,39 +58,59 @@ class StreamReactor::AttendMessage final : public DispatchedCall {
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override {
-    EncodeAttendResponse(model, layout, result, out_->response.mutable_attend());
+    pending_->WriteWith(4, [&](wire::WireWriter& inner) {  // StreamResponse.attend
+      WriteAttendResponse(model.name, model.version, layout, result, inner);
+    });
     return absl::OkStatus();
   }
-  void Send(const absl::Status& status, absl::Duration) override { stream_.Answer(out_, status); }
+  void Send(const absl::Status& status, absl::Duration) override {
+    stream_.Answer(pending_, status);
+  }
   void Hold(std::shared_ptr<MemoryReservation> memory) override {
-    out_->memory = std::move(memory);
+    pending_->out->memory = std::move(memory);
   }
 
   StreamReactor& stream_;
-  const std::shared_ptr<v1::StreamRequest> request_;
-  const std::shared_ptr<Outbound> out_;
+  const std::shared_ptr<const ReceivedStreamRequest> request_;
+  const std::shared_ptr<Pending> pending_;
 };
 
-void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
-  auto out = std::make_shared<Outbound>();
-  out->response.set_id(request->id());
-  auto done = [this, out](const absl::Status& status) { Answer(out, status); };
-  switch (request->message_case()) {
+void StreamReactor::Start(std::shared_ptr<grpc::ByteBuffer> bytes) {
+  auto pending = std::make_shared<Pending>();
+  auto received = std::make_shared<ReceivedStreamRequest>();
+  if (absl::Status read = received->Read(*bytes, wire::kStreamRequestPayloads, "StreamRequest");
+      !read.ok()) {
+    return Answer(pending, read);
+  }
+  const v1::StreamRequest& request = received->fields;
+  pending->message.set_id(request.id());
+  auto done = [this, pending](const absl::Status& status) { Answer(pending, status); };
+  switch (request.message_case()) {
     case v1::StreamRequest::kAttend:
-      return gate_.Dispatch(context_, std::make_unique<AttendMessage>(*this, request, out),
-                            request->attend().model(), request->attend().model_version(), kApiMha);
+      return gate_.Dispatch(context_, std::make_unique<AttendMessage>(*this, received, pending),
+                            request.attend().model(), request.attend().model_version(), kApiMha);
     case v1::StreamRequest::kOpenSession:
-      return sessions_.Open(*context_, request->open_session(), request,
-                            out->response.mutable_session(), done);
-    case v1::StreamRequest::kAppend:
-      return sessions_.Append(*context_, request->append(), request, out->response.mutable_append(),
-                              done);
+      return sessions_.Open(*context_, request.open_session(), received,
+                            pending->message.mutable_session(), done);
+    case v1::StreamRequest::kAppend: {
+      static constexpr int kQueryData[] = {4, 2, 3};  // StreamRequest.append's query's data
+      const ReceivedBytes* query = received->Payload(kQueryData);
+      return sessions_.Append(
+          *context_, request.append(), query, received,
+          [pending](const StepLayout& layout, const AppendResult& result) {
+            pending->WriteWith(6, [&](wire::WireWriter& inner) {  // StreamResponse.append
+              WriteAppendResponse(layout, result, inner);
+            });
+            return absl::OkStatus();
+          },
+          done);
+    }
     case v1::StreamRequest::kForkSession:
       return done(
-          sessions_.Fork(*context_, request->fork_session(), out->response.mutable_session()));
+          sessions_.Fork(*context_, request.fork_session(), pending->message.mutable_session()));
     case v1::StreamRequest::kCloseSession:
-      return done(sessions_.Close(*context_, request->close_session(),
-                                  out->response.mutable_close_session()));
+      return done(sessions_.Close(*context_, request.close_session(),
+                                  pending->message.mutable_close_session()));
     default:
       return done(absl::InvalidArgumentError(
           "stream message: set one of attend, open_session, append, close_session, "
@@ -66,13 +118,17 @@ void StreamReactor::Start(std::shared_ptr<v1::StreamRequest> request) {
   }
 }
 
-void StreamReactor::Answer(std::shared_ptr<Outbound> out, const absl::Status& status) {
+void StreamReactor::Answer(const std::shared_ptr<Pending>& pending, const absl::Status& status) {
+  v1::StreamResponse& message = pending->message;
   if (!status.ok()) {
-    out->response.clear_message();
-    out->response.set_code(static_cast<int>(status.code()));
-    out->response.set_error_message(MessageOf(status));
+    message.clear_message();
+    message.set_code(static_cast<int>(status.code()));
+    message.set_error_message(MessageOf(status));
+    pending->out->response = MessageBytes(message);
+  } else if (!pending->written) {
+    pending->out->response = MessageBytes(message);
   }
-  Reply(std::move(out));
+  Reply(pending->out);
 }
 
 }  // namespace mha::server

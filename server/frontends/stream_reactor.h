@@ -14,11 +14,13 @@
 
 namespace mha::server {
 
-// One Stream call (see MessageStream for reading, writing and lifetime):
+// One Stream call (see MessageStream for reading, writing and lifetime),
+// its messages read and written around their tensors' bytes (proto/wire/):
 // Attend messages go through the front-end gate, session messages through
-// SessionCalls; a message's error is its answer's code and error_message,
-// never the end of the stream. Borrows the front-end gate and the session calls.
-class StreamReactor final : public MessageStream<v1::StreamRequest, v1::StreamResponse> {
+// SessionCalls; a message's error (one that does not parse included) is
+// its answer's code and error_message, never the end of the stream.
+// Borrows the front-end gate and the session calls.
+class StreamReactor final : public MessageStream<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(grpc::CallbackServerContext* context, FrontEndGate& gate, SessionCalls& sessions)
       : context_(context), gate_(gate), sessions_(sessions) {
@@ -27,10 +29,12 @@ class StreamReactor final : public MessageStream<v1::StreamRequest, v1::StreamRe
 
  private:
   class AttendMessage;  // an attend message's call
+  struct Pending;       // a message's answer in the making
 
-  void Start(std::shared_ptr<v1::StreamRequest> request) override;
-  // Sets `status` as the answer's code (and error) and replies.
-  void Answer(std::shared_ptr<Outbound> out, const absl::Status& status);
+  void Start(std::shared_ptr<grpc::ByteBuffer> bytes) override;
+  // Sets `status` as the answer's code (and error), writes what was not
+  // written yet, and replies.
+  void Answer(const std::shared_ptr<Pending>& pending, const absl::Status& status);
 
   grpc::CallbackServerContext* const context_;
   FrontEndGate& gate_;

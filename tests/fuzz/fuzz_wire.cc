@@ -1,8 +1,9 @@
-// The wire reader and writer (proto/wire/) against protobuf's own parser on any bytes: the reader
-// accepts and refuses what protobuf does and yields the same fields
-// (AttendRequest and ModelInferRequest, received in pieces of sizes the
-// input's first bytes choose); what the writer writes parses to the same
-// message (AttendResponse and ModelInferResponse).
+// The wire reader and writer (proto/wire/) against protobuf's own parser on
+// any bytes: the reader accepts and refuses what protobuf does and yields
+// the same fields (AttendRequest, AppendRequest, StreamRequest and
+// ModelInferRequest, received in pieces of sizes the input's first bytes
+// choose); what the writer writes parses to the same message
+// (AttendResponse, StreamResponse and ModelInferResponse).
 #include <cstdio>
 #include <cstdlib>
 #include <string>

@@ -315,6 +315,25 @@ class SharedServerTest(ServerTestCase, OneServerPerClass):
         query = randn(self.rng, 1, 3, DEMO_E)
         self.check_against_torch("demo", self.attend(**request_fields(query)), query)
 
+    def test_stream_answers_malformed_and_large_messages_in_place(self):
+        # Stream's messages are read around their tensors too: bytes that do
+        # not parse are one answer's INVALID_ARGUMENT (the stream goes on);
+        # a large attend in many slices equals the unary call's answer.
+        query = randn(self.rng, 4, 256, DEMO_E)
+        attend = pb.AttendRequest(model="demo", **request_fields(query, need_weights=True))
+        message = pb.StreamRequest(id="large", attend=attend).SerializeToString()
+        call = grpc.insecure_channel(self.server.target()).stream_stream(
+            "/mha.v1.AttentionService/Stream", request_serializer=lambda b: b,
+            response_deserializer=pb.StreamResponse.FromString)
+        answers = {a.id: a for a in call(iter([b"\x0a\xff", message]), timeout=RPC_TIMEOUT)}
+        self.assertEqual(sorted(answers), ["", "large"])
+        self.assertEqual(answers[""].code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertIn("StreamRequest: not a valid protobuf message", answers[""].error_message)
+        self.assertEqual(answers["large"].code, 0)
+        unary = self.attend(**request_fields(query, need_weights=True))
+        self.assertEqual(answers["large"].attend.output.data, unary.output.data)
+        self.assertEqual(answers["large"].attend.attn_weights.data, unary.attn_weights.data)
+
     def test_post_norm_model(self):
         query = randn(self.rng, 3, 4, POST_E)
         response = self.attend("post", **request_fields(query, need_weights=True))

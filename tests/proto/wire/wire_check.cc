@@ -1,6 +1,7 @@
 #include "tests/proto/wire/wire_check.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "google/protobuf/io/coded_stream.h"
@@ -43,22 +44,35 @@ std::string Joined(const WirePieces& pieces) {
   return s;
 }
 
-v1::Tensor* TensorField(v1::AttendRequest& r, int number) {
-  switch (number) {
-    case 2:
-      return r.mutable_query();
-    case 3:
-      return r.mutable_key();
-    case 4:
-      return r.mutable_value();
-    case 5:
-      return r.mutable_key_padding_mask();
-    default:
-      return r.mutable_attn_mask();
+// Puts `data` back into `message` at `path` (field numbers): singular
+// message fields descended, the last a bytes field (a repeated one: its
+// next element in order, counted in `next`).
+bool PutBack(google::protobuf::Message& message, absl::Span<const int> path, std::string data,
+             std::map<const google::protobuf::FieldDescriptor*, int>& next) {
+  const google::protobuf::FieldDescriptor* field =
+      message.GetDescriptor()->FindFieldByNumber(path[0]);
+  const google::protobuf::Reflection* r = message.GetReflection();
+  if (field == nullptr) return false;
+  if (path.size() > 1) {
+    if (field->is_repeated() || field->type() != google::protobuf::FieldDescriptor::TYPE_MESSAGE) {
+      return false;
+    }
+    return PutBack(*r->MutableMessage(&message, field), path.subspan(1), std::move(data), next);
   }
+  if (field->type() != google::protobuf::FieldDescriptor::TYPE_BYTES) return false;
+  if (!field->is_repeated()) {
+    r->SetString(&message, field, std::move(data));
+    return true;
+  }
+  const int index = next[field]++;
+  if (index >= r->FieldSize(message, field)) return false;
+  if (!r->GetRepeatedString(message, field, index).empty()) return false;  // not emptied
+  r->SetRepeatedString(&message, field, index, std::move(data));
+  return true;
 }
 
-// The message read by the wire reader with its payloads put back.
+// The message read by the wire reader with its payloads put back, against
+// protobuf's own parse.
 template <typename Message>
 std::string Compare(absl::string_view bytes, const WirePieces& pieces,
                     absl::Span<const PayloadField> fields, const char* name) {
@@ -78,18 +92,12 @@ std::string Compare(absl::string_view bytes, const WirePieces& pieces,
     return "";
   }
   if (read.whole && !read.payloads.empty()) return std::string(name) + ": whole with payloads";
-  int raw_index = 0;
+  std::map<const google::protobuf::FieldDescriptor*, int> next;
   for (const WirePayload& p : read.payloads) {
     std::string data = Joined(p.pieces);
     if (static_cast<int64_t>(data.size()) != p.size) return std::string(name) + ": payload size";
-    if constexpr (std::is_same_v<Message, v1::AttendRequest>) {
-      if (p.path.size() != 2 || p.path[1] != 3) return "attend payload path";
-      TensorField(got, p.path[0])->set_data(std::move(data));
-    } else {
-      if (p.path.size() != 1 || p.path[0] != 7) return "infer payload path";
-      if (raw_index >= got.raw_input_contents_size()) return "more payloads than raw contents";
-      if (!got.raw_input_contents(raw_index).empty()) return "a payload's place is not empty";
-      got.set_raw_input_contents(raw_index++, std::move(data));
+    if (!PutBack(got, p.path, std::move(data), next)) {
+      return std::string(name) + ": a payload's path is not a bytes field left empty";
     }
   }
   const std::string diff = Differences(expected, got);
@@ -141,11 +149,15 @@ WirePieces SplitInto(absl::string_view bytes, absl::Span<const int> sizes) {
 }
 
 std::string CheckReadAgrees(absl::string_view bytes, const WirePieces& pieces) {
-  std::string error =
-      Compare<v1::AttendRequest>(bytes, pieces, kAttendRequestPayloads, "AttendRequest");
-  if (!error.empty()) return error;
-  return Compare<inference::ModelInferRequest>(bytes, pieces, kInferRequestPayloads,
-                                               "ModelInferRequest");
+  for (const std::string& error :
+       {Compare<v1::AttendRequest>(bytes, pieces, kAttendRequestPayloads, "AttendRequest"),
+        Compare<v1::AppendRequest>(bytes, pieces, kAppendRequestPayloads, "AppendRequest"),
+        Compare<v1::StreamRequest>(bytes, pieces, kStreamRequestPayloads, "StreamRequest"),
+        Compare<inference::ModelInferRequest>(bytes, pieces, kInferRequestPayloads,
+                                              "ModelInferRequest")}) {
+    if (!error.empty()) return error;
+  }
+  return "";
 }
 
 std::string CheckWriteRoundTrips(absl::string_view bytes) {
@@ -160,6 +172,24 @@ std::string CheckWriteRoundTrips(absl::string_view bytes) {
     writer.Append(rest);
     const size_t size = writer.size();
     std::string error = RoundTrip(attend, writer.Finish(), size, "AttendResponse");
+    if (!error.empty()) return error;
+  }
+  v1::StreamResponse stream;
+  if (stream.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) && stream.has_attend()) {
+    WireWriter inner;  // the attend answer nested in the stream's
+    if (stream.attend().has_output()) AppendTensor(1, stream.attend().output(), inner);
+    if (stream.attend().has_attn_weights()) AppendTensor(2, stream.attend().attn_weights(), inner);
+    v1::AttendResponse attend_rest = stream.attend();
+    attend_rest.clear_output();
+    attend_rest.clear_attn_weights();
+    inner.Append(attend_rest);
+    WireWriter writer;
+    v1::StreamResponse rest = stream;
+    rest.clear_attend();
+    writer.Append(rest);
+    writer.AppendMessage(4, inner);
+    const size_t size = writer.size();
+    std::string error = RoundTrip(stream, writer.Finish(), size, "StreamResponse");
     if (!error.empty()) return error;
   }
   inference::ModelInferResponse infer;

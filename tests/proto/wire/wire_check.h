@@ -14,17 +14,17 @@ namespace mha::wire::testing {
 // least 1; the last piece takes the rest).
 WirePieces SplitInto(absl::string_view bytes, absl::Span<const int> sizes);
 
-// Reads `bytes` (in `pieces`) as an AttendRequest and as a
-// ModelInferRequest with the server's payload fields, and compares with
+// Reads `bytes` (in `pieces`) as each request the server reads around its
+// tensors (AttendRequest, AppendRequest, StreamRequest, ModelInferRequest), and compares with
 // protobuf's parse of the bytes: the same verdict, and when accepted the
 // same message once the payloads are put back. "" when they agree, else
 // what differed.
 std::string CheckReadAgrees(absl::string_view bytes, const WirePieces& pieces);
 
-// Parses `bytes` as an AttendResponse and as a ModelInferResponse; for each
-// that parses, writes it again through WireWriter (its tensors' data and
-// raw outputs as payloads) and parses what was written. "" when protobuf
-// reads back the same message, else what differed.
+// Parses `bytes` as an AttendResponse, a StreamResponse (with an attend
+// answer: written nested) and a ModelInferResponse; for each that parses, writes it again through
+// WireWriter (its tensors' data and raw outputs as payloads) and parses what was written. "" when
+// protobuf reads back the same message, else what differed.
 std::string CheckWriteRoundTrips(absl::string_view bytes);
 
 }  // namespace mha::wire::testing

@@ -70,6 +70,38 @@ TEST(WireReaderTest, TensorBytesStayInTheReceivedPiecesAndTheRestParses) {
   }
 }
 
+TEST(WireReaderTest, StreamAndAppendMessagesKeepTheirTensorsInThePieces) {
+  v1::StreamRequest stream;
+  stream.set_id("s");
+  *stream.mutable_attend() = FullRequest(200);
+  v1::StreamRequest step;
+  step.set_id("t");
+  step.mutable_append()->set_session_id("x");
+  *step.mutable_append()->mutable_query() = TensorOf({1, 100, 24}, 9);
+  for (const v1::StreamRequest& message : {stream, step}) {
+    const std::string bytes = message.SerializeAsString();
+    const WirePieces pieces = SplitInto(bytes, {333});
+    EXPECT_EQ(CheckReadAgrees(bytes, pieces), "");
+    v1::StreamRequest header;
+    ReadResult read;
+    ASSERT_TRUE(
+        ReadWireMessage(pieces, kStreamRequestPayloads, "StreamRequest", header, read).ok());
+    EXPECT_FALSE(read.whole);
+    const int attend_query[] = {2, 2, 3};
+    const int append_query[] = {4, 2, 3};
+    const WirePayload* query =
+        LastPayload(read, message.has_attend() ? attend_query : append_query);
+    ASSERT_NE(query, nullptr);
+    EXPECT_EQ(query->size, message.has_attend() ? 200 * 24 * 4 : 100 * 24 * 4);
+    EXPECT_EQ(header.id(), message.id());
+  }
+  v1::StreamResponse answer;
+  answer.set_id("s");
+  *answer.mutable_attend()->mutable_output() = TensorOf({1, 200, 24}, 3);
+  answer.mutable_attend()->set_model("demo");
+  EXPECT_EQ(CheckWriteRoundTrips(answer.SerializeAsString()), "");
+}
+
 TEST(WireReaderTest, EveryOneByteChangeOfASmallRequestIsReadAsProtobufReadsIt) {
   const std::string good = FullRequest(2).SerializeAsString();
   for (size_t at = 0; at < good.size(); ++at) {
