@@ -157,24 +157,67 @@ absl::Status CheckMasks(const AttentionDims& dims, const RequestInputs& in, cons
   return absl::OkStatus();
 }
 
+// Elements converted and checked at a time: while they are in cache, the
+// check for non-finite values costs no second read from memory.
+constexpr int64_t kCheckChunk = 16384;
+
+// f32 values written into a buffer piece by piece, checked for non-finite
+// values a chunk at a time as they are written. Not thread-safe.
+class CheckedWriter {
+ public:
+  explicit CheckedWriter(float* out) : out_(out) {}
+  // Converts `n` elements of `dtype` at `bytes` to the end of what is
+  // written.
+  void Convert(DType dtype, const uint8_t* bytes, int64_t n) {
+    const int64_t elem = DTypeSize(dtype);
+    for (int64_t at = 0; at < n; at += kCheckChunk) {
+      const int64_t k = std::min(kCheckChunk, n - at);
+      ConvertToFloat(dtype, bytes + at * elem, k, out_ + done_);
+      Check(k);
+    }
+  }
+  int64_t first_non_finite() const { return first_non_finite_; }
+
+ private:
+  void Check(int64_t k) {
+    if (first_non_finite_ < 0) {
+      const int64_t i = FirstNonFinite({out_ + done_, static_cast<size_t>(k)});
+      if (i >= 0) first_non_finite_ = done_ + i;
+    }
+    done_ += k;
+  }
+
+  float* const out_;
+  int64_t done_ = 0, first_non_finite_ = -1;
+};
+
+// A view's values as f32, and the index of the first that is not finite
+// (-1: none).
+struct F32Values {
+  absl::Span<const float> values;
+  int64_t first_non_finite = -1;
+};
+
 // The view's values as f32: in place when they are aligned FP32 in one
 // piece, else gathered or converted once into `copy` (an element may
-// straddle two pieces).
-absl::Span<const float> AsF32(const TensorView& v, LargeArray<float>& copy) {
+// straddle two pieces), checked as they are written.
+F32Values AsF32(const TensorView& v, LargeArray<float>& copy) {
   const int64_t n = Elements(v);
   if (v.pieces.empty() && v.dtype == DType::kF32 &&
       reinterpret_cast<uintptr_t>(v.bytes.data()) % alignof(float) == 0) {
-    return {reinterpret_cast<const float*>(v.bytes.data()), static_cast<size_t>(n)};
+    const absl::Span<const float> values(reinterpret_cast<const float*>(v.bytes.data()),
+                                         static_cast<size_t>(n));
+    return {values, FirstNonFinite(values)};
   }
   copy = LargeArray<float>(static_cast<size_t>(n));
-  const absl::Span<const float> values(copy.data(), copy.size());
+  CheckedWriter out(copy.data());
   if (v.pieces.empty()) {
-    ConvertToFloat(v.dtype, v.bytes.data(), n, copy.data());
-    return values;
+    out.Convert(v.dtype, v.bytes.data(), n);
+    return {{copy.data(), copy.size()}, out.first_non_finite()};
   }
   const int64_t elem = DTypeSize(v.dtype);
   uint8_t straddler[8];
-  int64_t held = 0, done = 0;  // bytes of `straddler` filled; elements converted
+  int64_t held = 0;  // bytes of `straddler` filled
   for (absl::Span<const uint8_t> piece : v.pieces) {
     const uint8_t* p = piece.data();
     int64_t left = static_cast<int64_t>(piece.size());
@@ -183,16 +226,15 @@ absl::Span<const float> AsF32(const TensorView& v, LargeArray<float>& copy) {
       std::memcpy(straddler + held, p, static_cast<size_t>(more));
       held += more, p += more, left -= more;
       if (held < elem) continue;
-      ConvertToFloat(v.dtype, straddler, 1, copy.data() + done++);
+      out.Convert(v.dtype, straddler, 1);
       held = 0;
     }
     const int64_t whole = left / elem;
-    ConvertToFloat(v.dtype, p, whole, copy.data() + done);
-    done += whole;
+    out.Convert(v.dtype, p, whole);
     held = left - whole * elem;
     std::memcpy(straddler, p + whole * elem, static_cast<size_t>(held));
   }
-  return values;
+  return {{copy.data(), copy.size()}, out.first_non_finite()};
 }
 
 // The view's bytes in one piece: in place, or gathered into `copy`.
@@ -210,12 +252,12 @@ const uint8_t* Contiguous(const TensorView& v, LargeArray<uint8_t>& copy) {
 // NaN or Inf in query, key or value would come back as NaN outputs.
 absl::StatusOr<absl::Span<const float>> FiniteInput(const TensorView& v, const char* field,
                                                     LargeArray<float>& copy) {
-  const absl::Span<const float> values = AsF32(v, copy);
-  if (const int64_t i = FirstNonFinite(values); i >= 0) {
+  const F32Values f32 = AsF32(v, copy);
+  if (const int64_t i = f32.first_non_finite; i >= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": element ", i, " is ", values[i], ", expected a finite number"));
+        absl::StrCat(field, ": element ", i, " is ", f32.values[i], ", expected a finite number"));
   }
-  return values;
+  return f32.values;
 }
 
 // BOOL masks are used as they are; F32 ones may hold -inf (masked out) but
@@ -225,8 +267,9 @@ absl::StatusOr<MaskView> Mask(const std::optional<TensorView>& v, const char* fi
   if (!v.has_value()) return MaskView{};
   const int64_t n = Elements(*v);
   if (v->dtype == DType::kBool) return MaskView{DType::kBool, Contiguous(*v, bool_copy), n};
-  const absl::Span<const float> values = AsF32(*v, copy);
-  if (FirstNonFinite(values) >= 0) {
+  const F32Values f32 = AsF32(*v, copy);
+  const absl::Span<const float> values = f32.values;
+  if (f32.first_non_finite >= 0) {
     for (size_t i = 0; i < values.size(); ++i) {
       if (std::isnan(values[i]) || (values[i] > 0 && std::isinf(values[i]))) {
         return absl::InvalidArgumentError(absl::StrCat(field, ": element ", i, " is ", values[i],

@@ -1,5 +1,7 @@
 #include "engine/dtype.h"
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -65,18 +67,56 @@ uint16_t FloatToHalf(float f) {
   return static_cast<uint16_t>(sign | half);
 }
 
+namespace {
+
+uint16_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// F16 <-> f32 eight at a time with F16C (every x86-64 CPU with AVX has
+// it; exact both ways for finite values, rounding to nearest even), the
+// scalar conversions for the tail and for CPUs without it.
+__attribute__((target("avx,f16c"))) void HalvesToFloats(const uint8_t* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) out[i] = HalfToFloat(Load16(in + 2 * i));
+}
+
+__attribute__((target("avx,f16c"))) void FloatsToHalves(const float* in, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = FloatToHalf(in[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+bool HasF16c() {
+  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return has;
+}
+
+}  // namespace
+
 void ConvertToFloat(DType dtype, const uint8_t* bytes, int64_t n, float* out) {
   switch (dtype) {
     case DType::kF32:
       if (n > 0) std::memcpy(out, bytes, static_cast<size_t>(n) * 4);
       return;
     case DType::kF16:
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, bytes + 2 * i, 2);
-        out[i] = dtype == DType::kF16 ? HalfToFloat(v) : Bf16ToFloat(v);
-      }
+      if (HasF16c()) return HalvesToFloats(bytes, n, out);
+      for (int64_t i = 0; i < n; ++i) out[i] = HalfToFloat(Load16(bytes + 2 * i));
+      return;
+    case DType::kBF16:  // a shift: the compiler vectorizes the loop
+      for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(Load16(bytes + 2 * i));
       return;
     case DType::kBool:
       for (int64_t i = 0; i < n; ++i) out[i] = bytes[i] != 0 ? 1.0f : 0.0f;
@@ -85,13 +125,25 @@ void ConvertToFloat(DType dtype, const uint8_t* bytes, int64_t n, float* out) {
 }
 
 void ConvertFromFloat(const float* values, int64_t n, DType dtype, uint8_t* bytes) {
-  if (dtype == DType::kF32) {
-    if (n > 0) std::memcpy(bytes, values, static_cast<size_t>(n) * 4);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(values[i]) : FloatToHalf(values[i]);
-    std::memcpy(bytes + 2 * i, &h, 2);
+  switch (dtype) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(bytes, values, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kF16:
+      if (HasF16c()) return FloatsToHalves(values, n, bytes);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToHalf(values[i]);
+        std::memcpy(bytes + 2 * i, &h, 2);
+      }
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = FloatToBf16(values[i]);
+        std::memcpy(bytes + 2 * i, &h, 2);
+      }
+      return;
+    case DType::kBool:
+      return;  // not an output dtype
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -80,6 +81,37 @@ TEST(FloatToBf16Test, NanStaysNanEvenWithOnlyLowPayloadBits) {
   std::memcpy(&low_nan, &bits, 4);
   ASSERT_TRUE(std::isnan(low_nan));
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(low_nan))));
+}
+
+// The array conversions (vectorized where the CPU allows) agree bit for
+// bit with the scalar ones: every half value, and floats around every
+// rounding edge (ties, subnormals, overflow), at lengths that leave tails.
+TEST(ConvertArrayTest, HalvesMatchTheScalarConversionBothWays) {
+  std::vector<uint16_t> halves;
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    if (((h >> 10) & 0x1f) != 31) halves.push_back(static_cast<uint16_t>(h));  // not inf or NaN
+  }
+  std::vector<float> floats(halves.size() + 3);
+  ConvertToFloat(DType::kF16, reinterpret_cast<const uint8_t*>(halves.data()),
+                 static_cast<int64_t>(halves.size()), floats.data());
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float want = HalfToFloat(halves[i]);
+    ASSERT_EQ(std::memcmp(&floats[i], &want, 4), 0) << halves[i];
+  }
+  std::vector<float> values = {
+      65504.0f, 65520.0f,           65519.99f,          1e30f, -1e30f, 5.96e-8f, 2.98e-8f,
+      2.99e-8f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, -0.0f, 0.0f};
+  for (int i = 0; i < 5000; ++i) values.push_back(std::ldexp(1.0f + i * 1e-4f, i % 40 - 26));
+  std::vector<uint16_t> vector_halves(values.size());
+  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()), DType::kF16,
+                   reinterpret_cast<uint8_t*>(vector_halves.data()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_EQ(vector_halves[i], FloatToHalf(values[i])) << values[i];
+  }
+  std::vector<uint16_t> bf16(values.size());
+  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()), DType::kBF16,
+                   reinterpret_cast<uint8_t*>(bf16.data()));
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(bf16[i], FloatToBf16(values[i]));
 }
 
 }  // namespace

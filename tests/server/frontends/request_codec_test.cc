@@ -166,6 +166,16 @@ TEST(WireDecodeTest, TensorsInPiecesDecodeAsInOnePiece) {
     const MaskView& b = pieces->batch().key_padding_mask;
     ASSERT_EQ(a.num_elements, b.num_elements);
     EXPECT_EQ(std::memcmp(a.data, b.data, a.num_elements), 0);
+    // A non-finite value is found at its index, in whichever piece.
+    std::vector<float> bad = values;
+    bad[77] = std::numeric_limits<float>::infinity();
+    v1::AttendRequest bad_request = request;
+    EncodeTensor(bad, {1, 5, 24}, dtype, bad_request.mutable_query());
+    const ReceivedBytes bad_pieces = SplitInto(bad_request.query().data(), {3, 1, 5});
+    AttendReceived bad_received{};
+    bad_received[0] = &bad_pieces;
+    EXPECT_EQ(DecodeAttendRequest(bad_request, Dims(), {}, bad_received).status().message(),
+              "query: element 77 is inf, expected a finite number");
     // One byte short, in pieces: the size is checked as in one piece.
     const ReceivedBytes short_pieces = SplitInto(query.substr(0, query.size() - 1), {7});
     received[0] = &short_pieces;
