@@ -1,5 +1,6 @@
 #include "engine/dtype.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -99,8 +100,14 @@ __attribute__((target("avx,f16c"))) void FloatsToHalves(const float* in, int64_t
   }
 }
 
+// F16C is bit 29 of CPUID 1's ECX (clang 14 has no "f16c" for
+// __builtin_cpu_supports); "avx" also says the OS saves the YMM state.
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    return (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 

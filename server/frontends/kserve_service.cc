@@ -82,21 +82,18 @@ struct ReceivedInfer : wire::ReceivedMessage<inference::ModelInferRequest> {
   }
 };
 
-// A unary ModelInfer answered as gRPC's bytes: the inline outputs are
+// A ModelInfer request answered as gRPC's bytes: the inline outputs are
 // written straight from the engine's output into the message's bytes, once
-// (the rest of the response through protobuf). Holds the memory until the
-// response is sent, as UnaryCall does.
-class RawInferCall final : public KserveInferCall {
- public:
-  RawInferCall(grpc::CallbackServerContext* context, CallReactor* reactor,
-               std::unique_ptr<ReceivedInfer> received, grpc::ByteBuffer* bytes,
-               const KserveCalls& calls)
+// (the rest of the response through protobuf); `field` > 0 nests the
+// response in that field of the message written (a stream's answer). Owns
+// the received request; a transport's Send and Hold answer it.
+class ReceivedInferCall : public KserveInferCall {
+ protected:
+  ReceivedInferCall(std::unique_ptr<ReceivedInfer> received, const KserveCalls& calls, int field)
       : KserveInferCall(received->fields, &received->response, calls),
-        context_(context),
-        reactor_(reactor),
         received_(std::move(received)),
-        bytes_(bytes) {
-    if (sequence_parameters() != nullptr) {
+        field_(field) {
+    if (sequence_parameters() != nullptr) {  // its step reads the message
       received_->Materialize();
     } else {
       SetReceived(&received_->raw);
@@ -104,20 +101,60 @@ class RawInferCall final : public KserveInferCall {
     DeferOutputs(&deferred_);
   }
 
+  // The written answer; empty until EncodeResult (a sequence's step and an
+  // error are answered through protobuf).
+  grpc::ByteBuffer& written() { return written_; }
+  bool was_written() const { return was_written_; }
+  const ReceivedInfer& received() const { return *received_; }
+  // Marks `response` as its request's last when the request asks to be told.
+  void MarkFinal(inference::ModelInferResponse& response) const {
+    if (final_response_flag()) {
+      (*response.mutable_parameters())["triton_final_response"].set_bool_param(true);
+    }
+  }
+
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
-                            const AttentionResult& result) override {
+                            const AttentionResult& result) final {
     deferred_.clear();
     RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
-    wire::WireWriter writer;
-    WriteInferResponse(received_->response, deferred_, writer);
-    *bytes_ = writer.Finish();
-    written_ = true;
+    if (field_ > 0) MarkFinal(received_->response);
+    wire::WireWriter infer;
+    WriteInferResponse(received_->response, deferred_, infer);
+    if (field_ > 0) {
+      wire::WireWriter outer;
+      outer.AppendMessage(field_, infer);
+      written_ = outer.Finish();
+    } else {
+      written_ = infer.Finish();
+    }
+    was_written_ = true;
     return absl::OkStatus();
   }
+
+  const std::unique_ptr<ReceivedInfer> received_;
+  const int field_;
+  std::vector<DeferredOutput> deferred_;
+  grpc::ByteBuffer written_;
+  bool was_written_ = false;
+};
+
+// A unary ModelInfer: holds the memory until the response is sent, as
+// UnaryCall does.
+class RawInferCall final : public ReceivedInferCall {
+ public:
+  RawInferCall(grpc::CallbackServerContext* context, CallReactor* reactor,
+               std::unique_ptr<ReceivedInfer> received, grpc::ByteBuffer* bytes,
+               const KserveCalls& calls)
+      : ReceivedInferCall(std::move(received), calls, 0),
+        context_(context),
+        reactor_(reactor),
+        bytes_(bytes) {}
+
+ private:
   void Send(const absl::Status& status, absl::Duration took) override {
-    if (status.ok() && !written_) {  // answered by a sequence's step: the message as it is
-      *bytes_ = MessageBytes(received_->response);
+    if (status.ok()) {  // a sequence's step answers the message as it is
+      *bytes_ = was_written() ? written() : MessageBytes(received().response);
     }
     SendUnary(context_, reactor_, status, took, compute_time);
   }
@@ -127,10 +164,7 @@ class RawInferCall final : public KserveInferCall {
 
   grpc::CallbackServerContext* const context_;
   CallReactor* const reactor_;
-  const std::unique_ptr<ReceivedInfer> received_;
   grpc::ByteBuffer* const bytes_;
-  std::vector<DeferredOutput> deferred_;
-  bool written_ = false;
 };
 
 }  // namespace
@@ -164,49 +198,31 @@ class InferStream final : public MessageStream<grpc::ByteBuffer, grpc::ByteBuffe
   }
 
  private:
-  // A request of the stream; it keeps its received bytes alive until
+  // A request of the stream, answered in ModelStreamInferResponse's
+  // infer_response (field 2); it keeps its received bytes alive until
   // answered.
-  class Message final : public KserveInferCall {
+  class Message final : public ReceivedInferCall {
    public:
     Message(InferStream& stream, std::unique_ptr<ReceivedInfer> received,
             std::shared_ptr<Outbound> out)
-        : KserveInferCall(received->fields, &received->response, stream.calls_),
+        : ReceivedInferCall(std::move(received), stream.calls_, 2),
           stream_(stream),
-          received_(std::move(received)),
-          out_(std::move(out)) {
-      if (sequence_parameters() != nullptr) {
-        received_->Materialize();
-      } else {
-        SetReceived(&received_->raw);
-      }
-      DeferOutputs(&deferred_);
-    }
+          out_(std::move(out)) {}
 
    private:
-    absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
-                              const AttentionResult& result) override {
-      deferred_.clear();
-      RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
-      MarkFinal(received_->response);
-      wire::WireWriter infer;
-      WriteInferResponse(received_->response, deferred_, infer);
-      wire::WireWriter writer;
-      writer.AppendMessage(2, infer);  // ModelStreamInferResponse.infer_response
-      out_->response = writer.Finish();
-      written_ = true;
-      return absl::OkStatus();
-    }
     void Send(const absl::Status& status, absl::Duration) override {
-      if (!status.ok() || !written_) {  // an error, or a sequence's step: through protobuf
+      if (status.ok() && was_written()) {
+        out_->response = written();
+      } else {  // an error, or a sequence's step: through protobuf
         inference::ModelStreamInferResponse message;
         inference::ModelInferResponse* infer = message.mutable_infer_response();
         if (status.ok()) {
-          *infer = received_->response;
+          *infer = received().response;
         } else {
           message.set_error_message(MessageOf(status));
-          infer->set_id(received_->fields.id());
-          infer->set_model_name(received_->fields.model_name());
-          infer->set_model_version(received_->fields.model_version());
+          infer->set_id(received().fields.id());
+          infer->set_model_name(received().fields.model_name());
+          infer->set_model_version(received().fields.model_version());
         }
         MarkFinal(*infer);
         out_->response = MessageBytes(message);
@@ -216,18 +232,9 @@ class InferStream final : public MessageStream<grpc::ByteBuffer, grpc::ByteBuffe
     void Hold(std::shared_ptr<MemoryReservation> memory) override {
       out_->memory = std::move(memory);
     }
-    // One response per request: the last, when the request asks to be told.
-    void MarkFinal(inference::ModelInferResponse& response) const {
-      if (final_response_flag()) {
-        (*response.mutable_parameters())["triton_final_response"].set_bool_param(true);
-      }
-    }
 
     InferStream& stream_;
-    const std::unique_ptr<ReceivedInfer> received_;
     const std::shared_ptr<Outbound> out_;
-    std::vector<DeferredOutput> deferred_;
-    bool written_ = false;
   };
 
   void Start(std::shared_ptr<grpc::ByteBuffer> bytes) override {
