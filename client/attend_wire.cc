@@ -26,15 +26,6 @@ const v1::Tensor* TensorField(const v1::AttendRequest& r, int number) {
   }
 }
 
-std::string Joined(const wire::WirePieces* pieces) {
-  std::string s;
-  if (pieces == nullptr) return s;
-  for (absl::Span<const uint8_t> p : *pieces) {
-    s.append(reinterpret_cast<const char*>(p.data()), p.size());
-  }
-  return s;
-}
-
 }  // namespace
 
 grpc::ByteBuffer AttendRequestBytes(const v1::AttendRequest& request) {
@@ -66,10 +57,10 @@ absl::Status ReceivedAttendResponse::Read(const grpc::ByteBuffer& bytes) {
 v1::AttendResponse ReceivedAttendResponse::Whole() const {
   v1::AttendResponse whole = fields;
   if (const wire::WirePieces* p = output(); p != nullptr) {
-    whole.mutable_output()->set_data(Joined(p));
+    wire::AppendPieces(*p, *whole.mutable_output()->mutable_data());
   }
   if (const wire::WirePieces* p = weights(); p != nullptr) {
-    whole.mutable_attn_weights()->set_data(Joined(p));
+    wire::AppendPieces(*p, *whole.mutable_attn_weights()->mutable_data());
   }
   return whole;
 }

@@ -145,9 +145,7 @@ bool Walk(PieceCursor& c, int64_t end, absl::Span<const PayloadField> fields,
 absl::Status ParseWhole(const WirePieces& pieces, const char* what,
                         google::protobuf::MessageLite& message) {
   std::string whole;
-  for (absl::Span<const uint8_t> piece : pieces) {
-    whole.append(reinterpret_cast<const char*>(piece.data()), piece.size());
-  }
+  AppendPieces(pieces, whole);
   if (!message.ParseFromString(whole)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what,
@@ -178,6 +176,12 @@ absl::Status ReadWireMessage(const WirePieces& pieces, absl::Span<const PayloadF
         ": not a valid protobuf message (truncated, malformed, or a string that is not UTF-8)"));
   }
   return absl::OkStatus();
+}
+
+void AppendPieces(const WirePieces& pieces, std::string& out) {
+  for (absl::Span<const uint8_t> piece : pieces) {
+    out.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+  }
 }
 
 absl::Status SlicesOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>& slices,

@@ -94,6 +94,10 @@ struct ReceivedMessage {
 // field comes twice), or null.
 const WirePayload* LastPayload(const ReadResult& result, absl::Span<const int> path);
 
+// Appends the bytes of `pieces`, in order, to `out` (for what needs them in
+// one string: a message parsed whole, a step's few tokens, a file).
+void AppendPieces(const WirePieces& pieces, std::string& out);
+
 // The slices of `buffer` (references, not copies) and their bytes as pieces.
 absl::Status SlicesOf(const grpc::ByteBuffer& buffer, std::vector<grpc::Slice>& slices,
                       WirePieces& pieces);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
+#include "wire/wire_reader.h"
 
 namespace mha::server {
 namespace {
@@ -244,10 +245,7 @@ absl::StatusOr<json> ParseJson(absl::string_view text, absl::string_view what) {
 
 void HttpInferRequest::Materialize() {
   for (size_t i = 0; i < in_body.size(); ++i) {
-    std::string* entry = message.mutable_raw_input_contents(static_cast<int>(i));
-    for (absl::Span<const uint8_t> piece : in_body[i]) {
-      entry->append(reinterpret_cast<const char*>(piece.data()), piece.size());
-    }
+    wire::AppendPieces(in_body[i], *message.mutable_raw_input_contents(static_cast<int>(i)));
     in_body[i].clear();
   }
 }

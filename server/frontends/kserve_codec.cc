@@ -281,10 +281,8 @@ absl::Status ViewInputs(const inference::ModelInferRequest& request,
       if (pieces == nullptr) {
         const std::string& bytes = request.raw_input_contents(index);
         view.bytes = AsBytes(bytes.data(), bytes.size());
-      } else if (pieces->size() == 1) {
-        view.bytes = pieces->front();
       } else {
-        view.pieces = *pieces;
+        ViewReceived(*pieces, view);
       }
     } else {
       ASSIGN_OR_RETURN(view.bytes,

@@ -70,15 +70,14 @@ struct ReceivedInfer : wire::ReceivedMessage<inference::ModelInferRequest> {
     return absl::OkStatus();
   }
   // The raw contents copied into the message, for a path that reads the
-  // message itself (a sequence's step: a few tokens).
+  // message itself (a sequence's step: a few tokens). Entries parsed whole
+  // (null) are in the message already.
   void Materialize() {
     for (size_t i = 0; i < raw.size(); ++i) {
-      std::string* entry = fields.mutable_raw_input_contents(static_cast<int>(i));
-      for (absl::Span<const uint8_t> piece : *raw[i]) {
-        entry->append(reinterpret_cast<const char*>(piece.data()), piece.size());
-      }
+      if (raw[i] == nullptr) continue;
+      wire::AppendPieces(*raw[i], *fields.mutable_raw_input_contents(static_cast<int>(i)));
+      raw[i] = nullptr;
     }
-    raw.assign(raw.size(), nullptr);
   }
 };
 

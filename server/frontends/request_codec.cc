@@ -23,12 +23,18 @@ absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field,
   if (received == nullptr) {
     view.bytes = absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(wire.data().data()),
                                      wire.data().size());
-  } else if (received->size() == 1) {
-    view.bytes = received->front();
   } else {
-    view.pieces = *received;
+    ViewReceived(*received, view);
   }
   return view;
+}
+
+void ViewReceived(const ReceivedBytes& received, TensorView& view) {
+  if (received.size() == 1) {
+    view.bytes = received.front();
+  } else {
+    view.pieces = received;
+  }
 }
 
 namespace {

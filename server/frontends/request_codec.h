@@ -32,6 +32,9 @@ using ReceivedBytes = std::vector<absl::Span<const uint8_t>>;
 absl::StatusOr<TensorView> ViewTensor(const v1::Tensor& wire, const char* field,
                                       const ReceivedBytes* received = nullptr);
 
+// `received` as `view`'s bytes: one piece in place, several as pieces.
+void ViewReceived(const ReceivedBytes& received, TensorView& view);
+
 // Where the data of AttendRequest's tensors arrived when the message was
 // read around them: query, key, value, key_padding_mask, attn_mask (fields
 // 2 to 6); null: in the tensor's own `data`.

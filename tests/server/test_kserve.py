@@ -375,6 +375,24 @@ class KserveTest(OneServerPerClass):
         attend = self.attend.Attend(large.attend("demo"), timeout=TIMEOUT)
         self.assertEqual(good.raw_output_contents[0], attend.output.data)
 
+    def test_an_unusually_encoded_sequence_request_is_read_whole(self):
+        # An unknown group field makes the server leave the message to
+        # protobuf whole (no raw contents apart); a sequence's step then
+        # reads them from the message, as for a plainly encoded request.
+        inputs = random_inputs(60, batch=1, length=3)
+        answers = []
+        for sequence_id, prefix in ((4242, b"\x5b\x08\x01\x5c"), (4243, b"")):
+            request = inputs.kserve("demo")
+            request.parameters["sequence_id"].int64_param = sequence_id
+            request.parameters["sequence_start"].bool_param = True
+            request.parameters["sequence_end"].bool_param = True
+            call = self.channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer", request_serializer=lambda b: b,
+                response_deserializer=kpb.ModelInferResponse.FromString)
+            answers.append(call(prefix + request.SerializeToString(), timeout=TIMEOUT))
+        self.assertEqual(len(answers[0].raw_output_contents[0]), 3 * DEMO_E * 4)
+        self.assertEqual(answers[0].raw_output_contents, answers[1].raw_output_contents)
+
     def test_triton_timeout_parameter_tightens_the_deadline(self):
         # Triton's `timeout` (microseconds): the earlier of it and the gRPC
         # deadline wins, and an expired request is never computed.

@@ -37,13 +37,6 @@ std::string Differences(const google::protobuf::Message& a, const google::protob
   return diff.empty() ? "their bytes differ" : diff;
 }
 
-std::string Joined(const WirePieces& pieces) {
-  std::string s;
-  for (absl::Span<const uint8_t> p : pieces)
-    s.append(reinterpret_cast<const char*>(p.data()), p.size());
-  return s;
-}
-
 // Puts `data` back into `message` at `path` (field numbers): singular
 // message fields descended, the last a bytes field (a repeated one: its
 // next element in order, counted in `next`).
@@ -94,7 +87,8 @@ std::string Compare(absl::string_view bytes, const WirePieces& pieces,
   if (read.whole && !read.payloads.empty()) return std::string(name) + ": whole with payloads";
   std::map<const google::protobuf::FieldDescriptor*, int> next;
   for (const WirePayload& p : read.payloads) {
-    std::string data = Joined(p.pieces);
+    std::string data;
+    AppendPieces(p.pieces, data);
     if (static_cast<int64_t>(data.size()) != p.size) return std::string(name) + ": payload size";
     if (!PutBack(got, p.path, std::move(data), next)) {
       return std::string(name) + ": a payload's path is not a bytes field left empty";
