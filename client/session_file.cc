@@ -65,8 +65,9 @@ int ImportSessionFromFile(v1::AttentionService::Stub& stub, const std::string& p
     std::fprintf(stderr, "%s: no session header\n", path.c_str());
     return 2;
   }
-  if (!new_id.empty()) chunks[0].mutable_header()->set_session_id(new_id);
-  context->AddMetadata("x-session-id", chunks[0].header().session_id());
+  // The header stays as written (its checksum covers it); the new id goes beside it.
+  if (!new_id.empty()) chunks[0].set_import_as(new_id);
+  context->AddMetadata("x-session-id", new_id.empty() ? chunks[0].header().session_id() : new_id);
   v1::Session session;
   auto writer = stub.ImportSession(context.get(), &session);
   for (const v1::SessionChunk& chunk : chunks) {

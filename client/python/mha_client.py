@@ -353,9 +353,10 @@ class MhaClient:
         serve the same model version (FAILED_PRECONDITION naming both
         fingerprints otherwise). `session_id` replaces the exported id."""
         chunks = list(_session_chunks(self._pb, data))
-        if session_id is not None and chunks and chunks[0].HasField("header"):
-            chunks[0].header.session_id = session_id
         sid = chunks[0].header.session_id if chunks and chunks[0].HasField("header") else ""
+        if session_id is not None and chunks:
+            # The header stays as written (its checksum covers it).
+            chunks[0].import_as = sid = session_id
         metadata = list(self._metadata or []) + [("x-session-id", sid)]
         info = self._stub.ImportSession(iter(chunks), timeout=self.timeout, metadata=metadata,
                                         wait_for_ready=self.wait_for_ready)

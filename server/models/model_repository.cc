@@ -59,12 +59,29 @@ std::string SingleModelName(const std::string& dir, const std::string& flag) {
   return folder.filename().string();
 }
 
+// The repository's upload area under `base`, logging what it removed.
+absl::StatusOr<std::unique_ptr<UploadArea>> MakeUploadArea(const std::string& base) {
+  std::vector<std::string> removed;
+  absl::StatusOr<std::unique_ptr<UploadArea>> area = UploadArea::Create(base, &removed);
+  for (const std::string& folder : removed) {
+    Log(absl::StrCat("removed ", folder,
+                     ", the upload folder of a server that stopped "
+                     "without removing it"));
+  }
+  if (!area.ok()) {
+    Log(absl::StrCat("warning: ", area.status().message(),
+                     "; models sent over the API are refused (see --upload_dir)"));
+  }
+  return area;
+}
+
 }  // namespace
 
 ModelRepository::ModelRepository(std::string dir, RepositoryOptions options, Metrics& metrics)
     : dir_(std::move(dir)),
       options_(options),
       single_model_(SingleModelName(dir_, options_.single_model_name)),
+      uploads_(MakeUploadArea(options_.upload_dir)),
       metrics_(metrics) {}
 
 std::string ModelRepository::FolderOf(const std::string& name) const {
@@ -132,7 +149,8 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
   std::optional<UploadFolder> upload;  // the files' private folder, removed once loaded
   std::string folder = FolderOf(name);
   if (!source.files.empty()) {
-    absl::StatusOr<std::string> written = WriteUpload(options_.upload_dir, source.files);
+    if (!uploads_.ok()) return uploads_.status();
+    absl::StatusOr<std::string> written = WriteUpload((*uploads_)->path(), source.files);
     if (!written.ok()) return written.status();
     folder = *written;
     upload.emplace(folder);

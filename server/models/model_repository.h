@@ -23,6 +23,7 @@
 #include "engine/model.h"
 #include "engine/mutex.h"
 #include "mha/v1/model_config.pb.h"
+#include "server/models/model_upload.h"
 #include "server/models/repository_scan.h"
 #include "server/observability/metrics.h"
 #include "server/observability/model_statistics.h"
@@ -77,7 +78,9 @@ struct RepositoryOptions {
   bool force_batching_off = false;
   MemoryBudget* memory = nullptr;  // the server's budget (borrowed), or none
   // Where models sent over the API are written while they load ("": $TMPDIR
-  // or /tmp); each load's private folder is removed once it is loaded.
+  // or /tmp): the repository's own UploadArea there, made when it is made
+  // (removing what dead servers left), gone with it; each load's private
+  // folder in it is removed once it is loaded.
   std::string upload_dir;
   // When the repository folder is itself a model folder (its config.pbtxt
   // at the top, as KServe's storage initializer leaves a storageUri that
@@ -176,6 +179,8 @@ class ModelRepository {
   const std::string dir_;
   const RepositoryOptions options_;
   const std::string single_model_;  // set when dir_ is a model folder
+  // Where uploads are written (made at construction), or why there is none.
+  const absl::StatusOr<std::unique_ptr<UploadArea>> uploads_;
   Metrics& metrics_;
   Mutex control_mu_;  // one Load / Unload / SyncAll at a time
   FingerprintCache fingerprints_ ABSL_GUARDED_BY(control_mu_);

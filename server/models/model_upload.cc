@@ -1,9 +1,11 @@
 #include "server/models/model_upload.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -49,7 +51,72 @@ absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
   return absl::OkStatus();
 }
 
+constexpr char kAreaPrefix[] = "mha-uploads-";
+constexpr char kLockFile[] = "lock";
+
+// Whether `name` is what mkdtemp makes of kAreaPrefix + "XXXXXX".
+bool IsAreaName(const std::string& name) {
+  const size_t prefix = sizeof(kAreaPrefix) - 1;
+  if (name.size() != prefix + 6 || name.compare(0, prefix, kAreaPrefix) != 0) return false;
+  for (size_t i = prefix; i < name.size(); ++i) {
+    if (!std::isalnum(static_cast<unsigned char>(name[i]))) return false;
+  }
+  return true;
+}
+
+// Removes `folder` when it is an area of a dead server: a real folder of
+// this user whose lock file nobody holds. True when removed.
+bool RemoveIfAbandoned(const std::string& folder) {
+  struct stat info;
+  if (lstat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != geteuid()) {
+    return false;
+  }
+  const std::string lock = absl::StrCat(folder, "/", kLockFile);
+  const int fd = open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;  // not ours, or a server between mkdtemp and its lock
+  const bool abandoned = flock(fd, LOCK_EX | LOCK_NB) == 0;
+  if (abandoned) RemoveUpload(folder);
+  close(fd);
+  return abandoned;
+}
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<UploadArea>> UploadArea::Create(const std::string& root,
+                                                               std::vector<std::string>* removed) {
+  std::string base = root;
+  if (base.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    base = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
+  }
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(base, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (IsAreaName(name) && RemoveIfAbandoned(it->path().string()) && removed != nullptr) {
+      removed->push_back(it->path().string());
+    }
+  }
+  std::string folder = absl::StrCat(base, "/", kAreaPrefix, "XXXXXX");
+  if (mkdtemp(folder.data()) == nullptr) {  // mode 0700
+    return absl::InternalError(
+        absl::StrCat("cannot make a folder in ", base, ": ", std::strerror(errno)));
+  }
+  const std::string lock = absl::StrCat(folder, "/", kLockFile);
+  const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int saved = errno;
+    if (fd >= 0) close(fd);
+    RemoveUpload(folder);
+    return absl::InternalError(absl::StrCat("cannot lock ", lock, ": ", std::strerror(saved)));
+  }
+  return std::unique_ptr<UploadArea>(new UploadArea(std::move(folder), fd));
+}
+
+UploadArea::~UploadArea() {
+  RemoveUpload(path_);
+  close(lock_fd_);
+}
 
 absl::Status CheckUploadPath(const std::string& path) {
   const std::vector<absl::string_view> parts = absl::StrSplit(path, '/');
@@ -71,15 +138,10 @@ absl::StatusOr<std::string> WriteUpload(const std::string& root,
   for (const auto& [path, bytes] : files) {
     if (absl::Status s = CheckUploadPath(path); !s.ok()) return s;
   }
-  std::string base = root;
-  if (base.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    base = tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp";
-  }
-  std::string folder = absl::StrCat(base, "/mha-upload-XXXXXX");
+  std::string folder = absl::StrCat(root, "/upload-XXXXXX");
   if (mkdtemp(folder.data()) == nullptr) {  // mode 0700
     return absl::InternalError(
-        absl::StrCat("cannot make a folder in ", base, ": ", std::strerror(errno)));
+        absl::StrCat("cannot make a folder in ", root, ": ", std::strerror(errno)));
   }
   UploadFolder cleanup(folder);
   for (const auto& [path, bytes] : files) {

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,9 +26,34 @@ inline constexpr size_t kMaxUploadFiles = 64;
 // INVALID_ARGUMENT naming it. The config is sent apart, never as a file.
 absl::Status CheckUploadPath(const std::string& path);
 
+// The server's own folder for uploads: "mha-uploads-XXXXXX" (mode 0700)
+// under a base folder, with a file "lock" this object holds locked
+// (flock) while it lives. Made at start, after removing every such folder
+// whose lock nobody holds (its server died without removing it): only
+// folders of that name, owned by this user, with that lock file; never a
+// symbolic link, never another process's files. Removed with what it
+// holds when destroyed. Owns the folder and the lock; immutable, so
+// thread-safe.
+class UploadArea {
+ public:
+  // Under `base` ("": $TMPDIR or /tmp). `removed` gets the folders of dead
+  // servers that were removed.
+  static absl::StatusOr<std::unique_ptr<UploadArea>> Create(const std::string& base,
+                                                            std::vector<std::string>* removed);
+  ~UploadArea();
+  UploadArea(const UploadArea&) = delete;
+  UploadArea& operator=(const UploadArea&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  UploadArea(std::string path, int lock_fd) : path_(std::move(path)), lock_fd_(lock_fd) {}
+  const std::string path_;
+  const int lock_fd_;
+};
+
 // Writes `files` (relative path -> bytes, each path checked first: nothing
 // is written when one is refused) to a new folder, mode 0700, under `root`
-// ("" : $TMPDIR or /tmp), and returns the folder. Files are created, never
+// (an UploadArea's path), and returns the folder. Files are created, never
 // opened if they exist, and never followed through a symbolic link.
 absl::StatusOr<std::string> WriteUpload(const std::string& root,
                                         const std::map<std::string, absl::string_view>& files);

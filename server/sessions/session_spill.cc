@@ -2,11 +2,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "server/models/content_hash.h"
 #include "server/sessions/session_stream.h"
 
@@ -18,6 +20,25 @@ namespace fs = std::filesystem;
 constexpr char kExtension[] = ".mhasession";
 
 void Log(const std::string& line) { std::fprintf(stderr, "mha_server: %s\n", line.c_str()); }
+
+// Removes the partial files a failed or killed spill left in `dir`: only
+// names SpillSessions writes (16 hex digits, kExtension, kPartialSuffix).
+void RemovePartialFiles(const std::string& dir) {
+  static const std::regex ours(absl::StrCat("[0-9a-f]{16}\\", kExtension, "\\", kPartialSuffix));
+  std::error_code error;
+  std::vector<std::string> removed;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (std::regex_match(name, ours) && it->is_regular_file(error) &&
+        fs::remove(it->path(), error)) {
+      removed.push_back(name);
+    }
+  }
+  if (!removed.empty()) {
+    Log(absl::StrCat("removed ", removed.size(), " partial session file(s) of an earlier spill ",
+                     "that did not finish: ", absl::StrJoin(removed, ", ")));
+  }
+}
 
 }  // namespace
 
@@ -46,6 +67,7 @@ SpillCounts SpillSessions(SessionManager& sessions, const std::string& dir) {
 SpillCounts RestoreSessions(SessionManager& sessions, const ModelRepository& models,
                             const std::string& dir) {
   SpillCounts counts;
+  RemovePartialFiles(dir);
   std::error_code error;
   std::vector<fs::path> files;
   for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {

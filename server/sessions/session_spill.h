@@ -22,7 +22,8 @@ struct SpillCounts {
 // file each (the session stream format). Errors go to stderr and count.
 SpillCounts SpillSessions(SessionManager& sessions, const std::string& dir);
 
-// Imports the session files in `dir`, then removes them. A session that
+// Removes the partial files a killed spill left in `dir` (only names a
+// spill writes; logged), then imports the session files, then removes them. A session that
 // cannot come back (its version is gone or changed, the cache is too
 // small, the file is corrupt) is remembered with why, for its next call's
 // NOT_FOUND.

@@ -16,6 +16,16 @@ namespace {
 
 std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
 
+// Starts `checksum` with the magic and `header` (its header_checksum left
+// out): the format-2 header checksum, which the blocks then continue.
+uint64_t StartChecksum(const v1::SessionHeader& header, ContentHash& checksum) {
+  v1::SessionHeader unchecked = header;
+  unchecked.clear_header_checksum();
+  checksum.Update(absl::string_view(v1::kSessionFileMagic, 8));
+  checksum.Update(unchecked.SerializeAsString());
+  return checksum.Finish();
+}
+
 }  // namespace
 
 VersionLookup LookupIn(const ModelRepository& models) {
@@ -51,6 +61,7 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
     h.set_block_bytes(layout.block_bytes());
     const std::vector<float>& padding = cache.key_padding();
     if (!padding.empty()) h.set_key_padding(padding.data(), padding.size() * sizeof(float));
+    h.set_header_checksum(StartChecksum(h, checksum_));
     next_block_ = 0;
     return true;
   }
@@ -67,12 +78,27 @@ bool SessionChunkWriter::Next(v1::SessionChunk& out) {
   return true;
 }
 
-absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
-  header_id_ = h.session_id();
+absl::Status SessionChunkReader::CheckHeader(const v1::SessionHeader& h) {
+  if (h.format_version() == 1 && h.header_checksum() == 0) {
+    return absl::OkStatus();  // format 1: the trailer covers the blocks alone
+  }
+  if (StartChecksum(h, checksum_) != h.header_checksum()) {
+    return absl::DataLossError(absl::StrCat("session ", h.session_id(),
+                                            ": the header's checksum does not match; the "
+                                            "session file or stream is corrupt"));
+  }
   if (h.format_version() != kSessionFormatVersion) {
     return absl::InvalidArgumentError(absl::StrCat("session format version ", h.format_version(),
-                                                   "; this server reads ", kSessionFormatVersion));
+                                                   "; this server reads 1 and ",
+                                                   kSessionFormatVersion));
   }
+  return absl::OkStatus();
+}
+
+absl::Status SessionChunkReader::AddHeader(const v1::SessionChunk& chunk) {
+  const v1::SessionHeader& h = chunk.header();
+  header_id_ = h.session_id();
+  if (absl::Status checked = CheckHeader(h); !checked.ok()) return checked;
   absl::StatusOr<VersionPtr> found = lookup_(h.model(), h.model_version());
   if (!found.ok()) {
     return absl::NotFoundError(absl::StrCat(
@@ -117,7 +143,7 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionHeader& h) {
   }
   SessionImport in;
   in.version = version;
-  in.id = h.session_id();
+  in.id = chunk.import_as().empty() ? h.session_id() : chunk.import_as();
   in.position = h.position();
   in.cross = h.cross();
   in.max_tokens = h.max_tokens();
@@ -141,7 +167,7 @@ absl::Status SessionChunkReader::Add(const v1::SessionChunk& chunk) {
   switch (chunk.part_case()) {
     case v1::SessionChunk::kHeader:
       if (session_.has_value()) return absl::InvalidArgumentError("session stream: two headers");
-      return AddHeader(chunk.header());
+      return AddHeader(chunk);
     case v1::SessionChunk::kBlock: {
       if (!session_.has_value()) {
         return absl::InvalidArgumentError("session stream: a block before the header");
@@ -169,9 +195,9 @@ absl::Status SessionChunkReader::Add(const v1::SessionChunk& chunk) {
                          blocks_expected_, " blocks"));
       }
       if (chunk.trailer().checksum() != checksum_.Finish()) {
-        return absl::DataLossError(
-            "session stream: the blocks' checksum does not match; "
-            "the stream is corrupt");
+        return absl::DataLossError(absl::StrCat("session ", header_id_,
+                                                ": the checksum does not match; the session "
+                                                "file or stream is corrupt"));
       }
       trailer_seen_ = true;
       return absl::OkStatus();
@@ -192,32 +218,46 @@ absl::StatusOr<SessionImport> SessionChunkReader::Finish() {
   return done;
 }
 
-absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot) {
-  const std::string temporary = path + ".partial";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", temporary));
-    v1::SessionFileWriter file(out);
-    SessionChunkWriter writer(std::move(snapshot));
-    v1::SessionChunk chunk;
-    while (writer.Next(chunk) && file.Write(chunk)) {
-    }
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("writing ", temporary, " failed"));
+namespace {
+
+// `snapshot`'s chunks into a new file at `path`.
+absl::Status WriteChunks(const std::string& path, SessionSnapshot snapshot) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  v1::SessionFileWriter file(out);
+  SessionChunkWriter writer(std::move(snapshot));
+  v1::SessionChunk chunk;
+  while (writer.Next(chunk) && file.Write(chunk)) {
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    return absl::InternalError(absl::StrCat("cannot rename ", temporary));
-  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("writing ", path, " failed"));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot) {
+  const std::string temporary = path + kPartialSuffix;
+  absl::Status written = WriteChunks(temporary, std::move(snapshot));
+  if (written.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
+    written = absl::InternalError(absl::StrCat("cannot rename ", temporary));
+  }
+  if (!written.ok()) std::remove(temporary.c_str());  // nothing half-written stays
+  return written;
 }
 
 absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionChunkReader& reader) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
   v1::SessionFileReader file(in);
-  auto in_file = [&path](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  // In a file, whatever is malformed is corrupt: DATA_LOSS, naming both.
+  auto in_file = [&path, &reader](const absl::Status& s) {
+    const bool corrupt =
+        s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kDataLoss;
+    return absl::Status(corrupt ? absl::StatusCode::kDataLoss : s.code(),
+                        absl::StrCat(path, " (session ",
+                                     reader.session_id().empty() ? "unknown" : reader.session_id(),
+                                     "): ", s.message()));
   };
   if (absl::Status s = file.Open(); !s.ok()) return in_file(s);
   v1::SessionChunk chunk;
@@ -225,9 +265,11 @@ absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionCh
     absl::StatusOr<bool> more = file.Next(chunk);
     if (!more.ok()) return in_file(more.status());
     if (!*more) break;
-    if (absl::Status s = reader.Add(chunk); !s.ok()) return s;
+    if (absl::Status s = reader.Add(chunk); !s.ok()) return in_file(s);
   }
-  return reader.Finish();
+  absl::StatusOr<SessionImport> session = reader.Finish();
+  if (!session.ok()) return in_file(session.status());
+  return session;
 }
 
 }  // namespace mha::server

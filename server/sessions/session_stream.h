@@ -1,8 +1,9 @@
 // A session as a stream of chunks (mha.v1 SessionChunk): what ExportSession
 // sends, ImportSession reads, and --session_spill_dir files hold. The
 // format is versioned (SessionHeader.format_version) and checked as it is
-// read: the model version by its fingerprint, the sizes by the header,
-// the blocks by the trailer's checksum.
+// read: every byte by one checksum (the header's before it is used, the
+// trailer's at the end; attention.proto), the model version by its
+// fingerprint, the sizes by the header.
 #ifndef MHA_SERVER_SESSIONS_SESSION_STREAM_H_
 #define MHA_SERVER_SESSIONS_SESSION_STREAM_H_
 
@@ -22,7 +23,7 @@
 
 namespace mha::server {
 
-inline constexpr uint32_t kSessionFormatVersion = 1;
+inline constexpr uint32_t kSessionFormatVersion = 2;  // written; 1 is read too
 
 // Gives a snapshot's chunks one at a time: the header, each block, the
 // trailer. Owns the snapshot (its blocks stay alive until it is done).
@@ -54,10 +55,11 @@ class SessionChunkReader {
   SessionChunkReader(VersionLookup lookup, int64_t max_bytes)
       : lookup_(std::move(lookup)), max_bytes_(max_bytes) {}
 
-  // FAILED_PRECONDITION for another fingerprint (naming both), NOT_FOUND
+  // DATA_LOSS for a checksum that does not match (the header's or the
+  // trailer's, naming the session), FAILED_PRECONDITION for another
+  // fingerprint (naming both), NOT_FOUND
   // for a version not served, INVALID_ARGUMENT for anything malformed or
-  // out of order, DATA_LOSS for a checksum that does not match,
-  // RESOURCE_EXHAUSTED for a session larger than `max_bytes`.
+  // out of order, RESOURCE_EXHAUSTED for a session larger than `max_bytes`.
   absl::Status Add(const v1::SessionChunk& chunk);
   // Once the stream ended: the session to import (with the header's idle
   // time left), or INVALID_ARGUMENT when it stopped short.
@@ -66,7 +68,10 @@ class SessionChunkReader {
   const std::string& session_id() const { return header_id_; }
 
  private:
-  absl::Status AddHeader(const v1::SessionHeader& header);
+  absl::Status AddHeader(const v1::SessionChunk& chunk);
+  // DATA_LOSS when the header's checksum does not match, INVALID_ARGUMENT
+  // for a format this server does not read.
+  absl::Status CheckHeader(const v1::SessionHeader& header);
 
   const VersionLookup lookup_;
   const int64_t max_bytes_;
@@ -77,9 +82,14 @@ class SessionChunkReader {
   std::string header_id_;
 };
 
-// `snapshot` as a file at `path` (written to a temporary name, then renamed).
+// What a file is called while WriteSessionFile writes it.
+inline constexpr char kPartialSuffix[] = ".partial";
+
+// `snapshot` as a file at `path`: written to `path` + kPartialSuffix, then
+// renamed; on failure that temporary file is removed.
 absl::Status WriteSessionFile(const std::string& path, SessionSnapshot snapshot);
-// The session in the file at `path`, read through `reader`.
+// The session in the file at `path`, read through `reader`. Anything
+// malformed or corrupt is DATA_LOSS, naming the file and the session.
 absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionChunkReader& reader);
 
 }  // namespace mha::server

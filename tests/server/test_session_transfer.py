@@ -45,6 +45,43 @@ def chunks_of(data):
     return list(mha_client._session_chunks(pb, data))
 
 
+_M64 = (1 << 64) - 1
+_MUL_A, _MUL_B = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F
+
+
+def content_hash(data):
+    """server/models/content_hash.h's hash (seed 0), to seal test headers."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & _M64
+
+    def mix(lane, word):
+        return rotl((lane + word * _MUL_B) & _M64, 31) * _MUL_A & _M64
+
+    lanes = [(_MUL_A + _MUL_B) & _M64, _MUL_B, 0, -_MUL_A & _M64]
+    whole = len(data) // 32 * 32
+    for off in range(0, whole, 32):
+        for i in range(4):
+            word = int.from_bytes(data[off + 8 * i:off + 8 * i + 8], "little")
+            lanes[i] = mix(lanes[i], word)
+    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & _M64
+    for lane in lanes:
+        h = ((h ^ mix(0, lane)) * _MUL_A + _MUL_B) & _M64
+    h = (h + len(data)) & _M64
+    for byte in data[whole:]:
+        h = rotl(h ^ (byte * _MUL_B & _M64), 11) * _MUL_A & _M64
+    for shift, mul in ((33, 0xFF51AFD7ED558CCD), (33, 0xC4CEB9FE1A85EC53)):
+        h = (h ^ (h >> shift)) * mul & _M64
+    return h ^ (h >> 33)
+
+
+def header_checksum(header):
+    """The format-2 header checksum (attention.proto, SessionHeader)."""
+    unchecked = type(header)()
+    unchecked.CopyFrom(header)
+    unchecked.header_checksum = 0
+    return content_hash(mha_client.SESSION_FILE_MAGIC + unchecked.SerializeToString())
+
+
 def as_bytes(chunks):
     out = [mha_client.SESSION_FILE_MAGIC]
     for c in chunks:
@@ -148,6 +185,16 @@ class SessionTransferTest(unittest.TestCase):
                                  timeout=60)
             self.assertNotEqual(run.returncode, 0)
             self.assertIn("truncated", run.stdout + run.stderr)
+            # One changed byte of the header (its idle time left): refused whole.
+            at = data.index(b"\x70", 12)  # SessionHeader field 14 (idle_left_ms)
+            with open(path, "wb") as f:
+                f.write(data[:at + 1] + bytes([data[at + 1] ^ 4]) + data[at + 2:])
+            run = subprocess.run([MHA_CLIENT, f"--target={self.servers[1].target()}",
+                                  "import_session", path], capture_output=True, text=True,
+                                 timeout=60)
+            self.assertNotEqual(run.returncode, 0)
+            self.assertIn("DATA_LOSS", run.stdout + run.stderr)
+            self.assertIn("session by-file: the header's checksum", run.stdout + run.stderr)
 
     def test_bad_streams_are_refused_and_leave_nothing(self):
         rng = np.random.default_rng(3)
@@ -158,7 +205,8 @@ class SessionTransferTest(unittest.TestCase):
                          ["header", "block", "block", "block", "trailer"])
         header = good[0].header
         self.assertEqual((header.format_version, header.model, header.position, header.blocks),
-                         (1, "demo", 70, 3))
+                         (2, "demo", 70, 3))
+        self.assertEqual(header.header_checksum, header_checksum(header))
         target = self.clients[1]
         before = metric_value(self.servers[1].metrics(), "mha_session_cache_bytes")
 
@@ -187,14 +235,27 @@ class SessionTransferTest(unittest.TestCase):
             c.CopyFrom(g)
         big[0].header.position = big[0].header.max_tokens = 1 << 40
         big[0].header.blocks = (1 << 40) // 32
+        # A changed header is corrupt (issue 64: 277 -> 276 was imported)...
+        refused(big, grpc.StatusCode.DATA_LOSS, "session travel: the header's checksum")
+        # ... and what a sealed header says is checked as before.
+        big[0].header.header_checksum = header_checksum(big[0].header)
         refused(big, grpc.StatusCode.RESOURCE_EXHAUSTED, "more than the cache holds")
         big[0].header.max_tokens = 64
+        big[0].header.header_checksum = header_checksum(big[0].header)
         refused(big, invalid, "with max_tokens 64")
+        shifted = [type(c)() for c in good]
+        for c, g in zip(shifted, good):
+            c.CopyFrom(g)
+        shifted[0].header.position -= 1  # the same blocks: only the checksum can tell
+        refused(shifted, grpc.StatusCode.DATA_LOSS, "header's checksum does not match")
+        shifted[0].header.header_checksum = header_checksum(shifted[0].header)
+        refused(shifted, grpc.StatusCode.DATA_LOSS, "session travel: the checksum does not match")
         future = [type(c)() for c in good]
         for c, g in zip(future, good):
             c.CopyFrom(g)
-        future[0].header.format_version = 2
-        refused(future, invalid, "format version 2")
+        future[0].header.format_version = 3
+        future[0].header.header_checksum = header_checksum(future[0].header)
+        refused(future, invalid, "format version 3")
         # Another server's "demo" has other weights: both fingerprints named.
         with self.assertRaises(grpc.RpcError) as e:
             self.clients[2].import_session(as_bytes(good))

@@ -29,20 +29,26 @@ absl::Status SessionFileReader::Open() {
   return absl::OkStatus();
 }
 
+bool SessionFileReader::Canonical(const SessionChunk& chunk) const {
+  if (chunk.ByteSizeLong() != bytes_.size()) return false;
+  if (chunk.has_block()) return true;  // its bytes are read as they are
+  return chunk.SerializeAsString() == bytes_;
+}
+
 absl::StatusOr<bool> SessionFileReader::Next(SessionChunk& chunk) {
   unsigned char prefix[4];
   if (!in_.read(reinterpret_cast<char*>(prefix), 4)) {
     if (in_.gcount() == 0) return false;  // the end, between chunks
-    return absl::InvalidArgumentError("a truncated chunk length");
+    return absl::DataLossError("a truncated chunk length");
   }
   const uint32_t size =
       prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) | (static_cast<uint32_t>(prefix[3]) << 24);
   if (size > kMaxSessionChunkBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a chunk of ", size, " bytes"));
+    return absl::DataLossError(absl::StrCat("a chunk of ", size, " bytes"));
   }
   bytes_.resize(size);
-  if (!in_.read(bytes_.data(), size) || !chunk.ParseFromString(bytes_)) {
-    return absl::InvalidArgumentError("a truncated or corrupt chunk");
+  if (!in_.read(bytes_.data(), size) || !chunk.ParseFromString(bytes_) || !Canonical(chunk)) {
+    return absl::DataLossError("a truncated or corrupt chunk");
   }
   return true;
 }

@@ -42,10 +42,15 @@ class SessionFileReader {
   // The magic: INVALID_ARGUMENT "not a session file" otherwise. First.
   absl::Status Open();
   // The next chunk into `chunk`: true, or false at the end of the file;
-  // INVALID_ARGUMENT for a truncated, oversized or corrupt chunk.
+  // DATA_LOSS for a truncated, oversized or corrupt chunk, or one not
+  // written as SessionFileWriter writes it (so that every byte counts:
+  // e.g. a bool of 3 reads as 1, and then the checksum would not see it).
   absl::StatusOr<bool> Next(SessionChunk& chunk);
 
  private:
+  // Whether `chunk` serializes back to exactly bytes_ (blocks: its size).
+  bool Canonical(const SessionChunk& chunk) const;
+
   std::istream& in_;
   std::string bytes_;
 };

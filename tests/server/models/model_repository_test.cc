@@ -199,6 +199,52 @@ TEST(ModelUploadTest, WritesOnlyTheFilesOfAModelFolder) {
   fs::remove_all(root);
 }
 
+// A server's upload area: made locked, removed with the server; at start
+// the areas of dead servers go (the lock nobody holds), and nothing else.
+TEST(ModelUploadTest, AnAreaRemovesWhatDeadServersLeftAndNothingElse) {
+  const fs::path root = fs::temp_directory_path() / "mha_upload_area_test";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  auto make = [](const fs::path& folder, bool lock) {
+    fs::create_directories(folder);
+    std::ofstream(folder / "upload-abcdef") << "weights";
+    if (lock) std::ofstream(folder / "lock");
+  };
+  make(root / "mha-uploads-dead01", true);    // a killed server's: its lock is free
+  make(root / "mha-uploads-nolock", false);   // not ours: no lock file
+  make(root / "mha-uploads-toolong1", true);  // not a name mkdtemp made
+  make(root / "elsewhere", true);
+  fs::create_directory_symlink(root / "elsewhere", root / "mha-uploads-link01");
+  std::ofstream(root / "mha-uploads-file01") << "a file";
+
+  std::vector<std::string> removed;
+  absl::StatusOr<std::unique_ptr<UploadArea>> live = UploadArea::Create(root.string(), &removed);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(removed, std::vector<std::string>{(root / "mha-uploads-dead01").string()});
+  for (const char* kept : {"mha-uploads-nolock", "mha-uploads-toolong1", "elsewhere",
+                           "mha-uploads-link01", "mha-uploads-file01"}) {
+    EXPECT_TRUE(fs::exists(root / kept)) << kept;
+  }
+  EXPECT_TRUE(fs::exists(root / "elsewhere" / "upload-abcdef")) << "the link is not followed";
+  const fs::path area = (*live)->path();
+  EXPECT_EQ(area.parent_path(), root);
+  EXPECT_EQ(fs::status(area).permissions() & fs::perms::all, fs::perms::owner_all);
+
+  // A second server beside it leaves the live area alone.
+  removed.clear();
+  absl::StatusOr<std::unique_ptr<UploadArea>> beside = UploadArea::Create(root.string(), &removed);
+  ASSERT_TRUE(beside.ok());
+  EXPECT_TRUE(removed.empty());
+  EXPECT_TRUE(fs::exists(area));
+  absl::StatusOr<std::string> upload = WriteUpload(area.string(), {{"weights.safetensors", "w"}});
+  ASSERT_TRUE(upload.ok()) << upload.status();
+  EXPECT_EQ(fs::path(*upload).parent_path(), area);
+  live->reset();
+  EXPECT_FALSE(fs::exists(area)) << "a server's area goes with it";
+  beside->reset();
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace mha::server
 
