@@ -184,6 +184,8 @@ absl::Status EngineImpl::ValidateRun(const AttentionBatch& batch,
 absl::Status EngineErrorStatus(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
+  } catch (const CallStopped&) {
+    return absl::CancelledError("the call stopped at a yield point: nobody waits for it");
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError("out of memory while computing attention");
   } catch (const dnnl::error& e) {

@@ -22,6 +22,10 @@ namespace mha {
 
 class BoundMemories;  // engine/ops/onednn_matmul.h
 
+// Thrown by Workspace::BetweenBlocks when the call's stop check says stop;
+// the engine's edge answers it with CANCELLED.
+struct CallStopped {};
+
 // Owns growable 64-byte-aligned buffers (one per Slot), the oneDNN stream a
 // call executes on, and the memory objects bound to the primitives it ran.
 // Buffers grow to the largest request seen and are then reused, so
@@ -89,10 +93,20 @@ class Workspace {
     between_blocks_ = std::move(between_blocks);
     wants_yields_ = static_cast<bool>(between_blocks_);
   }
-  // Whether the yield point wants to be called (its last answer).
-  bool yields() const { return wants_yields_; }
+  // A check made at the same points, after the yield: when it answers
+  // true, the call stops there (nobody waits for it any more) and the
+  // engine returns CANCELLED with its outputs not all written. While one is
+  // set, key-tiled blocks run in waves, so that it is asked every wave.
+  // Empty: none (the default). Set per call, by whoever runs the call.
+  void set_stop_check(std::function<bool()> stop_check) { stop_check_ = std::move(stop_check); }
+  // Whether the engine should offer these points (the yield point wants
+  // them, or a stop check is set).
+  bool yields() const { return wants_yields_ || static_cast<bool>(stop_check_); }
+  // The yield point, then the stop check (throws CallStopped). Called by
+  // the engine outside parallel regions only.
   void BetweenBlocks() {
     if (between_blocks_) wants_yields_ = between_blocks_();
+    if (stop_check_ && stop_check_()) throw CallStopped{};
   }
 
   dnnl::stream& stream() { return *stream_; }
@@ -116,6 +130,7 @@ class Workspace {
   std::unique_ptr<BoundMemories> bound_;
   std::vector<std::unique_ptr<Workspace>> children_;
   std::function<bool()> between_blocks_;
+  std::function<bool()> stop_check_;
   bool wants_yields_ = false;
 };
 

@@ -168,17 +168,32 @@ bool Batcher::Drained() const {
   return queue_.empty() && steps_.empty() && projections_.empty() && in_flight_ == 0;
 }
 
-absl::Status Batcher::Unwanted(Task& task, absl::Time now) const {
-  if (task.Cancelled()) {
+absl::Status Batcher::Unwanted(Task& task, absl::Time now, const char* stage) const {
+  // gRPC cancels a call whose deadline passed, by its own clock, which may
+  // run a little ahead of ours: a cancellation that close to the deadline
+  // is the deadline's.
+  constexpr absl::Duration kClockSlack = absl::Milliseconds(100);
+  const bool cancelled = task.Cancelled();
+  if (now > task.deadline || (cancelled && now + kClockSlack > task.deadline)) {
+    task.CountDropped(metrics_, "deadline");
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline passed while the ", Noun(task), " was ", stage));
+  }
+  if (cancelled) {
     task.CountDropped(metrics_, "cancelled");
     return absl::CancelledError("client cancelled the request");
   }
-  if (now > task.deadline) {
-    task.CountDropped(metrics_, "deadline");
-    return absl::DeadlineExceededError(
-        absl::StrCat("deadline passed while the ", Noun(task), " was queued"));
-  }
   return absl::OkStatus();
+}
+
+bool Batcher::NobodyWaits(const std::vector<std::unique_ptr<AttendCall>>& live,
+                          size_t& first_wanted) const {
+  const absl::Time now = clock_.Now();
+  while (first_wanted < live.size() &&
+         (live[first_wanted]->Cancelled() || now > live[first_wanted]->deadline)) {
+    ++first_wanted;
+  }
+  return first_wanted == live.size();
 }
 
 // A batch may close: it is full, its oldest request waited long enough, or

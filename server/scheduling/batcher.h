@@ -153,8 +153,15 @@ class Batcher final : public PoolQueue {
   // Whether Stop may return: nothing queued or in flight (mu_ held).
   bool Drained() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why nobody wants `task` computed any more (cancelled, deadline passed,
-  // counted), or OK.
-  absl::Status Unwanted(Task& task, absl::Time now) const;
+  // counted), or OK. `stage`: what the task was doing ("queued" or
+  // "computed").
+  absl::Status Unwanted(Task& task, absl::Time now, const char* stage = "queued") const;
+  // Whether every request of `live` was cancelled or passed its deadline
+  // (its engine call then stops at its next yield point). Those before
+  // `first_wanted` are known gone: a check costs one request while the
+  // first stays wanted.
+  bool NobodyWaits(const std::vector<std::unique_ptr<AttendCall>>& live,
+                   size_t& first_wanted) const;
   // Takes the next batch of Attend requests once BatchReady (see Poll).
   std::vector<std::unique_ptr<AttendCall>> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes a batch early when `steps` ride along (they never wait).

@@ -125,15 +125,30 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   const MixedOutputs out{absl::MakeSpan(output.data(), output.size()), all_weights,
                          merged && merged->per_head_weights(),
                          absl::MakeSpan(step_weights.data(), step_weights.size())};
+  // A call of Attend requests that nobody waits for any more stops at its
+  // next yield point (steps always finish: their sessions' caches change).
+  size_t first_wanted = 0;
+  bool stopped = false;
+  if (steps.empty()) {
+    ws.set_stop_check([&] { return stopped = NobodyWaits(live, first_wanted); });
+  }
   const absl::Time start = absl::Now();
   const absl::Status status =
       engine_.Compute(merged ? merged->batch() : kNoSequences, step_batch, out, ws);
   const absl::Time computed = absl::Now();
+  ws.set_stop_check(nullptr);
   metrics_.compute_duration->Observe(absl::ToDoubleSeconds(computed - start));
   ReportPrimitiveCacheMisses();
   // The requests' answers are encoded, then the call's statistics recorded
   // in one step, before any answer leaves.
   std::vector<absl::Status> answers(live.size(), status);
+  if (stopped && !status.ok()) {  // each says why, counted as dropped
+    const absl::Time now = clock_.Now();
+    for (size_t i = 0; i < live.size(); ++i) {
+      const absl::Status why = Unwanted(*live[i], now, "computed");
+      if (!why.ok()) answers[i] = why;
+    }
+  }
   if (status.ok()) {
     for (size_t i = 0; i < live.size(); ++i) {
       live[i]->compute_time = computed - start;

@@ -118,6 +118,41 @@ class DisconnectTest(unittest.TestCase):
         self.assertGreaterEqual(total(after) - total(before), 12)
         self.check_still_correct()
 
+    def server_cpu_seconds(self):
+        with open(f"/proc/{self.server.process.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def test_a_call_past_its_deadline_stops(self):
+        """Issue 64: a started call nobody waits for stops at its next yield
+        point, counted as DEADLINE_EXCEEDED and dropped, not OK."""
+        query = np.random.default_rng(4).standard_normal((1, 24000, DEMO_E), dtype=np.float32)
+        request = pb.AttendRequest(model="demo", query=tensor(pb, cfg, query))
+        before = self.server.metrics()
+        sent = time.monotonic()
+        with self.assertRaises(grpc.RpcError) as e:  # seconds of compute, 1.5 s allowed
+            self.stub.Attend(request, timeout=1.5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        # The server's CPU goes idle: 50 ms slices until one uses < 10 % of a core.
+        idle_after = None
+        while time.monotonic() - sent < 10:
+            start, cpu = time.monotonic(), self.server_cpu_seconds()
+            time.sleep(0.05)
+            if self.server_cpu_seconds() - cpu < 0.1 * (time.monotonic() - start):
+                idle_after = time.monotonic() - sent - 1.5
+                break
+        self.assertIsNotNone(idle_after, "the server computed on for 10 s")
+        self.assertLess(idle_after, 0.5, "idle within a yield interval (and our sampling)")
+        self.wait_idle()
+        after = self.server.metrics()
+        for name, labels in (("mha_requests_total", {"code": "DEADLINE_EXCEEDED"}),
+                             ("mha_dropped_requests_total", {"reason": "deadline"})):
+            self.assertEqual(metric_value(after, name, model="demo", **labels) -
+                             metric_value(before, name, model="demo", **labels), 1, name)
+        self.assertEqual(metric_value(after, "mha_requests_total", model="demo", code="OK"),
+                         metric_value(before, "mha_requests_total", model="demo", code="OK"))
+        self.check_still_correct()
+
     def test_half_open_and_garbage_connections(self):
         port = self.server.grpc_port
         sockets = []

@@ -12,6 +12,7 @@ repository folder with that config; paths that would escape, files without
 a config, bad JSON and other modes are refused and nothing is written.
 """
 
+import glob
 import os
 import shutil
 import sys
@@ -73,6 +74,15 @@ class ModelUploadTest(unittest.TestCase):
         response = triton.ModelInfer(request, timeout=TIMEOUT)
         return np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(Q.shape)
 
+    def uploaded(self):
+        """What the running servers hold in --upload_dir, beside their own
+        areas (mha-uploads-XXXXXX, with its lock file): [] when nothing."""
+        found = []
+        for area in os.listdir(self.uploads):
+            inside = os.listdir(os.path.join(self.uploads, area))
+            found += [f"{area}/{name}" for name in inside if name != "lock"]
+        return found
+
     def refused(self, call, request, code=grpc.StatusCode.INVALID_ARGUMENT):
         with self.assertRaises(grpc.RpcError) as e:
             call(request, timeout=TIMEOUT)
@@ -86,7 +96,7 @@ class ModelUploadTest(unittest.TestCase):
             triton = trpc.GRPCInferenceServiceStub(s.channel())
             triton.RepositoryModelLoad(load_request(
                 "up", config, {"3/weights.safetensors": weights_of(module)}), timeout=TIMEOUT)
-            self.assertEqual(os.listdir(self.uploads), [], "the private folder is removed")
+            self.assertEqual(self.uploaded(), [], "the private folder is removed")
             self.assertTrue(triton.ModelReady(tpb.ModelReadyRequest(name="up", version="3"),
                                               timeout=TIMEOUT).ready)
             with torch.no_grad():
@@ -153,11 +163,53 @@ class ModelUploadTest(unittest.TestCase):
             self.assertIn("embed_dim", self.refused(load, load_request(
                 "evil", '{"num_heads": 3}', {"weights.safetensors": data}),
                 grpc.StatusCode.FAILED_PRECONDITION))
-            self.assertEqual(os.listdir(self.uploads), [])
+            self.assertEqual(self.uploaded(), [])
             self.assertFalse(os.path.exists(outside))
             index = triton.RepositoryIndex(tpb.RepositoryIndexRequest(ready=True),
                                            timeout=TIMEOUT)
             self.assertEqual([m.name for m in index.models], ["a"])
+
+    def test_what_a_killed_server_was_loading_is_removed_at_the_next_start(self):
+        """Issue 64: SIGKILL while an uploaded model loads leaves its files;
+        the next server removes that dead server's area, and nothing else."""
+        config = '{"embed_dim": 1024, "num_heads": 8}'
+        data = weights_of(layer(5, embed_dim=1024))  # 16 MiB: a load of some length
+        foreign = [os.path.join(self.uploads, "mha-upload-abc123"),  # another naming
+                   os.path.join(self.uploads, "someone-else")]
+        for path in foreign:
+            os.makedirs(path)
+        with self.server() as beside:  # a live server's area stays
+            beside_area = [a for a in os.listdir(self.uploads) if a.startswith("mha-uploads-")]
+            dead_area = None
+            for _ in range(10):  # until the kill lands during a load
+                killed = self.server()
+                killed.start()
+                triton = trpc.GRPCInferenceServiceStub(killed.channel())
+                load = triton.RepositoryModelLoad.future(load_request(
+                    "big", config, {"weights.safetensors": data}), timeout=TIMEOUT)
+                while not load.done():
+                    weights = glob.glob(os.path.join(
+                        self.uploads, "mha-uploads-*", "upload-*", "weights.safetensors"))
+                    if weights:
+                        killed.process.kill()
+                        dead_area = os.path.dirname(os.path.dirname(weights[0]))
+                        break
+                killed.process.wait()
+                killed.stop()
+                killed.remove_log()
+                if dead_area is not None and os.path.exists(dead_area):
+                    break
+                dead_area = None
+            self.assertIsNotNone(dead_area, "no kill landed during a load in 10 tries")
+            self.assertTrue(glob.glob(os.path.join(dead_area, "upload-*", "*")), "left behind")
+            with self.server() as after:
+                self.assertFalse(os.path.exists(dead_area))
+                self.assertIn(f"removed {dead_area}, the upload folder of a server", after.stderr())
+                for path in foreign + [os.path.join(self.uploads, a) for a in beside_area]:
+                    self.assertTrue(os.path.exists(path), path)
+        for path in foreign:
+            os.rmdir(path)
+        self.assertEqual(os.listdir(self.uploads), [], "every live server removed its own")
 
     def test_only_explicit_mode_takes_a_models_config_or_files(self):
         with self.server(mode="poll") as s:

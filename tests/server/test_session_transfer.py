@@ -19,6 +19,7 @@ the server left as it was.
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -323,6 +324,53 @@ class SpillAndRestartTest(unittest.TestCase):
                 self.assertIn("not restored after a restart", e.exception.details())
                 self.assertIn("cross", e.exception.details())
                 client.close()
+
+    def test_a_spill_killed_midway_leaves_nothing_after_the_next_start(self):
+        """Issue 64: SIGKILL while sessions are written leaves a partial
+        file; the next start removes it (and only what a spill names so),
+        and restores the sessions that were written whole."""
+        rng = np.random.default_rng(6)
+        x = randn(rng, 1, 100, DEMO_E)
+        with tempfile.TemporaryDirectory() as repo, tempfile.TemporaryDirectory() as spill:
+            make_repository(repo, ("demo",))
+            flags = [f"--session_spill_dir={spill}", "--session_idle_timeout_s=600"]
+            foreign = ["notes.partial", "abc.mhasession.partial", "0123456789abcdef.partial"]
+            for name in foreign:
+                with open(os.path.join(spill, name), "w") as f:
+                    f.write("not a spill's")
+            partial = None
+            for _ in range(10):  # until the kill lands during the spill
+                for name in os.listdir(spill):
+                    if name not in foreign:
+                        os.unlink(os.path.join(spill, name))
+                server = TestServer(MHA_SERVER, repo, flags)
+                server.start()
+                client = mha_client.MhaClient(server.target(), timeout=60)
+                for i in range(60):  # 4 blocks each: a spill of some length
+                    client.open_session("demo", session_id=f"s{i}").append(x)
+                client.close()
+                server.process.send_signal(signal.SIGTERM)
+                while server.process.poll() is None:
+                    names = [n for n in os.listdir(spill) if n.endswith(".mhasession.partial")
+                             and n not in foreign]
+                    if names:
+                        server.process.kill()
+                        partial = names[0]
+                        break
+                server.stop()
+                server.remove_log()
+                if partial is not None and os.path.exists(os.path.join(spill, partial)):
+                    break
+                partial = None
+            self.assertIsNotNone(partial, "no kill landed during a spill in 10 tries")
+            whole = len([n for n in os.listdir(spill) if n.endswith(".mhasession")])
+            with TestServer(MHA_SERVER, repo, flags) as again:
+                self.assertIn(f"removed 1 partial session file(s) of an earlier spill that did "
+                              f"not finish: {partial}", again.stderr())
+                client = mha_client.MhaClient(again.target(), timeout=60)
+                self.assertEqual(len(client.list_sessions()), whole, "the whole files came back")
+                client.close()
+                self.assertEqual(sorted(os.listdir(spill)), sorted(foreign))
 
 
 if __name__ == "__main__":

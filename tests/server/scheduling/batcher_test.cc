@@ -493,6 +493,70 @@ TEST_F(BatcherTest, PollStepsHandsTheReadyStepsAloneNotTheQueuedRequests) {
 // On the engine: a step that arrives while the one worker computes a long
 // request (causal: not split) is answered from the long call's yield,
 // before the long request is.
+// Waits until a worker took what `metrics` counts as queued.
+void WaitUntilTaken(Metrics& metrics) {
+  while (metrics.ForModel("m").queue_depth->Value() > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+double Calls(Metrics& metrics) {
+  return metrics.ForModel("m").compute_duration->Collect().histogram.sample_count;
+}
+
+// A started call whose every request is cancelled, or whose deadline
+// passes, stops at its next yield point: CANCELLED / DEADLINE_EXCEEDED
+// where the whole call used to be computed and answered OK.
+TEST_F(BatcherTest, ACallNobodyWaitsForStopsAtItsNextYieldPoint) {
+  Metrics metrics;
+  Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
+  v1::AttendRequest causal = Request(32768, 1);  // seconds of compute here
+  causal.set_is_causal(true);
+  std::atomic<bool> gone{false};
+  auto cancelled = Submit(batcher, causal, absl::InfiniteFuture(), [&gone] { return gone.load(); });
+  WaitUntilTaken(metrics);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // inside the engine call
+  gone = true;
+  absl::StatusOr<Answer> answer = cancelled.get();
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kCancelled) << answer.status();
+  EXPECT_EQ(Calls(metrics), 1) << "it was computing";
+
+  auto late = Submit(batcher, causal, clock_.Now() + absl::Seconds(1));
+  WaitUntilTaken(metrics);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  clock_.Advance(absl::Seconds(2));
+  answer = late.get();
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kDeadlineExceeded) << answer.status();
+  EXPECT_THAT(answer.status().message(), HasSubstr("while the request was computed"));
+  EXPECT_EQ(Calls(metrics), 2);
+}
+
+// One request of a call cancelled while it runs: the call goes on for the
+// other, whose answer is exact.
+TEST_F(BatcherTest, ACallSharedWithALiveRequestGoesOn) {
+  Metrics metrics;
+  BatcherOptions options = Delayed(absl::Seconds(30));
+  options.max_batch_tokens = 1 << 20;
+  Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
+  v1::AttendRequest causal = Request(16384, 1), small = Request(5, 2);
+  causal.set_is_causal(true);
+  small.set_is_causal(true);
+  std::atomic<bool> gone{false};
+  auto cancelled = Submit(batcher, causal, absl::InfiniteFuture(), [&gone] { return gone.load(); });
+  auto live = Submit(batcher, small);
+  clock_.Advance(absl::Seconds(30));  // the batch of both closes
+  WaitUntilTaken(metrics);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  gone = true;
+  const absl::StatusOr<Answer> answer = live.get();
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  const std::vector<float> expected = Alone(small);
+  ASSERT_EQ(answer->output.size(), expected.size());
+  for (size_t j = 0; j < expected.size(); ++j) ASSERT_NEAR(answer->output[j], expected[j], 1e-5);
+  EXPECT_TRUE(cancelled.get().ok()) << "computed with the live one";
+  EXPECT_EQ(Calls(metrics), 1) << "one call for both";
+}
+
 TEST_F(BatcherTest, ALongCallYieldsToAStepThatArrivesWhileItRuns) {
   Metrics metrics;
   Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
