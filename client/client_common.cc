@@ -1,10 +1,13 @@
 #include "client/client_common.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/file_read.h"
 #include "engine/tensor.h"
@@ -17,8 +20,9 @@ double Milliseconds(std::chrono::steady_clock::duration d) {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptions& o) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
+  const int limit = static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(limit);
+  args.SetMaxSendMessageSize(limit);
   if (!o.tls) return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
   grpc::SslCredentialsOptions ssl;
   for (const auto& [path, field] :
@@ -30,6 +34,22 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptio
     *field = *std::move(text);
   }
   return grpc::CreateCustomChannel(o.target, grpc::SslCredentials(ssl), args);
+}
+
+absl::Status CheckRequestBytes(double bytes, int64_t client_limit, int64_t server_limit,
+                               absl::string_view smaller) {
+  const bool over_client = bytes > static_cast<double>(client_limit);
+  const bool over_server = server_limit > 0 && bytes > static_cast<double>(server_limit);
+  if (!over_client && !over_server) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the request would be about %.0f bytes: more than %s (this client's --max_message_bytes is "
+      "%d, the server's --max_message_bytes %s); %s",
+      bytes,
+      over_client && over_server ? "both limits"
+      : over_client              ? "this client sends"
+                                 : "the server takes",
+      client_limit,
+      server_limit > 0 ? absl::StrCat("is ", server_limit) : std::string("is not known"), smaller));
 }
 
 std::string CountsJson(const std::map<std::string, int64_t>& counts) {

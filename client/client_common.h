@@ -24,13 +24,23 @@ struct ConnectionOptions {
   std::string ca_file;    // PEM roots to trust (empty: the system's)
   std::string cert_file;  // client certificate and key, for mutual TLS
   std::string key_file;
+  // The largest message sent or received (gRPC's own default is 4 MiB).
+  int64_t max_message_bytes = int64_t{64} << 20;
 };
+
+// Whether a request of about `bytes` may go: INVALID_ARGUMENT naming this
+// client's --max_message_bytes and the server's (0: not known) when it is
+// larger than either, with `smaller` (how to send less). Checked before
+// the request is built.
+absl::Status CheckRequestBytes(double bytes, int64_t client_limit, int64_t server_limit,
+                               absl::string_view smaller);
 
 // A model a load goes to, with the widths its inputs need.
 struct LoadTarget {
   std::string model = "demo";
   int64_t embed_dim = 256;
   int64_t kdim = 256;
+  int64_t max_message_bytes = 0;  // the server's (GetModel); 0: not known
 };
 
 // A steady-clock duration in milliseconds.

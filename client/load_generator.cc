@@ -49,6 +49,7 @@ class LoadRun {
     end_ = start_ + options_.duration;
     std::thread progress;
     if (options_.progress) progress = std::thread([this] { ShowProgress(); });
+    std::thread retries([this] { RetryWhenDue(); });
     std::vector<std::thread> streams;
     if (options_.stream) {
       for (int i = 0; i < options_.concurrency; ++i) streams.emplace_back([this] { RunStream(); });
@@ -62,7 +63,9 @@ class LoadRun {
     done_cv_.wait(lock, [this] { return in_flight_ == 0 && started_all_; });
     report_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
     finished_ = true;
+    retry_cv_.notify_all();
     lock.unlock();
+    retries.join();
     if (progress.joinable()) progress.join();
     std::lock_guard<std::mutex> relock(mu_);
     Summarize();
@@ -73,8 +76,19 @@ class LoadRun {
   struct Call {
     grpc::ClientContext context;
     absl::Time sent;
+    int64_t n = 0;  // which request (pool_[n % size])
     int64_t tokens = 0;
+    absl::Duration backoff;  // of the retry before this one; 0: a first try
   };
+  // A closed-loop call that found the server unavailable, tried again
+  // (the same request) once `due`, after `backoff`.
+  struct Retry {
+    absl::Time due;
+    int64_t n = 0;
+    absl::Duration backoff;
+  };
+  static constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
+  static constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
   // The index of the next request, or -1 when the run is over. mu_ held.
   int64_t NextLocked() {
@@ -183,20 +197,85 @@ class LoadRun {
       if (n < 0) return false;
       ++in_flight_;
     }
+    Send(n, chain, absl::ZeroDuration());
+    return true;
+  }
+
+  // Sends request n (counted in flight already). A closed-loop call the
+  // server could not take (UNAVAILABLE: it is down or restarting) is tried
+  // again after a backoff, doubling to kMaxBackoff, instead of at once: one
+  // failed call, however many tries, and no spinning client.
+  void Send(int64_t n, bool chain, absl::Duration backoff) {
     auto* call = new Call;
+    call->n = n;
     call->tokens = TokensOf(pool_[n % pool_.size()]);
+    call->backoff = backoff;
     AddToken(options_.token, call->context);
     call->sent = absl::Now();
     // The request's bytes were written once, with the pool; the response is
     // read around its tensors' bytes (client/attend_wire.h).
     CallAttend(generic_stub_, &call->context, pool_bytes_[n % pool_bytes_.size()],
                [this, call, chain](absl::Status status, std::unique_ptr<ReceivedAttendResponse>) {
+                 if (chain && status.code() == absl::StatusCode::kUnavailable && TryLater(*call)) {
+                   delete call;
+                   return;
+                 }
                  Finished(call, status);
                  if (chain) Issue(true);
                  std::lock_guard<std::mutex> lock(mu_);
                  if (--in_flight_ == 0) done_cv_.notify_all();
                });
+  }
+
+  // Queues `call`'s request for another try, unless the run is over.
+  bool TryLater(const Call& call) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const absl::Time now = absl::Now();
+    if (now >= end_) return false;
+    const absl::Duration backoff = call.backoff == absl::ZeroDuration()
+                                       ? kFirstBackoff
+                                       : std::min(kMaxBackoff, 2 * call.backoff);
+    retries_.push_back({now + backoff, call.n, backoff});
+    ++report_.retries;
+    retry_cv_.notify_all();
     return true;
+  }
+
+  // Sends the retries when due; once the run is over, what waits fails
+  // (counted once, as UNAVAILABLE).
+  void RetryWhenDue() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      const absl::Time now = absl::Now();
+      std::vector<Retry> due;
+      for (auto it = retries_.begin(); it != retries_.end();) {
+        if (it->due <= now || now >= end_) {
+          due.push_back(*it);
+          it = retries_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (const Retry& r : due) {
+        if (now < end_) {
+          lock.unlock();
+          Send(r.n, /*chain=*/true, r.backoff);
+          lock.lock();
+        } else {
+          ++report_.errors[CodeName(grpc::StatusCode::UNAVAILABLE)];
+          if (--in_flight_ == 0) done_cv_.notify_all();
+        }
+      }
+      if (finished_) return;
+      absl::Time next = end_;
+      for (const Retry& r : retries_) next = std::min(next, r.due);
+      const absl::Duration wait = next - absl::Now();
+      if (wait > absl::ZeroDuration()) {
+        retry_cv_.wait_for(lock, absl::ToChronoMilliseconds(wait) + std::chrono::milliseconds(1));
+      } else if (now >= end_ && retries_.empty()) {
+        retry_cv_.wait(lock);  // until finished (or a late retry)
+      }
+    }
   }
 
   void Finished(Call* call, const absl::Status& status) {
@@ -240,6 +319,8 @@ class LoadRun {
   std::vector<grpc::ByteBuffer> pool_bytes_;  // pool_ as gRPC sends it
   std::mutex mu_;
   std::condition_variable done_cv_;
+  std::condition_variable retry_cv_;  // a retry queued, or the run finished
+  std::vector<Retry> retries_;
   absl::Time start_, end_;
   int64_t issued_ = 0, in_flight_ = 0;
   bool started_all_ = false;
@@ -259,6 +340,9 @@ std::string LoadReport::Text() const {
       max_ms);
   for (const auto& [code, count] : errors)
     absl::StrAppend(&text, "errors ", code, ": ", count, "\n");
+  if (retries > 0) {
+    absl::StrAppend(&text, "retries while the server was unavailable: ", retries, "\n");
+  }
   if (streams > 0) absl::StrAppend(&text, "streams ended OK: ", streams, "\n");
   return text;
 }
@@ -267,9 +351,10 @@ std::string LoadReport::Json() const {
   return absl::StrFormat(
       "{\"requests\": %d, \"seconds\": %.4f, \"rps\": %.2f, \"tokens_per_s\": %.1f, "
       "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"p999_ms\": %.4f, "
-      "\"max_ms\": %.4f, \"above_compute_p50_ms\": %.4f, \"errors\": {%s}, \"streams\": %d}",
+      "\"max_ms\": %.4f, \"above_compute_p50_ms\": %.4f, \"errors\": {%s}, \"retries\": %d, "
+      "\"streams\": %d}",
       requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms, p999_ms,
-      max_ms, above_compute_p50_ms, CountsJson(errors), streams);
+      max_ms, above_compute_p50_ms, CountsJson(errors), retries, streams);
 }
 
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options) {

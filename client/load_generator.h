@@ -39,6 +39,9 @@ struct LoadReport {
   // or (--stream) a request lost with its stream, under the stream's status.
   std::map<std::string, int64_t> errors;
   int64_t streams = 0;  // --stream: streams the server ended with OK
+  // Closed loop: tries again of calls the server was unavailable for (each
+  // after a backoff); a call still failing when the run ends is one error.
+  int64_t retries = 0;
   double seconds = 0;
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, p999_ms = 0, max_ms = 0;
   // Median of each Attend call's round trip minus its compute (the

@@ -22,12 +22,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -63,8 +65,11 @@ ABSL_FLAG(std::string, model, "",
           "alternate; health: that model)");
 ABSL_FLAG(int64_t, model_version, 0, "attend: the model version to compute with (0: newest)");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "largest message this client sends or receives (the server has its own "
+          "--max_message_bytes, which GetModel reports)");
 ABSL_FLAG(int64_t, batch, 1, "attend, load: batch size B");
-ABSL_FLAG(int64_t, len, 16, "attend: query length L");
+ABSL_FLAG(int64_t, len, 16, "attend, load: query length L (load: the same as --len_range L:L)");
 ABSL_FLAG(int64_t, kv_len, 0, "key/value length S (0: self-attention)");
 ABSL_FLAG(uint32_t, seed, 1, "random inputs' seed");
 ABSL_FLAG(bool, is_causal, false, "attend: query i may not attend key j > i (PyTorch's name)");
@@ -93,7 +98,7 @@ ABSL_FLAG(int, sessions, 0,
 ABSL_FLAG(int, concurrency, 1, "load: requests in flight");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "load: how long");
 ABSL_FLAG(int64_t, requests, 0, "load: stop after this many (0: duration)");
-ABSL_FLAG(std::string, len_range, "16:16", "load: query lengths MIN:MAX, uniform");
+ABSL_FLAG(std::string, len_range, "16:16", "load: query lengths MIN:MAX, uniform (or --len)");
 ABSL_FLAG(bool, json, false, "load: print the report as JSON");
 ABSL_FLAG(double, rate, 0, "load: open loop at this many requests/s (0: closed loop)");
 ABSL_FLAG(std::string, sweep, "", "load: run each concurrency of this list, e.g. 1,4,16,64");
@@ -139,12 +144,32 @@ void RecordGivenFlags(int argc, char** argv) {
 const std::vector<std::string> kInputNames = {"query", "key", "value", "key_padding_mask",
                                               "attn_mask"};
 
+// Whether the random inputs' sizes make a request: B and L at least 1,
+// S at least 0 (a negative size aborted the client once).
+absl::Status CheckShapeFlags(int64_t batch, int64_t len, int64_t kv_len) {
+  for (const auto& [name, value, least] : {std::tuple{"batch", batch, 1}, std::tuple{"len", len, 1},
+                                           std::tuple{"kv_len", kv_len, 0}}) {
+    if (value < least) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": at least ", least, ", got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Fills the request's tensors from files, or randomly.
 absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
+  const int64_t client_limit = absl::GetFlag(FLAGS_max_message_bytes);
   if (absl::GetFlag(FLAGS_query).empty()) {
     std::mt19937 gen(absl::GetFlag(FLAGS_seed));
     const int64_t b = absl::GetFlag(FLAGS_batch), l = absl::GetFlag(FLAGS_len);
     const int64_t s = absl::GetFlag(FLAGS_kv_len);
+    RETURN_IF_ERROR(CheckShapeFlags(b, l, s));
+    const double element_bytes = absl::GetFlag(FLAGS_bf16) ? 2.0 : 4.0;
+    const double bytes = element_bytes * b *
+                         (double(l) * info.embed_dim() + double(s) * (info.kdim() + info.vdim()));
+    RETURN_IF_ERROR(CheckRequestBytes(bytes, client_limit, info.max_message_bytes(),
+                                      "send fewer tokens (--batch, --len, --kv_len)"));
     *request.mutable_query() = RandomTensor({b, l, info.embed_dim()}, gen);
     if (s > 0) {
       *request.mutable_key() = RandomTensor({b, s, info.kdim()}, gen);
@@ -157,11 +182,16 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
             "--", random_only, " is for random inputs; with --query the files give the inputs"));
       }
     }
+    double bytes = 0;
     for (const std::string& path :
          {absl::GetFlag(FLAGS_query), absl::GetFlag(FLAGS_key), absl::GetFlag(FLAGS_value)}) {
       if (path.empty()) continue;
       RETURN_IF_ERROR(CheckTensorNames(path, kInputNames, /*any_single=*/true));
+      std::error_code error;
+      bytes += static_cast<double>(std::filesystem::file_size(path, error));
     }
+    RETURN_IF_ERROR(
+        CheckRequestBytes(bytes, client_limit, info.max_message_bytes(), "send fewer tokens"));
     absl::StatusOr<v1::Tensor> t = ReadWireTensor(absl::GetFlag(FLAGS_query), "query");
     if (!t.ok()) return t.status();
     *request.mutable_query() = *t;
@@ -271,7 +301,7 @@ grpc::Status FindTarget(v1::AttentionService::Stub& stub, const std::string& nam
   get.set_name(name);
   v1::ModelInfo info;
   const grpc::Status status = stub.GetModel(Context().get(), get, &info);
-  if (status.ok()) target = {info.name(), info.embed_dim(), info.kdim()};
+  if (status.ok()) target = {info.name(), info.embed_dim(), info.kdim(), info.max_message_bytes()};
   return status;
 }
 
@@ -294,6 +324,30 @@ int LoadSessions(const std::shared_ptr<grpc::Channel>& channel) {
     failed = failed || !report.errors.empty();
   }
   return failed ? 1 : 0;
+}
+
+// The query lengths of `load`: --len_range MIN:MAX, or --len L (one of
+// the two). False (the reason printed) when they are not lengths.
+bool LengthsOf(LoadOptions& o) {
+  const bool len_given = GivenFlags().count("len") > 0;
+  if (len_given && GivenFlags().count("len_range") > 0) {
+    std::fprintf(stderr, "load: give --len or --len_range, not both\n");
+    return false;
+  }
+  if (len_given) {
+    o.min_len = o.max_len = absl::GetFlag(FLAGS_len);
+    if (o.min_len >= 1) return true;
+    std::fprintf(stderr, "--len: at least 1, got %lld\n", static_cast<long long>(o.min_len));
+    return false;
+  }
+  const std::vector<std::string> range = absl::StrSplit(absl::GetFlag(FLAGS_len_range), ':');
+  if (range.size() != 2 || !absl::SimpleAtoi(range[0], &o.min_len) ||
+      !absl::SimpleAtoi(range[1], &o.max_len) || o.min_len < 1 || o.max_len < o.min_len) {
+    std::fprintf(stderr, "--len_range: expected MIN:MAX (1 <= MIN <= MAX), got %s\n",
+                 absl::GetFlag(FLAGS_len_range).c_str());
+    return false;
+  }
+  return true;
 }
 
 int Load(const std::shared_ptr<grpc::Channel>& channel) {
@@ -323,11 +377,9 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   }
   o.seed = absl::GetFlag(FLAGS_seed);
   o.token = Token();
-  const std::vector<std::string> range = absl::StrSplit(absl::GetFlag(FLAGS_len_range), ':');
-  if (range.size() != 2 || !absl::SimpleAtoi(range[0], &o.min_len) ||
-      !absl::SimpleAtoi(range[1], &o.max_len) || o.min_len < 1 || o.max_len < o.min_len) {
-    std::fprintf(stderr, "--len_range: expected MIN:MAX, got %s\n",
-                 absl::GetFlag(FLAGS_len_range).c_str());
+  if (!LengthsOf(o)) return 2;
+  if (const absl::Status s = CheckShapeFlags(o.batch, o.min_len, o.kv_len); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
   }
   auto stub = v1::AttentionService::NewStub(channel);
@@ -335,6 +387,17 @@ int Load(const std::shared_ptr<grpc::Channel>& channel) {
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',')) {
     const grpc::Status status = FindTarget(*stub, std::string(name), o.models.emplace_back());
     if (!status.ok()) return ReportError(status);
+  }
+  for (const LoadTarget& target : o.models) {  // the longest request of the pool
+    const double bytes =
+        4.0 * o.batch * (double(o.max_len) * target.embed_dim + double(o.kv_len) * target.kdim);
+    const absl::Status fits =
+        CheckRequestBytes(bytes, absl::GetFlag(FLAGS_max_message_bytes), target.max_message_bytes,
+                          "send fewer tokens (--batch, --len_range)");
+    if (!fits.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(fits.message()).c_str());
+      return 2;
+    }
   }
   o.rate = absl::GetFlag(FLAGS_rate);
   o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
@@ -390,11 +453,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
-  mha::client::ConnectionOptions connection{.target = absl::GetFlag(FLAGS_target),
-                                            .tls = absl::GetFlag(FLAGS_tls),
-                                            .ca_file = absl::GetFlag(FLAGS_ca),
-                                            .cert_file = absl::GetFlag(FLAGS_tls_cert),
-                                            .key_file = absl::GetFlag(FLAGS_tls_key)};
+  mha::client::ConnectionOptions connection{
+      .target = absl::GetFlag(FLAGS_target),
+      .tls = absl::GetFlag(FLAGS_tls),
+      .ca_file = absl::GetFlag(FLAGS_ca),
+      .cert_file = absl::GetFlag(FLAGS_tls_cert),
+      .key_file = absl::GetFlag(FLAGS_tls_key),
+      .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes)};
   const std::string token_file = absl::GetFlag(FLAGS_token_file).empty()
                                      ? absl::GetFlag(FLAGS_token)
                                      : absl::GetFlag(FLAGS_token_file);

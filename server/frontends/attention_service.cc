@@ -31,9 +31,10 @@ void FillStatistics(const ModelVersion& version, v1::ModelVersionStatistics* out
 }
 
 // ListModels' and GetModel's description of a model in the table.
-v1::ModelInfo ToModelInfo(const ModelStatus& status) {
+v1::ModelInfo ToModelInfo(const ModelStatus& status, const RequestLimits& limits) {
   v1::ModelInfo info;
   info.set_name(status.name);
+  info.set_max_message_bytes(limits.max_message_bytes);
   info.set_error(status.error);
   for (const ModelStatus::Version& v : status.versions) {
     v1::ModelVersionStatus* version = info.add_versions();
@@ -137,7 +138,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::ListModels(grpc::CallbackServerC
   const absl::Status allowed = gate_.Authorize(*context);
   if (allowed.ok()) {
     for (const ModelStatus& status : gate_.models().Statuses()) {
-      *response->add_models() = ToModelInfo(status);
+      *response->add_models() = ToModelInfo(status, gate_.limits());
     }
   }
   return FinishUnary(context, allowed);
@@ -150,7 +151,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::GetModel(grpc::CallbackServerCon
     return FinishUnary(context, allowed);
   }
   absl::StatusOr<ModelStatus> status = gate_.models().Status(request->name());
-  if (status.ok()) *response = ToModelInfo(*status);
+  if (status.ok()) *response = ToModelInfo(*status, gate_.limits());
   return FinishUnary(context, status.status());
 }
 
@@ -168,10 +169,11 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::LoadModel(grpc::CallbackServerCo
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const ModelRepository& models = gate_.models();
+  const RequestLimits& limits = gate_.limits();
   control_.Load(request->name(),
-                [reactor, response, &models, name = request->name()](absl::Status status) {
+                [reactor, response, &models, &limits, name = request->name()](absl::Status status) {
                   if (absl::StatusOr<ModelStatus> model = models.Status(name); model.ok()) {
-                    *response = ToModelInfo(*model);
+                    *response = ToModelInfo(*model, limits);
                   }
                   reactor->Finish(ToGrpcStatus(status));
                 });

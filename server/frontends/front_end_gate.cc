@@ -60,6 +60,18 @@ absl::StatusOr<VersionPtr> FrontEndGate::Track(grpc::CallbackServerContext* cont
   return found;
 }
 
+void FrontEndGate::CountRefused(const std::string& model_name, int64_t version, const char* api,
+                                absl::StatusCode code) const {
+  absl::StatusOr<VersionPtr> found = models_.Find(model_name, version);
+  if (found.ok()) {
+    (*found)->metrics->CountRequest(api, code);
+  } else if (models_.Has(model_name)) {
+    metrics_.ForModel(model_name).CountRequest(api, code);
+  } else {
+    metrics_.CountUnknownModelRequest(api, code);
+  }
+}
+
 void FrontEndGate::Dispatch(grpc::CallbackServerContext* context,
                             std::unique_ptr<DispatchedCall> call, const std::string& model_name,
                             int64_t version, const char* api) {

@@ -125,6 +125,10 @@ class FrontEndGate {
   absl::StatusOr<VersionPtr> Track(grpc::CallbackServerContext* context, DispatchedCall& call,
                                    const std::string& model_name, int64_t version,
                                    const char* api) const;
+  // Counts in mha_requests_total a request refused before it became a call
+  // (HTTP's body did not decode), under the series a call would have used.
+  void CountRefused(const std::string& model_name, int64_t version, const char* api,
+                    absl::StatusCode code) const;
 
  private:
   const ModelRepository& models_;

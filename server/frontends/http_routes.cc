@@ -15,6 +15,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "server/frontends/grpc_helpers.h"
 #include "server/frontends/http_infer_codec.h"
+#include "server/frontends/kserve_codec.h"
 #include "server/observability/metrics.h"
 
 namespace mha::server {
@@ -301,33 +302,48 @@ void KserveHttpRoutes::HandleModel(const HttpRequest& request, const std::vector
 
 void KserveHttpRoutes::Infer(const HttpRequest& request, const std::string& model,
                              const std::string& version, HttpRespond respond) {
+  // A request refused here is counted as a call's refusal is (gRPC's are
+  // refused, and counted, past the gate).
+  auto refuse = [&](const absl::Status& status) {
+    absl::StatusOr<int64_t> number = ParseModelVersion(model, version);
+    calls_.gate().CountRefused(model, number.value_or(0), kApiKserveHttp, status.code());
+    respond(HttpError(status));
+  };
   std::optional<size_t> header_length;
   if (const absl::string_view h = request.Header("inference-header-content-length"); !h.empty()) {
     size_t n = 0;
     if (!absl::SimpleAtoi(h, &n)) {
-      return respond(HttpError(absl::InvalidArgumentError(
-          absl::StrCat("Inference-Header-Content-Length '", h, "' is not a byte count"))));
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat("Inference-Header-Content-Length '", h, "' is not a byte count")));
     }
     header_length = n;
   }
   int64_t raw_query_width = 0;
-  if (header_length == 0) {
-    // Triton's raw form: the query's width from the model's metadata.
+  if (header_length == 0 || request.body.empty()) {
+    // The query's width from the model's metadata (Triton's raw form, or
+    // the error of an empty body); NOT_FOUND for a model not served.
     inference::ModelMetadataRequest in;
     in.set_name(model);
     in.set_version(version);
     inference::ModelMetadataResponse out;
     const absl::Status found = calls_.ModelMetadata(request.Header("authorization"), in, &out);
-    if (!found.ok()) return respond(HttpError(found));
+    if (!found.ok()) return refuse(found);
     for (const auto& input : out.inputs()) {
       if (input.name() == "query" && input.shape_size() > 0) {
         raw_query_width = input.shape(input.shape_size() - 1);
       }
     }
   }
+  if (request.body.empty() && header_length != 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "no inference header: the body is empty. Send the JSON inference request (with "
+        "Inference-Header-Content-Length: its bytes when binary data follows it), or, with "
+        "Inference-Header-Content-Length: 0, one FP32 query [1, L, ",
+        raw_query_width, "] as the body")));
+  }
   absl::StatusOr<HttpInferRequest> decoded =
       DecodeHttpInfer(request.body, header_length, model, version, raw_query_width);
-  if (!decoded.ok()) return respond(HttpError(decoded.status()));
+  if (!decoded.ok()) return refuse(decoded.status());
   auto state = std::make_unique<HttpInferState>();
   state->request = *std::move(decoded);
   state->authorization = std::string(request.Header("authorization"));

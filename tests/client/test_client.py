@@ -9,9 +9,11 @@ exit code, and the load generator's counts against the server's metrics.
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -228,11 +230,31 @@ class ClientTest(unittest.TestCase):
              "--len is for random inputs; with --query the files give the inputs"),
             (("attend", f"--out={work}/missing/out.safetensors"), 1,
              "No such file or directory"),
+            # Issue 64: these aborted (std::length_error, exit 134), were
+            # ignored, or were built for 12 s before gRPC refused them.
+            (("attend", "--len=-3"), 2, "--len: at least 1, got -3"),
+            (("attend", "--batch=-1"), 2, "--batch: at least 1, got -1"),
+            (("attend", "--kv_len=-2"), 2, "--kv_len: at least 0, got -2"),
+            (("load", "--len=0"), 2, "--len: at least 1, got 0"),
+            (("load", "--len=4", "--len_range=1:2"), 2, "give --len or --len_range, not both"),
+            (("attend", "--len=100000"), 2,
+             "the request would be about 102400000 bytes: more than both limits (this client's "
+             "--max_message_bytes is 67108864, the server's --max_message_bytes is 67108864)"),
+            (("attend", "--len=70000", "--max_message_bytes=100000000"), 2,
+             "more than the server takes"),
+            (("load", "--len_range=16:70000"), 2, "the request would be about"),
         ]
         for args, code, message in cases:
             r = self.client(*args)
             self.assertEqual(r.returncode, code, (args, r.stdout, r.stderr))
             self.assertIn(message, r.stderr, args)
+
+    def test_load_honours_len(self):
+        r = self.client("load", "--len=40", "--requests=10", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual(report["requests"], 10)
+        self.assertAlmostEqual(report["tokens_per_s"] * report["seconds"], 400, delta=1)
 
     def test_is_causal_and_its_alias_causal_ask_the_same(self):
         pb, _, cfg = load_stubs()
@@ -286,6 +308,35 @@ class ClientTest(unittest.TestCase):
             svg = f.read()
         self.assertTrue(svg.startswith("<svg"))
         self.assertEqual(svg.count("<circle"), 4)  # two points in each of two panels
+
+
+class ServerGoneTest(unittest.TestCase):
+    def test_load_backs_off_while_the_server_is_down_and_counts_failed_calls(self):
+        """Issue 64: a server stopped under `load --concurrency 8` made the
+        client spin (228,199 UNAVAILABLE "errors" against 8,311 requests)."""
+        repo = tempfile.mkdtemp(prefix="mha_client_gone_")
+        self.addCleanup(shutil.rmtree, repo, ignore_errors=True)
+        shutil.copytree(os.path.join(REPO_ROOT, "models", "demo"), os.path.join(repo, "demo"))
+        server = TestServer(MHA_SERVER, repo)
+        server.start()
+        load = subprocess.Popen([MHA_CLIENT, f"--target={server.target()}", "load",
+                                 "--concurrency=8", "--duration=4s", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        server.process.send_signal(signal.SIGINT)  # Ctrl-C
+        server.stop()
+        started = os.times()
+        out, err = load.communicate(timeout=60)
+        used = os.times()
+        cpu = (used.children_user + used.children_system) - (
+            started.children_user + started.children_system)
+        self.assertEqual(load.returncode, 1, err)  # some calls failed
+        report = json.loads(out)
+        self.assertGreater(report["requests"], 0)
+        self.assertLessEqual(report["errors"].get("UNAVAILABLE", 0), 8, report)
+        self.assertGreater(report["retries"], 8, report)
+        # About 3 s without a server: retries with backoff, not a busy core.
+        self.assertLess(cpu, 1.5, f"the client used {cpu:.2f} s of CPU in all")
 
 
 if __name__ == "__main__":

@@ -314,9 +314,29 @@ class InferTest(HttpServerTest):
             (b"{not json", "not JSON"),
             (b"[" * 10000 + b"]" * 10000, "deeper"),
         ]
+        def refused():
+            return metric_value(self.server.metrics(), "mha_requests_total", model="demo",
+                                api="kserve.v2.http", code="INVALID_ARGUMENT")
+
         for body, words in cases:
             with self.subTest(words=words):
+                before = refused()
                 self.expect_error(400, "POST", "/v2/models/demo/infer", body, contains=words)
+                # Issue 64: refused while decoded, and counted as gRPC's are.
+                self.assertEqual(refused(), before + 1)
+        # Issue 64: an empty body asked for the raw form with "E = 0".
+        before = refused()
+        self.expect_error(400, "POST", "/v2/models/demo/infer", b"",
+                          contains="no inference header: the body is empty")
+        message = self.expect_error(400, "POST", "/v2/models/demo/infer", b"",
+                                    {"Inference-Header-Content-Length": "0"})
+        self.assertIn(f"E = {DEMO_E}", message)
+        self.assertEqual(refused(), before + 2)
+        unknown = metric_value(self.server.metrics(), "mha_requests_total", model="_unknown",
+                               api="kserve.v2.http", code="NOT_FOUND")
+        self.expect_error(404, "POST", "/v2/models/nothing/infer", b"", contains="nothing")
+        self.assertEqual(metric_value(self.server.metrics(), "mha_requests_total", model="_unknown",
+                                      api="kserve.v2.http", code="NOT_FOUND"), unknown + 1)
         body, length = binary_request({"query": q})
         self.expect_error(400, "POST", "/v2/models/demo/infer", body,
                           {"Inference-Header-Content-Length": str(len(body) + 1)},
