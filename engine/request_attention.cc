@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -379,25 +380,31 @@ void RequestAttention::AttendTiled(int64_t b, const Projected& p, const Attentio
   // thread, options_.yield_wave_flops each (the same deal: each wave starts
   // at a multiple of the threads), yielding after each. Smaller waves cost
   // more: a barrier each, waiting for the slower thread (one block a wave
-  // cost 2 % at 1 x 1024, E = 512).
+  // cost 2 % at 1 x 1024, E = 512; 5 % at 1 x 12000, E = 256). A stop check
+  // costs no wave: thread 0 asks it between its blocks, and once it says
+  // stop every thread skips the blocks it has left.
   const int64_t threads = omp_get_max_threads();
   const int64_t block_flops = 2 * block_rows * s * (dqk + dv);
   const int64_t per_thread =
       (options_.yield_wave_flops + block_flops - 1) / std::max<int64_t>(1, block_flops);
   const int64_t wave = threads * std::max<int64_t>(1, per_thread);
+  std::atomic<bool> stopping{false};
   for (int64_t first = 0, end = 0; first < items; first = end) {
     end = ws.yields() ? std::min(items, first + wave) : items;
     std::exception_ptr error;
 #pragma omp parallel for schedule(static, 1)
     for (int64_t item = first; item < end; ++item) {
+      if (stopping.load(std::memory_order_relaxed)) continue;
       try {
         tiled_->Run(block_at(item), ws.Child(omp_get_thread_num()));
+        if (omp_get_thread_num() == 0 && ws.StopRequested()) stopping = true;
       } catch (...) {
 #pragma omp critical(mha_tiled_error)
         if (error == nullptr) error = std::current_exception();
       }
     }
     if (error != nullptr) std::rethrow_exception(error);
+    if (stopping) throw CallStopped{};
     ws.BetweenBlocks();
   }
 }

@@ -93,20 +93,24 @@ class Workspace {
     between_blocks_ = std::move(between_blocks);
     wants_yields_ = static_cast<bool>(between_blocks_);
   }
-  // A check made at the same points, after the yield: when it answers
-  // true, the call stops there (nobody waits for it any more) and the
-  // engine returns CANCELLED with its outputs not all written. While one is
-  // set, key-tiled blocks run in waves, so that it is asked every wave.
-  // Empty: none (the default). Set per call, by whoever runs the call.
+  // A check made at the same points, after the yield, and between the
+  // blocks of a parallel region: when it answers true, the call stops there
+  // (nobody waits for it any more) and the engine returns CANCELLED with
+  // its outputs not all written. It costs no barrier: key-tiled blocks run
+  // in waves only for the yield point. Empty: none (the default). Set per
+  // call, by whoever runs the call.
   void set_stop_check(std::function<bool()> stop_check) { stop_check_ = std::move(stop_check); }
-  // Whether the engine should offer these points (the yield point wants
-  // them, or a stop check is set).
-  bool yields() const { return wants_yields_ || static_cast<bool>(stop_check_); }
+  // Whether the yield point wants to be called (its last answer).
+  bool yields() const { return wants_yields_; }
+  // Whether the stop check says stop (false without one). The engine asks
+  // it at BetweenBlocks, and inside a parallel region of blocks on its
+  // thread 0 (the calling thread) between that thread's blocks.
+  bool StopRequested() const { return stop_check_ && stop_check_(); }
   // The yield point, then the stop check (throws CallStopped). Called by
   // the engine outside parallel regions only.
   void BetweenBlocks() {
     if (between_blocks_) wants_yields_ = between_blocks_();
-    if (stop_check_ && stop_check_()) throw CallStopped{};
+    if (StopRequested()) throw CallStopped{};
   }
 
   dnnl::stream& stream() { return *stream_; }

@@ -88,6 +88,24 @@ void Batcher::ReportPrimitiveCacheMisses() {
     metrics_.primitive_cache_misses->Increment(static_cast<double>(now - reported));
 }
 
+namespace {
+
+// A call's attention work (scores and weighted sums) from which it may be
+// stopped: about one yield wave of the engine (EngineOptions).
+constexpr double kStopCheckFlops = 256 << 20;
+
+double AttentionFlops(const std::vector<std::unique_ptr<AttendCall>>& live, int64_t embed_dim) {
+  double flops = 0;
+  for (const auto& r : live) {
+    const AttentionRequest& in = r->input();
+    const int64_t keys = in.kv_len() > 0 ? in.kv_len() : in.q_len();
+    flops += 4.0 * in.sequences() * in.q_len() * keys * embed_dim;
+  }
+  return flops;
+}
+
+}  // namespace
+
 void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
                           std::vector<StartedStep>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
@@ -125,11 +143,12 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   const MixedOutputs out{absl::MakeSpan(output.data(), output.size()), all_weights,
                          merged && merged->per_head_weights(),
                          absl::MakeSpan(step_weights.data(), step_weights.size())};
-  // A call of Attend requests that nobody waits for any more stops at its
-  // next yield point (steps always finish: their sessions' caches change).
+  // A long call of Attend requests that nobody waits for any more stops at
+  // its next yield point (steps always finish: their sessions' caches
+  // change). A short one ends within about a yield interval anyway.
   size_t first_wanted = 0;
   bool stopped = false;
-  if (steps.empty()) {
+  if (steps.empty() && AttentionFlops(live, engine_.dims().embed_dim) >= kStopCheckFlops) {
     ws.set_stop_check([&] { return stopped = NobodyWaits(live, first_wanted); });
   }
   const absl::Time start = absl::Now();

@@ -49,6 +49,9 @@ ABSL_FLAG(int64_t, ragged_batch, 32,
 ABSL_FLAG(bool, decode, false,
           "sessions: one Append of 1 token at cached length 4096 against a causal pass over "
           "4097 tokens, and 64 sessions' steps in one call against one call each (f32)");
+ABSL_FLAG(bool, stop_check, false,
+          "give the workspace a stop check that never stops, as the server does for a long "
+          "call of Attend requests (what asking it costs)");
 ABSL_FLAG(bool, overhead, false,
           "instead of the shapes: per-call time of small requests (B=1, E=256, h=4, self "
           "and cross, L in 17..128), first call of each length (cold) and again (warm)");
@@ -284,6 +287,7 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
   }
   std::vector<float> output(query.size());
   std::unique_ptr<Workspace> ws = (*engine)->NewWorkspace();
+  if (absl::GetFlag(FLAGS_stop_check)) ws->set_stop_check([] { return false; });
   const AttentionOutputs out{absl::MakeSpan(output), {}, false};
   std::vector<double> seconds, ceilings;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {

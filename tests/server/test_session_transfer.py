@@ -35,6 +35,8 @@ from mha_test_server import TestServer, load_stubs, metric_value  # noqa: E402
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, MHA_SERVER,  # noqa: E402
                          _randomize_biases, _write_model, make_repository, randn, reference)
 from test_sessions import EXTRAS_E, make_extras_model  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "fuzz"))
+from make_seeds import content_hash  # noqa: E402  server/models/content_hash.h's, in Python
 import mha_client  # noqa: E402
 
 pb, rpc, cfg = load_stubs()
@@ -44,35 +46,6 @@ MHA_CLIENT = os.environ.get("MHA_CLIENT", os.path.join(HERE, "..", "..", "build"
 
 def chunks_of(data):
     return list(mha_client._session_chunks(pb, data))
-
-
-_M64 = (1 << 64) - 1
-_MUL_A, _MUL_B = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F
-
-
-def content_hash(data):
-    """server/models/content_hash.h's hash (seed 0), to seal test headers."""
-    def rotl(x, r):
-        return ((x << r) | (x >> (64 - r))) & _M64
-
-    def mix(lane, word):
-        return rotl((lane + word * _MUL_B) & _M64, 31) * _MUL_A & _M64
-
-    lanes = [(_MUL_A + _MUL_B) & _M64, _MUL_B, 0, -_MUL_A & _M64]
-    whole = len(data) // 32 * 32
-    for off in range(0, whole, 32):
-        for i in range(4):
-            word = int.from_bytes(data[off + 8 * i:off + 8 * i + 8], "little")
-            lanes[i] = mix(lanes[i], word)
-    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & _M64
-    for lane in lanes:
-        h = ((h ^ mix(0, lane)) * _MUL_A + _MUL_B) & _M64
-    h = (h + len(data)) & _M64
-    for byte in data[whole:]:
-        h = rotl(h ^ (byte * _MUL_B & _M64), 11) * _MUL_A & _M64
-    for shift, mul in ((33, 0xFF51AFD7ED558CCD), (33, 0xC4CEB9FE1A85EC53)):
-        h = (h ^ (h >> shift)) * mul & _M64
-    return h ^ (h >> 33)
 
 
 def header_checksum(header):
