@@ -78,7 +78,8 @@ class LoadRun {
     absl::Time sent;
     int64_t n = 0;  // which request (pool_[n % size])
     int64_t tokens = 0;
-    absl::Duration backoff;  // of the retry before this one; 0: a first try
+    absl::Duration backoff;    // of the retry before this one; 0: a first try
+    absl::Time failing_since;  // of its first try that failed (retries only)
   };
   // A closed-loop call that found the server unavailable, tried again
   // (the same request) once `due`, after `backoff`.
@@ -86,9 +87,12 @@ class LoadRun {
     absl::Time due;
     int64_t n = 0;
     absl::Duration backoff;
+    absl::Time failing_since;
   };
   static constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
   static constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+  // A call unavailable this long fails (so a run without a duration ends).
+  static constexpr absl::Duration kGiveUp = absl::Seconds(30);
 
   // The index of the next request, or -1 when the run is over. mu_ held.
   int64_t NextLocked() {
@@ -197,7 +201,7 @@ class LoadRun {
       if (n < 0) return false;
       ++in_flight_;
     }
-    Send(n, chain, absl::ZeroDuration());
+    Send(n, chain, absl::ZeroDuration(), absl::Now());
     return true;
   }
 
@@ -205,11 +209,12 @@ class LoadRun {
   // server could not take (UNAVAILABLE: it is down or restarting) is tried
   // again after a backoff, doubling to kMaxBackoff, instead of at once: one
   // failed call, however many tries, and no spinning client.
-  void Send(int64_t n, bool chain, absl::Duration backoff) {
+  void Send(int64_t n, bool chain, absl::Duration backoff, absl::Time failing_since) {
     auto* call = new Call;
     call->n = n;
     call->tokens = TokensOf(pool_[n % pool_.size()]);
     call->backoff = backoff;
+    call->failing_since = failing_since;
     AddToken(options_.token, call->context);
     call->sent = absl::Now();
     // The request's bytes were written once, with the pool; the response is
@@ -227,15 +232,16 @@ class LoadRun {
                });
   }
 
-  // Queues `call`'s request for another try, unless the run is over.
+  // Queues `call`'s request for another try, unless the run is over or
+  // the server was unavailable to it for kGiveUp.
   bool TryLater(const Call& call) {
     std::lock_guard<std::mutex> lock(mu_);
     const absl::Time now = absl::Now();
-    if (now >= end_) return false;
-    const absl::Duration backoff = call.backoff == absl::ZeroDuration()
-                                       ? kFirstBackoff
-                                       : std::min(kMaxBackoff, 2 * call.backoff);
-    retries_.push_back({now + backoff, call.n, backoff});
+    const bool first = call.backoff == absl::ZeroDuration();
+    const absl::Time failing_since = first ? now : call.failing_since;
+    if (now >= end_ || now - failing_since > kGiveUp) return false;
+    const absl::Duration backoff = first ? kFirstBackoff : std::min(kMaxBackoff, 2 * call.backoff);
+    retries_.push_back({now + backoff, call.n, backoff, failing_since});
     ++report_.retries;
     retry_cv_.notify_all();
     return true;
@@ -259,7 +265,7 @@ class LoadRun {
       for (const Retry& r : due) {
         if (now < end_) {
           lock.unlock();
-          Send(r.n, /*chain=*/true, r.backoff);
+          Send(r.n, /*chain=*/true, r.backoff, r.failing_since);
           lock.lock();
         } else {
           ++report_.errors[CodeName(grpc::StatusCode::UNAVAILABLE)];
@@ -267,11 +273,12 @@ class LoadRun {
         }
       }
       if (finished_) return;
-      absl::Time next = end_;
+      absl::Time next = end_;  // may be infinite (--duration=inf with --requests)
       for (const Retry& r : retries_) next = std::min(next, r.due);
       const absl::Duration wait = next - absl::Now();
-      if (wait > absl::ZeroDuration()) {
-        retry_cv_.wait_for(lock, absl::ToChronoMilliseconds(wait) + std::chrono::milliseconds(1));
+      if (wait > absl::ZeroDuration()) {  // at most a second: no overflow, and end_ is seen
+        retry_cv_.wait_for(lock, absl::ToChronoMilliseconds(std::min(wait, absl::Seconds(1))) +
+                                     std::chrono::milliseconds(1));
       } else if (now >= end_ && retries_.empty()) {
         retry_cv_.wait(lock);  // until finished (or a late retry)
       }

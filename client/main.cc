@@ -182,14 +182,18 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
             "--", random_only, " is for random inputs; with --query the files give the inputs"));
       }
     }
+    // The files' bytes bound what is sent (each file once; --bf16 halves f32).
     double bytes = 0;
+    std::set<std::string> files;
     for (const std::string& path :
          {absl::GetFlag(FLAGS_query), absl::GetFlag(FLAGS_key), absl::GetFlag(FLAGS_value)}) {
       if (path.empty()) continue;
       RETURN_IF_ERROR(CheckTensorNames(path, kInputNames, /*any_single=*/true));
       std::error_code error;
-      bytes += static_cast<double>(std::filesystem::file_size(path, error));
+      const std::uintmax_t size = std::filesystem::file_size(path, error);
+      if (!error && files.insert(path).second) bytes += static_cast<double>(size);
     }
+    if (absl::GetFlag(FLAGS_bf16)) bytes /= 2;
     RETURN_IF_ERROR(
         CheckRequestBytes(bytes, client_limit, info.max_message_bytes(), "send fewer tokens"));
     absl::StatusOr<v1::Tensor> t = ReadWireTensor(absl::GetFlag(FLAGS_query), "query");
@@ -453,6 +457,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  if (absl::GetFlag(FLAGS_max_message_bytes) < 1) {
+    std::fprintf(stderr, "--max_message_bytes: at least 1, got %lld\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_max_message_bytes)));
+    return 2;
+  }
   mha::client::ConnectionOptions connection{
       .target = absl::GetFlag(FLAGS_target),
       .tls = absl::GetFlag(FLAGS_tls),

@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -72,7 +73,7 @@ bool RemoveIfAbandoned(const std::string& folder) {
     return false;
   }
   const std::string lock = absl::StrCat(folder, "/", kLockFile);
-  const int fd = open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  const int fd = open(lock.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;  // not ours, or a server between mkdtemp and its lock
   const bool abandoned = flock(fd, LOCK_EX | LOCK_NB) == 0;
   if (abandoned) RemoveUpload(folder);
@@ -102,9 +103,13 @@ absl::StatusOr<std::unique_ptr<UploadArea>> UploadArea::Create(const std::string
     return absl::InternalError(
         absl::StrCat("cannot make a folder in ", base, ": ", std::strerror(errno)));
   }
+  // The lock file is locked under another name, then renamed: another
+  // server starting beside never finds it unlocked (and so never removes a
+  // live server's folder).
   const std::string lock = absl::StrCat(folder, "/", kLockFile);
-  const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  const std::string locking = lock + ".new";
+  const int fd = open(locking.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0 || rename(locking.c_str(), lock.c_str()) != 0) {
     const int saved = errno;
     if (fd >= 0) close(fd);
     RemoveUpload(folder);

@@ -82,10 +82,14 @@ SpillCounts RestoreSessions(SessionManager& sessions, const ModelRepository& mod
       ++counts.sessions;
     } else {
       ++counts.failed;
+      // The id a header names is trusted when it hashes to the file's name
+      // (a corrupt header's may be another).
       const std::string& id = reader.session_id();
-      Log(absl::StrCat("session ", id.empty() ? file.filename().string() : id,
+      const bool named =
+          !id.empty() && file.stem().string() == absl::StrFormat("%016x", HashBytes(id));
+      Log(absl::StrCat("session ", named ? id : file.filename().string(),
                        " not restored: ", status.message()));
-      if (!id.empty()) {
+      if (named) {
         sessions.MarkGone(id, absl::StrCat("not restored after a restart: ", status.message()));
       }
     }

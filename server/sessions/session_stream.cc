@@ -88,9 +88,9 @@ absl::Status SessionChunkReader::CheckHeader(const v1::SessionHeader& h) {
                                             "session file or stream is corrupt"));
   }
   if (h.format_version() != kSessionFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("session format version ", h.format_version(),
-                                                   "; this server reads 1 and ",
-                                                   kSessionFormatVersion));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session format version ", h.format_version(), "; this server reads 1 and ",
+        kSessionFormatVersion, " (a newer server wrote it: import it on one of that version)"));
   }
   return absl::OkStatus();
 }
@@ -265,6 +265,9 @@ absl::StatusOr<SessionImport> ReadSessionFile(const std::string& path, SessionCh
     absl::StatusOr<bool> more = file.Next(chunk);
     if (!more.ok()) return in_file(more.status());
     if (!*more) break;
+    if (!chunk.import_as().empty()) {  // a caller's request, never in a file
+      return in_file(absl::InvalidArgumentError("a chunk with import_as"));
+    }
     if (absl::Status s = reader.Add(chunk); !s.ok()) return in_file(s);
   }
   absl::StatusOr<SessionImport> session = reader.Finish();

@@ -69,8 +69,8 @@ class SessionChunkReader {
 
  private:
   absl::Status AddHeader(const v1::SessionChunk& chunk);
-  // DATA_LOSS when the header's checksum does not match, INVALID_ARGUMENT
-  // for a format this server does not read.
+  // DATA_LOSS when the header's checksum does not match,
+  // FAILED_PRECONDITION for a format this server does not read.
   absl::Status CheckHeader(const v1::SessionHeader& header);
 
   const VersionLookup lookup_;

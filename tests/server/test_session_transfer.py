@@ -229,7 +229,7 @@ class SessionTransferTest(unittest.TestCase):
             c.CopyFrom(g)
         future[0].header.format_version = 3
         future[0].header.header_checksum = header_checksum(future[0].header)
-        refused(future, invalid, "format version 3")
+        refused(future, grpc.StatusCode.FAILED_PRECONDITION, "format version 3")
         # Another server's "demo" has other weights: both fingerprints named.
         with self.assertRaises(grpc.RpcError) as e:
             self.clients[2].import_session(as_bytes(good))

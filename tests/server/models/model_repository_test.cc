@@ -2,11 +2,13 @@
 // fingerprints) and the per-version metric series.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -202,7 +204,7 @@ TEST(ModelUploadTest, WritesOnlyTheFilesOfAModelFolder) {
 // A server's upload area: made locked, removed with the server; at start
 // the areas of dead servers go (the lock nobody holds), and nothing else.
 TEST(ModelUploadTest, AnAreaRemovesWhatDeadServersLeftAndNothingElse) {
-  const fs::path root = fs::temp_directory_path() / "mha_upload_area_test";
+  const fs::path root = fs::temp_directory_path() / absl::StrCat("mha_upload_area_test_", getpid());
   fs::remove_all(root);
   fs::create_directories(root);
   auto make = [](const fs::path& folder, bool lock) {

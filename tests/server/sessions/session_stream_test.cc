@@ -4,11 +4,14 @@
 // read when their blocks verify; a failed write leaves no partial file.
 #include "server/sessions/session_stream.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/stubs/logging.h"
 #include "gtest/gtest.h"
@@ -67,7 +70,12 @@ void WriteBytes(const std::string& path, const std::string& bytes) {
 
 class SessionStreamTest : public ::testing::Test {
  protected:
-  SessionStreamTest() : dir_(fs::temp_directory_path() / "mha_session_stream_test") {
+  // A folder of its own: ctest runs these cases in parallel processes.
+  SessionStreamTest()
+      : dir_(fs::temp_directory_path() /
+             absl::StrCat("mha_session_stream_test_",
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_",
+                          getpid())) {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -165,14 +173,29 @@ TEST_F(SessionStreamTest, AFormatOneFileIsReadWhenItsBlocksVerify) {
   SessionChunkWriter again(*std::move(snapshot));
   for (v1::SessionChunk chunk; again.Next(chunk);) chunks.push_back(chunk);
   v1::SessionHeader& header = *chunks.front().mutable_header();
+  auto seal = [&header] {
+    ContentHash checksum;
+    header.clear_header_checksum();
+    checksum.Update(absl::string_view(v1::kSessionFileMagic, 8));
+    checksum.Update(header.SerializeAsString());
+    header.set_header_checksum(checksum.Finish());
+  };
   header.set_format_version(3);
-  ContentHash checksum;
-  header.clear_header_checksum();
-  checksum.Update(absl::string_view(v1::kSessionFileMagic, 8));
-  checksum.Update(header.SerializeAsString());
-  header.set_header_checksum(checksum.Finish());
+  seal();
   write(chunks);
-  EXPECT_THAT(Read(path).status().message(), HasSubstr("format version 3; this server reads 1"));
+  const absl::Status newer = Read(path).status();
+  EXPECT_EQ(newer.code(), absl::StatusCode::kFailedPrecondition) << newer;
+  EXPECT_THAT(newer.message(), HasSubstr("format version 3; this server reads 1 and 2 (a newer"));
+  // import_as is a caller's request: never read from a file.
+  header.set_format_version(2);
+  seal();
+  write(chunks);
+  ASSERT_TRUE(Read(path).ok()) << "sealed again, it reads";
+  chunks.front().set_import_as("other");
+  write(chunks);
+  const absl::Status renamed = Read(path).status();
+  EXPECT_EQ(renamed.code(), absl::StatusCode::kDataLoss) << renamed;
+  EXPECT_THAT(renamed.message(), HasSubstr("import_as"));
 }
 
 TEST_F(SessionStreamTest, AFailedWriteLeavesNoPartialFile) {
