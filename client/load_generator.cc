@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
-#include <mutex>
 #include <random>
 #include <thread>
 
@@ -12,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/attend_wire.h"
 #include "client/client_common.h"
+#include "engine/mutex.h"
 
 namespace mha::client {
 namespace {
@@ -59,15 +58,15 @@ class LoadRun {
       for (int i = 0; i < options_.concurrency; ++i) Issue(/*chain=*/true);
     }
     for (std::thread& t : streams) t.join();
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return in_flight_ == 0 && started_all_; });
+    MutexLock lock(mu_);
+    while (in_flight_ != 0 || !started_all_) done_cv_.Wait(lock);
     report_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
     finished_ = true;
-    retry_cv_.notify_all();
-    lock.unlock();
+    retry_cv_.NotifyAll();
+    lock.Unlock();
     retries.join();
     if (progress.joinable()) progress.join();
-    std::lock_guard<std::mutex> relock(mu_);
+    MutexLock relock(mu_);
     Summarize();
     return report_;
   }
@@ -94,8 +93,8 @@ class LoadRun {
   // A call unavailable this long fails (so a run without a duration ends).
   static constexpr absl::Duration kGiveUp = absl::Seconds(30);
 
-  // The index of the next request, or -1 when the run is over. mu_ held.
-  int64_t NextLocked() {
+  // The index of the next request, or -1 when the run is over.
+  int64_t NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     started_all_ = true;
     const bool over =
         absl::Now() >= end_ || (options_.max_requests > 0 && issued_ >= options_.max_requests);
@@ -103,12 +102,12 @@ class LoadRun {
   }
 
   int64_t Next() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return NextLocked();
   }
 
-  // A request answered OK after `ms`. mu_ held.
-  void RecordLocked(double ms, int64_t tokens) {
+  // A request answered OK after `ms`.
+  void RecordLocked(double ms, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     latencies_ms_.push_back(ms);
     ++report_.requests;
     report_.tokens += tokens;
@@ -135,7 +134,7 @@ class LoadRun {
       const absl::Time sent = absl::Now();
       const bool ok = stream->Write(message) && stream->Read(&answer);
       const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!ok) {  // the stream broke: Finish says why
         broken = true;
       } else if (answer.code() != 0) {
@@ -146,7 +145,7 @@ class LoadRun {
     }
     if (!broken) stream->WritesDone();
     const grpc::Status status = stream->Finish();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!status.ok() || broken) {
       ++report_.errors[CodeName(status.ok() ? grpc::StatusCode::UNKNOWN : status.error_code())];
     } else {
@@ -170,7 +169,7 @@ class LoadRun {
     int64_t last = 0;
     while (true) {
       absl::SleepFor(absl::Seconds(1));
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (finished_) break;
       std::vector<double> recent(latencies_ms_.end() - std::min<size_t>(latencies_ms_.size(), 2000),
                                  latencies_ms_.end());
@@ -196,7 +195,7 @@ class LoadRun {
   bool Issue(bool chain) {
     int64_t n = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       n = NextLocked();
       if (n < 0) return false;
       ++in_flight_;
@@ -227,15 +226,15 @@ class LoadRun {
                  }
                  Finished(call, status);
                  if (chain) Issue(true);
-                 std::lock_guard<std::mutex> lock(mu_);
-                 if (--in_flight_ == 0) done_cv_.notify_all();
+                 MutexLock lock(mu_);
+                 if (--in_flight_ == 0) done_cv_.NotifyAll();
                });
   }
 
   // Queues `call`'s request for another try, unless the run is over or
   // the server was unavailable to it for kGiveUp.
   bool TryLater(const Call& call) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const absl::Time now = absl::Now();
     const bool first = call.backoff == absl::ZeroDuration();
     const absl::Time failing_since = first ? now : call.failing_since;
@@ -243,14 +242,14 @@ class LoadRun {
     const absl::Duration backoff = first ? kFirstBackoff : std::min(kMaxBackoff, 2 * call.backoff);
     retries_.push_back({now + backoff, call.n, backoff, failing_since});
     ++report_.retries;
-    retry_cv_.notify_all();
+    retry_cv_.NotifyAll();
     return true;
   }
 
   // Sends the retries when due; once the run is over, what waits fails
   // (counted once, as UNAVAILABLE).
   void RetryWhenDue() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (true) {
       const absl::Time now = absl::Now();
       std::vector<Retry> due;
@@ -264,12 +263,12 @@ class LoadRun {
       }
       for (const Retry& r : due) {
         if (now < end_) {
-          lock.unlock();
+          lock.Unlock();
           Send(r.n, /*chain=*/true, r.backoff, r.failing_since);
-          lock.lock();
+          lock.Lock();
         } else {
           ++report_.errors[CodeName(grpc::StatusCode::UNAVAILABLE)];
-          if (--in_flight_ == 0) done_cv_.notify_all();
+          if (--in_flight_ == 0) done_cv_.NotifyAll();
         }
       }
       if (finished_) return;
@@ -277,10 +276,9 @@ class LoadRun {
       for (const Retry& r : retries_) next = std::min(next, r.due);
       const absl::Duration wait = next - absl::Now();
       if (wait > absl::ZeroDuration()) {  // at most a second: no overflow, and end_ is seen
-        retry_cv_.wait_for(lock, absl::ToChronoMilliseconds(std::min(wait, absl::Seconds(1))) +
-                                     std::chrono::milliseconds(1));
+        retry_cv_.WaitFor(lock, std::min(wait, absl::Seconds(1)) + absl::Milliseconds(1));
       } else if (now >= end_ && retries_.empty()) {
-        retry_cv_.wait(lock);  // until finished (or a late retry)
+        retry_cv_.Wait(lock);  // until finished (or a late retry)
       }
     }
   }
@@ -289,7 +287,7 @@ class LoadRun {
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - call->sent);
     const auto& trailers = call->context.GetServerTrailingMetadata();
     const auto compute_us = trailers.find("mha-compute-time-us");
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (status.ok()) {
       RecordLocked(ms, call->tokens);
       if (compute_us != trailers.end()) {
@@ -304,7 +302,7 @@ class LoadRun {
     delete call;
   }
 
-  void Summarize() {
+  void Summarize() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!above_compute_ms_.empty()) {
       std::sort(above_compute_ms_.begin(), above_compute_ms_.end());
       report_.above_compute_p50_ms = above_compute_ms_[above_compute_ms_.size() / 2];
@@ -312,11 +310,11 @@ class LoadRun {
     std::vector<double>& v = latencies_ms_;
     if (v.empty()) return;
     std::sort(v.begin(), v.end());
-    auto at = [&](double q) {
-      return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+    auto at = [](const std::vector<double>& sorted, double q) {
+      return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * sorted.size()))];
     };
-    report_.p50_ms = at(0.5), report_.p90_ms = at(0.9), report_.p99_ms = at(0.99);
-    report_.p999_ms = at(0.999), report_.max_ms = v.back();
+    report_.p50_ms = at(v, 0.5), report_.p90_ms = at(v, 0.9), report_.p99_ms = at(v, 0.99);
+    report_.p999_ms = at(v, 0.999), report_.max_ms = v.back();
   }
 
   std::unique_ptr<v1::AttentionService::Stub> stub_;  // Stream
@@ -324,17 +322,18 @@ class LoadRun {
   const LoadOptions options_;
   const std::vector<v1::AttendRequest> pool_;
   std::vector<grpc::ByteBuffer> pool_bytes_;  // pool_ as gRPC sends it
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::condition_variable retry_cv_;  // a retry queued, or the run finished
-  std::vector<Retry> retries_;
-  absl::Time start_, end_;
-  int64_t issued_ = 0, in_flight_ = 0;
-  bool started_all_ = false;
-  bool finished_ = false;
-  std::vector<double> latencies_ms_;
-  std::vector<double> above_compute_ms_;  // round trip - compute, per call
-  LoadReport report_;
+  Mutex mu_;
+  CondVar done_cv_;
+  CondVar retry_cv_;  // a retry queued, or the run finished
+  std::vector<Retry> retries_ ABSL_GUARDED_BY(mu_);
+  absl::Time start_, end_;  // set by Run before any thread starts, then read only
+  int64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_all_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> above_compute_ms_ ABSL_GUARDED_BY(mu_);  // round trip - compute, per call
+  LoadReport report_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
