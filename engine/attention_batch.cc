@@ -74,7 +74,7 @@ absl::Status CheckAttnMask(const AttentionDims& dims, const AttentionBatch& batc
   const MaskView& m = batch.attn_mask;
   if (!m.present()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckMaskDtype(m, "attn_mask"));
-  const int64_t n = batch.num_sequences();
+  const int64_t n = batch.num_rows();
   if (static_cast<int64_t>(batch.attn_mask_offsets.size()) != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("attn_mask: expected ", n, " offsets, got ", batch.attn_mask_offsets.size()));

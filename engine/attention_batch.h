@@ -52,7 +52,7 @@ struct AttentionBatch {
 
   bool self_attention() const { return kind == AttentionKind::kSelf; }
   bool value_is_key() const { return kind == AttentionKind::kCrossValueIsKey; }
-  int64_t num_sequences() const {
+  int64_t num_rows() const {
     return q_offsets.empty() ? 0 : static_cast<int64_t>(q_offsets.size()) - 1;
   }
 };

@@ -83,7 +83,7 @@ class AttentionRequest {
   int64_t output_elements() const;
   int64_t weights_elements() const;
 
-  int64_t sequences() const { return batch_.num_sequences(); }
+  int64_t rows() const { return batch_.num_rows(); }
   int64_t q_len() const { return q_len_; }
   int64_t kv_len() const { return kv_len_; }
   int64_t tokens() const { return tokens_; }                    // query + key rows

@@ -14,7 +14,7 @@ namespace mha {
 
 using onednn::dt;
 
-absl::Status MhaEngine::Compute(const AttentionBatch& sequences, const AppendBatch& steps,
+absl::Status MhaEngine::Compute(const AttentionBatch& sequences, const StepBatch& steps,
                                 const MixedOutputs& out, Workspace& ws) const {
   // A batch without offsets (default-constructed) stands for no sequences.
   const bool has_steps = !steps.steps.empty() || !steps.query.empty() ||
@@ -24,12 +24,12 @@ absl::Status MhaEngine::Compute(const AttentionBatch& sequences, const AppendBat
     return GuardEngineCall([&] { impl_->Compute(sequences, steps, out, ws); });
   }
   const int64_t e = impl_->dims().embed_dim;
-  const int64_t q_rows = sequences.num_sequences() > 0 ? sequences.q_offsets.back() : 0;
+  const int64_t q_rows = sequences.num_rows() > 0 ? sequences.q_offsets.back() : 0;
   if (q_rows < 0 || static_cast<int64_t>(out.output.size()) < q_rows * e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "output: ", out.output.size(), " elements, fewer than the batch's ", q_rows, " x ", e));
   }
-  if (sequences.num_sequences() > 0) {
+  if (sequences.num_rows() > 0) {
     RETURN_IF_ERROR(impl_->ValidateRun(
         sequences, {out.output.subspan(0, q_rows * e), out.weights, out.per_head_weights}));
   } else if (!out.weights.empty()) {
@@ -46,9 +46,9 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
 }
 
 EngineImpl::CallPlan EngineImpl::PlanCall(const AttentionBatch& sequences,
-                                          const AppendBatch& steps) const {
+                                          const StepBatch& steps) const {
   CallPlan plan;
-  plan.sequence_rows = sequences.num_sequences() > 0 ? sequences.q_offsets.back() : 0;
+  plan.sequence_rows = sequences.num_rows() > 0 ? sequences.q_offsets.back() : 0;
   plan.step_rows = static_cast<int64_t>(steps.query.size()) / dims_.embed_dim;
   if (plan.step_rows == 0) {
     plan.projection = CallPlan::kSequences;
@@ -63,7 +63,7 @@ EngineImpl::CallPlan EngineImpl::PlanCall(const AttentionBatch& sequences,
 }
 
 void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequences,
-                             const AppendBatch& steps, Workspace& ws, TokenMajor& t,
+                             const StepBatch& steps, Workspace& ws, TokenMajor& t,
                              StepRows& s) const {
   const int64_t e = dims_.embed_dim, qk = dims_.qk_width(), vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
@@ -130,7 +130,7 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
   }
 }
 
-void EngineImpl::Compute(const AttentionBatch& sequences, const AppendBatch& steps,
+void EngineImpl::Compute(const AttentionBatch& sequences, const StepBatch& steps,
                          const MixedOutputs& out, Workspace& ws) const {
   const CallPlan plan = PlanCall(sequences, steps);
   const int64_t e = dims_.embed_dim, vw = dims_.v_width();

@@ -53,7 +53,7 @@ class EngineImpl {
   EngineImpl(const AttentionDims& dims, const PackedWeights& weights, const EngineOptions& options);
 
   // MhaEngine::Compute once validated (engine/compute.cc).
-  void Compute(const AttentionBatch& sequences, const AppendBatch& steps, const MixedOutputs& out,
+  void Compute(const AttentionBatch& sequences, const StepBatch& steps, const MixedOutputs& out,
                Workspace& ws) const;
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
   // Sessions (engine/step_cache.cc).
@@ -67,12 +67,12 @@ class EngineImpl {
   absl::Status ValidateRun(const AttentionBatch& batch, const AttentionOutputs& out) const;
   // INVALID_ARGUMENT when `batch`'s steps, caches or buffers do not fit this
   // engine (`output`: [step tokens, embed_dim]).
-  absl::Status ValidateSteps(const AppendBatch& batch, absl::Span<const float> output,
+  absl::Status ValidateSteps(const StepBatch& batch, absl::Span<const float> output,
                              absl::Span<const float> weights) const;
   // Keys a step attends to after it (appended positions included), and the
   // weights elements of a whole batch of steps.
-  int64_t AppendKeys(const AppendStep& step) const;
-  int64_t AppendWeightsElements(const AppendBatch& batch) const;
+  int64_t AppendKeys(const CacheStep& step) const;
+  int64_t StepWeightsElements(const StepBatch& batch) const;
   int64_t ScratchBytes(const BatchShape& shape, int threads) const;
   int64_t StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights, int threads) const;
   uint64_t PrimitiveCacheMisses() const;
@@ -86,10 +86,10 @@ class EngineImpl {
   struct StepRows;
   // The plan of one call, from its shapes: rows of each kind, and which
   // projection products run.
-  CallPlan PlanCall(const AttentionBatch& sequences, const AppendBatch& steps) const;
+  CallPlan PlanCall(const AttentionBatch& sequences, const StepBatch& steps) const;
   // The plan's projection products: the sequences' token-major q, k, v
   // into `t`, the steps' projected rows into `s`.
-  void ProjectCall(const CallPlan& plan, const AttentionBatch& sequences, const AppendBatch& steps,
+  void ProjectCall(const CallPlan& plan, const AttentionBatch& sequences, const StepBatch& steps,
                    Workspace& ws, TokenMajor& t, StepRows& s) const;
   // The scratchpad slot's bytes for projecting `q_rows` query rows and
   // `kv_rows` cross key/value rows (0: self-attention or steps, whose keys

@@ -161,7 +161,7 @@ const AttentionDims& MhaEngine::dims() const { return impl_->dims(); }
 int64_t EngineImpl::WeightsElements(const AttentionBatch& batch, bool per_head) const {
   const std::vector<int64_t>& kv = batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   int64_t total = 0;
-  for (int64_t b = 0; b < batch.num_sequences(); ++b) {
+  for (int64_t b = 0; b < batch.num_rows(); ++b) {
     const int64_t s = kv[b + 1] - kv[b] + dims_.extra_keys();
     total += (batch.q_offsets[b + 1] - batch.q_offsets[b]) * s;
   }

@@ -10,12 +10,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/append_batch.h"
 #include "engine/attention_batch.h"
 #include "engine/attention_dims.h"
 #include "engine/kv_cache.h"
 #include "engine/ops/primitive_budget.h"
 #include "engine/packed_weights.h"
+#include "engine/step_batch.h"
 #include "engine/workspace.h"
 
 namespace mha {
@@ -90,13 +90,13 @@ class MhaEngine {
   // `out.output` holds the sequences' rows, then the steps'. INVALID_ARGUMENT
   // names what is inconsistent; oneDNN failures come back as INTERNAL,
   // allocation failures as RESOURCE_EXHAUSTED.
-  absl::Status Compute(const AttentionBatch& sequences, const AppendBatch& steps,
+  absl::Status Compute(const AttentionBatch& sequences, const StepBatch& steps,
                        const MixedOutputs& out, Workspace& ws) const;
   // Compute of sequences only (a batch without offsets is rejected here,
   // where Compute reads it as no sequences).
   absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out, Workspace& ws) const;
   // Compute of session steps only.
-  absl::Status Append(const AppendBatch& steps, const AppendOutputs& out, Workspace& ws) const {
+  absl::Status Step(const StepBatch& steps, const StepOutputs& out, Workspace& ws) const {
     return Compute({}, steps, {out.output, {}, false, out.weights}, ws);
   }
 
@@ -113,8 +113,8 @@ class MhaEngine {
   absl::Status ProjectEncoderMemory(absl::Span<const float> memory, absl::Span<const float> value,
                                     int64_t len, const MaskView& key_padding, KvCache& cache,
                                     Workspace& ws) const;
-  // Elements Append writes into AppendOutputs::weights for `batch`.
-  int64_t AppendWeightsElements(const AppendBatch& batch) const;
+  // Elements Append writes into StepOutputs::weights for `batch`.
+  int64_t StepWeightsElements(const StepBatch& batch) const;
 
   // Elements Run writes into AttentionOutputs::weights for `batch`.
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;

@@ -176,7 +176,7 @@ RequestAttention::Projected RequestAttention::Project(const TokenMajor& t,
                                                       const AttentionBatch& batch, bool weights,
                                                       Workspace& ws) const {
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), extra = dims_.extra_keys();
-  const int64_t n = batch.num_sequences(), total_q = batch.q_offsets.back();
+  const int64_t n = batch.num_rows(), total_q = batch.q_offsets.back();
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
   const std::vector<int64_t>& kv_off = batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   Projected p;
@@ -206,7 +206,7 @@ void RequestAttention::AttendSequences(const Projected& p, const AttentionBatch&
                                        const AttentionOutputs& out, Workspace& ws) const {
   const bool weights = !out.weights.empty();
   const std::vector<int64_t>& q_off = batch.q_offsets;
-  const int64_t h = dims_.num_heads, n = batch.num_sequences();
+  const int64_t h = dims_.num_heads, n = batch.num_rows();
   const int64_t score_cap = ScoreCap();
   auto kv_len = [&](int64_t b) { return p.kv_offsets[b + 1] - p.kv_offsets[b]; };
   int64_t weights_offset = 0;
@@ -250,7 +250,7 @@ void RequestAttention::AttendSequences(const Projected& p, const AttentionBatch&
 void RequestAttention::MergeContexts(const Projected& p, const AttentionBatch& batch, bool weights,
                                      uint8_t* context) const {
   const std::vector<int64_t>& q_off = batch.q_offsets;
-  const int64_t h = dims_.num_heads, n = batch.num_sequences(), total_q = q_off.back();
+  const int64_t h = dims_.num_heads, n = batch.num_rows(), total_q = q_off.back();
   const int64_t vw = dims_.v_width(), act = static_cast<int64_t>(ActSize(act_dt_));
   auto merge = [&](int64_t b) {
     const int64_t len = q_off[b + 1] - q_off[b];

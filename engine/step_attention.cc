@@ -23,7 +23,7 @@ StepAttention::StepAttention(const AttentionDims& dims, dt act_dt, std::vector<u
                              std::vector<uint8_t> bias_v)
     : dims_(dims), act_dt_(act_dt), bias_k_(std::move(bias_k)), bias_v_(std::move(bias_v)) {}
 
-int64_t StepAttention::Keys(const AppendStep& step) const {
+int64_t StepAttention::Keys(const CacheStep& step) const {
   const int64_t cached = step.cache->length() + (step.cross ? 0 : step.tokens);
   return cached + dims_.extra_keys();
 }
@@ -169,7 +169,7 @@ int64_t StepAttention::HeadsPerItem(int64_t steps, int64_t keys) const {
   return group;
 }
 
-void StepAttention::Attend(const AppendBatch& batch, const uint8_t* proj, int64_t ldq,
+void StepAttention::Attend(const StepBatch& batch, const uint8_t* proj, int64_t ldq,
                            uint8_t* context, absl::Span<float> out_weights, Workspace& ws) const {
   const int64_t h = dims_.num_heads, qk = dims_.qk_width(), vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
@@ -178,7 +178,7 @@ void StepAttention::Attend(const AppendBatch& batch, const uint8_t* proj, int64_
   items.reserve(batch.steps.size() * static_cast<size_t>(h));
   std::vector<int64_t> step_keys;  // Keys before the caches grow
   int64_t weights_heads_total = 0;
-  for (const AppendStep& step : batch.steps) {
+  for (const CacheStep& step : batch.steps) {
     step_keys.push_back(Keys(step));
     weights_heads_total += h * step.tokens * step_keys.back();
   }
@@ -186,7 +186,7 @@ void StepAttention::Attend(const AppendBatch& batch, const uint8_t* proj, int64_
       weights ? ws.Get<float>(Workspace::kProbsBf16, weights_heads_total) : nullptr;
   int64_t row = 0, w_off = 0;
   for (size_t i = 0; i < batch.steps.size(); ++i) {
-    const AppendStep& step = batch.steps[i];
+    const CacheStep& step = batch.steps[i];
     const uint8_t* rows = proj + row * ldq * eb;
     const int64_t first = step.cross ? 0 : step.cache->length();
     const int64_t keys = step_keys[i];
@@ -215,7 +215,7 @@ void StepAttention::Attend(const AppendBatch& batch, const uint8_t* proj, int64_
   }
   // Self steps' caches hold the new tokens from here on (each head writes
   // its own before it attends).
-  for (const AppendStep& step : batch.steps) {
+  for (const CacheStep& step : batch.steps) {
     if (!step.cross) step.cache->set_length(step.cache->length() + step.tokens);
   }
   ws.ReserveChildren(omp_get_max_threads());
@@ -234,7 +234,7 @@ void StepAttention::Attend(const AppendBatch& batch, const uint8_t* proj, int64_
   if (!weights) return;
   int64_t in = 0, at = 0;
   for (size_t i = 0; i < batch.steps.size(); ++i) {
-    const AppendStep& step = batch.steps[i];
+    const CacheStep& step = batch.steps[i];
     const int64_t keys = step_keys[i];
     AccumulateHeadMean(weights_heads + in, h, h, step.tokens, keys,
                        /*first=*/true, out_weights.data() + at);

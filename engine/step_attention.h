@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "engine/append_batch.h"
 #include "engine/attention_dims.h"
 #include "engine/kv_cache.h"
 #include "engine/ops/onednn_matmul.h"
+#include "engine/step_batch.h"
 #include "engine/workspace.h"
 
 namespace mha {
@@ -32,14 +32,14 @@ class StepAttention {
                 std::vector<uint8_t> bias_v);
 
   // Keys a step attends to after it (appended positions included).
-  int64_t Keys(const AppendStep& step) const;
+  int64_t Keys(const CacheStep& step) const;
 
   // Every step of `batch` from its projected rows (`proj`, row stride `ldq`
   // elements: q, then k|v when any step is self): appends self steps' keys
   // and values to their caches, attends per (step, group of heads), and
   // writes the context token-major into `context` [tokens, h*dv] and, when
   // not empty, the head-averaged weights.
-  void Attend(const AppendBatch& batch, const uint8_t* proj, int64_t ldq, uint8_t* context,
+  void Attend(const StepBatch& batch, const uint8_t* proj, int64_t ldq, uint8_t* context,
               absl::Span<float> weights, Workspace& ws) const;
 
   // Copies `tokens` token-major keys and values (row strides in elements)

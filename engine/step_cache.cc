@@ -26,16 +26,16 @@ KvLayout EngineImpl::kv_layout() const {
   return layout;
 }
 
-int64_t EngineImpl::AppendKeys(const AppendStep& step) const { return steps_->Keys(step); }
+int64_t EngineImpl::AppendKeys(const CacheStep& step) const { return steps_->Keys(step); }
 
-int64_t EngineImpl::AppendWeightsElements(const AppendBatch& batch) const {
+int64_t EngineImpl::StepWeightsElements(const StepBatch& batch) const {
   int64_t total = 0;
-  for (const AppendStep& step : batch.steps) total += step.tokens * AppendKeys(step);
+  for (const CacheStep& step : batch.steps) total += step.tokens * AppendKeys(step);
   return total;
 }
 
-int64_t MhaEngine::AppendWeightsElements(const AppendBatch& batch) const {
-  return impl_->AppendWeightsElements(batch);
+int64_t MhaEngine::StepWeightsElements(const StepBatch& batch) const {
+  return impl_->StepWeightsElements(batch);
 }
 
 absl::Status MhaEngine::ProjectEncoderMemory(absl::Span<const float> memory,
@@ -67,13 +67,13 @@ absl::Status MhaEngine::ProjectEncoderMemory(absl::Span<const float> memory,
       [&] { impl_->ProjectEncoderMemory(memory, value, len, key_padding, cache, ws); });
 }
 
-absl::Status EngineImpl::ValidateSteps(const AppendBatch& batch, absl::Span<const float> output,
+absl::Status EngineImpl::ValidateSteps(const StepBatch& batch, absl::Span<const float> output,
                                        absl::Span<const float> weights) const {
   const KvLayout layout = kv_layout();
   int64_t total = 0;
   absl::flat_hash_set<const KvCache*> caches;
   for (size_t i = 0; i < batch.steps.size(); ++i) {
-    const AppendStep& step = batch.steps[i];
+    const CacheStep& step = batch.steps[i];
     if (step.cache == nullptr || step.tokens < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("step ", i, ": needs a cache and at least one token"));
@@ -105,9 +105,9 @@ absl::Status EngineImpl::ValidateSteps(const AppendBatch& batch, absl::Span<cons
                                                    dims_.embed_dim, " elements, got ",
                                                    batch.query.size(), " and ", output.size()));
   }
-  if (!weights.empty() && static_cast<int64_t>(weights.size()) != AppendWeightsElements(batch)) {
+  if (!weights.empty() && static_cast<int64_t>(weights.size()) != StepWeightsElements(batch)) {
     return absl::InvalidArgumentError(absl::StrCat("append weights: expected ",
-                                                   AppendWeightsElements(batch), " elements, got ",
+                                                   StepWeightsElements(batch), " elements, got ",
                                                    weights.size()));
   }
   return absl::OkStatus();

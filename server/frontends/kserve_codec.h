@@ -154,7 +154,7 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
 // `attn_weights` [1, T, K'] (or [T, K']) over every key the step saw.
 absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
                                   const std::vector<RequestedOutput>& outputs,
-                                  const StepLayout& layout, const AppendResult& result,
+                                  const StepLayout& layout, const StepResult& result,
                                   inference::ModelInferResponse* response);
 
 // Inputs and outputs of a model with these dimensions, and its ready

@@ -56,7 +56,7 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
 
 absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, int64_t version,
                                   const std::vector<RequestedOutput>& outputs,
-                                  const StepLayout& layout, const AppendResult& result,
+                                  const StepLayout& layout, const StepResult& result,
                                   inference::ModelInferResponse* response) {
   const int64_t tokens = layout.output_shape[layout.output_shape.size() - 2];
   std::vector<int64_t> weights_shape = {tokens, result.keys};

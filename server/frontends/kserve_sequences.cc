@@ -17,10 +17,10 @@ std::string SequenceSessionId(const std::string& model, const std::string& seque
 // One decoded sequence request: the step, the session to open first (a
 // start), and what the response needs.
 struct SequenceCalls::Step {
-  Step(std::optional<AppendParams> params, std::vector<RequestedOutput> outputs)
+  Step(std::optional<StepParams> params, std::vector<RequestedOutput> outputs)
       : append(std::move(params)), outputs(std::move(outputs)) {}
 
-  std::optional<AppendParams> append;  // none: an end without tokens
+  std::optional<StepParams> append;  // none: an end without tokens
   std::optional<OpenParams> open;
   std::vector<RequestedOutput> outputs;
   StepLayout layout;
@@ -44,7 +44,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Start(
   open.id = id;
   open.memory = std::move(in.memory);
   auto step = std::make_shared<Step>(
-      AppendParams{id, std::move(in.query), std::nullopt, std::move(version)}, std::move(outputs));
+      StepParams{id, std::move(in.query), std::nullopt, std::move(version)}, std::move(outputs));
   step->open.emplace(std::move(open));
   return step;
 }
@@ -75,7 +75,7 @@ absl::StatusOr<std::shared_ptr<SequenceCalls::Step>> SequenceCalls::Continue(
                    DecodeSequenceRequest(request, (*version)->loaded.dims, gate_.limits(),
                                          shared_memory_, /*start=*/false, outputs));
   return std::make_shared<Step>(
-      AppendParams{id, std::move(in.query), std::nullopt, *std::move(version)}, std::move(outputs));
+      StepParams{id, std::move(in.query), std::nullopt, *std::move(version)}, std::move(outputs));
 }
 
 void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()> cancelled,
@@ -103,9 +103,9 @@ void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()>
     // session) and answers empty outputs.
     (void)sessions_.Close(id);
     return done(FillSequenceResponse(request, found->version, step->outputs, step->layout,
-                                     AppendResult{}, response));
+                                     StepResult{}, response));
   }
-  AppendParams& append = *step->append;
+  StepParams& append = *step->append;
   append.deadline = deadline;
   append.cancelled = std::move(cancelled);
   step->layout = StepLayout::Of(append);
@@ -142,8 +142,8 @@ void SequenceCalls::Infer(absl::string_view authorization, std::function<bool()>
       arrived(info.status(), /*is_open=*/true);
     });
   }
-  sessions_.Append(std::move(append), [step, arrived, &request, version,
-                                       response](absl::StatusOr<AppendResult> r) {
+  sessions_.Step(std::move(append), [step, arrived, &request, version,
+                                     response](absl::StatusOr<StepResult> r) {
     absl::Status status = r.status();
     if (r.ok()) {
       status = FillSequenceResponse(request, version, step->outputs, step->layout, *r, response);

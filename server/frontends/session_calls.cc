@@ -33,7 +33,7 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
                           v1::AppendResponse* response, Done done) {
   Append(
       context, request, nullptr, std::move(keep_alive),
-      [response](const StepLayout& layout, const AppendResult& result) {
+      [response](const StepLayout& layout, const StepResult& result) {
         EncodeAppendResult(layout, result, response);
         return absl::OkStatus();
       },
@@ -45,18 +45,18 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
                           std::shared_ptr<const void> keep_alive, EncodeStep encode, Done done) {
   const absl::Time arrived = absl::Now();
   VersionPtr found;  // the session's version, once known
-  auto decode = [&]() -> absl::StatusOr<AppendParams> {
+  auto decode = [&]() -> absl::StatusOr<StepParams> {
     RETURN_IF_ERROR(gate_.Authorize(context));
     ASSIGN_OR_RETURN(VersionPtr version, sessions_.VersionOf(request.session_id()));
     found = version;
-    ASSIGN_OR_RETURN(AppendParams params, DecodeAppend(request, version->loaded.engine->dims(),
-                                                       gate_.limits(), query_data));
+    ASSIGN_OR_RETURN(StepParams params, DecodeAppend(request, version->loaded.engine->dims(),
+                                                     gate_.limits(), query_data));
     params.decoded_for = std::move(version);
     params.deadline = absl::FromChrono(context.deadline());
     params.cancelled = [&context] { return context.IsCancelled(); };
     return params;
   };
-  absl::StatusOr<AppendParams> params = decode();
+  absl::StatusOr<StepParams> params = decode();
   if (!params.ok()) {
     // A step refused before it is queued counts once, as a failure of
     // its session's version (an unknown session has none).
@@ -65,8 +65,8 @@ void SessionCalls::Append(const grpc::CallbackServerContext& context,
   }
   if (keep_alive != nullptr) params->query.KeepAlive(std::move(keep_alive));
   const StepLayout layout = StepLayout::Of(*params);
-  sessions_.Append(*std::move(params), [layout, encode = std::move(encode), done = std::move(done)](
-                                           absl::StatusOr<AppendResult> result) {
+  sessions_.Step(*std::move(params), [layout, encode = std::move(encode),
+                                      done = std::move(done)](absl::StatusOr<StepResult> result) {
     done(result.ok() ? encode(layout, *result) : result.status());
   });
 }

@@ -33,7 +33,7 @@ class SessionCalls {
   // The same for a request read around its query's bytes (`query_data`:
   // where they are, or null: in the message), answered by `encode` (on the
   // worker, while the result's views are valid) before `done`.
-  using EncodeStep = std::function<absl::Status(const StepLayout&, const AppendResult&)>;
+  using EncodeStep = std::function<absl::Status(const StepLayout&, const StepResult&)>;
   void Append(const grpc::CallbackServerContext& context, const v1::AppendRequest& request,
               const ReceivedBytes* query_data, std::shared_ptr<const void> keep_alive,
               EncodeStep encode, Done done);

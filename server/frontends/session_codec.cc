@@ -128,15 +128,15 @@ absl::StatusOr<AttentionRequest> StepQuery(const AttentionDims& dims, const Tens
   return checked;
 }
 
-absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
-                                          const AttentionDims& dims, const RequestLimits& limits,
-                                          const ReceivedBytes* query_data) {
+absl::StatusOr<StepParams> DecodeAppend(const v1::AppendRequest& request, const AttentionDims& dims,
+                                        const RequestLimits& limits,
+                                        const ReceivedBytes* query_data) {
   if (!request.has_query()) return absl::InvalidArgumentError("query: required");
   ASSIGN_OR_RETURN(TensorView view, ViewTensor(request.query(), "query", query_data));
   ASSIGN_OR_RETURN(AttentionRequest query,
                    StepQuery(dims, view, request.need_weights(), limits, DTypeSpelling::kMhaV1));
-  AppendParams params{request.session_id(), std::move(query), std::nullopt,
-                      /*decoded_for=*/nullptr};  // the caller knows the version
+  StepParams params{request.session_id(), std::move(query), std::nullopt,
+                    /*decoded_for=*/nullptr};  // the caller knows the version
   if (request.has_expected_position()) params.expected_position = request.expected_position();
   return params;
 }
@@ -152,12 +152,12 @@ void EncodeSession(const SessionInfo& info, v1::Session* out) {
   out->set_max_tokens(info.max_tokens);
 }
 
-StepLayout StepLayout::Of(const AppendParams& params) {
+StepLayout StepLayout::Of(const StepParams& params) {
   return StepLayout{params.query.output_shape(), params.query.output_dtype(),
                     params.query.need_weights()};
 }
 
-void EncodeAppendResult(const StepLayout& layout, const AppendResult& result,
+void EncodeAppendResult(const StepLayout& layout, const StepResult& result,
                         v1::AppendResponse* out) {
   EncodeTensor(result.output, layout.output_shape, layout.output_dtype, out->mutable_output());
   out->set_position(result.position);

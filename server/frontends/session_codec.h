@@ -26,9 +26,9 @@ absl::StatusOr<OpenParams> DecodeOpenSession(const v1::OpenSessionRequest& reque
 // [1, T, E] or [T, E]. Views `request`'s bytes like DecodeOpenSession.
 // `query_data`: where the query's bytes are when the message was read
 // around them (proto/wire/), or null: in the message.
-absl::StatusOr<AppendParams> DecodeAppend(const v1::AppendRequest& request,
-                                          const AttentionDims& dims, const RequestLimits& limits,
-                                          const ReceivedBytes* query_data = nullptr);
+absl::StatusOr<StepParams> DecodeAppend(const v1::AppendRequest& request, const AttentionDims& dims,
+                                        const RequestLimits& limits,
+                                        const ReceivedBytes* query_data = nullptr);
 
 // A cross session's memory (`memory.key`, and `value`, `key_padding_mask`
 // when given; its query is ignored) as an AttentionRequest with a one-token
@@ -49,13 +49,13 @@ struct StepLayout {
   DType output_dtype = DType::kF32;   // the query's
   bool need_weights = false;
 
-  static StepLayout Of(const AppendParams& params);
+  static StepLayout Of(const StepParams& params);
 };
 // The step's output (in the query's dtype and shape) and weights ([1, T, K']
 // or [T, K'] like the query).
 // The shape of a step's weights: [1, T, K'] or [T, K'] for K' keys.
 std::vector<int64_t> StepWeightsShape(const StepLayout& layout, int64_t keys);
-void EncodeAppendResult(const StepLayout& layout, const AppendResult& result,
+void EncodeAppendResult(const StepLayout& layout, const StepResult& result,
                         v1::AppendResponse* out);
 
 }  // namespace mha::server

@@ -33,7 +33,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Append(grpc::CallbackServerConte
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   session_calls_.Append(
       *context, fields, query, std::move(received),
-      [response](const StepLayout& layout, const AppendResult& result) {
+      [response](const StepLayout& layout, const StepResult& result) {
         *response = AppendResponseBytes(layout, result);
         return absl::OkStatus();
       },

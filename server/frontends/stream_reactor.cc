@@ -97,7 +97,7 @@ void StreamReactor::Start(std::shared_ptr<grpc::ByteBuffer> bytes) {
       const ReceivedBytes* query = received->Payload(kQueryData);
       return sessions_.Append(
           *context_, request.append(), query, received,
-          [pending](const StepLayout& layout, const AppendResult& result) {
+          [pending](const StepLayout& layout, const StepResult& result) {
             pending->WriteWith(6, [&](wire::WireWriter& inner) {  // StreamResponse.append
               WriteAppendResponse(layout, result, inner);
             });

@@ -30,7 +30,7 @@ void WriteAttendResponse(const std::string& model, int64_t version, const Result
   writer.Append(rest);
 }
 
-void WriteAppendResponse(const StepLayout& layout, const AppendResult& result,
+void WriteAppendResponse(const StepLayout& layout, const StepResult& result,
                          wire::WireWriter& writer) {
   AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
   if (layout.need_weights) {
@@ -67,7 +67,7 @@ grpc::ByteBuffer AttendResponseBytes(const std::string& model, int64_t version,
   return writer.Finish();
 }
 
-grpc::ByteBuffer AppendResponseBytes(const StepLayout& layout, const AppendResult& result) {
+grpc::ByteBuffer AppendResponseBytes(const StepLayout& layout, const StepResult& result) {
   wire::WireWriter writer;
   WriteAppendResponse(layout, result, writer);
   return writer.Finish();

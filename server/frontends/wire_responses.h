@@ -28,7 +28,7 @@ void AppendWireTensor(int number, absl::Span<const float> values, const std::vec
 void WriteAttendResponse(const std::string& model, int64_t version, const ResultLayout& layout,
                          const AttentionResult& result, wire::WireWriter& writer);
 // An AppendResponse of a step's result.
-void WriteAppendResponse(const StepLayout& layout, const AppendResult& result,
+void WriteAppendResponse(const StepLayout& layout, const StepResult& result,
                          wire::WireWriter& writer);
 // A ModelInferResponse filled with its inline outputs deferred
 // (FillInferResponse): those written from their values, the others as they
@@ -39,7 +39,7 @@ void WriteInferResponse(const inference::ModelInferResponse& response,
 // The same as whole messages.
 grpc::ByteBuffer AttendResponseBytes(const std::string& model, int64_t version,
                                      const ResultLayout& layout, const AttentionResult& result);
-grpc::ByteBuffer AppendResponseBytes(const StepLayout& layout, const AppendResult& result);
+grpc::ByteBuffer AppendResponseBytes(const StepLayout& layout, const StepResult& result);
 // `message` serialized by protobuf, as gRPC's buffer.
 grpc::ByteBuffer MessageBytes(const google::protobuf::MessageLite& message);
 

@@ -227,7 +227,7 @@ bool Batcher::SplitsOldest() const {
 bool Batcher::RunsWholeBesideSteps() const {
   const AttentionRequest& oldest = queue_.front()->input();
   return options_.enabled && tokens_with_steps_ < max_batch_tokens_ && pool_.StepsRecently() &&
-         oldest.sequences() * oldest.q_len() > tokens_with_steps_ && !SplitsOldest();
+         oldest.rows() * oldest.q_len() > tokens_with_steps_ && !SplitsOldest();
 }
 
 void Batcher::QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks) {
@@ -276,7 +276,7 @@ void Batcher::Work::Run(Workspace& ws) {
 bool Batcher::Work::MayYield() const {
   if (!projections.empty()) return true;
   int64_t rows = 0;
-  for (const auto& r : batch) rows += r->input().sequences() * r->input().q_len();
+  for (const auto& r : batch) rows += r->input().rows() * r->input().q_len();
   return rows > batcher.tokens_with_steps_;
 }
 

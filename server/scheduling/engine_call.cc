@@ -99,7 +99,7 @@ double AttentionFlops(const std::vector<std::unique_ptr<AttendCall>>& live, int6
   for (const auto& r : live) {
     const AttentionRequest& in = r->input();
     const int64_t keys = in.kv_len() > 0 ? in.kv_len() : in.q_len();
-    flops += 4.0 * in.sequences() * in.q_len() * keys * embed_dim;
+    flops += 4.0 * in.rows() * in.q_len() * keys * embed_dim;
   }
   return flops;
 }
@@ -118,7 +118,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   // The steps' query rows in one buffer (Compute passes steps or requests,
   // never both: the engine's joint call over both kinds is not used here).
   std::vector<float> step_query;
-  AppendBatch step_batch;
+  StepBatch step_batch;
   bool step_weights_wanted = false;
   for (const StartedStep& s : steps) {
     step_query.insert(step_query.end(), s.plan.query.begin(), s.plan.query.end());
@@ -132,7 +132,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   const int64_t request_elements = merged ? merged->output_elements() : 0;
   const int64_t step_elements = static_cast<int64_t>(step_batch.query.size());
   const int64_t step_weights_elements =
-      step_weights_wanted ? engine_.AppendWeightsElements(step_batch) : 0;
+      step_weights_wanted ? engine_.StepWeightsElements(step_batch) : 0;
   // Every element is written by the engine: no zero-fill; huge pages for
   // large outputs (a fresh 4 KiB page costs microseconds to fault in).
   LargeArray<float> output(static_cast<size_t>(request_elements + step_elements));
@@ -218,9 +218,9 @@ void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
     AttendCall& r = *live[i];
     if (r.statistics == nullptr) continue;
     ++call.batch_requests;
-    call.batch_sequences += static_cast<uint64_t>(r.input().sequences());
+    call.batch_sequences += static_cast<uint64_t>(r.input().rows());
     if (!answers[i].ok()) continue;
-    call.AddAnswer(now - r.arrived, r.waited, r.input().sequences());
+    call.AddAnswer(now - r.arrived, r.waited, r.input().rows());
     r.counted = true;
   }
   // A session step is a request of one sequence (a chunk of a long

@@ -100,7 +100,7 @@ class Chunk final : public StepTask {
       }
     }
     const int64_t e = state_->engine.dims().embed_dim;
-    plan.step = AppendStep{&state_->cache, rows_, /*cross=*/true};
+    plan.step = CacheStep{&state_->cache, rows_, /*cross=*/true};
     plan.query = state_->call->input().batch().query.subspan(begin_ * e, rows_ * e);
     plan.need_weights = false;
     plan.keys = state_->cache.length() + state_->engine.dims().extra_keys();
@@ -191,7 +191,7 @@ class SplitProjection final : public ProjectionTask {
 bool Splittable(const AttentionRequest& request, const MhaEngine& engine) {
   const AttentionBatch& batch = request.batch();
   const AttentionDims& dims = engine.dims();
-  return request.sequences() == 1 && !request.need_weights() && !batch.attn_mask.present() &&
+  return request.rows() == 1 && !request.need_weights() && !batch.attn_mask.present() &&
          !batch.is_causal && dims.kv_elem_bytes() == (dims.bf16 ? 2 : 4) &&
          (batch.self_attention() ? engine.CanAppendSelf() : true);
 }

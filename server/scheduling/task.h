@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "engine/append_batch.h"
+#include "engine/step_batch.h"
 #include "server/observability/metrics.h"
 #include "server/observability/model_statistics.h"
 #include "server/scheduling/memory_budget.h"
@@ -110,7 +110,7 @@ class Task {
 
 // What a started step gives the engine call, valid until Finish.
 struct StepPlan {
-  AppendStep step;                // its cache (room reserved), tokens, cross
+  CacheStep step;                 // its cache (room reserved), tokens, cross
   absl::Span<const float> query;  // [tokens, embed_dim] f32
   bool need_weights = false;
   int64_t keys = 0;  // what its weights row spans after the step

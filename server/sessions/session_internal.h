@@ -38,7 +38,7 @@ struct SessionManager::Session {
 // once (Finish or Fail). Not thread-safe: one owner at a time.
 class SessionManager::StepCall final : public StepTask {
  public:
-  StepCall(SessionManager& manager, SessionPtr session, AppendParams params, AppendDone done)
+  StepCall(SessionManager& manager, SessionPtr session, StepParams params, StepDone done)
       : manager_(manager),
         session_(std::move(session)),
         params_(std::move(params)),
@@ -72,8 +72,8 @@ class SessionManager::StepCall final : public StepTask {
   friend class SessionManager;
   SessionManager& manager_;
   SessionPtr session_;
-  AppendParams params_;
-  AppendDone done_;
+  StepParams params_;
+  StepDone done_;
   bool started_ ABSL_GUARDED_BY(manager_.mu_) = false;  // Begin said kRun, not yet undone
   AnswerOnce once_;
   int64_t position_after_ = 0;  // set by Begin

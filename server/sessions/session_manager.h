@@ -77,7 +77,7 @@ struct OpenParams {
 // against the dims of `decoded_for` (the version the session was open on
 // when the step was read; Append refuses the step if the session is no
 // longer on it).
-struct AppendParams {
+struct StepParams {
   std::string id;
   AttentionRequest query;
   std::optional<int64_t> expected_position = std::nullopt;
@@ -113,7 +113,7 @@ struct SessionImport {
 };
 
 // A step's results, views valid during the `done` call only.
-struct AppendResult {
+struct StepResult {
   absl::Span<const float> output;
   absl::Span<const float> weights;  // [tokens, keys] when asked
   int64_t keys = 0;
@@ -136,7 +136,7 @@ class SessionManager {
   ~SessionManager();  // Stop()
 
   using OpenDone = std::function<void(absl::StatusOr<SessionInfo>)>;
-  using AppendDone = std::function<void(absl::StatusOr<AppendResult>)>;
+  using StepDone = std::function<void(absl::StatusOr<StepResult>)>;
 
   // A self session opens at once; a cross session's memory is projected on
   // a batcher worker first. ALREADY_EXISTS for an id in use, RESOURCE_EXHAUSTED
@@ -153,7 +153,7 @@ class SessionManager {
   // request that nothing running would make room for); DEADLINE_EXCEEDED
   // and CANCELLED, never computed, when its deadline passed or its caller
   // cancelled while it was queued.
-  void Append(AppendParams params, AppendDone done);
+  void Step(StepParams params, StepDone done);
   // A new session `new_id` ("": assigned) at `id`'s position (as of its
   // last finished step), on the same version, sharing its cache blocks
   // copy-on-write: it takes no cache bytes until one of them appends into

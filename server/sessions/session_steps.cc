@@ -51,7 +51,7 @@ RequestCost SessionManager::CostLocked(const Session& s, const AttentionRequest&
                     s.version->batcher->MaxThreadsPerCall());
 }
 
-void SessionManager::Append(AppendParams params, AppendDone done) {
+void SessionManager::Step(StepParams params, StepDone done) {
   const absl::Time arrived = absl::Now();
   MutexLock lock(mu_);
   absl::Status refused;
@@ -123,7 +123,7 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
   --s.queued;
   step.started_ = true;
   step.position_after_ = position + (s.cross ? 0 : t);
-  plan.step = AppendStep{s.cache.get(), t, s.cross};
+  plan.step = CacheStep{s.cache.get(), t, s.cross};
   plan.query = step.params_.query.batch().query;
   plan.need_weights = step.params_.query.need_weights();
   plan.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
@@ -166,7 +166,7 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
     return;
   }
   const int64_t t = step.tokens();
-  AppendResult result;
+  StepResult result;
   result.output = output;
   result.weights = weights;
   result.position = step.position_after_;

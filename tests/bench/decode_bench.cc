@@ -63,7 +63,7 @@ void Prefill(const MhaEngine& engine, KvCache& cache, int64_t len, Workspace& ws
     const int64_t t = std::min<int64_t>(512, len - pos);
     const std::vector<float> x = testing::RandomVector(t * kE, static_cast<uint32_t>(pos + 1));
     std::vector<float> out(x.size());
-    Check(engine.Append({x, {{&cache, t}}}, {absl::MakeSpan(out), {}}, ws));
+    Check(engine.Step({x, {{&cache, t}}}, {absl::MakeSpan(out), {}}, ws));
   }
 }
 
@@ -175,14 +175,14 @@ class BatchedSteps {
   }
 
   void Batched() {
-    Check(engine_.Append(batched_, {absl::MakeSpan(out_), {}}, ws_));
+    Check(engine_.Step(batched_, {absl::MakeSpan(out_), {}}, ws_));
     Rewind();
   }
   void OneCallEach() {
     for (int64_t s = 0; s < kSessions; ++s) {
       const auto q = absl::MakeConstSpan(tokens_).subspan(s * kE, kE);
-      Check(engine_.Append({q, {{caches_[s].get(), 1}}},
-                           {absl::MakeSpan(out_).subspan(s * kE, kE), {}}, ws_));
+      Check(engine_.Step({q, {{caches_[s].get(), 1}}},
+                         {absl::MakeSpan(out_).subspan(s * kE, kE), {}}, ws_));
     }
     Rewind();
   }
@@ -214,7 +214,7 @@ class BatchedSteps {
   const std::vector<float> tokens_;
   std::vector<float> out_;
   std::vector<std::unique_ptr<KvCache>> caches_;
-  AppendBatch batched_;
+  StepBatch batched_;
 };
 
 // 16 sessions' steps (1 token at 256 cached) riding along in an Attend
@@ -231,7 +231,7 @@ void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, int64_t sequence
   // The steps' rows right after the sequences', as the batcher lays them out.
   const std::vector<float> rows = testing::RandomVector((sequences * len + kSessions) * kE, 11);
   const auto query = absl::MakeConstSpan(rows).first(sequences * len * kE);
-  AppendBatch steps{absl::MakeConstSpan(rows).subspan(query.size()), {}};
+  StepBatch steps{absl::MakeConstSpan(rows).subspan(query.size()), {}};
   for (auto& c : caches) steps.steps.push_back({c.get(), 1});
   AttentionBatch attend;
   attend.query = query;
@@ -248,7 +248,7 @@ void BenchMixedCall(const MhaEngine& engine, KvBlockPool& pool, int64_t sequence
   });
   const double apart_s = MedianOf(20, [&] {
     Check(engine.Run(attend, {attend_out, {}, false}, ws));
-    Check(engine.Append(steps, {steps_out, {}}, ws));
+    Check(engine.Step(steps, {steps_out, {}}, ws));
     rewind();
   });
   const std::string name = absl::StrFormat("mixed_attend%dx%d_steps16x1_at256", sequences, len);
@@ -289,7 +289,7 @@ void BenchDecode(bool json) {
   std::vector<float> token_out(kE);
   int64_t turn = 0;
   auto step_on = [&](KvCache& cache) {
-    Check(engine.Append({token, {{&cache, 1}}}, {absl::MakeSpan(token_out), {}}, *ws));
+    Check(engine.Step({token, {{&cache, 1}}}, {absl::MakeSpan(token_out), {}}, *ws));
     cache.set_length(kLong);  // the same step again
   };
   const double append_s = MedianOf(50, [&] { step_on(*caches[turn++ % kRotate]); });

@@ -142,7 +142,7 @@ TEST(AttentionRequestTest, BatchedSelfAttention) {
   EXPECT_TRUE(ab.self_attention());
   EXPECT_TRUE(ab.value.empty());
   EXPECT_THAT(ab.q_offsets, ElementsAre(0, 5, 10));
-  EXPECT_EQ(ab.num_sequences(), 2);
+  EXPECT_EQ(ab.num_rows(), 2);
   EXPECT_FALSE(ab.key_padding_mask.present());
   EXPECT_FALSE(ab.attn_mask.present());
   EXPECT_FALSE(ab.is_causal);

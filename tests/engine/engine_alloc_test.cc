@@ -171,12 +171,12 @@ TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
       if (position > 0) {
         ASSERT_TRUE(filled.Reserve(position).ok());
         const std::vector<float> prefix = RandomVector(position * d.embed_dim, 1);
-        AppendBatch fill;
+        StepBatch fill;
         fill.query = prefix;
         fill.steps.push_back({&filled, position, false});
         std::vector<float> out(prefix.size());
         auto fill_ws = engine->NewWorkspace();
-        ASSERT_TRUE(engine->Append(fill, {absl::MakeSpan(out), {}}, *fill_ws).ok());
+        ASSERT_TRUE(engine->Step(fill, {absl::MakeSpan(out), {}}, *fill_ws).ok());
       }
       for (const int64_t tokens : {1, 16, 300}) {
         for (const bool weights : {false, true}) {
@@ -186,13 +186,13 @@ TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
           ASSERT_EQ(cache->length(), position);
           ASSERT_TRUE(cache->Reserve(position + tokens).ok());
           const std::vector<float> query = RandomVector(tokens * d.embed_dim, 2);
-          AppendBatch step;
+          StepBatch step;
           step.query = query;
           step.steps.push_back({cache.get(), tokens, false});
           std::vector<float> out(query.size());
-          std::vector<float> probs(weights ? engine->AppendWeightsElements(step) : 0);
+          std::vector<float> probs(weights ? engine->StepWeightsElements(step) : 0);
           auto ws = engine->NewWorkspace();  // fresh: what this step alone holds
-          ASSERT_TRUE(engine->Append(step, {absl::MakeSpan(out), absl::MakeSpan(probs)}, *ws).ok());
+          ASSERT_TRUE(engine->Step(step, {absl::MakeSpan(out), absl::MakeSpan(probs)}, *ws).ok());
           const int64_t held = static_cast<int64_t>(ws->bytes_held());
           const int64_t keys = position + tokens + d.extra_keys();
           const int64_t estimate = engine->StepScratchBytes(tokens, keys, weights, 2);

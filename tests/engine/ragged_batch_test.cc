@@ -118,7 +118,7 @@ void ExpectMergedEqualsAlone(const AttentionDims& d, Spec s) {
   for (const AttentionRequest* r : all)
     ASSERT_EQ(BatchSignature::Of(*r), BatchSignature::Of(*all[0]));
   const RaggedBatch merged(all);
-  EXPECT_EQ(merged.batch().num_sequences(), 1 + 2 + 1);
+  EXPECT_EQ(merged.batch().num_rows(), 1 + 2 + 1);
   const Results together = Run(*engine, merged);
   for (size_t i = 0; i < all.size(); ++i) {
     SCOPED_TRACE(::testing::Message() << "request " << i);

@@ -38,11 +38,11 @@ void ExpectChunkedMatchesFull(const MhaEngine& engine, const AttentionDims& d,
   for (int64_t pos = 0; pos < len;) {
     const int64_t t = std::min(chunks[next++ % chunks.size()], len - pos);
     ASSERT_TRUE(cache.Reserve(pos + t).ok());
-    AppendBatch batch;
+    StepBatch batch;
     batch.query = absl::MakeConstSpan(query).subspan(pos * e, t * e);
     batch.steps.push_back({&cache, t, /*cross=*/false});
-    std::vector<float> out(t * e), weights(engine.AppendWeightsElements(batch));
-    ASSERT_TRUE(engine.Append(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
+    std::vector<float> out(t * e), weights(engine.StepWeightsElements(batch));
+    ASSERT_TRUE(engine.Step(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
     EXPECT_EQ(cache.length(), pos + t);
     EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), tolerance)
         << "chunk at " << pos << " of " << t << " tokens";
@@ -94,7 +94,7 @@ std::vector<std::unique_ptr<KvCache>> CachedSessions(const MhaEngine& engine, Kv
     const std::vector<float> prefix = RandomVector(5 * d.embed_dim, seed);
     std::vector<float> out(prefix.size());
     EXPECT_TRUE(
-        engine.Append({prefix, {{caches.back().get(), 5}}}, {absl::MakeSpan(out), {}}, ws).ok());
+        engine.Step({prefix, {{caches.back().get(), 5}}}, {absl::MakeSpan(out), {}}, ws).ok());
   }
   caches.push_back(std::make_unique<KvCache>(engine.kv_layout(), pool));
   EXPECT_TRUE(caches.back()->Reserve(7).ok());
@@ -121,14 +121,14 @@ void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, u
   if (!engine->CanAppendSelf()) tokens = {3};
   const int64_t step_rows = std::accumulate(tokens.begin(), tokens.end(), int64_t{0});
   const std::vector<float> q = RandomVector(step_rows * e, seed + 3);
-  AppendBatch steps{q, {}};
+  StepBatch steps{q, {}};
   for (size_t i = 0; i < tokens.size(); ++i) {
     steps.steps.push_back({mixed[i].get(), tokens[i], /*cross=*/i + 1 == tokens.size()});
   }
   const int64_t q_rows = b.batch.q_offsets.back();
   std::vector<float> output((q_rows + step_rows) * e);
   std::vector<float> weights(engine->WeightsElements(b.batch, c.per_head_weights));
-  std::vector<float> step_weights(engine->AppendWeightsElements(steps));
+  std::vector<float> step_weights(engine->StepWeightsElements(steps));
   ASSERT_TRUE(engine
                   ->Compute(b.batch, steps,
                             {absl::MakeSpan(output), absl::MakeSpan(weights), c.per_head_weights,
@@ -139,10 +139,10 @@ void ExpectMixedCallEqualsSeparateCalls(const AttentionDims& d, const Case& c, u
   EXPECT_LE(MaxAbsDiff(weights.data(), attend_alone.weights.data(), weights.size()), tolerance);
   int64_t row = 0, w_off = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    AppendBatch one{absl::MakeConstSpan(q).subspan(row * e, tokens[i] * e),
-                    {{alone[i].get(), tokens[i], steps.steps[i].cross}}};
-    std::vector<float> out(tokens[i] * e), w(engine->AppendWeightsElements(one));
-    ASSERT_TRUE(engine->Append(one, {absl::MakeSpan(out), absl::MakeSpan(w)}, *ws).ok());
+    StepBatch one{absl::MakeConstSpan(q).subspan(row * e, tokens[i] * e),
+                  {{alone[i].get(), tokens[i], steps.steps[i].cross}}};
+    std::vector<float> out(tokens[i] * e), w(engine->StepWeightsElements(one));
+    ASSERT_TRUE(engine->Step(one, {absl::MakeSpan(out), absl::MakeSpan(w)}, *ws).ok());
     EXPECT_LE(MaxAbsDiff(out.data(), output.data() + (q_rows + row) * e, out.size()), tolerance)
         << "step " << i;
     EXPECT_LE(MaxAbsDiff(w.data(), step_weights.data() + w_off, w.size()), tolerance)
@@ -298,10 +298,10 @@ float Int8StepsAgainstFp32(const AttentionDims& fp32_dims, bool bf16_compute) {
     for (int64_t pos = 0; pos < 70; pos += chunk) {
       const int64_t t = std::min<int64_t>(chunk, 70 - pos);
       EXPECT_TRUE(cache.Reserve(pos + t).ok());
-      AppendBatch batch{absl::MakeConstSpan(b.query).subspan(pos * e, t * e),
-                        {{&cache, t, /*cross=*/false}}};
+      StepBatch batch{absl::MakeConstSpan(b.query).subspan(pos * e, t * e),
+                      {{&cache, t, /*cross=*/false}}};
       std::vector<float> out(t * e);
-      EXPECT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
+      EXPECT_TRUE(engine->Step(batch, {absl::MakeSpan(out), {}}, *ws).ok());
       worst = std::max(worst, MaxAbsDiff(out.data(), exact.output.data() + pos * e, out.size()));
     }
   }
@@ -318,9 +318,9 @@ float Int8StepsAgainstFp32(const AttentionDims& fp32_dims, bool bf16_compute) {
     EXPECT_TRUE(
         engine->ProjectEncoderMemory(xb.key, xb.value, mem, xb.batch.key_padding_mask, cache, *ws)
             .ok());
-    AppendBatch batch{xb.query, {{&cache, len, /*cross=*/true}}};
+    StepBatch batch{xb.query, {{&cache, len, /*cross=*/true}}};
     std::vector<float> out(len * d.embed_dim);
-    EXPECT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
+    EXPECT_TRUE(engine->Step(batch, {absl::MakeSpan(out), {}}, *ws).ok());
     worst = std::max(worst, MaxAbsDiff(out.data(), want.output.data(), out.size()));
   }
   ExpectMixedCallEqualsSeparateCalls(
@@ -367,12 +367,12 @@ TEST(SessionCrossTest, StepsEqualRunOverTheMemory) {
   const int64_t e = d.embed_dim, keys = mem + d.extra_keys();
   for (int64_t pos = 0; pos < len;) {
     const int64_t t = std::min<int64_t>(pos == 0 ? 1 : 4, len - pos);
-    AppendBatch batch;
+    StepBatch batch;
     batch.query = absl::MakeConstSpan(b.query).subspan(pos * e, t * e);
     batch.steps.push_back({&cache, t, /*cross=*/true});
-    std::vector<float> out(t * e), weights(engine->AppendWeightsElements(batch));
+    std::vector<float> out(t * e), weights(engine->StepWeightsElements(batch));
     ASSERT_EQ(static_cast<int64_t>(weights.size()), t * keys);
-    ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
+    ASSERT_TRUE(engine->Step(batch, {absl::MakeSpan(out), absl::MakeSpan(weights)}, *ws).ok());
     EXPECT_EQ(cache.length(), mem) << "a cross step appends nothing";
     EXPECT_LE(MaxAbsDiff(out.data(), full.output.data() + pos * e, out.size()), 1e-5f);
     EXPECT_LE(MaxAbsDiff(weights.data(), full.weights.data() + pos * keys, weights.size()), 1e-5f);
@@ -394,9 +394,9 @@ TEST(SessionCrossTest, FullyPaddedMemoryGivesTheOutputBias) {
       engine->ProjectEncoderMemory(memory, {}, 5, {DType::kBool, all_masked.data(), 5}, cache, *ws)
           .ok());
   const std::vector<float> query = RandomVector(24, 4);
-  AppendBatch batch{query, {{&cache, 1, true}}};
+  StepBatch batch{query, {{&cache, 1, true}}};
   std::vector<float> out(24);
-  ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(out), {}}, *ws).ok());
+  ASSERT_TRUE(engine->Step(batch, {absl::MakeSpan(out), {}}, *ws).ok());
   EXPECT_LE(MaxAbsDiff(out.data(), w.b_o.data(), 24), 1e-6f);
 }
 
@@ -417,21 +417,21 @@ TEST(SessionBatchTest, OneCallForManySessionsEqualsOneCallEach) {
       const std::vector<float> q = RandomVector(prefix[s] * 32, 30 + s);
       std::vector<float> out(q.size());
       ASSERT_TRUE(
-          engine->Append({q, {{&cache, prefix[s], false}}}, {absl::MakeSpan(out), {}}, *ws).ok());
+          engine->Step({q, {{&cache, prefix[s], false}}}, {absl::MakeSpan(out), {}}, *ws).ok());
     }
   }
   const int64_t total = std::accumulate(step.begin(), step.end(), int64_t{0});
   const std::vector<float> q = RandomVector(total * 32, 99);
-  AppendBatch batch{q, {}};
+  StepBatch batch{q, {}};
   for (size_t s = 0; s < prefix.size(); ++s) batch.steps.push_back({batched[s].get(), step[s]});
   std::vector<float> together(q.size());
-  ASSERT_TRUE(engine->Append(batch, {absl::MakeSpan(together), {}}, *ws).ok());
+  ASSERT_TRUE(engine->Step(batch, {absl::MakeSpan(together), {}}, *ws).ok());
   int64_t row = 0;
   for (size_t s = 0; s < prefix.size(); ++s) {
     std::vector<float> out(step[s] * 32);
     const auto part = absl::MakeConstSpan(q).subspan(row * 32, step[s] * 32);
     ASSERT_TRUE(
-        engine->Append({part, {{alone[s].get(), step[s]}}}, {absl::MakeSpan(out), {}}, *ws).ok());
+        engine->Step({part, {{alone[s].get(), step[s]}}}, {absl::MakeSpan(out), {}}, *ws).ok());
     EXPECT_LE(MaxAbsDiff(out.data(), together.data() + row * 32, out.size()), 1e-6f)
         << "session " << s;
     row += step[s];
@@ -476,7 +476,7 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
       ASSERT_TRUE(caches.back()->Reserve(41).ok());
       std::vector<float> out(prefix.size());
       ASSERT_TRUE(
-          engine->Append({prefix, {{caches.back().get(), 40}}}, {absl::MakeSpan(out), {}}, *step_ws)
+          engine->Step({prefix, {{caches.back().get(), 40}}}, {absl::MakeSpan(out), {}}, *step_ws)
               .ok());
     }
     std::vector<float> stepped(32), alone(32);
@@ -484,8 +484,7 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
     ws->set_between_blocks([&] {
       if (++yields != 2) return true;  // the second yield: the attention has begun
       EXPECT_TRUE(
-          engine->Append({q, {{caches[0].get(), 1}}}, {absl::MakeSpan(stepped), {}}, *step_ws)
-              .ok());
+          engine->Step({q, {{caches[0].get(), 1}}}, {absl::MakeSpan(stepped), {}}, *step_ws).ok());
       return true;
     });
     const RunResult yielded = RunEngine(*engine, call.c, b, call.weights, ws.get());
@@ -494,12 +493,12 @@ TEST(SessionYieldTest, StepsRunBetweenALongCallsBlocksChangeNeitherResult) {
     EXPECT_EQ(MaxAbsDiff(yielded.output.data(), whole.output.data(), whole.output.size()), 0.0f);
     EXPECT_EQ(MaxAbsDiff(yielded.weights.data(), whole.weights.data(), whole.weights.size()), 0.0f);
     ASSERT_TRUE(
-        engine->Append({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *step_ws).ok());
+        engine->Step({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *step_ws).ok());
     EXPECT_EQ(MaxAbsDiff(stepped.data(), alone.data(), alone.size()), 0.0f);
     // Steps alone: no yield.
     const int before = yields;
     ASSERT_TRUE(caches[1]->Reserve(42).ok());
-    ASSERT_TRUE(engine->Append({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *ws).ok());
+    ASSERT_TRUE(engine->Step({q, {{caches[1].get(), 1}}}, {absl::MakeSpan(alone), {}}, *ws).ok());
     EXPECT_EQ(yields, before);
     // A yield point that wants no more: the key-tiled blocks go in one
     // wave (one yield after the projection, one after that wave); row
@@ -525,18 +524,18 @@ TEST(SessionValidationTest, RefusesWhatItCannotCompute) {
   const std::vector<float> q = RandomVector(2 * 24, 1);
   std::vector<float> out(q.size());
   // No room reserved.
-  EXPECT_EQ(engine->Append({q, {{&cache, 2}}}, {absl::MakeSpan(out), {}}, *ws).code(),
+  EXPECT_EQ(engine->Step({q, {{&cache, 2}}}, {absl::MakeSpan(out), {}}, *ws).code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(cache.Reserve(2).ok());
   // The same cache twice.
-  EXPECT_EQ(engine->Append({q, {{&cache, 1}, {&cache, 1}}}, {absl::MakeSpan(out), {}}, *ws).code(),
+  EXPECT_EQ(engine->Step({q, {{&cache, 1}, {&cache, 1}}}, {absl::MakeSpan(out), {}}, *ws).code(),
             absl::StatusCode::kInvalidArgument);
   // A self step on a model whose keys are not its queries.
   EXPECT_FALSE(cross_engine->CanAppendSelf());
   KvCache cross_cache(cross_engine->kv_layout(), pool);
   ASSERT_TRUE(cross_cache.Reserve(2).ok());
   const absl::Status self_on_cross =
-      cross_engine->Append({q, {{&cross_cache, 2}}}, {absl::MakeSpan(out), {}}, *ws);
+      cross_engine->Step({q, {{&cross_cache, 2}}}, {absl::MakeSpan(out), {}}, *ws);
   EXPECT_EQ(self_on_cross.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(self_on_cross.message().find("kdim == vdim == embed_dim"), std::string::npos);
   // The memory must match kdim.

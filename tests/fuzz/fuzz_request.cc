@@ -152,7 +152,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       absl::StatusOr<mha::server::SequenceInputs> step =
           mha::server::DecodeSequenceRequest(infer, m->dims, kLimits, nullptr, start, outputs);
       if (!step.ok()) continue;
-      if (step->query.sequences() != 1 || step->query.q_len() < 1) __builtin_trap();
+      if (step->query.rows() != 1 || step->query.q_len() < 1) __builtin_trap();
       if (step->memory.has_value() && !start) __builtin_trap();
     }
   }

@@ -45,10 +45,10 @@ void Step(const mha::MhaEngine& engine, mha::KvCache& cache, bool cross,
           const mha::AttentionRequest& query, mha::Workspace& ws) {
   const int64_t tokens = query.q_len();
   if (!cross && !cache.Reserve(cache.length() + tokens).ok()) return;
-  mha::AppendBatch batch{query.batch().query, {{&cache, tokens, cross}}};
+  mha::StepBatch batch{query.batch().query, {{&cache, tokens, cross}}};
   std::vector<float> output(batch.query.size());
-  std::vector<float> weights(query.need_weights() ? engine.AppendWeightsElements(batch) : 0);
-  if (!engine.Append(batch, {absl::MakeSpan(output), absl::MakeSpan(weights)}, ws).ok()) {
+  std::vector<float> weights(query.need_weights() ? engine.StepWeightsElements(batch) : 0);
+  if (!engine.Step(batch, {absl::MakeSpan(output), absl::MakeSpan(weights)}, ws).ok()) {
     __builtin_trap();
   }
 }
@@ -82,7 +82,7 @@ void OnOpen(const mha::v1::OpenSessionRequest& request, const VersionPtr& versio
 void OnAppend(const mha::v1::AppendRequest& request, const VersionPtr& version,
               mha::Workspace& ws) {
   const mha::MhaEngine& engine = *version->loaded.engine;
-  absl::StatusOr<mha::server::AppendParams> params =
+  absl::StatusOr<mha::server::StepParams> params =
       mha::server::DecodeAppend(request, engine.dims(), kLimits);
   if (!params.ok()) return;
   mha::KvBlockPool pool(kPoolBytes);

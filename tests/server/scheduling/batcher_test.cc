@@ -67,7 +67,7 @@ class TestStep final : public StepTask {
       why = refuse_with;
       return Start::kRefused;
     }
-    plan.step = AppendStep{&cache_, tokens_, false};
+    plan.step = CacheStep{&cache_, tokens_, false};
     plan.query = query_;
     plan.keys = cache_.length() + tokens_;
     return Start::kRun;

@@ -58,7 +58,7 @@ class SplitAttendTest : public ::testing::Test {
     ASSERT_EQ(chunk.Begin(plan, why), StepTask::Start::kRun) << why;
     ASSERT_TRUE(chunk.Allocate().ok());
     std::vector<float> out(plan.step.tokens * Dims().embed_dim);
-    ASSERT_TRUE(engine_->Append({plan.query, {plan.step}}, {absl::MakeSpan(out), {}}, *ws_).ok());
+    ASSERT_TRUE(engine_->Step({plan.query, {plan.step}}, {absl::MakeSpan(out), {}}, *ws_).ok());
     chunk.Finish(absl::OkStatus(), out, {});
   }
 

@@ -73,8 +73,8 @@ AttentionRequest Query(int64_t tokens, uint32_t seed, std::vector<float>& storag
 
 // A step of `tokens` random tokens for session `id`, read as the server
 // reads it: against the version the session is open on.
-AppendParams Step(SessionManager& sessions, const std::string& id, int64_t tokens, uint32_t seed,
-                  std::vector<float>& storage, std::optional<int64_t> expected = std::nullopt) {
+StepParams MakeStep(SessionManager& sessions, const std::string& id, int64_t tokens, uint32_t seed,
+                    std::vector<float>& storage, std::optional<int64_t> expected = std::nullopt) {
   absl::StatusOr<VersionPtr> version = sessions.VersionOf(id);
   return {.id = id,
           .query = Query(tokens, seed, storage),
@@ -102,11 +102,11 @@ std::vector<float> AppendSync(SessionManager& sessions, const std::string& id, i
                               std::optional<int64_t> expected = std::nullopt) {
   std::vector<float> storage;
   std::promise<absl::StatusOr<std::vector<float>>> done;
-  sessions.Append(Step(sessions, id, tokens, seed, storage, expected),
-                  [&](absl::StatusOr<AppendResult> r) {
-                    if (!r.ok()) return done.set_value(r.status());
-                    done.set_value(std::vector<float>(r->output.begin(), r->output.end()));
-                  });
+  sessions.Step(MakeStep(sessions, id, tokens, seed, storage, expected),
+                [&](absl::StatusOr<StepResult> r) {
+                  if (!r.ok()) return done.set_value(r.status());
+                  done.set_value(std::vector<float>(r->output.begin(), r->output.end()));
+                });
   absl::StatusOr<std::vector<float>> out = done.get_future().get();
   if (status != nullptr) *status = out.status();
   return out.ok() ? *out : std::vector<float>{};
@@ -132,7 +132,7 @@ TEST(SessionManagerTest, ManyThreadsStepTheirOwnSessionsCorrectly) {
         std::vector<float> storage = RandomVector(tokens * kE, seed), want(tokens * kE);
         EXPECT_TRUE(mine.Reserve(mine.length() + tokens).ok());
         EXPECT_TRUE(version->loaded.engine
-                        ->Append({storage, {{&mine, tokens}}}, {absl::MakeSpan(want), {}}, *ws)
+                        ->Step({storage, {{&mine, tokens}}}, {absl::MakeSpan(want), {}}, *ws)
                         .ok());
         if (got.size() != want.size() || MaxAbsDiff(got.data(), want.data(), want.size()) > 1e-5f) {
           ++mismatches;
@@ -159,8 +159,8 @@ TEST(SessionManagerTest, QueuedStepsOfOneSessionRunInOrder) {
   std::vector<std::vector<float>> storage(3);
   std::vector<std::promise<absl::Status>> done(3);
   for (int i = 0; i < 3; ++i) {  // sent without waiting, each naming its position
-    sessions.Append(Step(sessions, id, 2, i, storage[i], int64_t{2 * i}),
-                    [&, i](absl::StatusOr<AppendResult> r) { done[i].set_value(r.status()); });
+    sessions.Step(MakeStep(sessions, id, 2, i, storage[i], int64_t{2 * i}),
+                  [&, i](absl::StatusOr<StepResult> r) { done[i].set_value(r.status()); });
   }
   for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
   EXPECT_EQ(sessions.List("")[0].position, 6);
@@ -175,12 +175,11 @@ TEST(SessionManagerTest, StepReadForAReopenedIdIsRefused) {
   const VersionPtr narrow = MakeVersion(), wide = MakeVersion({}, 2 * kE, "wide");
   const std::string id = OpenSync(sessions, narrow, {}, "mine");
   std::vector<float> storage;
-  AppendParams step = Step(sessions, id, 3, 1, storage);
+  StepParams step = MakeStep(sessions, id, 3, 1, storage);
   ASSERT_TRUE(sessions.Close(id).ok());
   ASSERT_EQ(OpenSync(sessions, wide, {}, "mine"), "mine");
   std::promise<absl::Status> done;
-  sessions.Append(std::move(step),
-                  [&](absl::StatusOr<AppendResult> r) { done.set_value(r.status()); });
+  sessions.Step(std::move(step), [&](absl::StatusOr<StepResult> r) { done.set_value(r.status()); });
   const absl::Status status = done.get_future().get();
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
   EXPECT_NE(status.message().find("session mine was closed and opened again (on model 'wide'"),
@@ -188,8 +187,8 @@ TEST(SessionManagerTest, StepReadForAReopenedIdIsRefused) {
       << status;
   EXPECT_EQ(sessions.List("")[0].position, 0);
   std::promise<absl::Status> again;  // read again for the new width, it is welcome
-  sessions.Append({.id = id, .query = Query(1, 2, storage, 2 * kE), .decoded_for = wide},
-                  [&](absl::StatusOr<AppendResult> r) { again.set_value(r.status()); });
+  sessions.Step({.id = id, .query = Query(1, 2, storage, 2 * kE), .decoded_for = wide},
+                [&](absl::StatusOr<StepResult> r) { again.set_value(r.status()); });
   EXPECT_TRUE(again.get_future().get().ok());
   EXPECT_EQ(sessions.List("")[0].position, 1);
 }
@@ -297,7 +296,7 @@ TEST(SessionManagerTest, CacheGaugeFollowsASessionClosedWhileItsStepIsAnswered) 
   EXPECT_GT(cache_bytes.Value(), 0);
   std::vector<float> storage;
   std::promise<absl::Status> done;
-  sessions.Append(Step(sessions, id, 1, 2, storage), [&](absl::StatusOr<AppendResult> r) {
+  sessions.Step(MakeStep(sessions, id, 1, 2, storage), [&](absl::StatusOr<StepResult> r) {
     EXPECT_TRUE(sessions.Close(id).ok());  // the client closes as the answer arrives
     done.set_value(r.status());
   });
@@ -335,7 +334,7 @@ TEST(SessionManagerTest, AStepIsAnsweredBeforeTheAttendRequestItWasTakenWith) {
   std::vector<float> step_storage;
   std::promise<std::vector<float>> step_done;
   uint64_t calls_when_stepped = 0;
-  sessions.Append(Step(sessions, id, 2, 8, step_storage), [&](absl::StatusOr<AppendResult> r) {
+  sessions.Step(MakeStep(sessions, id, 2, 8, step_storage), [&](absl::StatusOr<StepResult> r) {
     EXPECT_TRUE(r.ok()) << r.status();
     calls_when_stepped = calls();
     step_done.set_value(r.ok() ? std::vector<float>(r->output.begin(), r->output.end())
@@ -357,7 +356,7 @@ TEST(SessionManagerTest, AStepIsAnsweredBeforeTheAttendRequestItWasTakenWith) {
   ASSERT_TRUE(cache.Reserve(2).ok());
   const std::vector<float> q = RandomVector(2 * kE, 8);
   std::vector<float> want_step(2 * kE);
-  ASSERT_TRUE(engine.Append({q, {{&cache, 2}}}, {absl::MakeSpan(want_step), {}}, *ws).ok());
+  ASSERT_TRUE(engine.Step({q, {{&cache, 2}}}, {absl::MakeSpan(want_step), {}}, *ws).ok());
   ASSERT_EQ(stepped.size(), want_step.size());
   EXPECT_LE(MaxAbsDiff(stepped.data(), want_step.data(), want_step.size()), 1e-5f);
 }
@@ -370,8 +369,8 @@ TEST(SessionManagerTest, StopAnswersQueuedStepsThenRefuses) {
   std::vector<std::vector<float>> storage(4);
   std::vector<std::promise<absl::Status>> done(4);
   for (int i = 0; i < 4; ++i) {
-    sessions.Append(Step(sessions, id, 1, i, storage[i]),
-                    [&, i](absl::StatusOr<AppendResult> r) { done[i].set_value(r.status()); });
+    sessions.Step(MakeStep(sessions, id, 1, i, storage[i]),
+                  [&, i](absl::StatusOr<StepResult> r) { done[i].set_value(r.status()); });
   }
   sessions.Stop();
   for (auto& d : done) EXPECT_TRUE(d.get_future().get().ok());
@@ -382,13 +381,13 @@ TEST(SessionManagerTest, StopAnswersQueuedStepsThenRefuses) {
 
 // Appends with `params` changed by `edit` (a deadline, a cancellation).
 absl::Status AppendWith(SessionManager& sessions, const std::string& id,
-                        const std::function<void(AppendParams&)>& edit) {
+                        const std::function<void(StepParams&)>& edit) {
   std::vector<float> storage;
-  AppendParams params = Step(sessions, id, 1, 11, storage);
+  StepParams params = MakeStep(sessions, id, 1, 11, storage);
   edit(params);
   std::promise<absl::Status> done;
-  sessions.Append(std::move(params),
-                  [&](absl::StatusOr<AppendResult> r) { done.set_value(r.status()); });
+  sessions.Step(std::move(params),
+                [&](absl::StatusOr<StepResult> r) { done.set_value(r.status()); });
   return done.get_future().get();
 }
 
@@ -415,14 +414,14 @@ TEST(SessionManagerTest, ExpiredAndCancelledStepsAreNeverComputed) {
   AppendSync(sessions, id, 2, 1);
 
   const absl::Status late = AppendWith(
-      sessions, id, [&](AppendParams& p) { p.deadline = clock.Now() - absl::Milliseconds(1); });
+      sessions, id, [&](StepParams& p) { p.deadline = clock.Now() - absl::Milliseconds(1); });
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
   const absl::Status gone =
-      AppendWith(sessions, id, [](AppendParams& p) { p.cancelled = [] { return true; }; });
+      AppendWith(sessions, id, [](StepParams& p) { p.cancelled = [] { return true; }; });
   EXPECT_EQ(gone.code(), absl::StatusCode::kCancelled) << gone;
   EXPECT_EQ(PositionOf(sessions, id), 2) << "neither step was computed";
 
-  const absl::Status on_time = AppendWith(sessions, id, [&](AppendParams& p) {
+  const absl::Status on_time = AppendWith(sessions, id, [&](StepParams& p) {
     p.deadline = clock.Now() + absl::Seconds(10);
     p.cancelled = [] { return false; };
   });
@@ -511,7 +510,7 @@ std::vector<std::vector<float>> PrivateSteps(
     std::vector<float> query = RandomVector(tokens * kE, seed), out(tokens * kE);
     EXPECT_TRUE(cache.Reserve(cache.length() + tokens).ok());
     EXPECT_TRUE(
-        version.loaded.engine->Append({query, {{&cache, tokens}}}, {absl::MakeSpan(out), {}}, *ws)
+        version.loaded.engine->Step({query, {{&cache, tokens}}}, {absl::MakeSpan(out), {}}, *ws)
             .ok());
     outputs.push_back(std::move(out));
   }

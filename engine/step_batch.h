@@ -1,7 +1,7 @@
 // What one incremental engine call computes on: new query tokens of several
 // sessions, each against its own key/value cache, and where results go.
-#ifndef MHA_ENGINE_APPEND_BATCH_H_
-#define MHA_ENGINE_APPEND_BATCH_H_
+#ifndef MHA_ENGINE_STEP_BATCH_H_
+#define MHA_ENGINE_STEP_BATCH_H_
 
 #include <cstdint>
 #include <vector>
@@ -16,7 +16,7 @@ namespace mha {
 // attends to every cached token and to the new ones up to itself. A cross
 // step attends to the cache (a projected memory), not causal, and appends
 // nothing.
-struct AppendStep {
+struct CacheStep {
   KvCache* cache = nullptr;  // borrowed for the call; one step per cache
   int64_t tokens = 0;        // >= 1
   bool cross = false;
@@ -24,24 +24,24 @@ struct AppendStep {
 
 // Steps back to back: step i's tokens are the next `tokens` rows of `query`
 // ([total tokens, embed_dim]). Borrowed for the call.
-struct AppendBatch {
+struct StepBatch {
   absl::Span<const float> query;
-  std::vector<AppendStep> steps;
+  std::vector<CacheStep> steps;
 };
 
 // Whether any step of `batch` appends (self-attention).
-inline bool AnySelfStep(const AppendBatch& batch) {
-  for (const AppendStep& step : batch.steps) {
+inline bool AnySelfStep(const StepBatch& batch) {
+  for (const CacheStep& step : batch.steps) {
     if (!step.cross) return true;
   }
   return false;
 }
 
-// Where MhaEngine::Append writes: `output` [total tokens, embed_dim];
+// Where MhaEngine::Step writes: `output` [total tokens, embed_dim];
 // `weights`, when not empty, per step [tokens, keys'] averaged over heads,
 // back to back, keys' = the keys after the step plus the bias_kv / zero_attn
 // positions (a self step's future positions get 0).
-struct AppendOutputs {
+struct StepOutputs {
   absl::Span<float> output;
   absl::Span<float> weights;
 };
@@ -49,7 +49,7 @@ struct AppendOutputs {
 // Where MhaEngine::Compute of Attend sequences and session steps writes:
 // `output` [batch query rows + step tokens, embed_dim], the batch's rows
 // first; `weights` and `per_head_weights` as AttentionOutputs' for the
-// batch; `step_weights` as AppendOutputs::weights for the steps.
+// batch; `step_weights` as StepOutputs::weights for the steps.
 struct MixedOutputs {
   absl::Span<float> output;
   absl::Span<float> weights;
@@ -59,4 +59,4 @@ struct MixedOutputs {
 
 }  // namespace mha
 
-#endif  // MHA_ENGINE_APPEND_BATCH_H_
+#endif  // MHA_ENGINE_STEP_BATCH_H_
