@@ -73,7 +73,7 @@ const char* Noun(const Task& task) {
     case Task::Kind::kStep:
       return "step";
     case Task::Kind::kProjection:
-      return "session memory";
+      return "encoder memory";
   }
   return "task";
 }

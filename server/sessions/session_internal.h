@@ -24,7 +24,7 @@ struct SessionManager::Session {
   int64_t max_tokens = 0;
   absl::Duration idle_timeout;
   absl::Time last_used;
-  bool busy = false;   // a step (or its memory's projection) started
+  bool busy = false;   // a step (or its encoder memory's projection) started
   int64_t queued = 0;  // steps waiting in its batcher
   // The cache's length as of the last finished step: what other threads
   // read (the batcher worker computing its step writes the cache's own
@@ -43,7 +43,7 @@ class SessionManager::StepCall final : public StepTask {
         session_(std::move(session)),
         params_(std::move(params)),
         done_(std::move(done)) {}
-  // Its memory and its session (whose blocks may go back to the pool) are
+  // Its memory reservation and its session (whose blocks may go back to the pool) are
   // let go before the manager hears it is gone.
   ~StepCall() override;
 
@@ -79,7 +79,7 @@ class SessionManager::StepCall final : public StepTask {
   int64_t position_after_ = 0;  // set by Begin
 };
 
-// A cross session's memory as its batcher carries it: owns the open's
+// A cross session's encoder memory as its batcher carries it: owns the open's
 // parameters, its answer callback and the session being opened (busy until
 // projected). Answered exactly once (Run or Fail). Not thread-safe.
 class SessionManager::EncoderProjection final : public ProjectionTask {

@@ -1,6 +1,6 @@
 // Sessions: key/value caches that outlive a request, their limits (a byte
 // budget, a session count, idle expiry, tokens per session) and eviction:
-// a registry and a KV-block allocator. Steps and memory projections are
+// a registry and a KV-block allocator. Steps and encoder-memory projections are
 // tasks of the model versions' batchers (the scheduler), which ask this
 // manager whether a step may start and for its blocks. No gRPC here: the
 // service decodes and encodes.
@@ -62,7 +62,7 @@ struct SessionInfo {
   absl::Duration idle;
 };
 
-// A decoded OpenSession. `memory` (a cross session's memory as the key of
+// A decoded OpenSession. `memory` (a cross session's encoder memory as the key of
 // an AttentionRequest with a one-token dummy query: the request's own
 // checks validate it) is absent for a self session.
 struct OpenParams {
@@ -73,10 +73,10 @@ struct OpenParams {
   int64_t max_tokens = 0;                              // 0: the default
 };
 
-// A decoded Append: the query as a one-sequence AttentionRequest, checked
-// against the dims of `decoded_for` (the version the session was open on
-// when the step was read; Append refuses the step if the session is no
-// longer on it).
+// A decoded step (the Append RPC's): the query as a one-row
+// AttentionRequest, checked against the dims of `decoded_for` (the version
+// the session was open on when the step was read; Step refuses it if the
+// session is no longer on it).
 struct StepParams {
   std::string id;
   AttentionRequest query;
@@ -108,7 +108,7 @@ struct SessionImport {
   bool cross = false;
   int64_t max_tokens = 0;
   absl::Duration idle_timeout, idle_left;
-  std::vector<float> key_padding;  // a cross memory's, additive; empty: none
+  std::vector<float> key_padding;  // an encoder memory's, additive; empty: none
   std::vector<std::string> blocks;
 };
 
@@ -122,7 +122,7 @@ struct StepResult {
 
 // Owns every session (its cache, and a reference to the model version it
 // was opened on, which stays alive with it), the block pool and an expiry
-// thread. Borrows the metrics. Steps and cross sessions' memory projections
+// thread. Borrows the metrics. Steps and cross sessions' encoder-memory projections
 // are tasks it gives the session's version's batcher, which admits them
 // (memory, deadline, cancellation) with the Attend requests, asks here
 // whether a step may start (its session free, its position and limits) and
@@ -138,7 +138,7 @@ class SessionManager {
   using OpenDone = std::function<void(absl::StatusOr<SessionInfo>)>;
   using StepDone = std::function<void(absl::StatusOr<StepResult>)>;
 
-  // A self session opens at once; a cross session's memory is projected on
+  // A self session opens at once; a cross session's encoder memory is projected on
   // a batcher worker first. ALREADY_EXISTS for an id in use, RESOURCE_EXHAUSTED
   // at --max_sessions or when the memory does not fit, UNAVAILABLE when
   // draining.
@@ -158,13 +158,13 @@ class SessionManager {
   // last finished step), on the same version, sharing its cache blocks
   // copy-on-write: it takes no cache bytes until one of them appends into
   // a shared, partly filled block (that one is copied) or beyond. Each then
-  // goes its own way. NOT_FOUND as Append says; FAILED_PRECONDITION while a
-  // cross session's memory is being projected; ALREADY_EXISTS,
+  // goes its own way. NOT_FOUND as Step says; FAILED_PRECONDITION while a
+  // cross session's encoder memory is being projected; ALREADY_EXISTS,
   // RESOURCE_EXHAUSTED (--max_sessions) and UNAVAILABLE as Open.
   absl::StatusOr<SessionInfo> Fork(const std::string& id, const std::string& new_id);
   // `id` as it is now (its last answered step), to send elsewhere.
-  // NOT_FOUND as Append says; FAILED_PRECONDITION while a cross session's
-  // memory is being projected.
+  // NOT_FOUND as Step says; FAILED_PRECONDITION while a cross session's
+  // encoder memory is being projected.
   absl::StatusOr<SessionSnapshot> Snapshot(const std::string& id);
   // Every open session's id (for a spill).
   std::vector<std::string> Ids() const;
@@ -181,7 +181,7 @@ class SessionManager {
   // stay until their last session lets go.
   absl::StatusOr<SessionInfo> Close(const std::string& id);
   // The model version `id` is open on (to decode its steps), or NOT_FOUND
-  // as Append says it.
+  // as Step says it.
   absl::StatusOr<VersionPtr> VersionOf(const std::string& id);
   // Every session (of `model` when not empty).
   std::vector<SessionInfo> List(const std::string& model) const;
@@ -273,7 +273,7 @@ class SessionManager {
   // Set by Stop once its wait is over: steps still queued are refused.
   bool refusing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t id_counter_ ABSL_GUARDED_BY(mu_) = 0;
-  // Steps and memory projections given to a batcher and not yet destroyed.
+  // Steps and encoder-memory projections given to a batcher and not yet destroyed.
   int64_t tasks_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread expiry_;
 };

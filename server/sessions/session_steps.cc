@@ -1,4 +1,4 @@
-// SessionManager's side of the tasks it gives the batchers: an Append
+// SessionManager's side of the tasks it gives the batchers: a step (Step)
 // becomes a StepCall, which the batcher admits and, as it forms a call,
 // starts here (BeginStep), gives blocks (AllocateStep) and answers
 // (FinishStep / FailStep); a cross session's memory becomes a
