@@ -20,7 +20,12 @@ struct AttentionDims {
   bool bias = true;
   bool add_bias_kv = false;
   bool add_zero_attn = false;
+  // The attention core (scores, softmax, weighted sums) and the
+  // activations between the products in bf16.
   bool bf16 = false;
+  // The four projections in int8 (W8A8: LinearPrecision::kInt8), whatever
+  // the core computes in (compute_dtype DATA_TYPE_INT8).
+  bool int8 = false;
   // Session caches in bf16 whatever the compute type (half the bytes of an
   // fp32 model's cache; keys and values rounded to bf16 as they are
   // written). A bf16 model's caches are bf16 anyway.

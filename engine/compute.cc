@@ -67,6 +67,7 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
                              StepRows& s) const {
   const int64_t e = dims_.embed_dim, qk = dims_.qk_width(), vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
+  const int64_t in_eb = in_dt_ == dt::bf16 ? 2 : 4;  // the rows projected
   const int64_t total = plan.sequence_rows + plan.step_rows;
   switch (plan.projection) {
     case CallPlan::kSequences:
@@ -89,15 +90,15 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
       // batch with cross steps only): one product, over the rows as given
       // when the steps' follow the batch's (RaggedBatch's rows_after), else
       // over a copy of both.
-      const bool adjacent = act_dt_ == dt::f32 &&
+      const bool adjacent = in_dt_ == dt::f32 &&
                             steps.query.data() == sequences.query.data() + sequences.query.size();
       const void* rows = sequences.query.data();
       if (!adjacent) {
-        auto* copy = ws.Get<uint8_t>(Workspace::kMixedQuery, total * e * eb);
+        auto* copy = ws.Get<uint8_t>(Workspace::kMixedQuery, total * e * in_eb);
         const int64_t q_elems = plan.sequence_rows * e, s_elems = plan.step_rows * e;
-        if (act_dt_ == dt::f32) {
+        if (in_dt_ == dt::f32) {
           std::memcpy(copy, sequences.query.data(), q_elems * sizeof(float));
-          std::memcpy(copy + q_elems * eb, steps.query.data(), s_elems * sizeof(float));
+          std::memcpy(copy + q_elems * in_eb, steps.query.data(), s_elems * sizeof(float));
         } else {
           auto* bf16 = reinterpret_cast<uint16_t*>(copy);
           ConvertToBf16(sequences.query.data(), bf16, q_elems);

@@ -15,6 +15,7 @@
 #include "engine/attention_batch.h"
 #include "engine/mha_engine.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/linear_layer.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/packed_weights.h"
 #include "engine/request_attention.h"
@@ -94,9 +95,10 @@ class EngineImpl {
   // The scratchpad slot's bytes for projecting `q_rows` query rows and
   // `kv_rows` cross key/value rows (0: self-attention or steps, whose keys
   // are their own rows), and the output product: the largest of the
-  // layers' and the allowance.
+  // layers' and the allowance; with int8 layers, their slots too.
   int64_t ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const;
-  // `x` in the compute type: itself in f32, else converted into `slot`.
+  // `x` as the in-projections read it (in_dt_): itself in f32, else
+  // converted into `slot`.
   const void* AsAct(absl::Span<const float> x, Workspace::Slot slot, Workspace& ws) const;
   TokenMajor ProjectTokens(const AttentionBatch& batch, Workspace& ws) const;
   // A cross-attention batch's keys and values into t.k and t.v.
@@ -104,7 +106,10 @@ class EngineImpl {
 
   AttentionDims dims_;
   dnnl::engine engine_;
-  onednn::dt act_dt_;                 // f32, or bf16 for bf16 compute
+  onednn::dt act_dt_;  // f32, or bf16 for bf16 compute
+  // What the q, k and v projections read: bf16 for bf16 compute with bf16
+  // products; f32 otherwise (an int8 layer quantizes the request's f32).
+  onednn::dt in_dt_;
   std::unique_ptr<LinearLayer> qkv_;  // self-attention: E -> q|k|v
   std::unique_ptr<LinearLayer> q_;    // cross-attention: E -> q
   std::unique_ptr<LinearLayer> kv_;   // key == value: kdim -> k|v

@@ -34,7 +34,17 @@ int64_t EngineImpl::ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const 
   const int64_t keys = kv_rows > 0 ? kv_rows : q_rows;
   for (const auto* layer : {&qkv_, &q_, &out_}) need(*layer, q_rows);
   for (const auto* layer : {&kv_, &k_, &v_}) need(*layer, keys);
-  return bytes;
+  // Int8 layers' chunk of u8 rows, scales and s32 sums (a slot each).
+  int64_t rows = 0, scales = 0, sums = 0;
+  auto need_int8 = [&](const std::unique_ptr<LinearLayer>& layer, int64_t m) {
+    if (layer == nullptr || !layer->int8()) return;
+    rows = std::max(rows, Grown(layer->Int8RowsBytes(m)));
+    scales = std::max(scales, Grown(layer->Int8ScalesBytes(m)));
+    sums = std::max(sums, Grown(layer->Int8SumsBytes(m)));
+  };
+  for (const auto* layer : {&qkv_, &q_, &out_}) need_int8(*layer, q_rows);
+  for (const auto* layer : {&kv_, &k_, &v_}) need_int8(*layer, keys);
+  return bytes + rows + scales + sums;
 }
 
 int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
@@ -48,7 +58,7 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t keys = (shape.self_attention ? shape.q_len : shape.kv_len) + dims_.extra_keys();
   const int64_t total_keys = n * keys;
   int64_t bytes = ProjectionScratchpad(total_q, shape.self_attention ? 0 : total_kv);
-  if (dims_.bf16) {  // activations converted to bf16
+  if (in_dt_ == onednn::dt::bf16) {  // activations converted to bf16
     bytes += Grown(total_q * e * 2);
     if (!shape.self_attention) {
       bytes += Grown(total_kv * dims_.kdim * 2);
@@ -94,7 +104,7 @@ int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_wei
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width();
   int64_t bytes = ProjectionScratchpad(tokens, 0);
   // The query made bf16, and its copy beside Attend rows in a mixed call.
-  bytes += 2 * Grown(tokens * e * eb);
+  bytes += 2 * Grown(tokens * e * (in_dt_ == onednn::dt::bf16 ? 2 : 4));
   // q|k|v projected (cross steps too when another step is self), context.
   bytes += Grown(tokens * (2 * qk + vw) * eb) + Grown(tokens * vw * eb);
   if (need_weights) bytes += Grown(h * tokens * keys * 4);  // per head, then averaged

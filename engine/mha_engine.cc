@@ -67,12 +67,17 @@ absl::Status CheckWeightSizes(const AttentionDims& d, const PackedWeights& w) {
 
 EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
                        const EngineOptions& options)
-    : dims_(dims), engine_(onednn::CpuEngine()), act_dt_(dims.bf16 ? dt::bf16 : dt::f32) {
+    : dims_(dims),
+      engine_(onednn::CpuEngine()),
+      act_dt_(dims.bf16 ? dt::bf16 : dt::f32),
+      in_dt_(dims.int8 ? dt::f32 : act_dt_) {
   const int64_t e = dims.embed_dim, qk = dims.qk_width(), v = dims.v_width();
+  const LinearPrecision precision =
+      dims.int8 ? LinearPrecision::kInt8 : LinearPrecision::kActivations;
   if (dims.kdim == e && dims.vdim == e) {
     qkv_ = std::make_unique<LinearLayer>(engine_, Stack({&w.w_q, &w.w_k, &w.w_v}),
-                                         Stack({&w.b_q, &w.b_k, &w.b_v}), 2 * qk + v, e, act_dt_,
-                                         act_dt_);
+                                         Stack({&w.b_q, &w.b_k, &w.b_v}), 2 * qk + v, e, in_dt_,
+                                         act_dt_, precision);
   }
   // The q, k/v, k and v layers of cross calls are column ranges of the
   // stacked layer: they read its packed weights in place where this
@@ -84,8 +89,8 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
     std::unique_ptr<LinearLayer> part;
     if (fused != nullptr) part = LinearLayer::ColumnsOf(*fused, first, count);
     if (part == nullptr) {
-      part = std::make_unique<LinearLayer>(engine_, Stack(weights), Stack(biases), count, k,
-                                           act_dt_, act_dt_);
+      part = std::make_unique<LinearLayer>(engine_, Stack(weights), Stack(biases), count, k, in_dt_,
+                                           act_dt_, precision);
     }
     return part;
   };
@@ -97,7 +102,7 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
   const int64_t k0 = qkv_ != nullptr ? qk : 0;
   k_ = columns_or_own(kv, k0, qk, dims.kdim, {&w.w_k}, {&w.b_k});
   v_ = columns_or_own(kv, k0 + qk, v, dims.vdim, {&w.w_v}, {&w.b_v});
-  out_ = std::make_unique<LinearLayer>(engine_, w.w_o, w.b_o, e, v, act_dt_, dt::f32);
+  out_ = std::make_unique<LinearLayer>(engine_, w.w_o, w.b_o, e, v, act_dt_, dt::f32, precision);
   std::vector<uint8_t> bias_k, bias_v;  // one row each in the compute type
   if (dims.add_bias_kv) {
     bias_k = RowInType(w.bias_k, act_dt_);
@@ -121,6 +126,11 @@ absl::StatusOr<std::unique_ptr<MhaEngine>> MhaEngine::Create(const AttentionDims
   // same answers, more precise (the caller can tell from dims().bf16).
   AttentionDims computed = dims;
   if (computed.bf16 && !CpuCanComputeBf16()) computed.bf16 = false;
+  // An int8 model's core is bf16 only where bf16 is native (emulated, it is
+  // slower than fp32); its projections int8 only where int8 dot products
+  // are (dims().int8 tells).
+  if (computed.int8 && !CpuHasNativeBf16()) computed.bf16 = false;
+  if (computed.int8 && !CpuHasInt8Dot()) computed.int8 = false;
   try {
     return std::unique_ptr<MhaEngine>(
         new MhaEngine(std::make_unique<const EngineImpl>(computed, weights, options)));
@@ -202,7 +212,7 @@ absl::Status EngineErrorStatus(std::exception_ptr error) {
 
 const void* EngineImpl::AsAct(absl::Span<const float> x, Workspace::Slot slot,
                               Workspace& ws) const {
-  if (act_dt_ == dt::f32) return x.data();
+  if (in_dt_ == dt::f32) return x.data();
   auto* converted = ws.Get<uint16_t>(slot, x.size());
   ConvertToBf16(x.data(), converted, static_cast<int64_t>(x.size()));
   return converted;

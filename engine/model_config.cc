@@ -92,10 +92,16 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
     case v1::DATA_TYPE_BF16:
       d.bf16 = true;
       break;
+    case v1::DATA_TYPE_INT8:
+      // The projections in int8; the core in bf16 unless the caches are
+      // asked for in fp32 (and where the CPU has bf16: MhaEngine::Create).
+      d.int8 = true;
+      d.bf16 = config.kv_cache_dtype() != v1::DATA_TYPE_FP32;
+      break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("config: compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
-                       v1::DataType_Name(config.compute_dtype())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: compute_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8, got ",
+          v1::DataType_Name(config.compute_dtype())));
   }
   switch (config.kv_cache_dtype()) {
     case v1::DATA_TYPE_UNSPECIFIED:

@@ -36,6 +36,12 @@ bool CpuHasNativeBf16();
 // no bf16 matmul can be created, and MhaEngine computes such models in fp32.
 bool CpuCanComputeBf16();
 
+// Whether oneDNN finds int8 dot-product instructions here (AVX512-VNNI,
+// AVX-VNNI or AMX-INT8). Without them an int8 product sums pairs in 16
+// bits, which a u8 x s8 pair can overflow: MhaEngine computes int8 models'
+// projections in the core's type there.
+bool CpuHasInt8Dot();
+
 }  // namespace mha
 
 #endif  // MHA_ENGINE_THREADS_H_

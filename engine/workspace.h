@@ -55,12 +55,15 @@ class Workspace {
     kKeyPadF32,
     kKvOffsets,  // key offsets with the appended positions, int64
     kOnednnScratchpad,
-    kTileAcc,      // key-tiled attention: f32 accumulator [rows, dv],
-    kTileProduct,  // one tile's probs . v [rows, dv],
-    kTileStats,    // and running max, sum, rescale per row
-    kMixedQuery,   // a mixed call's query rows and session steps' rows together
-    kStepProj,     // session steps' q|k|v when not projected with the batch
-    kStepContext,  // session steps' context, token-major [tokens, h*dv]
+    kTileAcc,        // key-tiled attention: f32 accumulator [rows, dv],
+    kTileProduct,    // one tile's probs . v [rows, dv],
+    kTileStats,      // and running max, sum, rescale per row
+    kMixedQuery,     // a mixed call's query rows and session steps' rows together
+    kStepProj,       // session steps' q|k|v when not projected with the batch
+    kStepContext,    // session steps' context, token-major [tokens, h*dv]
+    kInt8Rows,       // an int8 projection's rows in u8 (one chunk),
+    kInt8RowScales,  // their scales,
+    kInt8Sums,       // and the product's s32 sums
     kNumSlots
   };
 

@@ -136,7 +136,40 @@ MHA_AVX512_BF16 void ScaleToBf16Of(const float* in, float scale, uint16_t* out, 
   }
 }
 
+// DequantizeRowAvx512's loop, the output f32 or bf16 (kBf16, kNative: by
+// AVX512-BF16's conversion).
+template <bool kBf16, bool kNative>
+MHA_AVX512_BF16 void DequantizeRowOf(const int32_t* sums, int64_t n, float row_scale,
+                                     const float* col_scales, const int32_t* offset_share,
+                                     const float* bias, void* out) {
+  const __m512 rs = _mm512_set1_ps(row_scale);
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 lanes = TailLanes(n - c);
+    const __m512i s = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(lanes, sums + c),
+                                       _mm512_maskz_loadu_epi32(lanes, offset_share + c));
+    const __m512 scale = _mm512_mul_ps(rs, _mm512_maskz_loadu_ps(lanes, col_scales + c));
+    const __m512 y =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, _mm512_maskz_loadu_ps(lanes, bias + c));
+    if constexpr (kBf16) {
+      StoreBf16<kNative>(static_cast<uint16_t*>(out) + c, lanes, y);
+    } else {
+      _mm512_mask_storeu_ps(static_cast<float*>(out) + c, lanes, y);
+    }
+  }
+}
+
 }  // namespace
+
+void DequantizeRowAvx512(const int32_t* sums, int64_t n, float row_scale, const float* col_scales,
+                         const int32_t* offset_share, const float* bias, bool bf16, void* out) {
+  if (!bf16) {
+    return DequantizeRowOf<false, false>(sums, n, row_scale, col_scales, offset_share, bias, out);
+  }
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) {
+    return DequantizeRowOf<true, true>(sums, n, row_scale, col_scales, offset_share, bias, out);
+  }
+  DequantizeRowOf<true, false>(sums, n, row_scale, col_scales, offset_share, bias, out);
+}
 
 KernelIsa ActiveKernelIsa() {
   static const KernelIsa detected = DetectIsa();

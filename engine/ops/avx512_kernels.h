@@ -53,6 +53,12 @@ float ExpSumAccurateAvx2(float* row, int64_t cols, float max);
 // (with kAvx512Bf16, denormal results become 0).
 void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t count);
 
+// One row of DequantizeRows (kernels.h): out[c] = (sums[c] -
+// offset_share[c]) * row_scale * col_scales[c] + bias[c] for c < n, as f32
+// or, when `bf16`, bf16 (rounded as ScaleToBf16Avx512).
+void DequantizeRowAvx512(const int32_t* sums, int64_t n, float row_scale, const float* col_scales,
+                         const int32_t* offset_share, const float* bias, bool bf16, void* out);
+
 // BlockScoresBf16 (kernels.h) with AVX512-BF16's pair dot product
 // (engine/ops/bf16_dot_kernels.cc): the same sums to f32 rounding
 // (denormal keys and query elements count as 0). Only when

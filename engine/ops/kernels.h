@@ -2,7 +2,8 @@
 // softmax and LayerNorm with residual (softmax_kernels.cc), bf16 rows and the
 // heads' layout (layout_kernels.cc), the small path's scores and context
 // (small_block_kernels.cc), the session steps' block loops
-// (block_kernels.cc, int8_kernels.cc). Plain functions on raw buffers;
+// (block_kernels.cc, int8_kernels.cc), the int8 projections' conversions
+// (int8_projection_kernels.cc). Plain functions on raw buffers;
 // vectorised for the machine at run time (AVX-512/AVX2/base).
 #ifndef MHA_ENGINE_OPS_KERNELS_H_
 #define MHA_ENGINE_OPS_KERNELS_H_
@@ -156,6 +157,24 @@ void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, in
 // then odd ones (32 + 32); this puts them back in order, once, after the
 // last block.
 void MergeSplitContext(float* acc, int64_t dv);
+
+// Int8 projections (LinearLayer's kInt8, engine/ops/int8_projection_kernels.cc).
+// Rows [rows, k] of f32, or bf16 when `bf16`, to u8: out[r, c] =
+// round(x[r, c] / scales[r]) + 128 (to nearest even), scales[r] = max
+// |x[r, :]| / 127. An all-zero row gets scale 0 (its values 128), a row
+// holding inf or NaN scale NaN (so its outputs are NaN, as the input was).
+void QuantizeRowsU8(const void* x, bool bf16, int64_t rows, int64_t k, uint8_t* out, float* scales);
+// The int8 product's s32 sums [rows, n] back to real numbers: y[r, c] =
+// (sums[r, c] - offset_share[c]) * row_scales[r] * col_scales[c] + bias[c],
+// as f32 or, when `bf16`, bf16. `sums` is overwritten (used as scratch).
+struct Int8Dequantization {
+  const float* row_scales = nullptr;      // [rows]
+  const float* col_scales = nullptr;      // [n]
+  const int32_t* offset_share = nullptr;  // [n]
+  const float* bias = nullptr;            // [n]
+};
+void DequantizeRows(int32_t* sums, int64_t rows, int64_t n, const Int8Dequantization& d, bool bf16,
+                    void* y);
 
 // weights[r, c] (+)= sum over `heads` of probs[h, r, c] / total_heads:
 // the mean over all heads when they come in several chunks (`first`

@@ -80,6 +80,10 @@ MatmulSpec AttentionScoresSpec(onednn::dt dt, int64_t batch, int64_t rows, int64
 MatmulSpec AttentionContextSpec(onednn::dt dt, onednn::dt out_dt, int64_t batch, int64_t rows,
                                 int64_t keys, int64_t dv);
 
+// A plain memory descriptor of `ndims` dims with explicit strides.
+dnnl::memory::desc PlainDesc(int ndims, const MatmulSpec::Dims& dims,
+                             const MatmulSpec::Dims& strides, onednn::dt type);
+
 // Attributes every engine primitive uses: user scratchpad (so concurrent
 // calls never share one), and an optional output scale.
 dnnl::primitive_attr MakeAttr(float scale);
@@ -203,70 +207,6 @@ class MatmulCache final {
   dnnl::engine engine_;
   BudgetedPrimitives<std::pair<MatmulSpec, int>> primitives_;  // by (spec, PrimitiveThreads())
   std::atomic<uint64_t> misses_{0};
-};
-
-// y[m, N] = x[m, K] W^T + b for any m. Owns W (reordered once into the
-// format oneDNN picks for this machine) and b, or shares them with the layer
-// it is a column range of, and one primitive per m and thread count seen (the
-// most recently used 1024, within the process-wide PrimitiveBudget). Immutable after
-// construction apart from that cache; thread-safe.
-class LinearLayer final {
- public:
-  // `weight` is [n, k] row-major (nn.Linear), `bias` [n]. Activations are
-  // `act_dt` (f32 or bf16); the output is `dst_dt`.
-  LinearLayer(const dnnl::engine& engine, const std::vector<float>& weight,
-              const std::vector<float>& bias, int64_t n, int64_t k, onednn::dt act_dt,
-              onednn::dt dst_dt);
-
-  // Output columns [first, first + count) of `fused` (e.g. q of a stacked
-  // q/k/v layer) reading fused's packed weights in place: no copy. Null when
-  // this machine's packed format cannot be cut there (the column blocks do
-  // not start at `first`, or a layer of `count` columns would be laid out
-  // otherwise); the caller then packs the columns itself. `fused` must
-  // outlive the result.
-  static std::unique_ptr<LinearLayer> ColumnsOf(const LinearLayer& fused, int64_t first,
-                                                int64_t count);
-
-  void Run(Workspace& ws, const void* x, int64_t m, void* y) const;
-  // What its own packed weights and bias hold (0 for a column range of
-  // another layer).
-  int64_t bytes() const {
-    if (!owns_weights_) return 0;
-    return static_cast<int64_t>(weights_.get_desc().get_size() + bias_.get_desc().get_size());
-  }
-  bool shares_weights() const { return !owns_weights_; }
-  // The scratchpad oneDNN needs to Run `m` rows (at most), on this
-  // machine, at the thread count the layer was made with (the most a call
-  // gets). It grows with the rows on some machines: a bf16 GEMM without
-  // avx512_bf16 (gemm:jit) keeps an f32 copy of a chunk's output per
-  // thread. A line fitted at construction from two primitive descriptors.
-  int64_t ScratchpadBytes(int64_t m) const;
-  // Primitives created since construction (per number of rows and threads).
-  uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
-
- private:
-  LinearLayer(const dnnl::engine& engine, int64_t n, int64_t k, onednn::dt act_dt,
-              onednn::dt dst_dt);
-  dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;
-  std::shared_ptr<const MatmulPrimitive> PrimitiveFor(int64_t m) const;
-  // Sets ScratchpadBytes' line once weights_desc_ is final.
-  void FitScratchpad();
-
-  static constexpr size_t kMaxEntries = 1024;
-  dnnl::engine engine_;
-  int64_t n_, k_;
-  onednn::dt act_dt_, dst_dt_;
-  // Own buffers, or the fused layer's (kept alive by these handles).
-  dnnl::memory weights_;
-  dnnl::memory bias_;
-  bool owns_weights_ = true;
-  dnnl::memory::desc weights_desc_;  // this layer's [k, n] in its packed format
-  const uint8_t* weights_data_ = nullptr;
-  const uint8_t* bias_data_ = nullptr;
-  mutable BudgetedPrimitives<std::pair<int64_t, int>> by_m_{kMaxEntries};  // by (m, threads)
-  mutable std::atomic<uint64_t> misses_{0};
-  // ScratchpadBytes' line: bytes at 0 rows and per row (FitScratchpad).
-  int64_t scratchpad_base_ = 0, scratchpad_per_row_ = 0;
 };
 
 }  // namespace mha

@@ -64,7 +64,9 @@ void SetParameters(const ModelVersion& version, inference::ModelConfig* out) {
   set("add_bias_kv", flag(d.add_bias_kv));
   set("add_zero_attn", flag(d.add_zero_attn));
   set("post_norm", flag(d.post_norm));
-  set("compute_dtype", d.bf16 ? "BF16" : "FP32");  // what it computes in on this CPU
+  // What it computes in on this CPU (INT8: the projections; the core's type
+  // is kv_cache_dtype's unless that was asked for apart).
+  set("compute_dtype", d.int8 ? "INT8" : d.bf16 ? "BF16" : "FP32");
   set("kv_cache_dtype", CacheDtypeName(version.loaded.engine->kv_layout()));
   set("weight_layout", WeightLayoutName(version.loaded.layout));
   set("parameter_count", version.loaded.parameter_count);

@@ -20,6 +20,34 @@ namespace {
 
 void Log(const std::string& text) { std::fprintf(stderr, "mha_server: %s\n", text.c_str()); }
 
+// Tells the log when a model computes in another type than its config asks
+// for (this CPU lacks the instructions).
+void WarnOfComputeType(const std::string& name, const AttentionDims& asked,
+                       const AttentionDims& computed) {
+  if (asked.int8) {
+    if (!computed.int8) {
+      Log(absl::StrCat("warning: model '", name,
+                       "' asks for int8 compute, but this CPU has no int8 dot products (VNNI or "
+                       "AMX-INT8): its projections compute in ",
+                       computed.bf16 ? "bf16" : "fp32"));
+    } else if (asked.bf16 && !computed.bf16) {
+      Log(absl::StrCat("note: model '", name,
+                       "' computes its projections in int8 and its attention in fp32 (this CPU "
+                       "has no bf16 instructions)"));
+    }
+    return;
+  }
+  if (asked.bf16 && !computed.bf16) {
+    Log(absl::StrCat("warning: model '", name,
+                     "' asks for bf16 compute, but oneDNN has no bf16 "
+                     "kernels on this CPU (they need AVX-512): it computes in fp32"));
+  } else if (asked.bf16 && !CpuHasNativeBf16()) {
+    Log(absl::StrCat("warning: model '", name,
+                     "' computes in bf16, but this CPU has no bf16 "
+                     "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32"));
+  }
+}
+
 std::string VersionList(const std::map<int64_t, VersionPtr>& ready) {
   std::vector<int64_t> versions;
   for (const auto& [v, ptr] : ready) versions.push_back(v);
@@ -124,15 +152,7 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
   batcher_options.statistics = version->statistics.get();
   version->batcher =
       std::make_unique<Batcher>(name, *version->loaded.engine, batcher_options, *version->metrics);
-  if (version->loaded.dims.bf16 && !version->loaded.engine->dims().bf16) {
-    Log(absl::StrCat("warning: model '", name,
-                     "' asks for bf16 compute, but oneDNN has no bf16 "
-                     "kernels on this CPU (they need AVX-512): it computes in fp32"));
-  } else if (version->loaded.dims.bf16 && !CpuHasNativeBf16()) {
-    Log(absl::StrCat("warning: model '", name,
-                     "' computes in bf16, but this CPU has no bf16 "
-                     "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32"));
-  }
+  WarnOfComputeType(name, version->loaded.dims, version->loaded.engine->dims());
   return VersionPtr(std::move(version));
 }
 

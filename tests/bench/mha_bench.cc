@@ -1,5 +1,5 @@
 // mha_bench: median time and GFLOP/s of the engine on the standard shapes
-// (fp32 and bf16), each beside the rate of a plain oneDNN matmul (n = 1024)
+// (fp32, bf16 and int8 projections), each beside the rate of a plain oneDNN matmul (n = 1024)
 // measured right before it, round after round: the machine's ceiling at that
 // moment (these machines are shared and noisy). One JSON object per line
 // with --json.
@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/mha_engine.h"
+#include "engine/ops/linear_layer.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/threads.h"
 #include "tests/bench/decode_bench.h"
@@ -26,7 +28,9 @@
 ABSL_FLAG(int, min_reps, 10, "minimum timed repetitions per measurement");
 ABSL_FLAG(double, min_seconds, 0.3, "minimum timed seconds per measurement");
 ABSL_FLAG(int, rounds, 3, "measurements per shape, each right after one of the matmul ceiling");
-ABSL_FLAG(std::string, dtypes, "f32,bf16", "compute types to run");
+ABSL_FLAG(std::string, dtypes, "f32,bf16",
+          "compute types to run: f32, bf16, int8 (int8 projections, the core in bf16 where "
+          "native)");
 ABSL_FLAG(std::string, shapes, "", "only shapes whose name contains this");
 ABSL_FLAG(bool, json, false, "one JSON object per line");
 ABSL_FLAG(std::string, seq_lengths, "",
@@ -160,30 +164,57 @@ void Report(const std::string& what, const std::string& dtype, double seconds, d
   std::fflush(stdout);
 }
 
+// The compute types the bench runs: "f32", "bf16" and "int8" (int8
+// projections, the core in bf16 where native).
+struct BenchType {
+  std::string name;
+  bool bf16 = false, int8 = false;
+};
+
+AttentionDims DimsFor(int64_t e, int64_t heads, const BenchType& type) {
+  AttentionDims d = testing::MakeDims(e, heads);
+  d.bf16 = type.bf16 || type.int8;  // as ResolveDims sets an INT8 model's
+  d.int8 = type.int8;
+  return d;
+}
+
 // A plain oneDNN matmul n x n x n with weights reordered once: the rate
-// this machine reaches on an easy, large product right now.
+// this machine reaches on an easy, large product of the type right now
+// (int8: u8 x s8 -> s32, the product an int8 projection runs).
 class MatmulCeiling {
  public:
-  explicit MatmulCeiling(bool bf16)
-      : engine_(dnnl::engine::kind::cpu, 0),
-        layer_(engine_, testing::RandomVector(kN * kN, 4), std::vector<float>(kN, 0.0f), kN, kN,
-               bf16 ? dt::bf16 : dt::f32, dt::f32),
-        x_(kN * kN * (bf16 ? 2 : 4), 0),
-        y_(kN * kN),
-        ws_(engine_) {}
+  explicit MatmulCeiling(const BenchType& type) : engine_(dnnl::engine::kind::cpu, 0) {
+    using tag = dnnl::memory::format_tag;
+    const dt src = type.int8 ? dt::u8 : type.bf16 ? dt::bf16 : dt::f32;
+    const dt wei = type.int8 ? dt::s8 : src;
+    const dt dst = type.int8 ? dt::s32 : dt::f32;
+    const dnnl::memory::desc src_md({kN, kN}, src, tag::ab), dst_md({kN, kN}, dst, tag::ab);
+    const dnnl::memory::desc any({kN, kN}, wei, tag::any);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, any, dst_md), engine_);
+    matmul_ = dnnl::matmul(pd);
+    src_ = dnnl::memory(src_md, engine_);
+    weights_ = dnnl::memory(pd.weights_desc(), engine_);
+    dst_ = dnnl::memory(dst_md, engine_);
+    std::memset(src_.get_data_handle(), 1, src_md.get_size());
+    std::memset(weights_.get_data_handle(), 1, pd.weights_desc().get_size());
+  }
 
   double MeasureGflops() {
-    return 2.0 * kN * kN * kN / MedianSeconds([&] { layer_.Run(ws_, x_.data(), kN, y_.data()); }) *
+    dnnl::stream stream(engine_);
+    return 2.0 * kN * kN * kN / MedianSeconds([&] {
+             matmul_.execute(
+                 stream,
+                 {{DNNL_ARG_SRC, src_}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst_}});
+             stream.wait();
+           }) *
            1e-9;
   }
 
  private:
   static constexpr int64_t kN = 1024;
   dnnl::engine engine_;
-  LinearLayer layer_;
-  std::vector<uint8_t> x_;
-  std::vector<float> y_;
-  Workspace ws_;
+  dnnl::matmul matmul_;
+  dnnl::memory src_, weights_, dst_;
 };
 
 EngineOptions OptionsFromFlags() {
@@ -201,9 +232,8 @@ EngineOptions OptionsFromFlags() {
 // mean per-call time of each length's first call (creating any primitive
 // it needs) and of a second pass (everything cached). Self-attention, then
 // cross-attention with key lengths walking another way.
-void BenchOverhead(bool bf16) {
-  AttentionDims d = testing::MakeDims(256, 4);
-  d.bf16 = bf16;
+void BenchOverhead(const BenchType& type) {
+  const AttentionDims d = DimsFor(256, 4, type);
   auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), OptionsFromFlags());
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
@@ -247,22 +277,20 @@ void BenchOverhead(bool bf16) {
           "{\"name\": \"%s\", \"dtype\": \"%s\", \"cold_us\": %.1f, \"warm_us\": %.1f, "
           "\"warm_allocations_ours\": %.1f, \"warm_allocations_onednn\": %.1f, "
           "\"warm_executes\": %.1f}\n",
-          what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, ours, onednn,
-          executes);
+          what, type.name.c_str(), pass_us[0] / calls, pass_us[1] / calls, ours, onednn, executes);
     } else {
       std::printf(
           "%-28s %-5s first call %8.1f us, warm %8.1f us; per warm call: %.1f allocations "
           "of ours, %.1f inside %.1f oneDNN executes (mean of %d lengths)\n",
-          what, bf16 ? "bf16" : "f32", pass_us[0] / calls, pass_us[1] / calls, ours, onednn,
-          executes, calls);
+          what, type.name.c_str(), pass_us[0] / calls, pass_us[1] / calls, ours, onednn, executes,
+          calls);
     }
   }
 }
 
-void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
+void BenchShape(const Shape& s, const BenchType& type, MatmulCeiling& ceiling) {
   const EngineOptions options = OptionsFromFlags();
-  AttentionDims d = testing::MakeDims(s.embed_dim, s.heads);
-  d.bf16 = bf16;
+  const AttentionDims d = DimsFor(s.embed_dim, s.heads, type);
   auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), options);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
@@ -297,8 +325,7 @@ void BenchShape(const Shape& s, bool bf16, MatmulCeiling& ceiling) {
       if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
     }));
   }
-  Report(s.name, bf16 ? "bf16" : "f32", Median(seconds), Flops(s), Median(ceilings),
-         ws->bytes_held());
+  Report(s.name, type.name, Median(seconds), Flops(s), Median(ceilings), ws->bytes_held());
 }
 
 }  // namespace
@@ -324,23 +351,33 @@ int main(int argc, char** argv) {
     }
   }
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
-    const bool bf16 = dtype == "bf16";
-    if (bf16 && !mha::CpuCanComputeBf16()) {
+    const mha::BenchType type{std::string(dtype), dtype == "bf16", dtype == "int8"};
+    if (dtype != "f32" && !type.bf16 && !type.int8) {
+      std::fprintf(stderr, "--dtypes: '%s' is not one of f32, bf16, int8\n", type.name.c_str());
+      return 2;
+    }
+    if (type.bf16 && !mha::CpuCanComputeBf16()) {
       std::fprintf(stderr,
                    "mha_bench: no bf16 on this CPU (oneDNN's bf16 kernels need "
                    "AVX-512): bf16 skipped\n");
       continue;
     }
-    if (absl::GetFlag(FLAGS_overhead)) {
-      mha::BenchOverhead(bf16);
+    if (type.int8 && !mha::CpuHasInt8Dot()) {
+      std::fprintf(stderr,
+                   "mha_bench: no int8 dot products on this CPU (VNNI or AMX-INT8): int8 "
+                   "skipped\n");
       continue;
     }
-    mha::MatmulCeiling ceiling(bf16);
+    if (absl::GetFlag(FLAGS_overhead)) {
+      mha::BenchOverhead(type);
+      continue;
+    }
+    mha::MatmulCeiling ceiling(type);
     for (const mha::Shape& s : shapes) {
       if (s.name.find(filter) == std::string::npos) continue;
       mha::Shape shape = s;
       if (shape.ragged) shape.batch = absl::GetFlag(FLAGS_ragged_batch);
-      mha::BenchShape(shape, bf16, ceiling);
+      mha::BenchShape(shape, type, ceiling);
     }
   }
   return 0;

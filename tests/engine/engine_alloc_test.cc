@@ -51,15 +51,16 @@ std::unique_ptr<MhaEngine> Engine(const AttentionDims& d, int64_t runtime_dims_m
 // threads' child workspaces (700): in each, once the shape has been seen,
 // a call allocates nothing outside oneDNN.
 TEST(EngineAllocationTest, WarmRunAllocatesNothingOutsideOneDnn) {
-  for (const bool bf16 : {false, true}) {
+  for (const int type : {0, 1, 2}) {  // f32, bf16, int8 projections
     for (const bool cross : {false, true}) {
       AttentionDims d = MakeDims(64, 2);
-      d.bf16 = bf16;
+      d.bf16 = type >= 1;
+      d.int8 = type == 2;
       const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
       std::unique_ptr<Workspace> ws = engine->NewWorkspace();
       for (const int64_t len : {16, 100, 300, 700}) {
         SCOPED_TRACE(::testing::Message()
-                     << "bf16 " << bf16 << " cross " << cross << " len " << len);
+                     << "type " << type << " cross " << cross << " len " << len);
         Request r(d, len, cross ? len + 7 : 0, 5);
         RunCounted(*engine, r, *ws);  // warm-up: primitives and buffers
         const AllocationCounts warm = RunCounted(*engine, r, *ws);
@@ -100,18 +101,20 @@ TEST(EngineAllocationTest, WarmWorkspaceFollowsNewBuffers) {
 // MhaEngine::ScratchBytes, what admission control charges from the shape
 // alone, bounds what a fresh workspace holds after the run, and is not
 // wildly above it: every path (plain loops, per-shape primitives, blocks of
-// rows, key-tiled), self and cross, f32 and bf16, with weights and masks.
+// rows, key-tiled), self and cross, f32, bf16 and int8 projections, with
+// weights and masks.
 TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
   SetComputeThreads(2);
-  for (const bool bf16 : {false, true}) {
+  for (const int type : {0, 1, 2}) {  // f32, bf16, int8 projections
     for (const bool cross : {false, true}) {
       AttentionDims d = MakeDims(64, 2);
-      d.bf16 = bf16;
+      d.bf16 = type >= 1;
+      d.int8 = type == 2;
       d.add_bias_kv = cross;
       const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
       for (const int64_t len : {16, 300, 700, 3000}) {
         for (const bool weights : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " cross " << cross << " len "
+          SCOPED_TRACE(::testing::Message() << "type " << type << " cross " << cross << " len "
                                             << len << " weights " << weights);
           const int64_t n = 3, kv_len = cross ? len / 2 + 5 : len;
           const std::vector<float> query = RandomVector(n * len * d.embed_dim, 1);
@@ -160,9 +163,10 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
 // cache is filled once per position; each case steps a fork of it.
 TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
   SetComputeThreads(2);
-  for (const bool bf16 : {false, true}) {
+  for (const int type : {0, 1, 2}) {  // f32, bf16, int8 projections
     AttentionDims d = MakeDims(64, 2);
-    d.bf16 = bf16;
+    d.bf16 = type >= 1;
+    d.int8 = type == 2;
     d.add_bias_kv = true;  // one extra key
     const std::unique_ptr<MhaEngine> engine = Engine(d, /*default*/ -1);
     for (const int64_t position : {0, 100, 3000}) {
@@ -180,7 +184,7 @@ TEST(EngineAllocationTest, StepScratchBytesBoundsWhatStepHolds) {
       }
       for (const int64_t tokens : {1, 16, 300}) {
         for (const bool weights : {false, true}) {
-          SCOPED_TRACE(::testing::Message() << "bf16 " << bf16 << " position " << position
+          SCOPED_TRACE(::testing::Message() << "type " << type << " position " << position
                                             << " tokens " << tokens << " weights " << weights);
           const std::unique_ptr<KvCache> cache = filled.Fork(position);
           ASSERT_EQ(cache->length(), position);

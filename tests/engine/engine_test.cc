@@ -40,6 +40,27 @@ TEST_P(EngineCaseTest, Bf16ComputeStaysWithinBf16Tolerance) {
   ExpectMatchesReference(c, w, b, RunEngine(*engine, c, b), engine->dims().bf16 ? 3e-2f : 1e-5f);
 }
 
+// Int8 projections (compute_dtype INT8: the core in bf16 where native, as
+// ResolveDims and MhaEngine::Create decide) on every option: within 2e-2
+// of the fp32 reference (outputs are O(1); the parity battery holds the
+// same against PyTorch), and not equal to it (int8 really computed).
+TEST_P(EngineCaseTest, Int8ProjectionsStayWithinInt8Tolerance) {
+  Case c = GetParam();
+  c.dims.int8 = c.dims.bf16 = true;
+  const PackedWeights w = RandomWeights(c.dims, 7);
+  const std::unique_ptr<MhaEngine> engine = MakeEngine(c.dims, w);
+  EXPECT_EQ(engine->dims().int8, CpuHasInt8Dot());
+  EXPECT_EQ(engine->dims().bf16, CpuHasNativeBf16());
+  const Built b = Build(c, 100);
+  const RunResult got = RunEngine(*engine, c, b);
+  ExpectMatchesReference(c, w, b, got, engine->dims().int8 || engine->dims().bf16 ? 2e-2f : 1e-5f);
+  if (engine->dims().int8) {
+    c.dims.int8 = c.dims.bf16 = false;
+    const RunResult fp32 = RunEngine(*MakeEngine(c.dims, w), c, b);
+    EXPECT_GT(MaxAbsDiff(got.output.data(), fp32.output.data(), got.output.size()), 1e-5f);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Options, EngineCaseTest, ::testing::ValuesIn(AllCases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -337,6 +358,30 @@ TEST(EngineCpuTest, NativeBf16MatchesCpuFlags) {
   ASSERT_FALSE(flags.empty());
   EXPECT_EQ(CpuHasNativeBf16(), flags.find(" avx512_bf16 ") != std::string::npos ||
                                     flags.find(" amx_bf16 ") != std::string::npos);
+}
+
+// int8 dot products are VNNI (AVX-512 or AVX) or AMX-INT8; an int8 model
+// computes its projections in int8 exactly where the CPU has one of them,
+// and holds its projection weights in a quarter of fp32's bytes there.
+TEST(EngineCpuTest, Int8ComputeNeedsInt8Dot) {
+  const std::string flags = CpuFlags();
+  ASSERT_FALSE(flags.empty());
+  const bool dot = flags.find(" avx512_vnni ") != std::string::npos ||
+                   flags.find(" avx_vnni ") != std::string::npos ||
+                   flags.find(" amx_int8 ") != std::string::npos;
+  EXPECT_EQ(CpuHasInt8Dot(), dot);
+  AttentionDims d = Dims(256, 4);
+  const PackedWeights w = RandomWeights(d, 1);
+  const int64_t fp32_bytes = MhaEngine::Create(d, w).value()->WeightBytes();
+  d.int8 = true;
+  const absl::StatusOr<std::unique_ptr<MhaEngine>> engine = MhaEngine::Create(d, w);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->dims().int8, dot);
+  if (dot) {
+    EXPECT_LT((*engine)->WeightBytes(), fp32_bytes / 3);
+  } else {
+    EXPECT_EQ((*engine)->WeightBytes(), fp32_bytes);
+  }
 }
 
 // oneDNN 2.6 computes bf16 (natively or emulated) only from AVX-512 on:

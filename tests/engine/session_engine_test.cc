@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "engine/kv_cache.h"
@@ -233,6 +234,24 @@ void ExpectBf16SessionsWithinTolerance(const AttentionDims& d) {
   const float tolerance = engine->dims().bf16 ? 3e-2f : 1e-5f;
   EXPECT_EQ(engine->kv_layout().elem_bytes, engine->dims().bf16 ? 2 : 4);
   ExpectStepsWithin(*engine, d, tolerance);
+}
+
+// An int8 model's sessions (int8 projections of each step's rows, the
+// core in bf16 where native), with each cache type it may have: steps
+// within 2e-2 of one full Run of the same engine (a row's quantization does
+// not depend on the rows beside it, so only the core's rounding differs).
+TEST(SessionInt8Test, StepsOfInt8ProjectionsStayWithinTolerance) {
+  for (const char* cache : {"compute", "bf16", "int8", "fp32"}) {
+    SCOPED_TRACE(cache);
+    AttentionDims d = With(Dims(64, 4), [](AttentionDims& x) { x.add_bias_kv = true; });
+    d.int8 = true;
+    d.bf16 = std::string(cache) != "fp32";  // as ResolveDims sets it
+    d.kv_cache_bf16 = std::string(cache) == "bf16";
+    d.kv_cache_int8 = std::string(cache) == "int8";
+    const auto engine = MakeEngine(d, RandomWeights(d, 13));
+    EXPECT_EQ(engine->dims().int8, CpuHasInt8Dot());
+    ExpectStepsWithin(*engine, d, std::string(cache) == "int8" ? 6e-2f : 2e-2f);
+  }
 }
 
 // An fp32 model with a bf16 cache (kv_cache_dtype BF16): half the bytes

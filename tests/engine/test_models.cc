@@ -65,7 +65,9 @@ v1::ModelConfig ConfigFor(const AttentionDims& d) {
   c.set_bias(d.bias);
   c.set_add_bias_kv(d.add_bias_kv);
   c.set_add_zero_attn(d.add_zero_attn);
-  c.set_compute_dtype(d.bf16 ? v1::DATA_TYPE_BF16 : v1::DATA_TYPE_FP32);
+  c.set_compute_dtype(d.int8   ? v1::DATA_TYPE_INT8
+                      : d.bf16 ? v1::DATA_TYPE_BF16
+                               : v1::DATA_TYPE_FP32);
   if (d.post_norm) c.mutable_post_norm()->set_eps(d.norm_eps);
   return c;
 }

@@ -16,8 +16,9 @@ tensors and flags mha_run would get (see parity_server.py).
   python3 tests/parity/parity.py --write-demo models/demo
 
 Tolerances: fp32 compute, max abs error <= 1e-5; bf16 compute, max abs
-error / max |reference| <= 2e-2 (for the output and the attention weights
-separately). Exit code 0 only if every configuration passes.
+error / max |reference| <= 2e-2; int8 compute (int8 projections), max abs
+error / max(1, max |reference|) <= 2e-2 (for the output and the attention
+weights separately). Exit code 0 only if every configuration passes.
 """
 
 import argparse
@@ -41,6 +42,7 @@ from parity_cases import describe, make_case  # noqa: E402
 
 FP32_ABS_TOL = 1e-5
 BF16_REL_TOL = 2e-2
+INT8_REL_TOL = 2e-2
 RUN_TIMEOUT_S = 120
 
 
@@ -254,8 +256,9 @@ def compare(c, expected, actual, dtypes):
     float32 arrays, `dtypes` to the dtypes they came in. The error is absolute
     for fp32 and relative to max |reference| for bf16."""
     worst, problems = 0.0, []
-    bf16 = c.compute == "BF16"
-    tol = BF16_REL_TOL if bf16 else FP32_ABS_TOL
+    relative = c.compute != "FP32"
+    tol = {"BF16": BF16_REL_TOL, "INT8": INT8_REL_TOL}.get(c.compute,
+                                                          FP32_ABS_TOL)
     for name, ref in expected.items():
         if name not in actual:
             worst, problems = math.inf, problems + [f"{name} missing"]
@@ -268,20 +271,21 @@ def compare(c, expected, actual, dtypes):
                             f"expected {list(ref.shape)}")
             worst = math.inf
             continue
-        err = _max_error(got, ref, relative=bf16)
+        err = _max_error(got, ref, relative=relative,
+                         floor=1.0 if c.compute == "INT8" else 1e-30)
         worst = max(worst, err)
         if not err <= tol:
             problems.append(_describe_error(name, got, ref, err))
     return worst, problems
 
 
-def _max_error(got, ref, relative):
+def _max_error(got, ref, relative, floor=1e-30):
     if got.size == 0:
         return 0.0
     diff = np.abs(got.astype(np.float64) - ref)
     err = math.inf if np.isnan(diff).any() else float(diff.max())
     if relative:
-        err /= max(float(np.abs(ref).max()), 1e-30)
+        err /= max(float(np.abs(ref).max()), floor)
     return err
 
 

@@ -27,7 +27,7 @@ class Case:
     bias: bool = True
     add_bias_kv: bool = False
     add_zero_attn: bool = False
-    compute: str = "FP32"      # FP32 | BF16
+    compute: str = "FP32"      # FP32 | BF16 | INT8
     norm_eps: float = None     # None = no post-norm
     write_eps: bool = True     # False: `post_norm {}` (eps defaults to 1e-5)
     layout: str = "sd"         # sd (-> in_proj / qkv_proj) | linear | per_head
@@ -131,6 +131,18 @@ FIXED_CASES = [
     #     bias_kv and a float padding mask.
     dict(E=32, h=4, batch=2, mode="cross", kdim=40, vdim=20, L=96, S=1100,
          compute="BF16", add_bias_kv=True, kpm="float", attn_mask="2d-bool"),
+    # 26: compute_dtype INT8 (int8 projections): the demo model's shape, self-
+    #     attention, padding + causal, post-norm, averaged weights.
+    dict(E=256, h=4, compute="INT8", batch=3, L=40, S=40, kpm="bool",
+         causal=True, norm_eps=1e-5, weights="avg"),
+    # 27: INT8 cross-attention with other widths, one linear per head,
+    #     bias_kv + zero_attn, float padding, 3-D float mask, masked rows.
+    dict(E=32, h=4, compute="INT8", mode="cross", kdim=40, vdim=20, L=6, S=9,
+         layout="per_head", add_bias_kv=True, add_zero_attn=True,
+         kpm="float", attn_mask="3d-float", full_rows=True, weights="head"),
+    # 28: INT8 over the key-tiled path, key-only, bias=False, F16 weights.
+    dict(E=64, h=4, compute="INT8", mode="key_only", kdim=48, vdim=48,
+         batch=1, L=96, S=900, bias=False, wdtype="F16", attn_mask="2d-bool"),
 ]
 
 
@@ -156,7 +168,7 @@ def _random_case(index, r):
     c.S = r.choice([1, 2, 4, 7, 16, 64])
     c.bias = r.random() < 0.8
     c.add_bias_kv, c.add_zero_attn = r.random() < 0.3, r.random() < 0.3
-    c.compute = "BF16" if r.random() < 0.25 else "FP32"
+    c.compute = r.choices(["FP32", "BF16", "INT8"], [0.6, 0.25, 0.15])[0]
     c.norm_eps = r.choice([None, None, 1e-5, 1e-3])
     c.write_eps = r.random() < 0.8
     c.layout = r.choice(["sd", "sd", "linear", "per_head"])
@@ -221,5 +233,5 @@ def describe(c):
     if c.wdtype != "F32":
         parts.append(f"w{c.wdtype}")
     if c.compute != "FP32":
-        parts.append("cBF16")
+        parts.append("c" + c.compute)
     return " ".join(parts)

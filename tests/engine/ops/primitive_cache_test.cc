@@ -11,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/lru_cache.h"
+#include "engine/ops/linear_layer.h"
 #include "engine/ops/onednn_matmul.h"
 #include "engine/ops/primitive_budget.h"
 #include "engine/tensor.h"
