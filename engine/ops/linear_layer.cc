@@ -200,7 +200,7 @@ namespace {
 constexpr int64_t kExactRows = 64;
 // An int8 layer's chunks stop here: each is quantized, multiplied and
 // dequantized in turn, its u8 rows and s32 sums staying in cache.
-constexpr int64_t kInt8ChunkRows = 512;
+constexpr int64_t kInt8ChunkRows = 256;
 
 // The rows of the largest chunk Run cuts `m` rows into.
 int64_t LargestChunk(int64_t m) {
