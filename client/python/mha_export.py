@@ -4,7 +4,7 @@
 server computes what the module computes.
 
   mha_export.py --module FILE.pt [--submodule PATH] [--attention self|cross]
-      --out DIR [--name NAME] [--bf16]
+      --out DIR [--name NAME] [--compute_dtype fp32|bf16|int8 | --bf16]
       [--rename CANONICAL=NAME ...] [--num_heads H] [--post_norm] [--canonical_names]
       [--verify [--server PATH_TO_mha_server]]
 
@@ -43,12 +43,14 @@ What is exported:
 Tensors are written as F32 under the module's own names, with the config's
 tensor_prefix / tensor_names saying which is which; --canonical_names writes
 them under the canonical names instead. Missing biases of a module that has
-some are written as zeros. --bf16 sets compute_dtype DATA_TYPE_BF16 (the
-weights stay F32).
+some are written as zeros. --compute_dtype bf16 (or --bf16) sets
+compute_dtype DATA_TYPE_BF16, --compute_dtype int8 DATA_TYPE_INT8 (int8
+projections, quantized by the server at load; the weights stay F32).
 
 --verify serves the folder with mha_server on free loopback ports, feeds the
 module (eval mode, torch.inference_mode) and the server the same random
-input and compares: max abs error <= 1e-5 (bf16: <= 2e-2 of max |output|).
+input and compares: max abs error <= 1e-5 (bf16: <= 2e-2 of max |output|;
+int8: <= 2e-2 of max(1, max |output|)).
 A custom module is called as forward(query, key, value), or forward(query)
 if forward takes one input; a tuple result's first element is the output.
 Exit code 0 when exported (and verified), 1 when verification fails, 2 on
@@ -79,6 +81,9 @@ from mha_model_folder import Enum, write_model_folder  # noqa: E402
 
 FP32_ABS_TOL = 1e-5
 BF16_REL_TOL = 2e-2
+INT8_REL_TOL = 2e-2
+# compute_dtype values by --compute_dtype name.
+COMPUTE_DTYPES = {"fp32": "DATA_TYPE_FP32", "bf16": "DATA_TYPE_BF16", "int8": "DATA_TYPE_INT8"}
 DEFAULT_SERVER = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                "..", "..", "build", "mha_server"))
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "nhead", "n_head")
@@ -233,12 +238,17 @@ def _locate(module, attention, rename, num_heads, post_norm):
 # ----------------------------------------------------------------- export
 
 def export(module, out_dir, attention=None, name=None, bf16=False, rename=(), num_heads=None,
-           post_norm=False, canonical_names=False):
+           post_norm=False, canonical_names=False, compute_dtype=None):
     """Writes out_dir/config.pbtxt and out_dir/weights.safetensors for the
     attention of `module` (see the module docstring for what is supported)
     and returns an Exported. rename: (canonical, name) pairs or
-    "canonical=name" strings. Raises ExportError if the module does not fit.
-    Does not change the module."""
+    "canonical=name" strings. compute_dtype: "fp32", "bf16" or "int8"
+    (default: "bf16" when bf16, else "fp32"). Raises ExportError if the
+    module does not fit. Does not change the module."""
+    compute_dtype = compute_dtype or ("bf16" if bf16 else "fp32")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ExportError(f"compute_dtype {compute_dtype!r} is not one of "
+                          f"{', '.join(COMPUTE_DTYPES)}")
     rename = [parse_rename(r) if isinstance(r, str) else tuple(r) for r in rename]
     target = _locate(module, attention, rename, num_heads, post_norm)
     names, state = target.names, target.state
@@ -328,7 +338,7 @@ def export(module, out_dir, attention=None, name=None, bf16=False, rename=(), nu
         config["add_bias_kv"] = True
     if target.add_zero_attn:
         config["add_zero_attn"] = True
-    config["compute_dtype"] = Enum("DATA_TYPE_BF16" if bf16 else "DATA_TYPE_FP32")
+    config["compute_dtype"] = Enum(COMPUTE_DTYPES[compute_dtype])
     if target.norm is not None:
         config["post_norm"] = {"eps": float(target.norm.eps)}
     if canonical_names:
@@ -399,8 +409,10 @@ def verify(exported, server_binary=DEFAULT_SERVER, batch=2, query_len=7, key_len
         server.remove_log()
         shutil.rmtree(repository, ignore_errors=True)
     error = float(np.abs(got.astype(np.float64) - expected).max())
-    bf16 = str(config.get("compute_dtype")) == "DATA_TYPE_BF16"
-    tolerance = BF16_REL_TOL * float(np.abs(expected).max()) if bf16 else FP32_ABS_TOL
+    compute = str(config.get("compute_dtype"))
+    scale = float(np.abs(expected).max())
+    tolerance = {"DATA_TYPE_BF16": BF16_REL_TOL * scale,
+                 "DATA_TYPE_INT8": INT8_REL_TOL * max(1.0, scale)}.get(compute, FP32_ABS_TOL)
     return Verification(error <= tolerance, error, tolerance, exported.mode)
 
 
@@ -423,7 +435,9 @@ def main(argv=None):
     p.add_argument("--attention", choices=("self", "cross"))
     p.add_argument("--out", required=True, help="the model folder to write")
     p.add_argument("--name", help="model name (default: the folder's name)")
-    p.add_argument("--bf16", action="store_true", help="compute_dtype DATA_TYPE_BF16")
+    p.add_argument("--compute_dtype", choices=tuple(COMPUTE_DTYPES),
+                   help="what the server computes in (default fp32; int8: int8 projections)")
+    p.add_argument("--bf16", action="store_true", help="the same as --compute_dtype bf16")
     p.add_argument("--rename", nargs="+", action="append", default=[], metavar="CANONICAL=NAME")
     p.add_argument("--num_heads", type=int)
     p.add_argument("--post_norm", action="store_true", help="custom modules: LayerNorm `norm`")
@@ -451,7 +465,8 @@ def main(argv=None):
         if args.submodule:
             module = module.get_submodule(args.submodule)
         exported = export(module, args.out, attention=args.attention, name=args.name,
-                          bf16=args.bf16, rename=[r for group in args.rename for r in group],
+                          bf16=args.bf16, compute_dtype=args.compute_dtype,
+                          rename=[r for group in args.rename for r in group],
                           num_heads=args.num_heads, post_norm=args.post_norm,
                           canonical_names=args.canonical_names)
     except (ExportError, OSError, AttributeError, ImportError, RuntimeError,

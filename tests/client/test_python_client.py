@@ -160,6 +160,7 @@ def setUpModule():
     export(modules["head_modules"], folder("head_modules"), rename=HEAD_MODULE_RENAMES,
            canonical_names=True)
     export(modules["demo"], folder("demo_bf16"), bf16=True)
+    export(modules["demo"], folder("demo_int8"), compute_dtype="int8")
     server = TestServer(MHA_SERVER, repo)
     server.start()
     client = MhaClient(server.target(), timeout=60)
@@ -245,7 +246,7 @@ class ExampleTest(unittest.TestCase):
 class ClientTest(unittest.TestCase):
     def test_list_and_get_model(self):
         names = {m.name for m in client.list_models()}
-        self.assertEqual(names, {"demo", "demo_bf16", "mha_kv", "encoder", "decoder_cross",
+        self.assertEqual(names, {"demo", "demo_bf16", "demo_int8", "mha_kv", "encoder", "decoder_cross",
                                  "linears", "per_head", "head_modules"})
         info = client.get_model("mha_kv")
         self.assertEqual((info.embed_dim, info.num_heads, info.kdim, info.vdim), (64, 4, 40, 24))
@@ -451,6 +452,19 @@ class ExportTest(unittest.TestCase):
         self.assertLessEqual(max_error(out, ref), BF16_REL_TOL * np.abs(ref).max())
         self.assertGreater(max_error(out, ref), 0)  # bf16 products round
 
+    def test_int8_compute(self):
+        """compute_dtype DATA_TYPE_INT8 as exported: within 2e-2 of the
+        module relative to max(1, max |output|), the server quantizing the
+        F32 weights it was given."""
+        q = randn(2, 8, 256, seed=32)
+        out, _ = client.attend("demo_int8", q)
+        ref, _ = torch_mha(modules["demo"], q)
+        self.assertLessEqual(max_error(out, ref), 2e-2 * max(1.0, np.abs(ref).max()))
+        with open(os.path.join(repo, "demo_int8", "config.pbtxt")) as f:
+            self.assertIn("compute_dtype: DATA_TYPE_INT8", f.read())
+        with self.assertRaisesRegex(ExportError, "compute_dtype 'int4' is not one of"):
+            export(modules["demo"], os.path.join(repo, "demo_int4"), compute_dtype="int4")
+
     def test_renames_and_errors(self):
         names = Renames("attn.", [("q_proj.{i}", "heads.{i}.q"), ("out_proj", "o"),
                                   ("norm", "ln")])
@@ -485,6 +499,13 @@ class ExportTest(unittest.TestCase):
                                        r"\S+ \(tolerance 1e-05\) OK")
             with open(os.path.join(out, "config.pbtxt")) as f:
                 self.assertIn("post_norm {\n  eps: 1e-05\n}\n", f.read())
+            r = subprocess.run([sys.executable, os.path.join(CLIENT_DIR, "mha_export.py"),
+                                "--module", path, "--out", out + "_int8", "--compute_dtype", "int8",
+                                "--verify", "--server", MHA_SERVER],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertRegex(r.stdout, r"verify: self-attention on model enc0_int8: max abs "
+                                       r"error \S+ \(tolerance \S+\) OK")
 
             torch.save(nn.TransformerDecoderLayer(32, 2, 64), path)
             r = subprocess.run([sys.executable, os.path.join(CLIENT_DIR, "mha_export.py"),
