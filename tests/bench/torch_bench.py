@@ -1,6 +1,8 @@
 """PyTorch's nn.MultiheadAttention on the standard shapes, timed like mha_bench.
 
-Prints one JSON object per line: {"name", "dtype", "ms", "gflops"}.
+Prints one JSON object per line: {"name", "dtype", "ms", "gflops"}; dtype is
+"torch_<mode>", with "_bf16" appended for --dtype bf16 (module and inputs
+.to(torch.bfloat16)).
 --mode best: timed from a worker thread after a warm-up on the main thread
 (run with OPENBLAS_CORETYPE=SkylakeX; run_bench.py sets it), which keeps
 OpenMP and OpenBLAS from oversubscribing the cores. --mode default: Debian's
@@ -51,11 +53,11 @@ def median_seconds(fn, min_reps, min_seconds):
     return statistics.median(times)
 
 
-def make_case(batch, q_len, kv_len, e, heads):
+def make_case(batch, q_len, kv_len, e, heads, dtype=torch.float32):
     torch.manual_seed(0)
-    module = torch.nn.MultiheadAttention(e, heads, batch_first=True).eval()
-    query = torch.randn(batch, q_len, e) * 0.5
-    memory = torch.randn(batch, kv_len, e) * 0.5 if kv_len else query
+    module = torch.nn.MultiheadAttention(e, heads, batch_first=True).eval().to(dtype)
+    query = (torch.randn(batch, q_len, e) * 0.5).to(dtype)
+    memory = (torch.randn(batch, kv_len, e) * 0.5).to(dtype) if kv_len else query
 
     def call():
         with torch.inference_mode():
@@ -72,7 +74,8 @@ def bench_all(args, report):
     for name, batch, q_len, kv_len, e, heads in shapes:
         if args.shapes not in name:
             continue
-        call = make_case(batch, q_len, kv_len, e, heads)
+        call = make_case(batch, q_len, kv_len, e, heads,
+                         torch.bfloat16 if args.dtype == "bf16" else torch.float32)
         if args.mode == "best":
             call()  # warm-up on the main thread, then measure from a worker
             result = {}
@@ -90,6 +93,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mode", choices=["best", "default"], default="best")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     parser.add_argument("--min_reps", type=int, default=10)
     parser.add_argument("--min_seconds", type=float, default=1.0)
     parser.add_argument("--shapes", default="")
@@ -99,7 +103,7 @@ def main():
     args = parser.parse_args()
     if args.mode == "best":
         torch.set_num_threads(args.threads)
-    dtype = "torch_" + args.mode
+    dtype = "torch_" + args.mode + ("_bf16" if args.dtype == "bf16" else "")
 
     def report(name, seconds, flop):
         print(json.dumps({"name": name, "dtype": dtype, "ms": seconds * 1e3,
