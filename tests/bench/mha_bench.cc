@@ -1,8 +1,9 @@
 // mha_bench: median time and GFLOP/s of the engine on the standard shapes
-// (fp32, bf16 and int8 projections), each beside the rate of a plain oneDNN matmul (n = 1024)
-// measured right before it, round after round: the machine's ceiling at that
-// moment (these machines are shared and noisy). One JSON object per line
-// with --json.
+// (fp32, bf16 and int8 projections), each beside the rate of a plain oneDNN
+// matmul of its type (n = 1024) measured right before it, round after round,
+// the types of a shape alternated: the machine's ceiling at that moment
+// (these machines are shared and noisy). One JSON object per line with
+// --json.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -288,44 +289,76 @@ void BenchOverhead(const BenchType& type) {
   }
 }
 
-void BenchShape(const Shape& s, const BenchType& type, MatmulCeiling& ceiling) {
-  const EngineOptions options = OptionsFromFlags();
-  const AttentionDims d = DimsFor(s.embed_dim, s.heads, type);
-  auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), options);
-  if (!engine.ok()) {
-    std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
-    return;
-  }
-  const int64_t kv_len = s.kv_len == 0 ? s.q_len : s.kv_len;
-  const std::vector<int64_t> lengths = Lengths(s);
-  int64_t tokens = 0;
-  for (int64_t l : lengths) tokens += l;
-  const std::vector<float> query = testing::RandomVector(tokens * s.embed_dim, 2);
-  const std::vector<float> memory =
-      testing::RandomVector(s.kv_len == 0 ? 0 : s.batch * kv_len * s.embed_dim, 3);
-  AttentionBatch batch;
-  batch.kind = memory.empty() ? AttentionKind::kSelf : AttentionKind::kCrossValueIsKey;
-  batch.query = query;
-  batch.key = memory;  // value = key: the usual encoder memory
-  SetUniformOffsets(s.batch, s.q_len, kv_len, s.heads, batch);
-  if (s.ragged) {  // self-attention over sequences of different lengths
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      batch.q_offsets[i + 1] = batch.q_offsets[i] + lengths[i];
+// One compute type's engine and request of a shape, ready to time.
+class ShapeRun {
+ public:
+  ShapeRun(const Shape& s, const BenchType& type) : shape_(s), type_(type) {
+    const AttentionDims d = DimsFor(s.embed_dim, s.heads, type);
+    auto engine = MhaEngine::Create(d, testing::RandomWeights(d, 1), OptionsFromFlags());
+    if (!engine.ok()) {
+      std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
+      return;
     }
+    engine_ = *std::move(engine);
+    const int64_t kv_len = s.kv_len == 0 ? s.q_len : s.kv_len;
+    const std::vector<int64_t> lengths = Lengths(s);
+    int64_t tokens = 0;
+    for (int64_t l : lengths) tokens += l;
+    query_ = testing::RandomVector(tokens * s.embed_dim, 2);
+    memory_ = testing::RandomVector(s.kv_len == 0 ? 0 : s.batch * kv_len * s.embed_dim, 3);
+    batch_.kind = memory_.empty() ? AttentionKind::kSelf : AttentionKind::kCrossValueIsKey;
+    batch_.query = query_;
+    batch_.key = memory_;  // value = key: the usual encoder memory
+    SetUniformOffsets(s.batch, s.q_len, kv_len, s.heads, batch_);
+    if (s.ragged) {  // self-attention over sequences of different lengths
+      for (size_t i = 0; i < lengths.size(); ++i) {
+        batch_.q_offsets[i + 1] = batch_.q_offsets[i] + lengths[i];
+      }
+    }
+    output_.resize(query_.size());
+    ws_ = engine_->NewWorkspace();
+    if (absl::GetFlag(FLAGS_stop_check)) ws_->set_stop_check([] { return false; });
   }
-  std::vector<float> output(query.size());
-  std::unique_ptr<Workspace> ws = (*engine)->NewWorkspace();
-  if (absl::GetFlag(FLAGS_stop_check)) ws->set_stop_check([] { return false; });
-  const AttentionOutputs out{absl::MakeSpan(output), {}, false};
-  std::vector<double> seconds, ceilings;
-  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-    ceilings.push_back(ceiling.MeasureGflops());
-    seconds.push_back(MedianSeconds([&] {
-      const absl::Status status = (*engine)->Run(batch, out, *ws);
+
+  bool ok() const { return engine_ != nullptr; }
+  // One round: the type's matmul ceiling, then the shape.
+  void Measure(MatmulCeiling& ceiling) {
+    ceilings_.push_back(ceiling.MeasureGflops());
+    const AttentionOutputs out{absl::MakeSpan(output_), {}, false};
+    seconds_.push_back(MedianSeconds([&] {
+      const absl::Status status = engine_->Run(batch_, out, *ws_);
       if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
     }));
   }
-  Report(s.name, type.name, Median(seconds), Flops(s), Median(ceilings), ws->bytes_held());
+  void Report() const {
+    mha::Report(shape_.name, type_.name, Median(seconds_), Flops(shape_), Median(ceilings_),
+                ws_->bytes_held());
+  }
+
+ private:
+  Shape shape_;
+  BenchType type_;
+  std::unique_ptr<MhaEngine> engine_;
+  std::vector<float> query_, memory_, output_;
+  AttentionBatch batch_;
+  std::unique_ptr<Workspace> ws_;
+  std::vector<double> seconds_, ceilings_;
+};
+
+// A shape in every compute type, the types alternated round by round (so
+// that their ratios are taken minutes apart at most, not a whole run).
+void BenchShape(const Shape& s, const std::vector<BenchType>& types,
+                std::vector<std::unique_ptr<MatmulCeiling>>& ceilings) {
+  std::vector<std::unique_ptr<ShapeRun>> runs;
+  for (const BenchType& type : types) runs.push_back(std::make_unique<ShapeRun>(s, type));
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i]->ok()) runs[i]->Measure(*ceilings[i]);
+    }
+  }
+  for (const auto& run : runs) {
+    if (run->ok()) run->Report();
+  }
 }
 
 }  // namespace
@@ -350,6 +383,7 @@ int main(int argc, char** argv) {
       shapes.push_back({absl::StrFormat("seq_l%d_e512_h8", len), 1, len, 0, 512, 8});
     }
   }
+  std::vector<mha::BenchType> types;
   for (absl::string_view dtype : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
     const mha::BenchType type{std::string(dtype), dtype == "bf16", dtype == "int8"};
     if (dtype != "f32" && !type.bf16 && !type.int8) {
@@ -368,17 +402,21 @@ int main(int argc, char** argv) {
                    "skipped\n");
       continue;
     }
-    if (absl::GetFlag(FLAGS_overhead)) {
-      mha::BenchOverhead(type);
-      continue;
-    }
-    mha::MatmulCeiling ceiling(type);
-    for (const mha::Shape& s : shapes) {
-      if (s.name.find(filter) == std::string::npos) continue;
-      mha::Shape shape = s;
-      if (shape.ragged) shape.batch = absl::GetFlag(FLAGS_ragged_batch);
-      mha::BenchShape(shape, type, ceiling);
-    }
+    types.push_back(type);
+  }
+  if (absl::GetFlag(FLAGS_overhead)) {
+    for (const mha::BenchType& type : types) mha::BenchOverhead(type);
+    return 0;
+  }
+  std::vector<std::unique_ptr<mha::MatmulCeiling>> ceilings;
+  for (const mha::BenchType& type : types) {
+    ceilings.push_back(std::make_unique<mha::MatmulCeiling>(type));
+  }
+  for (const mha::Shape& s : shapes) {
+    if (s.name.find(filter) == std::string::npos) continue;
+    mha::Shape shape = s;
+    if (shape.ragged) shape.batch = absl::GetFlag(FLAGS_ragged_batch);
+    mha::BenchShape(shape, types, ceilings);
   }
   return 0;
 }
