@@ -206,20 +206,38 @@ TEST(ResolveDimsTest, Bf16ComputeDtype) {
   EXPECT_TRUE(d->bf16);
 }
 
-// INT8 names a session cache type only: any model may keep its caches in
-// it; nothing computes in it.
-TEST(ResolveDimsTest, Int8IsACacheDtypeOnly) {
-  for (const char* compute : {"DATA_TYPE_FP32", "DATA_TYPE_BF16"}) {
+// INT8 as a cache type: any model may keep its caches in it.
+TEST(ResolveDimsTest, Int8CachesForAnyComputeType) {
+  for (const char* compute : {"DATA_TYPE_FP32", "DATA_TYPE_BF16", "DATA_TYPE_INT8"}) {
     absl::StatusOr<AttentionDims> d = ResolveDims(Parse(absl::StrCat(
         "embed_dim: 8 num_heads: 2 compute_dtype: ", compute, " kv_cache_dtype: DATA_TYPE_INT8")));
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_TRUE(d->kv_cache_int8);
     EXPECT_EQ(d->kv_elem_bytes(), 1) << compute;
   }
-  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_INT8",
-                     "compute_dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got DATA_TYPE_INT8");
   ExpectResolveError("embed_dim: 8 num_heads: 2 kv_cache_dtype: DATA_TYPE_FP16",
                      "kv_cache_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8");
+}
+
+// INT8 as a compute type: int8 projections, the core in bf16 (where the
+// CPU has it: MhaEngine::Create) unless the caches are asked for in fp32,
+// whose core is then fp32; other types are refused by name.
+TEST(ResolveDimsTest, Int8ComputeIsInt8ProjectionsAroundABf16OrFp32Core) {
+  absl::StatusOr<AttentionDims> d =
+      ResolveDims(Parse("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_INT8"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->int8);
+  EXPECT_TRUE(d->bf16);
+  EXPECT_EQ(d->kv_elem_bytes(), 2);
+  d = ResolveDims(Parse(
+      "embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_INT8 kv_cache_dtype: DATA_TYPE_FP32"));
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(d->int8);
+  EXPECT_FALSE(d->bf16);
+  EXPECT_EQ(d->kv_elem_bytes(), 4);
+  ExpectResolveError("embed_dim: 8 num_heads: 2 compute_dtype: DATA_TYPE_FP16",
+                     "compute_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8, got "
+                     "DATA_TYPE_FP16");
 }
 
 TEST(ResolveDimsTest, PostNormAbsentIsOff) {
