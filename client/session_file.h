@@ -1,6 +1,6 @@
 // mha_client export_session / import_session: a session to and from a file
 // in the session stream format (MHASESS1, then length-prefixed
-// SessionChunk messages: docs/SERVER.md), which --session_spill_dir files
+// SessionChunk messages: docs/SESSIONS.md), which --session_spill_dir files
 // share.
 #ifndef MHA_CLIENT_SESSION_FILE_H_
 #define MHA_CLIENT_SESSION_FILE_H_

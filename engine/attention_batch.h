@@ -67,11 +67,11 @@ struct AttentionOutputs {
   bool per_head_weights = false;
 };
 
-// The sizes of a dense batch, all Run's memory depends on: `sequences`
-// sequences of `q_len` query rows and `kv_len` keys each (self-attention:
-// kv_len = q_len).
+// The sizes of a dense batch, all Run's memory depends on: `rows` rows (the
+// request's B) of `q_len` query tokens and `kv_len` keys each
+// (self-attention: kv_len = q_len).
 struct BatchShape {
-  int64_t sequences = 0;
+  int64_t rows = 0;
   int64_t q_len = 0;
   int64_t kv_len = 0;
   bool self_attention = true;

@@ -369,7 +369,7 @@ int64_t AttentionRequest::weights_elements() const {
 }
 
 BatchShape AttentionRequest::shape() const {
-  BatchShape shape{.sequences = rows(),
+  BatchShape shape{.rows = rows(),
                    .q_len = q_len_,
                    .kv_len = kv_len_,
                    .self_attention = kind() == AttentionKind::kSelf,

@@ -1,7 +1,7 @@
-// One engine call (MhaEngine::Compute): Attend sequences and session steps,
+// One engine call (MhaEngine::Compute): Attend rows and session steps,
 // either of which may be empty, on one path. PlanCall decides from the
 // shapes which projection products run; then the products, the steps'
-// attention over their caches, the sequences' attention, one output product
+// attention over their caches, the Attend rows' attention, one output product
 // over all the rows and the post-norm.
 #include <cstring>
 
@@ -14,29 +14,29 @@ namespace mha {
 
 using onednn::dt;
 
-absl::Status MhaEngine::Compute(const AttentionBatch& sequences, const StepBatch& steps,
+absl::Status MhaEngine::Compute(const AttentionBatch& attend, const StepBatch& steps,
                                 const MixedOutputs& out, Workspace& ws) const {
-  // A batch without offsets (default-constructed) stands for no sequences.
+  // A batch without offsets (default-constructed) stands for no Attend rows.
   const bool has_steps = !steps.steps.empty() || !steps.query.empty() ||
-                         !out.step_weights.empty() || sequences.q_offsets.empty();
-  if (!has_steps) {  // sequences only
-    RETURN_IF_ERROR(impl_->ValidateRun(sequences, {out.output, out.weights, out.per_head_weights}));
-    return GuardEngineCall([&] { impl_->Compute(sequences, steps, out, ws); });
+                         !out.step_weights.empty() || attend.q_offsets.empty();
+  if (!has_steps) {  // Attend rows only
+    RETURN_IF_ERROR(impl_->ValidateRun(attend, {out.output, out.weights, out.per_head_weights}));
+    return GuardEngineCall([&] { impl_->Compute(attend, steps, out, ws); });
   }
   const int64_t e = impl_->dims().embed_dim;
-  const int64_t q_rows = sequences.num_rows() > 0 ? sequences.q_offsets.back() : 0;
+  const int64_t q_rows = attend.num_rows() > 0 ? attend.q_offsets.back() : 0;
   if (q_rows < 0 || static_cast<int64_t>(out.output.size()) < q_rows * e) {
     return absl::InvalidArgumentError(absl::StrCat(
         "output: ", out.output.size(), " elements, fewer than the batch's ", q_rows, " x ", e));
   }
-  if (sequences.num_rows() > 0) {
+  if (attend.num_rows() > 0) {
     RETURN_IF_ERROR(impl_->ValidateRun(
-        sequences, {out.output.subspan(0, q_rows * e), out.weights, out.per_head_weights}));
+        attend, {out.output.subspan(0, q_rows * e), out.weights, out.per_head_weights}));
   } else if (!out.weights.empty()) {
     return absl::InvalidArgumentError("weights: the batch has no sequences");
   }
   RETURN_IF_ERROR(impl_->ValidateSteps(steps, out.output.subspan(q_rows * e), out.step_weights));
-  return GuardEngineCall([&] { impl_->Compute(sequences, steps, out, ws); });
+  return GuardEngineCall([&] { impl_->Compute(attend, steps, out, ws); });
 }
 
 absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs& out,
@@ -45,16 +45,16 @@ absl::Status MhaEngine::Run(const AttentionBatch& batch, const AttentionOutputs&
   return Compute(batch, {}, {out.output, out.weights, out.per_head_weights, {}}, ws);
 }
 
-EngineImpl::CallPlan EngineImpl::PlanCall(const AttentionBatch& sequences,
+EngineImpl::CallPlan EngineImpl::PlanCall(const AttentionBatch& attend,
                                           const StepBatch& steps) const {
   CallPlan plan;
-  plan.sequence_rows = sequences.num_rows() > 0 ? sequences.q_offsets.back() : 0;
+  plan.sequence_rows = attend.num_rows() > 0 ? attend.q_offsets.back() : 0;
   plan.step_rows = static_cast<int64_t>(steps.query.size()) / dims_.embed_dim;
   if (plan.step_rows == 0) {
     plan.projection = CallPlan::kSequences;
   } else if (plan.sequence_rows == 0) {
     plan.projection = CallPlan::kSteps;
-  } else if (sequences.self_attention() || !AnySelfStep(steps)) {
+  } else if (attend.self_attention() || !AnySelfStep(steps)) {
     plan.projection = CallPlan::kJoint;
   } else {
     plan.projection = CallPlan::kSeparate;
@@ -62,7 +62,7 @@ EngineImpl::CallPlan EngineImpl::PlanCall(const AttentionBatch& sequences,
   return plan;
 }
 
-void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequences,
+void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& attend,
                              const StepBatch& steps, Workspace& ws, TokenMajor& t,
                              StepRows& s) const {
   const int64_t e = dims_.embed_dim, qk = dims_.qk_width(), vw = dims_.v_width();
@@ -71,7 +71,7 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
   const int64_t total = plan.sequence_rows + plan.step_rows;
   switch (plan.projection) {
     case CallPlan::kSequences:
-      t = ProjectTokens(sequences, ws);
+      t = ProjectTokens(attend, ws);
       return;
     case CallPlan::kSteps: {
       // q|k|v when any step appends (a cross step's k and v are then
@@ -90,30 +90,30 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
       // batch with cross steps only): one product, over the rows as given
       // when the steps' follow the batch's (RaggedBatch's rows_after), else
       // over a copy of both.
-      const bool adjacent = in_dt_ == dt::f32 &&
-                            steps.query.data() == sequences.query.data() + sequences.query.size();
-      const void* rows = sequences.query.data();
+      const bool adjacent =
+          in_dt_ == dt::f32 && steps.query.data() == attend.query.data() + attend.query.size();
+      const void* rows = attend.query.data();
       if (!adjacent) {
         auto* copy = ws.Get<uint8_t>(Workspace::kMixedQuery, total * e * in_eb);
         const int64_t q_elems = plan.sequence_rows * e, s_elems = plan.step_rows * e;
         if (in_dt_ == dt::f32) {
-          std::memcpy(copy, sequences.query.data(), q_elems * sizeof(float));
+          std::memcpy(copy, attend.query.data(), q_elems * sizeof(float));
           std::memcpy(copy + q_elems * in_eb, steps.query.data(), s_elems * sizeof(float));
         } else {
           auto* bf16 = reinterpret_cast<uint16_t*>(copy);
-          ConvertToBf16(sequences.query.data(), bf16, q_elems);
+          ConvertToBf16(attend.query.data(), bf16, q_elems);
           ConvertToBf16(steps.query.data(), bf16 + q_elems, s_elems);
         }
         rows = copy;
       }
-      const int64_t ld = sequences.self_attention() ? 2 * qk + vw : qk;
+      const int64_t ld = attend.self_attention() ? 2 * qk + vw : qk;
       auto* proj = ws.Get<uint8_t>(Workspace::kProjQ, total * ld * eb);
-      (sequences.self_attention() ? qkv_ : q_)->Run(ws, rows, total, proj);
+      (attend.self_attention() ? qkv_ : q_)->Run(ws, rows, total, proj);
       t.q = proj, t.ldq = ld;
-      if (sequences.self_attention()) {
+      if (attend.self_attention()) {
         t.k = proj + qk * eb, t.v = proj + 2 * qk * eb, t.ldk = t.ldv = ld;
       } else {
-        ProjectKeysValues(sequences, ws, t);
+        ProjectKeysValues(attend, ws, t);
       }
       s.proj = proj + plan.sequence_rows * ld * eb;
       s.ld = ld;
@@ -121,7 +121,7 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
     }
     case CallPlan::kSeparate: {
       // A cross batch beside self steps: q for one, q|k|v for the other.
-      t = ProjectTokens(sequences, ws);
+      t = ProjectTokens(attend, ws);
       s.ld = 2 * qk + vw;
       auto* proj = ws.Get<uint8_t>(Workspace::kStepProj, plan.step_rows * s.ld * eb);
       qkv_->Run(ws, AsAct(steps.query, Workspace::kMixedQuery, ws), plan.step_rows, proj);
@@ -131,18 +131,18 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& sequenc
   }
 }
 
-void EngineImpl::Compute(const AttentionBatch& sequences, const StepBatch& steps,
+void EngineImpl::Compute(const AttentionBatch& attend, const StepBatch& steps,
                          const MixedOutputs& out, Workspace& ws) const {
-  const CallPlan plan = PlanCall(sequences, steps);
+  const CallPlan plan = PlanCall(attend, steps);
   const int64_t e = dims_.embed_dim, vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
   const int64_t q_rows = plan.sequence_rows, s_rows = plan.step_rows, total = q_rows + s_rows;
   if (total == 0) return;
   TokenMajor t;
   StepRows s;
-  ProjectCall(plan, sequences, steps, ws, t, s);
+  ProjectCall(plan, attend, steps, ws, t, s);
   if (q_rows > 0) ws.BetweenBlocks();  // a long call's projection may take a while
-  // The steps first: they read their projected rows, which the sequences'
+  // The steps first: they read their projected rows, which the Attend rows'
   // merged context overwrites below.
   uint8_t* context = nullptr;
   if (s_rows > 0) {
@@ -153,15 +153,15 @@ void EngineImpl::Compute(const AttentionBatch& sequences, const StepBatch& steps
     // Both contexts back to back, for one output product.
     const uint8_t* step_context = context;
     context = sequences_->Attend(
-        t, sequences, {out.output.subspan(0, q_rows * e), out.weights, out.per_head_weights}, total,
+        t, attend, {out.output.subspan(0, q_rows * e), out.weights, out.per_head_weights}, total,
         ws);
     if (s_rows > 0) std::memcpy(context + q_rows * vw * eb, step_context, s_rows * vw * eb);
   }
   out_->Run(ws, context, total, out.output.data());
   if (dims_.post_norm) {
     if (q_rows > 0) {
-      AddLayerNorm(out.output.data(), sequences.query.data(), norm_weight_.data(),
-                   norm_bias_.data(), q_rows, e, dims_.norm_eps);
+      AddLayerNorm(out.output.data(), attend.query.data(), norm_weight_.data(), norm_bias_.data(),
+                   q_rows, e, dims_.norm_eps);
     }
     if (s_rows > 0) {
       AddLayerNorm(out.output.data() + q_rows * e, steps.query.data(), norm_weight_.data(),

@@ -54,7 +54,7 @@ class EngineImpl {
   EngineImpl(const AttentionDims& dims, const PackedWeights& weights, const EngineOptions& options);
 
   // MhaEngine::Compute once validated (engine/compute.cc).
-  void Compute(const AttentionBatch& sequences, const StepBatch& steps, const MixedOutputs& out,
+  void Compute(const AttentionBatch& attend, const StepBatch& steps, const MixedOutputs& out,
                Workspace& ws) const;
   int64_t WeightsElements(const AttentionBatch& batch, bool per_head) const;
   // Sessions (engine/step_cache.cc).
@@ -87,10 +87,10 @@ class EngineImpl {
   struct StepRows;
   // The plan of one call, from its shapes: rows of each kind, and which
   // projection products run.
-  CallPlan PlanCall(const AttentionBatch& sequences, const StepBatch& steps) const;
-  // The plan's projection products: the sequences' token-major q, k, v
+  CallPlan PlanCall(const AttentionBatch& attend, const StepBatch& steps) const;
+  // The plan's projection products: the Attend rows' token-major q, k, v
   // into `t`, the steps' projected rows into `s`.
-  void ProjectCall(const CallPlan& plan, const AttentionBatch& sequences, const StepBatch& steps,
+  void ProjectCall(const CallPlan& plan, const AttentionBatch& attend, const StepBatch& steps,
                    Workspace& ws, TokenMajor& t, StepRows& s) const;
   // The scratchpad slot's bytes for projecting `q_rows` query rows and
   // `kv_rows` cross key/value rows (0: self-attention or steps, whose keys

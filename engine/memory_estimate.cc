@@ -51,7 +51,7 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t act = dims_.bf16 ? 2 : 4;
   const int64_t h = dims_.num_heads, dv = dims_.v_head_dim;
   const int64_t qk = dims_.qk_width(), vw = dims_.v_width(), e = dims_.embed_dim;
-  const int64_t n = shape.sequences;
+  const int64_t n = shape.rows;
   if (n <= 0 || shape.q_len <= 0) return 0;  // Run computes nothing
   const int64_t total_q = n * shape.q_len;
   const int64_t total_kv = shape.self_attention ? total_q : n * shape.kv_len;

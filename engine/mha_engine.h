@@ -80,20 +80,20 @@ class MhaEngine {
   // returns whether it did.
   static bool ReleaseLargeWorkspace(Workspace& ws);
 
-  // The one compute call: Attend sequences (`sequences`, a ragged batch)
+  // The one compute call: Attend rows (`attend`, a ragged batch)
   // and session steps (`steps`: incremental attention over key/value
   // caches), either of which may be empty (a default AttentionBatch has no
-  // sequences). One projection product over the query rows of both (two
-  // when the sequences are cross-attention and a step is self-attention,
-  // which need different projections), attention per sequence and per
-  // session (self steps' caches grow by their tokens), one output product.
-  // `out.output` holds the sequences' rows, then the steps'. INVALID_ARGUMENT
+  // rows). One projection product over the query tokens of both (two
+  // when the Attend rows are cross-attention and a step is self-attention,
+  // which need different projections), attention per row and per session
+  // (self steps' caches grow by their tokens), one output product.
+  // `out.output` holds the Attend rows' tokens, then the steps'. INVALID_ARGUMENT
   // names what is inconsistent; oneDNN failures come back as INTERNAL,
   // allocation failures as RESOURCE_EXHAUSTED.
-  absl::Status Compute(const AttentionBatch& sequences, const StepBatch& steps,
+  absl::Status Compute(const AttentionBatch& attend, const StepBatch& steps,
                        const MixedOutputs& out, Workspace& ws) const;
-  // Compute of sequences only (a batch without offsets is rejected here,
-  // where Compute reads it as no sequences).
+  // Compute of Attend rows only (a batch without offsets is rejected here,
+  // where Compute reads it as no Attend rows).
   absl::Status Run(const AttentionBatch& batch, const AttentionOutputs& out, Workspace& ws) const;
   // Compute of session steps only.
   absl::Status Step(const StepBatch& steps, const StepOutputs& out, Workspace& ws) const {

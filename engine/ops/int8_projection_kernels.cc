@@ -50,6 +50,10 @@ float QuantizeRowPortable(const void* x, bool bf16, int64_t k, uint8_t* out) {
     max = std::max(max, a);
   }
   const RowScale s = ScaleOf(max, bad);
+  if (bad) {  // its scale is NaN: its values do not matter (and NaN has none)
+    std::memset(out, 128, k);
+    return s.scale;
+  }
   for (int64_t c = 0; c < k; ++c) {
     const float q = std::nearbyint(ValueAt(x, bf16, c) * s.inverse);
     out[c] = static_cast<uint8_t>(std::clamp(q, -127.0f, 127.0f) + 128.0f);
@@ -92,6 +96,10 @@ MHA_AVX512_INT8 float QuantizeRowAvx512(const void* x, bool bf16, int64_t k, uin
     max = _mm512_max_ps(max, a);
   }
   const RowScale s = ScaleOf(_mm512_reduce_max_ps(max), bad != 0);
+  if (bad != 0) {  // as the portable loop
+    std::memset(out, 128, k);
+    return s.scale;
+  }
   const __m512 inverse = _mm512_set1_ps(s.inverse);
   const __m512i offset = _mm512_set1_epi32(128);
   for (int64_t c = 0; c < k; c += 16) {

@@ -25,9 +25,9 @@ void ModelStatistics::Duration::AddSum(uint64_t times, absl::Duration sum) {
 }
 
 void ModelStatistics::Call::AddAnswer(absl::Duration since_arrival, absl::Duration queued,
-                                      int64_t answer_sequences) {
+                                      int64_t answer_rows) {
   ++answers;
-  sequences += static_cast<uint64_t>(std::max<int64_t>(0, answer_sequences));
+  rows += static_cast<uint64_t>(std::max<int64_t>(0, answer_rows));
   total += since_arrival;
   waited += queued;
 }
@@ -39,12 +39,12 @@ void ModelStatistics::Record(const Call& call) {
   BatchStages *by_requests = nullptr, *by_size = nullptr;
   try {
     by_requests = &data_.batches[call.batch_requests];
-    by_size = &data_.batch_sizes[call.batch_sequences];
+    by_size = &data_.batch_sizes[call.batch_rows];
   } catch (const std::bad_alloc&) {  // the call goes uncounted; its answers still leave
     return;
   }
   ++data_.execution_count;
-  data_.inference_count += call.sequences;
+  data_.inference_count += call.rows;
   data_.last_inference_ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
   data_.success.AddSum(call.answers, call.total);
   data_.queue.AddSum(call.answers, call.waited);

@@ -31,7 +31,7 @@ class ModelStatistics {
   };
   struct Snapshot {
     uint64_t last_inference_ms = 0;  // Unix time of the last answer, 0: none
-    uint64_t inference_count = 0;    // sequences computed (B of each request)
+    uint64_t inference_count = 0;    // rows computed (B of each request)
     // Executions: engine calls with answers that left OK (a split
     // request's projection and chunks are one).
     uint64_t execution_count = 0;
@@ -41,7 +41,7 @@ class ModelStatistics {
     // encoding the answers (each request counted with its call's time).
     Duration compute_input, compute_infer, compute_output;
     std::map<uint64_t, BatchStages> batches;  // by requests per engine call (mha.v1)
-    // By sequences per engine call: Triton's batch_size, the unit
+    // By rows per engine call: Triton's batch_size, the unit
     // inference_count counts in (a request of B = 2 alone is a batch of 2).
     std::map<uint64_t, BatchStages> batch_sizes;
   };
@@ -49,18 +49,19 @@ class ModelStatistics {
   // What one engine call adds once its answers are ready, before any of
   // them leaves (so that a client reading statistics after its answer sees
   // its call). Requests and session steps alike: a step is a request of
-  // one sequence, as Triton counts a sequence's requests.
+  // one row, as Triton counts each request of a sequence (its word for a
+  // session).
   struct Call {
     // What the engine call held, and its stages.
-    uint64_t batch_requests = 0, batch_sequences = 0;
+    uint64_t batch_requests = 0, batch_rows = 0;
     absl::Duration input, infer, output;
     // Its answers that leave OK, summed.
-    uint64_t answers = 0, sequences = 0;
+    uint64_t answers = 0, rows = 0;
     absl::Duration total, waited;
 
     // An answer ready to leave OK: `total` since its arrival, `waited` in
-    // the queue, of `sequences` sequences.
-    void AddAnswer(absl::Duration total, absl::Duration waited, int64_t sequences);
+    // the queue, of `rows` rows.
+    void AddAnswer(absl::Duration total, absl::Duration waited, int64_t rows);
   };
 
   // Adds all of `call` in one step (nothing when it has no answers, or

@@ -82,6 +82,10 @@ const char* Noun(const Task& task) {
 
 absl::Status Batcher::Admit(std::unique_ptr<Task>& task) {
   MutexLock lock(mu_);
+  // A stopped batcher (its version retired, or the server past its grace
+  // period) takes nothing. Draining is not checked here: new work is
+  // refused at the front-end gate (FrontEndGate::Admit), and what passed it
+  // is served.
   if (stopping_) return absl::UnavailableError("server is shutting down");
   const int64_t waiting = static_cast<int64_t>(queue_.size() + steps_.size() + projections_.size());
   if (waiting >= options_.max_queue_size) {

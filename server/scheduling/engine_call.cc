@@ -218,7 +218,7 @@ void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
     AttendCall& r = *live[i];
     if (r.statistics == nullptr) continue;
     ++call.batch_requests;
-    call.batch_sequences += static_cast<uint64_t>(r.input().rows());
+    call.batch_rows += static_cast<uint64_t>(r.input().rows());
     if (!answers[i].ok()) continue;
     call.AddAnswer(now - r.arrived, r.waited, r.input().rows());
     r.counted = true;
@@ -228,7 +228,7 @@ void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
   for (const StartedStep& s : steps) {
     if (s.task->statistics == nullptr) continue;
     ++call.batch_requests;
-    ++call.batch_sequences;
+    ++call.batch_rows;
     call.AddAnswer(now - s.task->arrived, s.task->waited, 1);
     s.task->counted = true;
   }

@@ -50,7 +50,7 @@ struct SplitState {
     if (answer.ok() && statistics != nullptr) {
       // One execution of one request: its projection and chunks' compute.
       ModelStatistics::Call record;
-      record.batch_requests = record.batch_sequences = 1;
+      record.batch_requests = record.batch_rows = 1;
       record.infer = computing;
       const absl::Time now = absl::Now();
       record.output = now - answering;

@@ -10,7 +10,6 @@ bf16, with the geometric mean over the projection-heavy shapes.
     python3 tests/bench/precision_report.py --mha_bench build/mha_bench [--rounds 3]
 """
 
-import argparse
 import collections
 import math
 import os
@@ -18,7 +17,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_bench import HERE, run_json_lines, torch_env  # noqa: E402
+from run_bench import HERE, bench_parser, run_json_lines, torch_env  # noqa: E402
 
 # The shapes the issue asks int8 to speed up 1.5x over bf16 (geomean).
 PROJECTION_HEAVY = ("self_b8_l128_e512_h8", "cross_b8_l64_s256_e512_h8", "self_b4_l512_e1024_h16")
@@ -85,11 +84,7 @@ def table(samples, dtype):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--mha_bench", required=True)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--min_seconds", type=float, default=0.3)
-    parser.add_argument("--shapes", default="")
+    parser = bench_parser(__doc__)
     parser.add_argument("--dtypes", default="f32,bf16,int8")
     args = parser.parse_args()
     samples = collect(args)

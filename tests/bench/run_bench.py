@@ -87,12 +87,19 @@ def table(samples, torch_modes):
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+def bench_parser(description):
+    """The flags every alternated run takes: mha_bench, rounds, time per
+    measurement, a shape filter."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--mha_bench", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min_seconds", type=float, default=0.3)
     parser.add_argument("--shapes", default="")
+    return parser
+
+
+def main():
+    parser = bench_parser(__doc__)
     parser.add_argument("--torch_modes", default="best,default")
     args = parser.parse_args()
     print(table(collect(args), args.torch_modes.split(",")))

@@ -133,7 +133,7 @@ TEST(EngineAllocationTest, ScratchBytesBoundsWhatRunHolds) {
           std::unique_ptr<Workspace> ws = engine->NewWorkspace();
           ASSERT_TRUE(
               engine->Run(batch, {absl::MakeSpan(output), absl::MakeSpan(probs), false}, *ws).ok());
-          BatchShape shape{.sequences = n,
+          BatchShape shape{.rows = n,
                            .q_len = len,
                            .kv_len = kv_len,
                            .self_attention = !cross,

@@ -16,7 +16,7 @@
 #include "engine/kv_cache.h"
 #include "engine/mha_engine.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/frontends/session_codec.h"
+#include "server/frontends/common/session_codec.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_stream.h"
 #include "tests/engine/test_models.h"

@@ -11,7 +11,7 @@
 #include "engine/attention_dims.h"
 #include "engine/attention_request.h"
 #include "mha/v1/attention.pb.h"
-#include "server/frontends/request_codec.h"
+#include "server/frontends/common/request_codec.h"
 #include "tests/engine/test_models.h"
 
 namespace mha::server {

@@ -157,7 +157,7 @@ class Int8KernelTest : public ::testing::TestWithParam<KernelIsa> {
 
 // Rows to u8 at this level equal the portable loop's (scales and values),
 // from f32 and bf16, with an all-zero row (scale 0, values 128) and rows
-// holding inf or NaN (scale NaN).
+// holding inf or NaN (scale NaN, values 128: what they multiply is NaN).
 TEST_P(Int8KernelTest, QuantizedRowsEqualThePortableOnes) {
   constexpr int64_t rows = 5, k = 37;
   std::vector<float> x = RandomVector(rows * k, 12, 3.0f);
@@ -187,6 +187,9 @@ TEST_P(Int8KernelTest, QuantizedRowsEqualThePortableOnes) {
         std::all_of(got.begin() + k, got.begin() + 2 * k, [](uint8_t v) { return v == 128; }));
     EXPECT_TRUE(std::isnan(got_scales[2]));
     EXPECT_TRUE(std::isnan(got_scales[3]));
+    EXPECT_EQ(got, want);  // every row, the inf and NaN ones all 128 in both
+    EXPECT_TRUE(
+        std::all_of(got.begin() + 2 * k, got.begin() + 4 * k, [](uint8_t v) { return v == 128; }));
   }
 }
 

@@ -1,7 +1,7 @@
 // Triton's HTTP infer body to KServe's message and back, and the body
 // decompression of the HTTP server: what each accepts, and the precise
 // refusals of what it does not.
-#include "server/frontends/http_infer_codec.h"
+#include "server/frontends/kserve_http/http_infer_codec.h"
 
 #include <cstring>
 #include <limits>
@@ -10,7 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/frontends/http_server.h"
+#include "server/frontends/kserve_http/http_server.h"
 
 namespace mha::server {
 namespace {

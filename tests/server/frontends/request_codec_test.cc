@@ -1,6 +1,6 @@
 // Decoding mha.v1 Attend requests into the engine's requests, and encoding
 // results in the wire's dtypes.
-#include "server/frontends/request_codec.h"
+#include "server/frontends/common/request_codec.h"
 
 #include <cmath>
 #include <cstring>

@@ -2,7 +2,7 @@
 // written through pread/pwrite at their offsets, a region that outlives its
 // unregistering for a request holding it, and an object shrunk after
 // registering (an error, never a SIGBUS).
-#include "server/frontends/shared_memory.h"
+#include "server/frontends/common/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -10,7 +10,7 @@
 #include "engine/mha_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/frontends/request_codec.h"
+#include "server/frontends/common/request_codec.h"
 #include "server/scheduling/admission.h"
 #include "server/scheduling/batcher.h"
 #include "tests/engine/test_models.h"

@@ -11,7 +11,7 @@
 
 #include "engine/mha_engine.h"
 #include "gtest/gtest.h"
-#include "server/frontends/request_codec.h"
+#include "server/frontends/common/request_codec.h"
 #include "tests/server/attend_requests.h"
 #include "tests/server/scheduling/callback_call.h"
 
