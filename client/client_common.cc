@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -34,6 +35,17 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ConnectionOptio
     *field = *std::move(text);
   }
   return grpc::CreateCustomChannel(o.target, grpc::SslCredentials(ssl), args);
+}
+
+absl::Status CheckShapeFlags(int64_t batch, int64_t len, int64_t kv_len) {
+  for (const auto& [name, value, least] : {std::tuple{"batch", batch, 1}, std::tuple{"len", len, 1},
+                                           std::tuple{"kv_len", kv_len, 0}}) {
+    if (value < least) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": at least ", least, ", got ", value));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckRequestBytes(double bytes, int64_t client_limit, int64_t server_limit,

@@ -28,6 +28,11 @@ struct ConnectionOptions {
   int64_t max_message_bytes = int64_t{64} << 20;
 };
 
+// Whether the random inputs' sizes make a request: B and L at least 1,
+// S at least 0 (a negative size aborted the client once); the message names
+// the flag.
+absl::Status CheckShapeFlags(int64_t batch, int64_t len, int64_t kv_len);
+
 // Whether a request of about `bytes` may go: INVALID_ARGUMENT naming this
 // client's --max_message_bytes and the server's (0: not known) when it is
 // larger than either, with `smaller` (how to send less). Checked before

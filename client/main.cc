@@ -44,6 +44,7 @@
 #include "absl/time/clock.h"
 #include "client/attend_wire.h"
 #include "client/client_common.h"
+#include "client/load_command.h"
 #include "client/load_generator.h"
 #include "client/model_commands.h"
 #include "client/session_command.h"
@@ -143,19 +144,6 @@ void RecordGivenFlags(int argc, char** argv) {
 // The tensor names an input file may hold.
 const std::vector<std::string> kInputNames = {"query", "key", "value", "key_padding_mask",
                                               "attn_mask"};
-
-// Whether the random inputs' sizes make a request: B and L at least 1,
-// S at least 0 (a negative size aborted the client once).
-absl::Status CheckShapeFlags(int64_t batch, int64_t len, int64_t kv_len) {
-  for (const auto& [name, value, least] : {std::tuple{"batch", batch, 1}, std::tuple{"len", len, 1},
-                                           std::tuple{"kv_len", kv_len, 0}}) {
-    if (value < least) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", name, ": at least ", least, ", got ", value));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // Fills the request's tensors from files, or randomly.
 absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
@@ -296,151 +284,6 @@ int Attend(v1::AttentionService::Stub& stub, const std::shared_ptr<grpc::Channel
   return 0;
 }
 
-int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o);
-
-// Model `name` and its widths, as the server describes it.
-grpc::Status FindTarget(v1::AttentionService::Stub& stub, const std::string& name,
-                        LoadTarget& target) {
-  v1::GetModelRequest get;
-  get.set_name(name);
-  v1::ModelInfo info;
-  const grpc::Status status = stub.GetModel(Context().get(), get, &info);
-  if (status.ok()) target = {info.name(), info.embed_dim(), info.kdim(), info.max_message_bytes()};
-  return status;
-}
-
-int LoadSessions(const std::shared_ptr<grpc::Channel>& channel) {
-  SessionLoadOptions o;
-  o.sessions = absl::GetFlag(FLAGS_sessions);
-  o.steps = std::max<int64_t>(1, absl::GetFlag(FLAGS_steps));
-  o.step_tokens = std::max<int64_t>(1, absl::GetFlag(FLAGS_step_tokens));
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.token = Token();
-  auto stub = v1::AttentionService::NewStub(channel);
-  if (const grpc::Status status = FindTarget(*stub, absl::GetFlag(FLAGS_model), o.target);
-      !status.ok()) {
-    return ReportError(status);
-  }
-  bool failed = false;
-  for (const bool stream : {false, true}) {
-    const SessionLoadReport report = RunSessionLoad(channel, o, stream);
-    std::printf("%s\n", absl::GetFlag(FLAGS_json) ? report.Json().c_str() : report.Text().c_str());
-    failed = failed || !report.errors.empty();
-  }
-  return failed ? 1 : 0;
-}
-
-// The query lengths of `load`: --len_range MIN:MAX, or --len L (one of
-// the two). False (the reason printed) when they are not lengths.
-bool LengthsOf(LoadOptions& o) {
-  const bool len_given = GivenFlags().count("len") > 0;
-  if (len_given && GivenFlags().count("len_range") > 0) {
-    std::fprintf(stderr, "load: give --len or --len_range, not both\n");
-    return false;
-  }
-  if (len_given) {
-    o.min_len = o.max_len = absl::GetFlag(FLAGS_len);
-    if (o.min_len >= 1) return true;
-    std::fprintf(stderr, "--len: at least 1, got %lld\n", static_cast<long long>(o.min_len));
-    return false;
-  }
-  const std::vector<std::string> range = absl::StrSplit(absl::GetFlag(FLAGS_len_range), ':');
-  if (range.size() != 2 || !absl::SimpleAtoi(range[0], &o.min_len) ||
-      !absl::SimpleAtoi(range[1], &o.max_len) || o.min_len < 1 || o.max_len < o.min_len) {
-    std::fprintf(stderr, "--len_range: expected MIN:MAX (1 <= MIN <= MAX), got %s\n",
-                 absl::GetFlag(FLAGS_len_range).c_str());
-    return false;
-  }
-  return true;
-}
-
-int Load(const std::shared_ptr<grpc::Channel>& channel) {
-  if (absl::GetFlag(FLAGS_sessions) > 0) return LoadSessions(channel);
-  LoadOptions o;
-  o.concurrency = absl::GetFlag(FLAGS_concurrency);
-  if (o.concurrency < 1) {
-    std::fprintf(stderr, "--concurrency: expected at least 1, got %d\n", o.concurrency);
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_rate) < 0) {
-    std::fprintf(stderr, "--rate: expected a rate >= 0 (0: as fast as --concurrency allows)\n");
-    return 2;
-  }
-  o.stream = absl::GetFlag(FLAGS_stream);
-  if (o.stream && absl::GetFlag(FLAGS_rate) > 0) {
-    std::fprintf(stderr, "--stream: a closed loop only (drop --rate)\n");
-    return 2;
-  }
-  o.duration = absl::GetFlag(FLAGS_duration);
-  o.max_requests = absl::GetFlag(FLAGS_requests);
-  o.kv_len = absl::GetFlag(FLAGS_kv_len);
-  o.batch = absl::GetFlag(FLAGS_batch);
-  if (o.batch < 1) {
-    std::fprintf(stderr, "--batch: at least 1, got %lld\n", static_cast<long long>(o.batch));
-    return 2;
-  }
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.token = Token();
-  if (!LengthsOf(o)) return 2;
-  if (const absl::Status s = CheckShapeFlags(o.batch, o.min_len, o.kv_len); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  auto stub = v1::AttentionService::NewStub(channel);
-  o.models.clear();
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_model), ',')) {
-    const grpc::Status status = FindTarget(*stub, std::string(name), o.models.emplace_back());
-    if (!status.ok()) return ReportError(status);
-  }
-  for (const LoadTarget& target : o.models) {  // the longest request of the pool
-    const double bytes =
-        4.0 * o.batch * (double(o.max_len) * target.embed_dim + double(o.kv_len) * target.kdim);
-    const absl::Status fits =
-        CheckRequestBytes(bytes, absl::GetFlag(FLAGS_max_message_bytes), target.max_message_bytes,
-                          "send fewer tokens (--batch, --len_range)");
-    if (!fits.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(fits.message()).c_str());
-      return 2;
-    }
-  }
-  o.rate = absl::GetFlag(FLAGS_rate);
-  o.progress = isatty(STDERR_FILENO) && !absl::GetFlag(FLAGS_json);
-  if (!absl::GetFlag(FLAGS_sweep).empty()) return Sweep(channel, o);
-  const LoadReport report = RunLoad(channel, o);
-  std::printf("%s\n", absl::GetFlag(FLAGS_json) ? report.Json().c_str() : report.Text().c_str());
-  return report.errors.empty() ? 0 : 1;
-}
-
-int Sweep(const std::shared_ptr<grpc::Channel>& channel, LoadOptions o) {
-  std::vector<SweepPoint> points;
-  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_sweep), ',')) {
-    SweepPoint point;
-    if (!absl::SimpleAtoi(c, &point.concurrency) || point.concurrency < 1) {
-      std::fprintf(stderr, "--sweep: expected positive integers, got '%s'\n",
-                   std::string(c).c_str());
-      return 2;
-    }
-    o.concurrency = point.concurrency;
-    o.rate = 0;
-    point.report = RunLoad(channel, o);
-    std::printf("concurrency %4d: %9.1f req/s  p50 %8.3f ms  p99 %8.3f ms\n", point.concurrency,
-                point.report.rps(), point.report.p50_ms, point.report.p99_ms);
-    points.push_back(point);
-  }
-  const std::string prefix = absl::GetFlag(FLAGS_sweep_out);
-  for (const auto& [suffix, text] :
-       {std::pair{".csv", SweepCsv(points)}, std::pair{".svg", SweepSvg(points)}}) {
-    std::ofstream file(prefix + suffix);
-    file << text;
-    if (!file) {
-      std::fprintf(stderr, "cannot write %s%s\n", prefix.c_str(), suffix);
-      return 1;
-    }
-  }
-  std::printf("wrote %s.csv and %s.svg\n", prefix.c_str(), prefix.c_str());
-  return 0;
-}
-
 }  // namespace
 }  // namespace mha::client
 
@@ -519,7 +362,31 @@ int main(int argc, char** argv) {
   if (command == "models") return mha::client::Models(*stub, context);
   if (command == "info") return mha::client::Info(*stub, args[2], context);
   if (command == "attend") return mha::client::Attend(*stub, channel);
-  if (command == "load") return mha::client::Load(channel);
+  if (command == "load") {
+    mha::client::LoadCommand load{
+        .models = absl::GetFlag(FLAGS_model),
+        .sessions = absl::GetFlag(FLAGS_sessions),
+        .steps = absl::GetFlag(FLAGS_steps),
+        .step_tokens = absl::GetFlag(FLAGS_step_tokens),
+        .concurrency = absl::GetFlag(FLAGS_concurrency),
+        .rate = absl::GetFlag(FLAGS_rate),
+        .stream = absl::GetFlag(FLAGS_stream),
+        .duration = absl::GetFlag(FLAGS_duration),
+        .requests = absl::GetFlag(FLAGS_requests),
+        .batch = absl::GetFlag(FLAGS_batch),
+        .len = absl::GetFlag(FLAGS_len),
+        .len_given = mha::client::GivenFlags().count("len") > 0,
+        .len_range = absl::GetFlag(FLAGS_len_range),
+        .len_range_given = mha::client::GivenFlags().count("len_range") > 0,
+        .kv_len = absl::GetFlag(FLAGS_kv_len),
+        .seed = absl::GetFlag(FLAGS_seed),
+        .token = mha::client::Token(),
+        .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes),
+        .json = absl::GetFlag(FLAGS_json),
+        .sweep = absl::GetFlag(FLAGS_sweep),
+        .sweep_out = absl::GetFlag(FLAGS_sweep_out)};
+    return mha::client::RunLoadCommand(channel, load, context);
+  }
   if (command == "session") {
     return mha::client::RunSession(
         *stub, {.model = absl::GetFlag(FLAGS_model),
