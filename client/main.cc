@@ -363,28 +363,28 @@ int main(int argc, char** argv) {
   if (command == "info") return mha::client::Info(*stub, args[2], context);
   if (command == "attend") return mha::client::Attend(*stub, channel);
   if (command == "load") {
-    mha::client::LoadCommand load{
-        .models = absl::GetFlag(FLAGS_model),
-        .sessions = absl::GetFlag(FLAGS_sessions),
-        .steps = absl::GetFlag(FLAGS_steps),
-        .step_tokens = absl::GetFlag(FLAGS_step_tokens),
-        .concurrency = absl::GetFlag(FLAGS_concurrency),
-        .rate = absl::GetFlag(FLAGS_rate),
-        .stream = absl::GetFlag(FLAGS_stream),
-        .duration = absl::GetFlag(FLAGS_duration),
-        .requests = absl::GetFlag(FLAGS_requests),
-        .batch = absl::GetFlag(FLAGS_batch),
-        .len = absl::GetFlag(FLAGS_len),
-        .len_given = mha::client::GivenFlags().count("len") > 0,
-        .len_range = absl::GetFlag(FLAGS_len_range),
-        .len_range_given = mha::client::GivenFlags().count("len_range") > 0,
-        .kv_len = absl::GetFlag(FLAGS_kv_len),
-        .seed = absl::GetFlag(FLAGS_seed),
-        .token = mha::client::Token(),
-        .max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes),
-        .json = absl::GetFlag(FLAGS_json),
-        .sweep = absl::GetFlag(FLAGS_sweep),
-        .sweep_out = absl::GetFlag(FLAGS_sweep_out)};
+    mha::client::LoadCommand load;
+    load.models = absl::GetFlag(FLAGS_model);
+    load.sessions = absl::GetFlag(FLAGS_sessions);
+    load.steps = absl::GetFlag(FLAGS_steps);
+    load.step_tokens = absl::GetFlag(FLAGS_step_tokens);
+    load.concurrency = absl::GetFlag(FLAGS_concurrency);
+    load.rate = absl::GetFlag(FLAGS_rate);
+    load.stream = absl::GetFlag(FLAGS_stream);
+    load.duration = absl::GetFlag(FLAGS_duration);
+    load.requests = absl::GetFlag(FLAGS_requests);
+    load.batch = absl::GetFlag(FLAGS_batch);
+    load.len = absl::GetFlag(FLAGS_len);
+    load.len_given = mha::client::GivenFlags().count("len") > 0;
+    load.len_range = absl::GetFlag(FLAGS_len_range);
+    load.len_range_given = mha::client::GivenFlags().count("len_range") > 0;
+    load.kv_len = absl::GetFlag(FLAGS_kv_len);
+    load.seed = absl::GetFlag(FLAGS_seed);
+    load.token = mha::client::Token();
+    load.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+    load.json = absl::GetFlag(FLAGS_json);
+    load.sweep = absl::GetFlag(FLAGS_sweep);
+    load.sweep_out = absl::GetFlag(FLAGS_sweep_out);
     return mha::client::RunLoadCommand(channel, load, context);
   }
   if (command == "session") {

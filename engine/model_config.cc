@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/file_read.h"
+#include "engine/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -23,6 +24,50 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
  private:
   std::string error_;
 };
+
+// A dtype field holding a type the server does not take for it.
+absl::Status NotOneOf(const char* field, v1::DataType got) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "config: ", field, " must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8, got ",
+      v1::DataType_Name(got)));
+}
+
+// compute_dtype into `d`: FP32 (or unset), BF16, or INT8 (the projections
+// in int8; the core in bf16 unless the caches are asked for in fp32, and
+// where the CPU has bf16: MhaEngine::Create).
+absl::Status SetComputeType(const v1::ModelConfig& config, AttentionDims& d) {
+  const v1::DataType type = config.compute_dtype();
+  if (type == v1::DATA_TYPE_UNSPECIFIED || type == v1::DATA_TYPE_FP32) return absl::OkStatus();
+  if (type == v1::DATA_TYPE_BF16) {
+    d.bf16 = true;
+  } else if (type == v1::DATA_TYPE_INT8) {
+    d.int8 = true;
+    d.bf16 = config.kv_cache_dtype() != v1::DATA_TYPE_FP32;
+  } else {
+    return NotOneOf("compute_dtype", type);
+  }
+  return absl::OkStatus();
+}
+
+// kv_cache_dtype into `d`, once its compute type is set: unset (the compute
+// type), FP32 (not beside a bf16 core), BF16 or INT8 for any model.
+absl::Status SetCacheType(v1::DataType type, AttentionDims& d) {
+  if (type == v1::DATA_TYPE_UNSPECIFIED) return absl::OkStatus();
+  if (type == v1::DATA_TYPE_FP32) {
+    if (!d.bf16) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "config: kv_cache_dtype DATA_TYPE_FP32 needs compute_dtype DATA_TYPE_FP32 (a bf16 "
+        "model's cache is bf16)");
+  }
+  if (type == v1::DATA_TYPE_BF16) {
+    d.kv_cache_bf16 = true;
+  } else if (type == v1::DATA_TYPE_INT8) {
+    d.kv_cache_int8 = true;
+  } else {
+    return NotOneOf("kv_cache_dtype", type);
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckDim(const char* field, int64_t value, bool zero_allowed) {
   if (value < 0 || value > kMaxModelDim || (!zero_allowed && value == 0)) {
@@ -85,45 +130,8 @@ absl::StatusOr<AttentionDims> ResolveDims(const v1::ModelConfig& config) {
   d.bias = !config.has_bias() || config.bias();
   d.add_bias_kv = config.add_bias_kv();
   d.add_zero_attn = config.add_zero_attn();
-  switch (config.compute_dtype()) {
-    case v1::DATA_TYPE_UNSPECIFIED:
-    case v1::DATA_TYPE_FP32:
-      break;
-    case v1::DATA_TYPE_BF16:
-      d.bf16 = true;
-      break;
-    case v1::DATA_TYPE_INT8:
-      // The projections in int8; the core in bf16 unless the caches are
-      // asked for in fp32 (and where the CPU has bf16: MhaEngine::Create).
-      d.int8 = true;
-      d.bf16 = config.kv_cache_dtype() != v1::DATA_TYPE_FP32;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: compute_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8, got ",
-          v1::DataType_Name(config.compute_dtype())));
-  }
-  switch (config.kv_cache_dtype()) {
-    case v1::DATA_TYPE_UNSPECIFIED:
-      break;
-    case v1::DATA_TYPE_FP32:
-      if (d.bf16) {
-        return absl::InvalidArgumentError(
-            "config: kv_cache_dtype DATA_TYPE_FP32 needs compute_dtype DATA_TYPE_FP32 (a bf16 "
-            "model's cache is bf16)");
-      }
-      break;
-    case v1::DATA_TYPE_BF16:
-      d.kv_cache_bf16 = true;
-      break;
-    case v1::DATA_TYPE_INT8:
-      d.kv_cache_int8 = true;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: kv_cache_dtype must be DATA_TYPE_FP32, DATA_TYPE_BF16 or DATA_TYPE_INT8, got ",
-          v1::DataType_Name(config.kv_cache_dtype())));
-  }
+  RETURN_IF_ERROR(SetComputeType(config, d));
+  RETURN_IF_ERROR(SetCacheType(config.kv_cache_dtype(), d));
   if (config.warmup_lengths_size() > kMaxWarmupLengths) {
     return absl::InvalidArgumentError(absl::StrCat("config: at most ", kMaxWarmupLengths,
                                                    " warmup_lengths, got ",

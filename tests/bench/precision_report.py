@@ -10,14 +10,13 @@ bf16, with the geometric mean over the projection-heavy shapes.
     python3 tests/bench/precision_report.py --mha_bench build/mha_bench [--rounds 3]
 """
 
-import collections
 import math
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_bench import HERE, bench_parser, run_json_lines, torch_env  # noqa: E402
+from run_bench import alternate, bench_parser, torch_command, torch_env  # noqa: E402
 
 # The shapes the issue asks int8 to speed up 1.5x over bf16 (geomean).
 PROJECTION_HEAVY = ("self_b8_l128_e512_h8", "cross_b8_l64_s256_e512_h8", "self_b4_l512_e1024_h16")
@@ -26,20 +25,11 @@ TORCH_PEER = {"f32": "torch_best", "bf16": "torch_best_bf16", "int8": "torch_bes
 
 def collect(args):
     """name -> dtype -> rows, the programs alternated round by round."""
-    samples = collections.defaultdict(lambda: collections.defaultdict(list))
-    for r in range(args.rounds):
-        print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
-        runs = [run_json_lines([args.mha_bench, "--json", "--rounds=1", f"--shapes={args.shapes}",
-                                f"--dtypes={args.dtypes}", f"--min_seconds={args.min_seconds}"])]
-        for dtype in ("f32", "bf16"):
-            runs.append(run_json_lines(
-                ["/usr/bin/python3", os.path.join(HERE, "torch_bench.py"), "--mode", "best",
-                 "--dtype", dtype, "--min_seconds", str(args.min_seconds),
-                 "--shapes", args.shapes], env=torch_env("best")))
-        for run in runs:
-            for row in run:
-                samples[row["name"]][row["dtype"]].append(row)
-    return samples
+    commands = [([args.mha_bench, "--json", "--rounds=1", f"--shapes={args.shapes}",
+                  f"--dtypes={args.dtypes}", f"--min_seconds={args.min_seconds}"], None)]
+    for dtype in ("f32", "bf16"):
+        commands.append((torch_command(args, "best", ["--dtype", dtype]), torch_env("best")))
+    return alternate(args.rounds, commands)
 
 
 def median_of(rows, key):

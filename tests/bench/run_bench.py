@@ -28,25 +28,34 @@ def torch_env(mode):
     return env
 
 
+def alternate(rounds, commands):
+    """Runs each (command, env) of `commands` in turn, round after round;
+    returns name -> dtype -> list of per-round rows of their JSON lines."""
+    samples = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in range(rounds):
+        print(f"round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+        for command, env in commands:
+            for row in run_json_lines(command, env=env):
+                samples[row["name"]][row["dtype"]].append(row)
+    return samples
+
+
+def torch_command(args, mode, extra=()):
+    """torch_bench.py with the run's time and shape filter."""
+    return ["/usr/bin/python3", os.path.join(HERE, "torch_bench.py"), "--mode", mode,
+            "--min_seconds", str(args.min_seconds), "--shapes", args.shapes] + list(extra)
+
+
 def collect(args):
     """name -> dtype -> list of per-round rows."""
-    samples = collections.defaultdict(lambda: collections.defaultdict(list))
     # Optional: the wider models, and fewer repetitions for slow shapes.
     extra = (["--wide"] if getattr(args, "wide", False) else []) + (
         [f"--min_reps={args.min_reps}"] if getattr(args, "min_reps", None) else [])
-    for r in range(args.rounds):
-        print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
-        runs = [run_json_lines([args.mha_bench, "--json", f"--shapes={args.shapes}",
-                                f"--min_seconds={args.min_seconds}"] + extra)]
-        for mode in args.torch_modes.split(","):
-            runs.append(run_json_lines(
-                ["/usr/bin/python3", os.path.join(HERE, "torch_bench.py"), "--mode", mode,
-                 "--min_seconds", str(args.min_seconds), "--shapes", args.shapes] + extra,
-                env=torch_env(mode)))
-        for run in runs:
-            for row in run:
-                samples[row["name"]][row["dtype"]].append(row)
-    return samples
+    commands = [([args.mha_bench, "--json", f"--shapes={args.shapes}",
+                  f"--min_seconds={args.min_seconds}"] + extra, None)]
+    for mode in args.torch_modes.split(","):
+        commands.append((torch_command(args, mode, extra), torch_env(mode)))
+    return alternate(args.rounds, commands)
 
 
 def median_of(rows, key):

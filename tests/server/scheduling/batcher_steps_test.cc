@@ -6,6 +6,7 @@
 namespace mha::server {
 namespace {
 
+using ::testing::HasSubstr;
 TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
   // Six requests of 40 tokens (L = 20, query + key), held by a delay only
   // Stop ends. A step marks the pool's sessions as stepping: calls then
