@@ -7,7 +7,12 @@ namespace mha::server {
 namespace {
 
 using ::testing::HasSubstr;
-TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
+
+// A suite of its own: each file's BatcherTest is its own class where the
+// files are compiled apart (gtest wants one fixture class per suite).
+class BatcherStepsTest : public BatcherTest {};
+
+TEST_F(BatcherStepsTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
   // Six requests of 40 tokens (L = 20, query + key), held by a delay only
   // Stop ends. A step marks the pool's sessions as stepping: calls then
   // take at most 100 tokens, two requests each, and close when they have
@@ -30,7 +35,7 @@ TEST_F(BatcherTest, WhileSessionsStepCallsCarryAtMostTheCapOfAttendTokens) {
 // Triton's priority levels: the queue is served highest level first (1),
 // oldest first within a level; 0 or a level above priority_levels means the
 // default level.
-TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
+TEST_F(BatcherStepsTest, HigherPriorityLevelsAreServedFirst) {
   // All wait (no call fills) until Stop, then go in one call, taken and
   // answered in queue order.
   BatcherOptions options = Delayed(absl::Seconds(30));
@@ -61,7 +66,7 @@ TEST_F(BatcherTest, HigherPriorityLevelsAreServedFirst) {
             (std::vector<std::string>{"high", "high_later", "default", "above_levels", "low"}));
 }
 
-TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
+TEST_F(BatcherStepsTest, TheCapEndsWhenSessionsStopStepping) {
   const BatcherOptions options = CappedWhileStepping();
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
@@ -78,7 +83,7 @@ TEST_F(BatcherTest, TheCapEndsWhenSessionsStopStepping) {
 // most for the call in progress, then goes first in the next one. Its
 // steps are refused, like Attend requests, when their deadline passed or
 // their caller cancelled, before anything is computed.
-TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
+TEST_F(BatcherStepsTest, AStepWaitsAtMostOneCappedCall) {
   const BatcherOptions options = CappedWhileStepping();
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
@@ -108,7 +113,7 @@ TEST_F(BatcherTest, AStepWaitsAtMostOneCappedCall) {
 // What a long call's yield runs (PollSteps): the ready steps alone, in a
 // call of their own; queued Attend requests, which would ride with them in
 // Poll's call, stay queued.
-TEST_F(BatcherTest, PollStepsHandsTheReadyStepsAloneNotTheQueuedRequests) {
+TEST_F(BatcherStepsTest, PollStepsHandsTheReadyStepsAloneNotTheQueuedRequests) {
   const BatcherOptions options = CappedWhileStepping();  // requests wait for a full call
   Metrics metrics;
   Batcher batcher("m", *engine_, options, metrics.ForModel("m"));
@@ -148,7 +153,7 @@ double Calls(Metrics& metrics) {
 // A started call whose every request is cancelled, or whose deadline
 // passes, stops at its next yield point: CANCELLED / DEADLINE_EXCEEDED
 // where the whole call used to be computed and answered OK.
-TEST_F(BatcherTest, ACallNobodyWaitsForStopsAtItsNextYieldPoint) {
+TEST_F(BatcherStepsTest, ACallNobodyWaitsForStopsAtItsNextYieldPoint) {
   Metrics metrics;
   Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
   v1::AttendRequest causal = Request(32768, 1);  // seconds of compute here
@@ -174,7 +179,7 @@ TEST_F(BatcherTest, ACallNobodyWaitsForStopsAtItsNextYieldPoint) {
 
 // One request of a call cancelled while it runs: the call goes on for the
 // other, whose answer is exact.
-TEST_F(BatcherTest, ACallSharedWithALiveRequestGoesOn) {
+TEST_F(BatcherStepsTest, ACallSharedWithALiveRequestGoesOn) {
   Metrics metrics;
   BatcherOptions options = Delayed(absl::Seconds(30));
   options.max_batch_tokens = 1 << 20;
@@ -198,7 +203,7 @@ TEST_F(BatcherTest, ACallSharedWithALiveRequestGoesOn) {
   EXPECT_EQ(Calls(metrics), 1) << "one call for both";
 }
 
-TEST_F(BatcherTest, ALongCallYieldsToAStepThatArrivesWhileItRuns) {
+TEST_F(BatcherStepsTest, ALongCallYieldsToAStepThatArrivesWhileItRuns) {
   Metrics metrics;
   Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
   ASSERT_TRUE(Step(batcher, metrics).get().ok());  // sessions are in use
@@ -225,7 +230,7 @@ TEST_F(BatcherTest, ALongCallYieldsToAStepThatArrivesWhileItRuns) {
 // once; the next time steps are ready it goes alone, leaving them ready,
 // and its call's yield runs them (one worker here). It is never passed over
 // twice, however many steps come.
-TEST_F(BatcherTest, StepsNeverRideWithALongRequestThatRunsWhole) {
+TEST_F(BatcherStepsTest, StepsNeverRideWithALongRequestThatRunsWhole) {
   const BatcherOptions options = CappedWhileStepping();  // cap 100 tokens
   Metrics metrics;
   ModelMetrics& m = metrics.ForModel("m");
@@ -270,7 +275,7 @@ TEST_F(BatcherTest, StepsNeverRideWithALongRequestThatRunsWhole) {
   batcher.Stop();
 }
 
-TEST_F(BatcherTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
+TEST_F(BatcherStepsTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
   Metrics metrics;
   Batcher batcher("m", *engine_, Delayed(absl::ZeroDuration()), metrics.ForModel("m"));
   auto late = std::make_unique<TestStep>(*engine_, 1, [] { return 0.0; });
@@ -290,7 +295,7 @@ TEST_F(BatcherTest, ExpiredAndCancelledStepsAreRefusedBeforeCompute) {
 
 // A refused step lets go of its session: the next step of that session,
 // queued behind it, still runs (it is not left in the queue unwoken).
-TEST_F(BatcherTest, AStepBehindARefusedStepOfItsSessionRuns) {
+TEST_F(BatcherStepsTest, AStepBehindARefusedStepOfItsSessionRuns) {
   Metrics metrics;
   Batcher batcher("m", *engine_, BatcherOptions{}, metrics.ForModel("m"));
   auto zero = [] { return 0.0; };
@@ -328,7 +333,7 @@ v1::AttendRequest CrossRequest(int64_t len, int64_t keys, uint32_t seed) {
 // chunk one call beside the steps: a step queued behind it is answered
 // first, and the request gets what one call gives (self and cross, key
 // padding, bias_kv + add_zero_attn + post-norm).
-TEST_F(BatcherTest, LongRequestsGoInChunksOfQueryRowsWhileSessionsStep) {
+TEST_F(BatcherStepsTest, LongRequestsGoInChunksOfQueryRowsWhileSessionsStep) {
   AttentionDims extras = Dims();
   extras.add_bias_kv = extras.add_zero_attn = extras.post_norm = true;
   const std::unique_ptr<MhaEngine> extras_engine =
