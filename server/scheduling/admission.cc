@@ -141,4 +141,39 @@ absl::Status MemoryBudgetFull(int64_t reserved, int64_t capacity, const char* wo
                    WithCommas(bytes), " ", purpose, "; retry later"));
 }
 
+MemoryBudget::Growth ReserveActive(MemoryBudget* budget, Task& task) {
+  if (budget == nullptr) return MemoryBudget::Growth::kGrown;
+  return budget->TryGrowActive(task.active_bytes, *task.memory);
+}
+
+const char* NounOf(const Task& task) {
+  switch (task.kind()) {
+    case Task::Kind::kAttend:
+      return "request";
+    case Task::Kind::kStep:
+      return "step";
+    case Task::Kind::kProjection:
+      return "encoder memory";
+  }
+  return "task";
+}
+
+absl::Status Unwanted(Task& task, absl::Time now, const ModelMetrics& metrics, const char* stage) {
+  // gRPC cancels a call whose deadline passed, by its own clock, which may
+  // run a little ahead of ours: a cancellation that close to the deadline
+  // is the deadline's.
+  constexpr absl::Duration kClockSlack = absl::Milliseconds(100);
+  const bool cancelled = task.Cancelled();
+  if (now > task.deadline || (cancelled && now + kClockSlack > task.deadline)) {
+    task.CountDropped(metrics, "deadline");
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline passed while the ", NounOf(task), " was ", stage));
+  }
+  if (cancelled) {
+    task.CountDropped(metrics, "cancelled");
+    return absl::CancelledError("client cancelled the request");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace mha::server

@@ -7,9 +7,12 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "engine/attention_request.h"
 #include "engine/mha_engine.h"
+#include "server/observability/metrics.h"
 #include "server/scheduling/attend_call.h"
+#include "server/scheduling/memory_budget.h"
 #include "server/scheduling/task.h"
 
 namespace mha::server {
@@ -47,7 +50,7 @@ absl::Status CheckStepMemory(const RequestCost& cost, int64_t memory_capacity);
 // RESOURCE_EXHAUSTED when `task` alone needs more than the memory budget
 // gives all work in flight (`memory_capacity`), whatever its kind: an Attend
 // request (CheckWorkingMemory), a session step (CheckStepMemory) or an
-// encoder memory's projection. The one check Batcher::Admit makes.
+// encoder memory's projection. The one check TaskLanes::Admit makes.
 absl::Status CheckFitsBudget(const Task& task, int64_t memory_capacity);
 
 // The one refusal of work the memory budget has no room for now (it fits the
@@ -56,6 +59,20 @@ absl::Status CheckFitsBudget(const Task& task, int64_t memory_capacity);
 // "step") needs, and what for ("to wait in the queue", "more to compute").
 absl::Status MemoryBudgetFull(int64_t reserved, int64_t capacity, const char* work, int64_t bytes,
                               const char* purpose);
+
+// Reserves the active bytes of `task` as a call takes it (its queued bytes
+// are held already); without a budget (null), always kGrown.
+MemoryBudget::Growth ReserveActive(MemoryBudget* budget, Task& task);
+
+// What `task` is called in refusals: "request", "step" or "encoder memory".
+const char* NounOf(const Task& task);
+
+// Why nobody wants `task` computed any more, or OK: DEADLINE_EXCEEDED (its
+// deadline passed by `now`, or it was cancelled just before it) or
+// CANCELLED, counted as dropped in `metrics`. `stage`: what the task was
+// doing ("queued" or "computed").
+absl::Status Unwanted(Task& task, absl::Time now, const ModelMetrics& metrics,
+                      const char* stage = "queued");
 
 }  // namespace mha::server
 

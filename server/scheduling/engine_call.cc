@@ -1,7 +1,5 @@
-// Batcher's engine calls: running one (the requests and steps a worker
-// took, or the memory projections), scattering its results to the calls
-// waiting on it, and recording its statistics and metrics. Runs on a pool
-// worker, outside the batcher's lock.
+// EngineCallRunner: one engine call from a worker's tasks to their answers.
+#include "server/scheduling/engine_call.h"
 
 #include <algorithm>
 #include <new>
@@ -9,16 +7,43 @@
 #include <utility>
 
 #include "engine/large_buffer.h"
-#include "engine/mha_engine.h"
-#include "server/scheduling/batcher.h"
+#include "server/scheduling/admission.h"
 
 namespace mha::server {
 
-void Batcher::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections,
-                             Workspace& ws) {
+EngineCallRunner::EngineCallRunner(const MhaEngine& engine, ModelMetrics& metrics,
+                                   const Clock& clock, ModelStatistics* statistics)
+    : engine_(engine),
+      metrics_(metrics),
+      clock_(clock),
+      statistics_(statistics),
+      reported_misses_(engine.PrimitiveCacheMisses()) {}  // warm-up misses are not counted
+
+std::vector<std::unique_ptr<AttendCall>> EngineCallRunner::DropUnwanted(
+    std::vector<std::unique_ptr<AttendCall>> batch) const {
+  const absl::Time now = clock_.Now();
+  std::vector<std::unique_ptr<AttendCall>> live;
+  live.reserve(batch.size());
+  for (std::unique_ptr<AttendCall>& r : batch) {
+    r->waited = now - r->enqueued;
+    metrics_.queue_duration->Observe(absl::ToDoubleSeconds(r->waited));
+    if (!r->refusal.ok()) {
+      r->CountDropped(metrics_, "memory");
+      r->Fail(r->refusal);
+    } else if (absl::Status unwanted = Unwanted(*r, now, metrics_); !unwanted.ok()) {
+      r->Fail(unwanted);
+    } else {
+      live.push_back(std::move(r));
+    }
+  }
+  return live;
+}
+
+void EngineCallRunner::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projections,
+                                      Workspace& ws) const {
   const absl::Time now = clock_.Now();
   for (auto& p : projections) {
-    if (absl::Status unwanted = Unwanted(*p, now); !unwanted.ok()) {
+    if (absl::Status unwanted = Unwanted(*p, now, metrics_); !unwanted.ok()) {
       p->Fail(unwanted);
     } else {
       p->Run(ws);
@@ -26,60 +51,38 @@ void Batcher::RunProjections(std::vector<std::unique_ptr<ProjectionTask>> projec
     p.reset();           // its memory comes back before the next one runs
     ws.BetweenBlocks();  // waiting steps may go between projections
   }
-  WakeLeftSteps(/*ran_some=*/true, /*more=*/false);
 }
 
-void Batcher::Compute(std::vector<std::unique_ptr<AttendCall>> batch, bool steps, Workspace& ws) {
-  // Drop what nobody waits for any more, before spending compute on it.
-  const absl::Time now = clock_.Now();
-  std::vector<std::unique_ptr<AttendCall>> live;
-  for (std::unique_ptr<AttendCall>& r : batch) {
-    r->waited = now - r->enqueued;
-    metrics_.queue_duration->Observe(absl::ToDoubleSeconds(r->waited));
-    if (!r->refusal.ok()) {
-      r->CountDropped(metrics_, "memory");
-      r->Fail(r->refusal);
-    } else if (absl::Status unwanted = Unwanted(*r, now); !unwanted.ok()) {
-      r->Fail(unwanted);
-    } else {
-      live.push_back(std::move(r));
-    }
-  }
-  std::vector<StartedStep> started;
-  bool more = false, refusals = false;
-  if (steps) {
-    std::vector<std::unique_ptr<Task>> refused;
-    try {
-      started = TakeSteps(refused, more);
-    } catch (const std::bad_alloc&) {  // nothing started; they wait for the next call
-      more = true;
-    }
-    refusals = !refused.empty();
-    for (auto& step : refused) step->Fail(step->refusal);  // outside the lock
-  }
+void EngineCallRunner::Run(const std::vector<std::unique_ptr<AttendCall>>& live,
+                           std::vector<StartedStep>& steps, Workspace& ws) {
   // The steps (and chunks) go first, in an engine call of their own, and
-  // are answered before the requests taken with them are computed: a step
-  // waits for its own rows, not for a capped call's Attend rows as well and
-  // the preemptions of the worker in between (docs/PERFORMANCE.md).
+  // are answered before the requests are computed: a step waits for its
+  // own rows, not for a capped call's Attend rows as well and the
+  // preemptions of the worker in between (docs/PERFORMANCE.md).
   size_t steps_answered = 0, requests_answered = 0;
   try {
-    if (!started.empty()) ComputeLive({}, started, ws, steps_answered);
+    if (!steps.empty()) Compute({}, steps, ws, steps_answered);
     std::vector<StartedStep> no_steps;
-    if (!live.empty()) ComputeLive(live, no_steps, ws, requests_answered);
+    if (!live.empty()) Compute(live, no_steps, ws, requests_answered);
   } catch (const std::bad_alloc&) {  // the call fails, the server goes on
     const absl::Status status = absl::ResourceExhaustedError(
         "out of memory while computing this request's batch; retry later");
-    for (size_t i = steps_answered; i < started.size(); ++i)
-      started[i].task->Finish(status, {}, {});
+    for (size_t i = steps_answered; i < steps.size(); ++i) steps[i].task->Finish(status, {}, {});
     for (size_t i = requests_answered; i < live.size(); ++i) live[i]->Fail(status);
   }
-  const bool ran_steps = !started.empty();
-  started.clear();  // their memory and sessions' blocks come back first
-  // Refused steps freed their sessions too: the steps behind them may go.
-  WakeLeftSteps(ran_steps || refusals, more);
 }
 
-void Batcher::ReportPrimitiveCacheMisses() {
+bool EngineCallRunner::NobodyWaits(const std::vector<std::unique_ptr<AttendCall>>& live,
+                                   size_t& first_wanted) const {
+  const absl::Time now = clock_.Now();
+  while (first_wanted < live.size() &&
+         (live[first_wanted]->Cancelled() || now > live[first_wanted]->deadline)) {
+    ++first_wanted;
+  }
+  return first_wanted == live.size();
+}
+
+void EngineCallRunner::ReportPrimitiveCacheMisses() {
   const uint64_t now = engine_.PrimitiveCacheMisses();
   uint64_t reported = reported_misses_.load();
   while (now > reported && !reported_misses_.compare_exchange_weak(reported, now)) {
@@ -106,8 +109,8 @@ double AttentionFlops(const std::vector<std::unique_ptr<AttendCall>>& live, int6
 
 }  // namespace
 
-void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
-                          std::vector<StartedStep>& steps, Workspace& ws, size_t& answered) {
+void EngineCallRunner::Compute(const std::vector<std::unique_ptr<AttendCall>>& live,
+                               std::vector<StartedStep>& steps, Workspace& ws, size_t& answered) {
   const absl::Time merging = absl::Now();
   std::vector<const AttentionRequest*> inputs;
   int64_t tokens = 0;
@@ -115,7 +118,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
     inputs.push_back(&r->input());
     tokens += r->input().tokens();
   }
-  // The steps' query rows in one buffer (Compute passes steps or requests,
+  // The steps' query rows in one buffer (Run passes steps or requests,
   // never both: the engine's joint call over both kinds is not used here).
   std::vector<float> step_query;
   StepBatch step_batch;
@@ -164,7 +167,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   if (stopped && !status.ok()) {  // each says why, counted as dropped
     const absl::Time now = clock_.Now();
     for (size_t i = 0; i < live.size(); ++i) {
-      const absl::Status why = Unwanted(*live[i], now, "computed");
+      const absl::Status why = Unwanted(*live[i], now, metrics_, "computed");
       if (!why.ok()) answers[i] = why;
     }
   }
@@ -181,7 +184,7 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
     }
     RecordCall(live, answers, steps, merging, start, computed);
   }
-  // The steps first. If an answer throws (out of memory), Compute fails
+  // The steps first. If an answer throws (out of memory), Run fails
   // the rest.
   const int64_t e = engine_.dims().embed_dim;
   int64_t row = 0, w_off = 0;
@@ -207,11 +210,11 @@ void Batcher::ComputeLive(const std::vector<std::unique_ptr<AttendCall>>& live,
   }
 }
 
-void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
-                         const std::vector<absl::Status>& answers,
-                         const std::vector<StartedStep>& steps, absl::Time merging,
-                         absl::Time start, absl::Time computed) {
-  if (options_.statistics == nullptr) return;
+void EngineCallRunner::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
+                                  const std::vector<absl::Status>& answers,
+                                  const std::vector<StartedStep>& steps, absl::Time merging,
+                                  absl::Time start, absl::Time computed) const {
+  if (statistics_ == nullptr) return;
   ModelStatistics::Call call;
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < live.size(); ++i) {
@@ -235,7 +238,7 @@ void Batcher::RecordCall(const std::vector<std::unique_ptr<AttendCall>>& live,
   call.input = start - merging;
   call.infer = computed - start;
   call.output = now - computed;
-  options_.statistics->Record(call);
+  statistics_->Record(call);
 }
 
 }  // namespace mha::server
