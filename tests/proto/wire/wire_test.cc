@@ -44,16 +44,24 @@ v1::AttendRequest FullRequest(int64_t len) {
   return r;
 }
 
+// Reads `bytes`, cut into pieces of `sizes`, into `header` and `read`, once
+// the reader is seen to agree with protobuf on those pieces.
+void ReadAgreeing(const std::string& bytes, const std::vector<int>& sizes,
+                  absl::Span<const PayloadField> fields, const char* what,
+                  google::protobuf::MessageLite& header, ReadResult& read) {
+  const WirePieces pieces = SplitInto(bytes, sizes);
+  EXPECT_EQ(CheckReadAgrees(bytes, pieces), "");
+  ASSERT_TRUE(ReadWireMessage(pieces, fields, what, header, read).ok());
+}
+
 TEST(WireReaderTest, TensorBytesStayInTheReceivedPiecesAndTheRestParses) {
   const std::string bytes = FullRequest(300).SerializeAsString();
   for (const std::vector<int>& sizes :
        std::vector<std::vector<int>>{{}, {1}, {7}, {4096}, {3, 1000, 1}, {16384}}) {
-    const WirePieces pieces = SplitInto(bytes, sizes);
-    EXPECT_EQ(CheckReadAgrees(bytes, pieces), "");
     v1::AttendRequest header;
     ReadResult read;
-    ASSERT_TRUE(
-        ReadWireMessage(pieces, kAttendRequestPayloads, "AttendRequest", header, read).ok());
+    ASSERT_NO_FATAL_FAILURE(
+        ReadAgreeing(bytes, sizes, kAttendRequestPayloads, "AttendRequest", header, read));
     EXPECT_FALSE(read.whole);
     ASSERT_EQ(read.payloads.size(), 5u);  // query, key, value, key_padding_mask, attn_mask
     EXPECT_TRUE(header.query().data().empty());
@@ -80,12 +88,10 @@ TEST(WireReaderTest, StreamAndAppendMessagesKeepTheirTensorsInThePieces) {
   *step.mutable_append()->mutable_query() = TensorOf({1, 100, 24}, 9);
   for (const v1::StreamRequest& message : {stream, step}) {
     const std::string bytes = message.SerializeAsString();
-    const WirePieces pieces = SplitInto(bytes, {333});
-    EXPECT_EQ(CheckReadAgrees(bytes, pieces), "");
     v1::StreamRequest header;
     ReadResult read;
-    ASSERT_TRUE(
-        ReadWireMessage(pieces, kStreamRequestPayloads, "StreamRequest", header, read).ok());
+    ASSERT_NO_FATAL_FAILURE(
+        ReadAgreeing(bytes, {333}, kStreamRequestPayloads, "StreamRequest", header, read));
     EXPECT_FALSE(read.whole);
     const int attend_query[] = {2, 2, 3};
     const int append_query[] = {4, 2, 3};
@@ -157,12 +163,10 @@ TEST(WireReaderTest, RawInputContentsKeepTheirPlaces) {
   r.add_raw_input_contents("");
   r.add_raw_input_contents(std::string(70000, 'c'));
   const std::string bytes = r.SerializeAsString();
-  const WirePieces pieces = SplitInto(bytes, {999});
-  EXPECT_EQ(CheckReadAgrees(bytes, pieces), "");
   inference::ModelInferRequest header;
   ReadResult read;
-  ASSERT_TRUE(
-      ReadWireMessage(pieces, kInferRequestPayloads, "ModelInferRequest", header, read).ok());
+  ASSERT_NO_FATAL_FAILURE(
+      ReadAgreeing(bytes, {999}, kInferRequestPayloads, "ModelInferRequest", header, read));
   EXPECT_EQ(header.raw_input_contents_size(), 3);
   ASSERT_EQ(read.payloads.size(), 3u);
   EXPECT_EQ(read.payloads[2].size, 70000);
