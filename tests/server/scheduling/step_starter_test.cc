@@ -18,8 +18,8 @@ namespace {
 
 using testing::FakeStep;
 using ::testing::HasSubstr;
-using testing::Outcome;
 using testing::kNow;
+using testing::Outcome;
 
 class StepStarterTest : public ::testing::Test {
  protected:

@@ -20,8 +20,8 @@ namespace {
 using testing::FakeProjection;
 using testing::FakeStep;
 using ::testing::HasSubstr;
-using testing::Outcome;
 using testing::kNow;
+using testing::Outcome;
 
 std::unique_ptr<Task> AttendOf(int64_t len, uint64_t priority = 0, uint32_t seed = 1) {
   auto call = testing::MakeCall(DecodeOwned(Request(len, seed)), [](auto) {});
