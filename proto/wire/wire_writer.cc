@@ -19,6 +19,9 @@ namespace {
 // Payloads from this size on are allocated apart from gRPC's slices.
 constexpr size_t kLargePayloadBytes = size_t{256} << 10;
 
+// What a view's slice calls once gRPC is done with it.
+void ReleaseOwner(void* held) { delete static_cast<std::shared_ptr<const void>*>(held); }
+
 size_t VarintSize(uint64_t value) {
   size_t n = 1;
   while (value >= 0x80) value >>= 7, ++n;
@@ -61,20 +64,50 @@ void WireWriter::AppendPayload(size_t size, Fill fill) {
   size_ += size;
 }
 
+void WireWriter::AppendPayload(absl::Span<const uint8_t> bytes, std::shared_ptr<const void> owner) {
+  const size_t before = pending_.size();
+  AppendVarint(bytes.size(), pending_);
+  size_ += pending_.size() - before;
+  if (bytes.empty()) return;
+  Flush();
+  // The slice holds its own reference to the owner; gRPC drops it once sent.
+  auto* held = new std::shared_ptr<const void>(std::move(owner));
+  slices_.emplace_back(const_cast<uint8_t*>(bytes.data()), bytes.size(), &ReleaseOwner, held);
+  size_ += bytes.size();
+}
+
 void WireWriter::AppendBytes(int number, size_t size, Fill fill) {
   AppendTag(number);
   AppendPayload(size, fill);
 }
 
-void WireWriter::AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
-                                        int data_number, size_t size, Fill fill) {
+void WireWriter::AppendBytes(int number, absl::Span<const uint8_t> bytes,
+                             std::shared_ptr<const void> owner) {
+  AppendTag(number);
+  AppendPayload(bytes, std::move(owner));
+}
+
+void WireWriter::AppendMessageHeader(int number, const google::protobuf::MessageLite& fields,
+                                     int data_number, size_t size) {
   const size_t fields_size = fields.ByteSizeLong();
   AppendTag(number);
   const size_t before = pending_.size();
   AppendVarint(fields_size + BytesFieldOverhead(data_number, size) + size, pending_);
   size_ += pending_.size() - before;
   Append(fields);
+}
+
+void WireWriter::AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
+                                        int data_number, size_t size, Fill fill) {
+  AppendMessageHeader(number, fields, data_number, size);
   AppendBytes(data_number, size, fill);
+}
+
+void WireWriter::AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
+                                        int data_number, absl::Span<const uint8_t> bytes,
+                                        std::shared_ptr<const void> owner) {
+  AppendMessageHeader(number, fields, data_number, bytes.size());
+  AppendBytes(data_number, bytes, std::move(owner));
 }
 
 void WireWriter::AppendMessage(int number, WireWriter& inner) {

@@ -1,15 +1,18 @@
 // Writes a protobuf message as gRPC sends it, without copying tensor bytes
 // twice: the fields of small size are serialized by protobuf, and each
 // payload is a buffer of its own that is filled once and handed to gRPC as
-// a slice that owns it.
+// a slice that owns it, or bytes that are already where they are (a view
+// whose owner the slice holds until gRPC has sent them).
 #ifndef MHA_PROTO_WIRE_WIRE_WRITER_H_
 #define MHA_PROTO_WIRE_WIRE_WRITER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/types/span.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -31,6 +34,13 @@ class WireWriter {
   void AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
                               int data_number, size_t size, Fill fill);
 
+  // The same with the payload's bytes sent from where they are: gRPC holds
+  // a copy of `owner`, which keeps `bytes` alive, until it has sent them.
+  void AppendBytes(int number, absl::Span<const uint8_t> bytes, std::shared_ptr<const void> owner);
+  void AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
+                              int data_number, absl::Span<const uint8_t> bytes,
+                              std::shared_ptr<const void> owner);
+
   // Field `number`, a message: what `inner` wrote (its payloads are moved,
   // not copied). `inner` is empty after.
   void AppendMessage(int number, WireWriter& inner);
@@ -42,6 +52,11 @@ class WireWriter {
  private:
   void AppendTag(int number);  // length-delimited
   void AppendPayload(size_t size, Fill fill);
+  void AppendPayload(absl::Span<const uint8_t> bytes, std::shared_ptr<const void> owner);
+  // The length-delimited header of a message field that holds `fields`
+  // and then a bytes field `data_number` of `size` bytes.
+  void AppendMessageHeader(int number, const google::protobuf::MessageLite& fields, int data_number,
+                           size_t size);
   void Flush();
 
   std::string pending_;  // serialized bytes not yet in a slice

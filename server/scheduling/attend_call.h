@@ -20,10 +20,13 @@ namespace mha::server {
 
 // What a computed request gets back: its f32 output and optional weights,
 // in the shapes its AttentionRequest gives, as views of the engine call's
-// outputs: valid during Respond only (encode them there).
+// outputs: valid during Respond only (encode them there), or for as long
+// as a copy of `owner` is held, when it is set (a response may then send
+// f32 bytes from where the engine wrote them, with no copy).
 struct AttentionResult {
   absl::Span<const float> output;
   absl::Span<const float> weights;
+  std::shared_ptr<const void> owner;  // may be null
 };
 
 // Owns one Attend request from the front end that decoded it to its

@@ -93,6 +93,17 @@ void EngineCallRunner::ReportPrimitiveCacheMisses() {
 
 namespace {
 
+// One engine call's outputs: the requests' and steps' output rows, the
+// requests' weights and the steps' weights. Held by the call and by the
+// answers that send bytes from it.
+struct CallOutputs {
+  CallOutputs(int64_t output_elements, int64_t weights_elements, int64_t step_weights_elements)
+      : output(static_cast<size_t>(output_elements)),
+        weights(static_cast<size_t>(weights_elements)),
+        step_weights(static_cast<size_t>(step_weights_elements)) {}
+  LargeArray<float> output, weights, step_weights;
+};
+
 // A call's attention work (scores and weighted sums) from which it may be
 // stopped: about one yield wave of the engine (EngineOptions).
 constexpr double kStopCheckFlops = 256 << 20;
@@ -138,11 +149,14 @@ void EngineCallRunner::Compute(const std::vector<std::unique_ptr<AttendCall>>& l
       step_weights_wanted ? engine_.StepWeightsElements(step_batch) : 0;
   // Every element is written by the engine: no zero-fill; huge pages for
   // large outputs (a fresh 4 KiB page costs microseconds to fault in).
-  LargeArray<float> output(static_cast<size_t>(request_elements + step_elements));
-  LargeArray<float> weights(static_cast<size_t>(merged ? merged->weights_elements() : 0));
-  LargeArray<float> step_weights(static_cast<size_t>(step_weights_elements));
+  // Shared with the requests' answers, which may send f32 bytes from here.
+  const auto buffers =
+      std::make_shared<CallOutputs>(request_elements + step_elements,
+                                    merged ? merged->weights_elements() : 0, step_weights_elements);
+  LargeArray<float>& output = buffers->output;
+  LargeArray<float>& step_weights = buffers->step_weights;
   const absl::Span<float> all_output(output.data(), request_elements);
-  const absl::Span<float> all_weights(weights.data(), weights.size());
+  const absl::Span<float> all_weights(buffers->weights.data(), buffers->weights.size());
   const MixedOutputs out{absl::MakeSpan(output.data(), output.size()), all_weights,
                          merged && merged->per_head_weights(),
                          absl::MakeSpan(step_weights.data(), step_weights.size())};
@@ -175,7 +189,7 @@ void EngineCallRunner::Compute(const std::vector<std::unique_ptr<AttendCall>>& l
     for (size_t i = 0; i < live.size(); ++i) {
       live[i]->compute_time = computed - start;
       const AttentionResult result{merged->OutputOf(i, all_output),
-                                   merged->WeightsOf(i, all_weights)};
+                                   merged->WeightsOf(i, all_weights), buffers};
       answers[i] =
           FirstNonFinite(result.output) >= 0  // finite inputs that overflow f32
               ? absl::InvalidArgumentError(

@@ -6,6 +6,7 @@
 #define MHA_SERVER_FRONTENDS_KSERVE_CODEC_H_
 
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -138,11 +139,13 @@ absl::StatusOr<std::optional<StepLayout>> DecodeEmptyEnd(
 // when a shared-memory output cannot be written or does not fit its slice.
 // With `deferred`, an output sent inline is left as an empty raw entry and
 // listed there instead, for a writer that fills it straight into the
-// message's bytes (wire_writer.h); `result` must outlive that.
+// message's bytes (wire_writer.h); `result` must outlive that, or `owner`
+// (the result's, which keeps `values` alive) be held.
 struct DeferredOutput {
   int raw_index = 0;
   absl::Span<const float> values;
   DType dtype = DType::kF32;
+  std::shared_ptr<const void> owner;  // may be null
 };
 absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                                const std::vector<RequestedOutput>& outputs,

@@ -31,7 +31,8 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
     const absl::Span<const float> values = is_output ? result.output : result.weights;
     if (!requested.shared_memory.has_value()) {
       if (deferred != nullptr) {
-        deferred->push_back({response->raw_output_contents_size() - 1, values, dtype});
+        deferred->push_back(
+            {response->raw_output_contents_size() - 1, values, dtype, result.owner});
       } else {
         EncodeBytes(values, dtype, *raw);
       }

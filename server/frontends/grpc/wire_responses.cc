@@ -8,21 +8,34 @@
 #include "server/frontends/common/request_codec.h"
 
 namespace mha::server {
+namespace {
+
+absl::Span<const uint8_t> AsBytes(absl::Span<const float> values) {
+  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)};
+}
+
+}  // namespace
 
 void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
-                      DType dtype, wire::WireWriter& writer) {
+                      DType dtype, const std::shared_ptr<const void>& owner,
+                      wire::WireWriter& writer) {
   v1::Tensor fields;
   fields.set_dtype(ToWireDType(dtype));
   fields.mutable_shape()->Assign(shape.begin(), shape.end());
+  if (dtype == DType::kF32 && owner != nullptr) {
+    writer.AppendMessageWithBytes(number, fields, 3, AsBytes(values), owner);
+    return;
+  }
   writer.AppendMessageWithBytes(number, fields, 3, values.size() * DTypeSize(dtype),
                                 [&](uint8_t* out) { WriteBytes(values, dtype, out); });
 }
 
 void WriteAttendResponse(const std::string& model, int64_t version, const ResultLayout& layout,
                          const AttentionResult& result, wire::WireWriter& writer) {
-  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
+  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, result.owner,
+                   writer);
   if (!layout.weights_shape.empty()) {
-    AppendWireTensor(2, result.weights, layout.weights_shape, DType::kF32, writer);
+    AppendWireTensor(2, result.weights, layout.weights_shape, DType::kF32, result.owner, writer);
   }
   v1::AttendResponse rest;
   rest.set_model(model);
@@ -32,9 +45,10 @@ void WriteAttendResponse(const std::string& model, int64_t version, const Result
 
 void WriteAppendResponse(const StepLayout& layout, const StepResult& result,
                          wire::WireWriter& writer) {
-  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, writer);
+  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, nullptr, writer);
   if (layout.need_weights) {
-    AppendWireTensor(3, result.weights, StepWeightsShape(layout, result.keys), DType::kF32, writer);
+    AppendWireTensor(3, result.weights, StepWeightsShape(layout, result.keys), DType::kF32, nullptr,
+                     writer);
   }
   v1::AppendResponse rest;
   rest.set_position(result.position);
@@ -50,6 +64,10 @@ void WriteInferResponse(const inference::ModelInferResponse& response,
   for (int i = 0; i < response.raw_output_contents_size(); ++i) {
     if (next < deferred.size() && deferred[next].raw_index == i) {
       const DeferredOutput& out = deferred[next++];
+      if (out.dtype == DType::kF32 && out.owner != nullptr) {
+        writer.AppendBytes(6, AsBytes(out.values), out.owner);
+        continue;
+      }
       writer.AppendBytes(6, out.values.size() * DTypeSize(out.dtype),
                          [&](uint8_t* to) { WriteBytes(out.values, out.dtype, to); });
     } else {

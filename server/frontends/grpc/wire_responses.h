@@ -5,6 +5,7 @@
 #define MHA_SERVER_FRONTENDS_WIRE_RESPONSES_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,11 @@
 namespace mha::server {
 
 // Field `number` of the message being written: a Tensor of `values` in
-// `dtype` with `shape`.
+// `dtype` with `shape`. F32 values with an `owner` (which keeps them alive)
+// are sent from where they are; others are written once into the message.
 void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
-                      DType dtype, wire::WireWriter& writer);
+                      DType dtype, const std::shared_ptr<const void>& owner,
+                      wire::WireWriter& writer);
 
 // An AttendResponse of `result` from version `version` of `model`.
 void WriteAttendResponse(const std::string& model, int64_t version, const ResultLayout& layout,

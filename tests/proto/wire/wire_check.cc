@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "google/protobuf/io/coded_stream.h"
@@ -107,10 +109,26 @@ std::string Flatten(grpc::ByteBuffer buffer) {
   return s;
 }
 
-void AppendTensor(int number, const v1::Tensor& tensor, WireWriter& writer) {
+// `data` as bytes a view may send: a copy its owner keeps alive.
+struct Viewed {
+  absl::Span<const uint8_t> bytes;
+  std::shared_ptr<const void> owner;
+};
+Viewed ViewOf(const std::string& data) {
+  auto copy = std::make_shared<const std::string>(data);
+  return {{reinterpret_cast<const uint8_t*>(copy->data()), copy->size()}, copy};
+}
+
+// Written filled by the writer, or (`view`) sent from a buffer of its own.
+void AppendTensor(int number, const v1::Tensor& tensor, WireWriter& writer, bool view = false) {
   v1::Tensor fields = tensor;
   fields.clear_data();
   const std::string& data = tensor.data();
+  if (view) {
+    Viewed viewed = ViewOf(data);
+    writer.AppendMessageWithBytes(number, fields, 3, viewed.bytes, std::move(viewed.owner));
+    return;
+  }
   writer.AppendMessageWithBytes(number, fields, 3, data.size(),
                                 [&](uint8_t* out) { std::copy(data.begin(), data.end(), out); });
 }
@@ -159,7 +177,7 @@ std::string CheckWriteRoundTrips(absl::string_view bytes) {
   if (attend.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     WireWriter writer;
     if (attend.has_output()) AppendTensor(1, attend.output(), writer);
-    if (attend.has_attn_weights()) AppendTensor(2, attend.attn_weights(), writer);
+    if (attend.has_attn_weights()) AppendTensor(2, attend.attn_weights(), writer, /*view=*/true);
     v1::AttendResponse rest = attend;
     rest.clear_output();
     rest.clear_attn_weights();
@@ -171,7 +189,7 @@ std::string CheckWriteRoundTrips(absl::string_view bytes) {
   v1::StreamResponse stream;
   if (stream.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())) && stream.has_attend()) {
     WireWriter inner;  // the attend answer nested in the stream's
-    if (stream.attend().has_output()) AppendTensor(1, stream.attend().output(), inner);
+    if (stream.attend().has_output()) AppendTensor(1, stream.attend().output(), inner, true);
     if (stream.attend().has_attn_weights()) AppendTensor(2, stream.attend().attn_weights(), inner);
     v1::AttendResponse attend_rest = stream.attend();
     attend_rest.clear_output();
@@ -192,9 +210,16 @@ std::string CheckWriteRoundTrips(absl::string_view bytes) {
     inference::ModelInferResponse rest = infer;
     rest.clear_raw_output_contents();
     writer.Append(rest);
+    bool view = false;  // every other one sent from a buffer of its own
     for (const std::string& raw : infer.raw_output_contents()) {
-      writer.AppendBytes(6, raw.size(),
-                         [&](uint8_t* out) { std::copy(raw.begin(), raw.end(), out); });
+      if (view) {
+        Viewed viewed = ViewOf(raw);
+        writer.AppendBytes(6, viewed.bytes, std::move(viewed.owner));
+      } else {
+        writer.AppendBytes(6, raw.size(),
+                           [&](uint8_t* out) { std::copy(raw.begin(), raw.end(), out); });
+      }
+      view = !view;
     }
     const size_t size = writer.size();
     return RoundTrip(infer, writer.Finish(), size, "ModelInferResponse");

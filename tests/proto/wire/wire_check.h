@@ -23,7 +23,8 @@ std::string CheckReadAgrees(absl::string_view bytes, const WirePieces& pieces);
 
 // Parses `bytes` as an AttendResponse, a StreamResponse (with an attend
 // answer: written nested) and a ModelInferResponse; for each that parses, writes it again through
-// WireWriter (its tensors' data and raw outputs as payloads) and parses what was written. "" when
+// WireWriter (its tensors' data and raw outputs as payloads, some filled, some sent from
+// buffers of their own as views) and parses what was written. "" when
 // protobuf reads back the same message, else what differed.
 std::string CheckWriteRoundTrips(absl::string_view bytes);
 

@@ -1,4 +1,5 @@
 // The wire reader and writer (proto/wire/) against protobuf's own parser.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,41 @@ TEST(WireWriterTest, ResponsesWrittenAroundTheirPayloadsParseToTheSameMessage) {
   infer.add_raw_output_contents(std::string(200000, 'x'));
   infer.add_raw_output_contents("");
   EXPECT_EQ(CheckWriteRoundTrips(infer.SerializeAsString()), "");
+}
+
+// A view's bytes go to gRPC where they are, and its owner lives as long as
+// gRPC holds them: no copy of an engine call's output on the way out.
+TEST(WireWriterTest, ViewsAreSentFromWhereTheyAreWhileGrpcHoldsTheirOwner) {
+  auto owner = std::make_shared<std::vector<float>>(70000, 1.5f);
+  const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(owner->data()),
+                                        owner->size() * sizeof(float));
+  v1::Tensor fields;
+  fields.set_dtype(v1::DATA_TYPE_FP32);
+  fields.add_shape(70000);
+  WireWriter writer;
+  writer.AppendMessageWithBytes(1, fields, 3, bytes, owner);
+  v1::AttendResponse rest;
+  rest.set_model("m");
+  writer.Append(rest);
+  grpc::ByteBuffer buffer = writer.Finish();
+  EXPECT_EQ(owner.use_count(), 2);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(buffer.Dump(&slices).ok());
+  int viewed = 0;
+  std::string flat;
+  for (const grpc::Slice& slice : slices) {
+    viewed += slice.begin() == bytes.data() && slice.size() == bytes.size();
+    flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  EXPECT_EQ(viewed, 1);
+  v1::AttendResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(flat));
+  EXPECT_EQ(parsed.model(), "m");
+  EXPECT_EQ(parsed.output().data(),
+            std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  slices.clear();
+  buffer.Clear();
+  EXPECT_EQ(owner.use_count(), 1);  // gRPC let go of it
 }
 
 }  // namespace

@@ -83,6 +83,27 @@ TEST_F(EngineCallTest, OneCallAnswersEachRequestAsIfComputedAloneAndRecordsIt) {
   EXPECT_EQ(m.tokens->Value(), 2 * (5 + 6 + 7));
 }
 
+TEST_F(EngineCallTest, AnAnswerMayHoldTheCallsOutputAndSendItFromThere) {
+  std::shared_ptr<const void> owner;
+  absl::Span<const float> sent;
+  std::vector<std::unique_ptr<AttendCall>> live;
+  live.push_back(
+      testing::MakeCall(DecodeOwned(Request(6, 21)), [&](absl::StatusOr<AttentionResult> r) {
+        ASSERT_TRUE(r.ok());
+        owner = r->owner;  // as a response's slice does
+        sent = r->output;
+      }));
+  std::vector<StartedStep> no_steps;
+  auto ws = engine_->NewWorkspace();
+  runner_.Run(live, no_steps, *ws);
+  ASSERT_NE(owner, nullptr);
+  live.clear();                     // the answered call (which kept its result)
+  EXPECT_EQ(owner.use_count(), 1);  // the engine call let go; the answer holds it
+  const std::vector<float> alone = Alone(Request(6, 21));
+  ASSERT_EQ(sent.size(), alone.size());
+  for (size_t j = 0; j < alone.size(); ++j) EXPECT_NEAR(sent[j], alone[j], 1e-5);
+}
+
 TEST_F(EngineCallTest, StepsGoInACallOfTheirOwnAnsweredBeforeTheRequests) {
   ModelMetrics& m = metrics_.ForModel("m");
   auto calls = [&m] {
