@@ -334,7 +334,13 @@ absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
 }
 
 absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& response,
-                                              const HttpInferRequest& request) {
+                                              const HttpInferRequest& request,
+                                              absl::Span<const DeferredOutput> views) {
+  auto view_of = [&](int raw_index) -> const DeferredOutput* {
+    for (const DeferredOutput& v : views)
+      if (v.raw_index == raw_index) return &v;
+    return nullptr;
+  };
   json out = {{"model_name", response.model_name()}, {"model_version", response.model_version()}};
   if (!response.id().empty()) out["id"] = response.id();
   if (!response.parameters().empty()) {
@@ -352,9 +358,13 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
                   {"shape", std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end())}};
     json parameters = json::object();
     for (const auto& [name, p] : tensor.parameters()) parameters[name] = ParameterToJson(p);
-    const absl::string_view raw = i < response.raw_output_contents_size()
-                                      ? absl::string_view(response.raw_output_contents(i))
-                                      : absl::string_view();
+    const DeferredOutput* view = view_of(i);
+    const absl::string_view raw =
+        view != nullptr ? absl::string_view(reinterpret_cast<const char*>(view->values.data()),
+                                            view->values.size() * sizeof(float))
+        : i < response.raw_output_contents_size()
+            ? absl::string_view(response.raw_output_contents(i))
+            : absl::string_view();
     const bool in_shared_memory = tensor.parameters().contains("shared_memory_region");
     bool json_data = false;
     if (!in_shared_memory) {
@@ -392,8 +402,17 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
       std::any_of(request.outputs.begin(), request.outputs.end(),
                   [](const auto& o) { return o.second.value_or(false); })) {
     encoded.header_length = encoded.body.size();
-    for (int i : binary)
-      encoded.binary.push_back(std::move(*response.mutable_raw_output_contents(i)));
+    for (int i : binary) {
+      const DeferredOutput* view = view_of(i);
+      if (view != nullptr) {
+        encoded.binary.emplace_back(
+            absl::string_view(reinterpret_cast<const char*>(view->values.data()),
+                              view->values.size() * sizeof(float)),
+            view->owner);
+      } else {
+        encoded.binary.emplace_back(std::move(*response.mutable_raw_output_contents(i)));
+      }
+    }
   }
   return encoded;
 }

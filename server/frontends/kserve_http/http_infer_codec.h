@@ -15,6 +15,8 @@
 #include "absl/types/span.h"
 #include "inference/grpc_service.pb.h"
 #include "nlohmann/json.hpp"
+#include "server/frontends/common/kserve_codec.h"
+#include "server/frontends/kserve_http/http_bytes.h"
 
 namespace mha::server {
 
@@ -60,14 +62,17 @@ absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
 // The response body: JSON, followed by the binary outputs' bytes when any
 // output goes as binary (then `header_length` is the JSON's size). The
 // binary outputs are moved out of `response` into `binary`, in order, to
-// be sent after `body` as they are (no joined copy).
+// be sent after `body` as they are (no joined copy). An output listed in
+// `views` (F32, its raw entry left empty: FillInferResponse's deferred
+// outputs) is read from its values instead, and sent from them as binary.
 struct HttpInferBody {
   std::string body;
-  std::vector<std::string> binary;
+  std::vector<HttpBytes> binary;
   std::optional<size_t> header_length;
 };
 absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& response,
-                                              const HttpInferRequest& request);
+                                              const HttpInferRequest& request,
+                                              absl::Span<const DeferredOutput> views = {});
 
 // A protobuf message as JSON with every field (defaults too), 64-bit
 // integers as numbers, maps as objects: the shape Triton's HTTP API gives

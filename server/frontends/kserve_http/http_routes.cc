@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "engine/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/frontends/common/answer_metadata.h"
 #include "server/frontends/common/kserve_codec.h"
@@ -119,15 +120,34 @@ class HttpInferCall final : public KserveInferCall {
       state_->raw.push_back(pieces.empty() ? nullptr : &pieces);
     }
     SetReceived(&state_->raw);
+    DeferOutputs(&deferred_);
   }
 
   absl::string_view Authorization() const override { return state_->authorization; }
 
  private:
+  // F32 outputs stay where the engine wrote them (`views_`, their owner
+  // held until sent); others are written into the response's raw entries.
+  absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
+                            const AttentionResult& result) override {
+    deferred_.clear();
+    views_.clear();
+    RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
+    for (DeferredOutput& out : deferred_) {
+      if (out.dtype == DType::kF32 && out.owner != nullptr) {
+        views_.push_back(std::move(out));
+      } else {
+        EncodeBytes(out.values, out.dtype,
+                    *state_->response.mutable_raw_output_contents(out.raw_index));
+      }
+    }
+    deferred_.clear();
+    return absl::OkStatus();
+  }
   void Send(const absl::Status& status, absl::Duration took) override {
     HttpResponse out;
     absl::StatusOr<HttpInferBody> body =
-        status.ok() ? EncodeHttpInfer(state_->response, state_->request) : status;
+        status.ok() ? EncodeHttpInfer(state_->response, state_->request, views_) : status;
     if (!body.ok()) {
       out = HttpError(body.status());
     } else {
@@ -139,9 +159,9 @@ class HttpInferCall final : public KserveInferCall {
                                  absl::StrCat(*body->header_length));
       }
       size_t size = out.body.size();
-      for (const std::string& part : out.tail) size += part.size();
+      for (const HttpBytes& part : out.tail) size += part.bytes().size();
       if (state_->gzip && size > 1024) {  // compressed whole
-        for (const std::string& part : out.tail) out.body += part;
+        for (const HttpBytes& part : out.tail) absl::StrAppend(&out.body, part.bytes());
         out.tail.clear();
         out.body = GzipOf(out.body);
         out.headers.emplace_back("Content-Encoding", "gzip");
@@ -158,6 +178,7 @@ class HttpInferCall final : public KserveInferCall {
 
   const std::unique_ptr<HttpInferState> state_;
   std::shared_ptr<MemoryReservation> memory_;
+  std::vector<DeferredOutput> deferred_, views_;
 };
 
 }  // namespace

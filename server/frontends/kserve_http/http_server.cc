@@ -74,7 +74,8 @@ MHD_Result Queue(Connection& connection, const std::string& cors_origin) {
     out = MHD_create_response_from_buffer(r.body.size(), r.body.data(), MHD_RESPMEM_PERSISTENT);
   } else {  // written from each buffer in turn (libmicrohttpd copies the vector, not the bytes)
     std::vector<MHD_IoVec> pieces = {{r.body.data(), r.body.size()}};
-    for (const std::string& part : r.tail) pieces.push_back({part.data(), part.size()});
+    for (const HttpBytes& part : r.tail)
+      pieces.push_back({part.bytes().data(), part.bytes().size()});
     out = MHD_create_response_from_iovec(pieces.data(), static_cast<unsigned>(pieces.size()),
                                          nullptr, nullptr);
   }

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/frontends/kserve_http/http_bytes.h"
 
 struct MHD_Daemon;
 
@@ -41,8 +42,8 @@ struct HttpResponse {
   std::vector<std::pair<std::string, std::string>> headers;  // besides Content-Type
   std::string body;
   // Sent after `body`, each from its own buffer (no joined copy): a
-  // response's binary tensors.
-  std::vector<std::string> tail;
+  // response's binary tensors (views of an engine call's outputs among them).
+  std::vector<HttpBytes> tail;
 };
 
 // Answers a request: exactly once, from any thread.

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -164,8 +165,26 @@ TEST(HttpInferCodecTest, ResponsesAreJsonOrJsonFollowedByBinary) {
   const nlohmann::json header = nlohmann::json::parse(body->body);
   EXPECT_EQ(header["outputs"][0]["parameters"]["binary_data_size"], 8);
   EXPECT_FALSE(header["outputs"][0].contains("data"));
-  EXPECT_EQ(body->binary, std::vector<std::string>{FloatBytes({0.5f, -2})});
+  ASSERT_EQ(body->binary.size(), 1u);
+  EXPECT_EQ(body->binary[0].bytes(), FloatBytes({0.5f, -2}));
   response.set_raw_output_contents(0, FloatBytes({0.5f, -2}));  // moved out
+
+  // An output left where the engine wrote it (a view its owner keeps
+  // alive) is sent from there as binary, and read from there as JSON.
+  auto engine_output = std::make_shared<std::vector<float>>(std::vector<float>{1.5f, 4});
+  response.set_raw_output_contents(0, "");
+  const DeferredOutput view{0, *engine_output, DType::kF32, engine_output};
+  body = EncodeHttpInfer(response, as_binary, {&view, 1});
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(nlohmann::json::parse(body->body)["outputs"][0]["parameters"]["binary_data_size"], 8);
+  ASSERT_EQ(body->binary.size(), 1u);
+  EXPECT_EQ(body->binary[0].bytes().data(), reinterpret_cast<const char*>(engine_output->data()));
+  EXPECT_EQ(body->binary[0].bytes().size(), 8u);
+  EXPECT_EQ(engine_output.use_count(), 3);  // held by the part to send, beside the view
+  body = EncodeHttpInfer(response, as_json, {&view, 1});
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(nlohmann::json::parse(body->body)["outputs"][0]["data"], nlohmann::json({1.5, 4.0}));
+  response.set_raw_output_contents(0, FloatBytes({0.5f, -2}));
 
   // Floats as text read back to the same float; JSON has no NaN: null.
   const std::vector<float> values = {0.1f,  3.4028235e38f, 1e-45f,
