@@ -14,6 +14,9 @@ this order:
   TCP_NODELAY, recv_into a preallocated buffer): the wire itself;
 - grpc_floor: build/grpc_echo, a C++ generic gRPC service answering the
   same bytes (no protobuf) to a C++ client: gRPC's own floor;
+- python_grpc_floor: a grpcio client sending the same bytes to that echo
+  (bytes both ways, no protobuf): grpcio's own floor, which the Python
+  gRPC path is also given against (over_python_grpc_floor);
 - cpp: `mha_client load --concurrency 1` (the C++ client);
 - python_grpc: MhaClient.attend; python_http: MhaHttpClient.attend;
 - shared_memory: KServe ModelInfer with the query and output in Triton's
@@ -98,6 +101,27 @@ def grpc_floor_ms(echo_binary, port, nbytes, calls):
     out = subprocess.run([echo_binary, f"--target=127.0.0.1:{port}", f"--bytes={nbytes}",
                           f"--calls={calls}"], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)["p50_ms"]
+
+
+def python_grpc_floor_ms(port, nbytes, calls):
+    """Python gRPC's own floor: the median round trip of `nbytes` each way
+    from a grpcio client (bytes in, bytes out: no protobuf, no code of
+    ours) to the same C++ echo. What grpcio itself adds to gRPC's floor:
+    the request copied into a slice, the response into `bytes`."""
+    import grpc
+    options = [("grpc.max_send_message_length", 128 << 20),
+               ("grpc.max_receive_message_length", 128 << 20)]
+    payload = np.random.default_rng(1).bytes(nbytes)
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        echo = channel.unary_unary("/echo.Echo/Echo")
+        for _ in range(3):
+            echo(payload, timeout=60)
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            echo(payload, timeout=60)
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
 
 
 def compute_total(metrics_port):
@@ -188,7 +212,8 @@ def one_round(args, server, echo_port, size):
     query = np.random.default_rng(0).standard_normal((batch, length, E)).astype(np.float32)
     nbytes = query.nbytes
     result = {"bytes": nbytes, "echo_ms": tcp_echo_ms(nbytes, args.calls),
-              "grpc_floor_ms": grpc_floor_ms(args.grpc_echo, echo_port, nbytes, args.calls)}
+              "grpc_floor_ms": grpc_floor_ms(args.grpc_echo, echo_port, nbytes, args.calls),
+              "python_grpc_floor_ms": python_grpc_floor_ms(echo_port, nbytes, args.calls)}
     paths = {}
     paths["cpp"] = cpp_client(args, server, batch, length, args.calls)
     with MhaClient(server.target(), max_message_bytes=128 << 20) as client:
@@ -206,6 +231,8 @@ def one_round(args, server, echo_port, size):
         result[name] = {"round_trip_ms": round_trip, "compute_ms": compute,
                         "overhead_ms": overhead, "over_echo": overhead / result["echo_ms"],
                         "over_grpc_floor": overhead / result["grpc_floor_ms"]}
+    result["python_grpc"]["over_python_grpc_floor"] = (result["python_grpc"]["overhead_ms"] /
+                                                       result["python_grpc_floor_ms"])
     result["fp16_over_fp32_overhead"] = (result["fp16"]["overhead_ms"] /
                                          result["python_grpc"]["overhead_ms"])
     return result
