@@ -1,6 +1,7 @@
 #include "wire/wire_writer.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "engine/large_buffer.h"
@@ -16,8 +17,9 @@ void AppendVarint(uint64_t value, std::string& out) {
 
 namespace {
 
-// Payloads from this size on are allocated apart from gRPC's slices.
-constexpr size_t kLargePayloadBytes = size_t{256} << 10;
+// Payloads from this size on are allocated apart from gRPC's slices (or
+// sent from where they are, kViewMinBytes).
+constexpr size_t kLargePayloadBytes = kViewMinBytes;
 
 // What a view's slice calls once gRPC is done with it.
 void ReleaseOwner(void* held) { delete static_cast<std::shared_ptr<const void>*>(held); }
@@ -65,6 +67,11 @@ void WireWriter::AppendPayload(size_t size, Fill fill) {
 }
 
 void WireWriter::AppendPayload(absl::Span<const uint8_t> bytes, std::shared_ptr<const void> owner) {
+  if (bytes.size() < kViewMinBytes) {
+    AppendPayload(bytes.size(),
+                  [&](uint8_t* out) { std::memcpy(out, bytes.data(), bytes.size()); });
+    return;
+  }
   const size_t before = pending_.size();
   AppendVarint(bytes.size(), pending_);
   size_ += pending_.size() - before;

@@ -36,6 +36,8 @@ class WireWriter {
 
   // The same with the payload's bytes sent from where they are: gRPC holds
   // a copy of `owner`, which keeps `bytes` alive, until it has sent them.
+  // Below kViewMinBytes the bytes are copied instead (and `owner` let go):
+  // a copy that small costs less than holding the owner across threads.
   void AppendBytes(int number, absl::Span<const uint8_t> bytes, std::shared_ptr<const void> owner);
   void AppendMessageWithBytes(int number, const google::protobuf::MessageLite& fields,
                               int data_number, absl::Span<const uint8_t> bytes,
@@ -63,6 +65,10 @@ class WireWriter {
   std::vector<grpc::Slice> slices_;
   size_t size_ = 0;
 };
+
+// The least payload a view sends from where it is; a smaller one is copied
+// into a slice of gRPC's own, as any payload that small is written.
+inline constexpr size_t kViewMinBytes = size_t{256} << 10;
 
 // `value` as a protobuf varint, appended to `out`.
 void AppendVarint(uint64_t value, std::string& out);

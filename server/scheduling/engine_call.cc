@@ -95,7 +95,12 @@ namespace {
 
 // One engine call's outputs: the requests' and steps' output rows, the
 // requests' weights and the steps' weights. Held by the call and by the
-// answers that send bytes from it.
+// answers that send bytes from it, so it lives until the last of them is
+// sent. The memory budget still counts each request's f32 results and a
+// response of its size (CostOf) until its own answer is sent: an answer
+// sent from here holds fewer bytes than its reservation, and a request's
+// rows outlive its reservation only while another answer of its call is
+// being sent.
 struct CallOutputs {
   CallOutputs(int64_t output_elements, int64_t weights_elements, int64_t step_weights_elements)
       : output(static_cast<size_t>(output_elements)),

@@ -18,6 +18,7 @@
 #include "server/frontends/common/kserve_codec.h"
 #include "server/frontends/kserve_http/http_infer_codec.h"
 #include "server/observability/metrics.h"
+#include "wire/wire_writer.h"
 
 namespace mha::server {
 namespace {
@@ -126,15 +127,17 @@ class HttpInferCall final : public KserveInferCall {
   absl::string_view Authorization() const override { return state_->authorization; }
 
  private:
-  // F32 outputs stay where the engine wrote them (`views_`, their owner
-  // held until sent); others are written into the response's raw entries.
+  // Large F32 outputs stay where the engine wrote them (`views_`, their
+  // owner held until sent, as WireWriter's views); others are written into
+  // the response's raw entries.
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override {
     deferred_.clear();
     views_.clear();
     RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
     for (DeferredOutput& out : deferred_) {
-      if (out.dtype == DType::kF32 && out.owner != nullptr) {
+      if (out.dtype == DType::kF32 && out.owner != nullptr &&
+          out.values.size() * sizeof(float) >= wire::kViewMinBytes) {
         views_.push_back(std::move(out));
       } else {
         EncodeBytes(out.values, out.dtype,

@@ -223,6 +223,14 @@ TEST(WireWriterTest, ViewsAreSentFromWhereTheyAreWhileGrpcHoldsTheirOwner) {
   slices.clear();
   buffer.Clear();
   EXPECT_EQ(owner.use_count(), 1);  // gRPC let go of it
+
+  // Below kViewMinBytes a view is copied at once: nothing holds the owner.
+  WireWriter small;
+  small.AppendBytes(6, bytes.subspan(0, 1000), owner);
+  EXPECT_EQ(owner.use_count(), 1);
+  std::vector<grpc::Slice> copied;
+  ASSERT_TRUE(small.Finish().Dump(&copied).ok());
+  for (const grpc::Slice& slice : copied) EXPECT_NE(slice.begin(), bytes.data());
 }
 
 }  // namespace
