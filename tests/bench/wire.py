@@ -23,10 +23,10 @@ this order:
   system shared memory (Python gRPC stub);
 - fp16: MhaClient.attend with a float16 query (half the bytes each way).
 For each path, medians over the calls after a warm-up call: the round
-trip, the compute of the engine call that computed it (the C++ client reads
-each call's mha-compute-time-us trailer; the Python paths read
-mha_compute_duration_seconds before and after each call), overhead = round
-trip - compute, taken call by call, and overhead / echo (and / the gRPC
+trip, the compute of the engine call that computed it (each answer's
+mha-compute-time-us, a gRPC trailer or an HTTP header: the C++ client
+reads it, the Python paths wrap their client's own transport call),
+overhead = round trip - compute, taken call by call, and overhead / echo (and / the gRPC
 floor: the p50 of each). Prints
 one JSON object: the medians over the rounds. Name the machine beside any figure quoted from it.
 """
@@ -135,21 +135,45 @@ def compute_total(metrics_port):
     return value("count"), value("sum")
 
 
-def timed(server, call, calls):
+class ComputeOfLastAnswer:
+    """Keeps the `mha-compute-time-us` the server sent with the last answer
+    (a gRPC trailer or an HTTP header): the compute of the engine call that
+    computed it, call-exact, with nothing else asked of the server between
+    calls. Wraps a client's own transport call, so the client's path is
+    the one timed."""
+
+    def __init__(self):
+        self.ms = None
+
+    def grpc(self, multicallable):
+        def call(request, **kwargs):
+            response, rpc = multicallable.with_call(request, **kwargs)
+            self.ms = int(dict(rpc.trailing_metadata())["mha-compute-time-us"]) / 1e3
+            return response
+        return call
+
+    def http(self, request):
+        def call(*args, **kwargs):
+            status, headers, body = request(*args, **kwargs)
+            if "mha-compute-time-us" in headers:
+                self.ms = int(headers["mha-compute-time-us"]) / 1e3
+            return status, headers, body
+        return call
+
+
+def timed(call, compute, calls):
     """Medians over `calls` calls of `call`: (round trip, compute of the
-    engine call that computed it, round trip - compute), in ms. The
-    compute comes from /metrics, read before and after each call (outside
-    its time)."""
+    engine call that computed it, round trip - compute), in ms, the
+    compute read from the answer (`compute`, a ComputeOfLastAnswer)."""
     call()  # warm-up: the connection's windows open
     round_trips, computes = [], []
     for _ in range(calls):
-        count0, sum0 = compute_total(server.metrics_port)
+        compute.ms = None
         start = time.perf_counter()
         call()
         round_trips.append((time.perf_counter() - start) * 1e3)
-        count1, sum1 = compute_total(server.metrics_port)
-        assert count1 == count0 + 1, "another engine call ran meanwhile"
-        computes.append((sum1 - sum0) * 1e3)
+        assert compute.ms is not None, "the answer carried no mha-compute-time-us"
+        computes.append(compute.ms)
     above = [r - c for r, c in zip(round_trips, computes)]
     return (statistics.median(round_trips), statistics.median(computes),
             statistics.median(above))
@@ -173,7 +197,7 @@ def cpp_client(args, server, batch, length, calls):
         report["above_compute_p50_ms"]
 
 
-def shared_memory_call(server, query):
+def shared_memory_call(server, query, compute):
     """A ModelInfer call with its query and output in system shared memory."""
     from triton_messages import triton_stubs
     import grpc
@@ -194,8 +218,10 @@ def shared_memory_call(server, query):
     out.parameters["shared_memory_region"].string_param = "out"
     out.parameters["shared_memory_byte_size"].int64_param = query.nbytes
 
+    infer = compute.grpc(stub.ModelInfer)
+
     def call():
-        stub.ModelInfer(request, timeout=600)
+        infer(request, timeout=600)
 
     def close():
         for name in ("in", "out"):
@@ -217,14 +243,19 @@ def one_round(args, server, echo_port, size):
     paths = {}
     paths["cpp"] = cpp_client(args, server, batch, length, args.calls)
     with MhaClient(server.target(), max_message_bytes=128 << 20) as client:
-        paths["python_grpc"] = timed(server, lambda: client.attend("demo", query), args.calls)
+        compute = ComputeOfLastAnswer()
+        client._attend_bytes = compute.grpc(client._attend_bytes)  # the client's own call
+        paths["python_grpc"] = timed(lambda: client.attend("demo", query), compute, args.calls)
         half = query.astype(np.float16)
-        paths["fp16"] = timed(server, lambda: client.attend("demo", half), args.calls)
+        paths["fp16"] = timed(lambda: client.attend("demo", half), compute, args.calls)
     with MhaHttpClient(f"http://127.0.0.1:{server.http_port}") as http:
-        paths["python_http"] = timed(server, lambda: http.attend("demo", query), args.calls)
-    call, close = shared_memory_call(server, query)
+        compute = ComputeOfLastAnswer()
+        http._request = compute.http(http._request)
+        paths["python_http"] = timed(lambda: http.attend("demo", query), compute, args.calls)
+    compute = ComputeOfLastAnswer()
+    call, close = shared_memory_call(server, query, compute)
     try:
-        paths["shared_memory"] = timed(server, call, args.calls)
+        paths["shared_memory"] = timed(call, compute, args.calls)
     finally:
         close()
     for name, (round_trip, compute, overhead) in paths.items():
