@@ -249,6 +249,7 @@ class MhaClient:
           attempts to reconnect to a server that went away; gRPC's own
           (1, 120) leave calls failing for seconds after a server is back."""
         self._pb, rpc, _ = load_stubs()
+        mha_wire.keep_freed_pages()  # large calls reuse their pages (mha_wire)
         self.target, self.timeout, self.wait_for_ready = target, timeout, wait_for_ready
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes)]

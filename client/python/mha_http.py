@@ -112,6 +112,7 @@ class MhaHttpClient:
         self.timeout = timeout
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._local = threading.local()
+        mha_wire.keep_freed_pages()  # large calls reuse their pages (mha_wire)
 
     def __enter__(self):
         return self

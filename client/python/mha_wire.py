@@ -8,9 +8,41 @@ and anything unusual in a response's encoding is parsed by protobuf whole.
 The bytes are the same as protobuf's: any server or client reads them.
 """
 
+import ctypes
+import ctypes.util
+
 import numpy as np
 
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+
+# glibc's mallopt parameters (malloc.h), and what the clients set them to.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 << 20   # glibc's largest: blocks below it come from the heap
+_TRIM_THRESHOLD = 256 << 20  # freed heap kept for the next call, at most
+_kept = None
+
+
+def keep_freed_pages():
+    """Has this process keep the pages of large freed blocks for its next
+    call (glibc's mallopt; elsewhere nothing). By default glibc maps every
+    block from 128 KiB apart and gives it back when freed, or trims the
+    heap once 32 MiB are free: a call of 16 MiB each way then faults in its
+    request, gRPC's copy of it and the answer afresh every time, which
+    doubled a Python call's cost above compute (AMD EPYC VM: 35-41 ms
+    against 23-28). Blocks below 32 MiB now come from the heap, and up to
+    256 MiB of freed heap is kept. Idempotent; returns whether it applied."""
+    global _kept
+    if _kept is None:
+        _kept = False
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            mallopt = libc.mallopt
+        except (OSError, AttributeError):  # not glibc
+            return False
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        _kept = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and
+                     mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    return _kept
 
 
 class _Unusual(Exception):
