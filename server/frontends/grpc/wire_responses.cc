@@ -8,13 +8,6 @@
 #include "server/frontends/common/request_codec.h"
 
 namespace mha::server {
-namespace {
-
-absl::Span<const uint8_t> AsBytes(absl::Span<const float> values) {
-  return {reinterpret_cast<const uint8_t*>(values.data()), values.size() * sizeof(float)};
-}
-
-}  // namespace
 
 void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
                       DType dtype, const std::shared_ptr<const void>& owner,
@@ -23,7 +16,8 @@ void AppendWireTensor(int number, absl::Span<const float> values, const std::vec
   fields.set_dtype(ToWireDType(dtype));
   fields.mutable_shape()->Assign(shape.begin(), shape.end());
   if (dtype == DType::kF32 && owner != nullptr) {
-    writer.AppendMessageWithBytes(number, fields, 3, AsBytes(values), owner);
+    writer.AppendMessageWithBytes(number, fields, 3,
+                                  AsBytes(values.data(), values.size() * sizeof(float)), owner);
     return;
   }
   writer.AppendMessageWithBytes(number, fields, 3, values.size() * DTypeSize(dtype),
@@ -65,7 +59,8 @@ void WriteInferResponse(const inference::ModelInferResponse& response,
     if (next < deferred.size() && deferred[next].raw_index == i) {
       const DeferredOutput& out = deferred[next++];
       if (out.dtype == DType::kF32 && out.owner != nullptr) {
-        writer.AppendBytes(6, AsBytes(out.values), out.owner);
+        writer.AppendBytes(6, AsBytes(out.values.data(), out.values.size() * sizeof(float)),
+                           out.owner);
         continue;
       }
       writer.AppendBytes(6, out.values.size() * DTypeSize(out.dtype),

@@ -20,7 +20,6 @@ struct HttpBytes {
       : view(bytes), owner(std::move(keeps_alive)) {}
 
   absl::string_view bytes() const { return owner != nullptr ? view : absl::string_view(owned); }
-  bool operator==(const HttpBytes& other) const { return bytes() == other.bytes(); }
 
   std::string owned;
   absl::string_view view;  // sent instead of `owned` when `owner` is set

@@ -341,6 +341,10 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
       if (v.raw_index == raw_index) return &v;
     return nullptr;
   };
+  auto bytes_of = [](const DeferredOutput& view) {
+    return absl::string_view(reinterpret_cast<const char*>(view.values.data()),
+                             view.values.size() * sizeof(float));
+  };
   json out = {{"model_name", response.model_name()}, {"model_version", response.model_version()}};
   if (!response.id().empty()) out["id"] = response.id();
   if (!response.parameters().empty()) {
@@ -359,12 +363,10 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
     json parameters = json::object();
     for (const auto& [name, p] : tensor.parameters()) parameters[name] = ParameterToJson(p);
     const DeferredOutput* view = view_of(i);
-    const absl::string_view raw =
-        view != nullptr ? absl::string_view(reinterpret_cast<const char*>(view->values.data()),
-                                            view->values.size() * sizeof(float))
-        : i < response.raw_output_contents_size()
-            ? absl::string_view(response.raw_output_contents(i))
-            : absl::string_view();
+    const absl::string_view raw = view != nullptr ? bytes_of(*view)
+                                  : i < response.raw_output_contents_size()
+                                      ? absl::string_view(response.raw_output_contents(i))
+                                      : absl::string_view();
     const bool in_shared_memory = tensor.parameters().contains("shared_memory_region");
     bool json_data = false;
     if (!in_shared_memory) {
@@ -405,10 +407,7 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
     for (int i : binary) {
       const DeferredOutput* view = view_of(i);
       if (view != nullptr) {
-        encoded.binary.emplace_back(
-            absl::string_view(reinterpret_cast<const char*>(view->values.data()),
-                              view->values.size() * sizeof(float)),
-            view->owner);
+        encoded.binary.emplace_back(bytes_of(*view), view->owner);
       } else {
         encoded.binary.emplace_back(std::move(*response.mutable_raw_output_contents(i)));
       }
