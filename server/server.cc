@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "engine/file_read.h"
+#include "engine/large_buffer.h"
 #include "engine/status_macros.h"
 #include "engine/threads.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -127,12 +128,13 @@ absl::Status Server::Build() {
   RETURN_IF_ERROR(LoadAtStart(*models_, mode, options_.load_models));
   // The engines' reserve follows the models: the process as it is now
   // without its models' weights (counted per version), each worker's kept
-  // workspaces (two: one for the steps it runs inside a long call), the primitives of all models
+  // workspaces (two: one for the steps it runs inside a long call), the freed
+  // transient buffers kept for reuse (kKeptLargeBytes), the primitives of all models
   // (one capacity), then per version its weights, again after every load and unload
   // (UpdateReserve).
   const ModelsNeed need = NeedOf(*models_);
-  process_reserve_ =
-      std::max<int64_t>(0, ResidentBytes() - need.weights) + pool_->KeptWorkspaceBytes();
+  process_reserve_ = std::max<int64_t>(0, ResidentBytes() - need.weights) +
+                     pool_->KeptWorkspaceBytes() + static_cast<int64_t>(kKeptLargeBytes);
   const int64_t engine_reserve = process_reserve_ + need.weights + need.primitives;
   session_cache_bytes_ =
       SessionCacheBytes(options_.session_cache_bytes, memory_->limit() - engine_reserve);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/large_buffer.h"
 #include "engine/threads.h"
 #include "server/models/model_upload.h"
 
@@ -330,7 +331,8 @@ size_t ModelRepository::CollectRetired() {
     draining = retired_.size();
   }
   if (!drained.empty()) {
-    drained.clear();  // stops their (idle) batchers and frees their engines, here
+    drained.clear();     // stops their (idle) batchers and frees their engines, here
+    ReleaseKeptLarge();  // a model's last calls' buffers (large_buffer.h) go too
     malloc_trim(0);
   }
   return draining;

@@ -64,7 +64,7 @@ absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, i
   if (layout.output_shape.size() == 3) weights_shape.insert(weights_shape.begin(), 1);
   ResultLayout as_attend{layout.output_dtype, layout.output_shape, std::move(weights_shape)};
   return FillInferResponse(request, version, outputs, as_attend,
-                           AttentionResult{result.output, result.weights}, response);
+                           AttentionResult{result.output, result.weights, nullptr}, response);
 }
 
 void DescribeModel(const std::string& name, const AttentionDims& dims,
