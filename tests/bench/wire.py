@@ -8,40 +8,39 @@
 
 The demo model (E = 256) serves self-attention on a query of B x L x 256
 fp32, so the request's tensor and the response's are the same size: 64 KiB
-(1 x 64), 2 MiB (8 x 256), 16 MiB (16 x 1024). For each size and round, in
-this order:
+(1 x 64), 2 MiB (8 x 256), 16 MiB (16 x 1024). For each size and round:
 - echo: a Python TCP loopback echo of the same bytes (one connection,
   TCP_NODELAY, recv_into a preallocated buffer): the wire itself;
-- grpc_floor: build/grpc_echo, a C++ generic gRPC service answering the
-  same bytes (no protobuf) to a C++ client: gRPC's own floor;
-- python_grpc_floor: a grpcio client sending the same bytes to that echo
-  (bytes both ways, no protobuf): grpcio's own floor, which the Python
-  gRPC path is also given against (over_python_grpc_floor);
-- cpp: `mha_client load --concurrency 1` (the C++ client);
-- python_grpc: MhaClient.attend; python_http: MhaHttpClient.attend;
+- cpp: `mha_client load --concurrency 1` (the C++ client), in blocks
+  alternating with grpc_floor: build/grpc_echo, a C++ generic gRPC service
+  answering the same bytes (no protobuf) to a C++ client: gRPC's own floor;
+- python_grpc: MhaClient.attend; fp16: the same with a float16 query (half
+  the bytes each way); python_grpc_floor: a grpcio client sending the same
+  bytes to that echo (bytes both ways, no protobuf), grpcio's own floor,
+  which the Python gRPC path is also given against (over_python_grpc_floor).
+  These three call by call, in turn: this machine changes speed from second
+  to second, and a floor measured apart moved by 1.3-1.4x between rounds;
+- python_http: MhaHttpClient.attend;
 - shared_memory: KServe ModelInfer with the query and output in Triton's
-  system shared memory (Python gRPC stub);
-- fp16: MhaClient.attend with a float16 query (half the bytes each way).
+  system shared memory (Python gRPC stub).
 For each path, medians over the calls after a warm-up call: the round
 trip, the compute of the engine call that computed it (each answer's
 mha-compute-time-us, a gRPC trailer or an HTTP header: the C++ client
 reads it, the Python paths wrap their client's own transport call),
-overhead = round trip - compute, taken call by call, and overhead / echo (and / the gRPC
-floor: the p50 of each). Prints
-one JSON object: the medians over the rounds. Name the machine beside any figure quoted from it.
+overhead = round trip - compute, taken call by call, and overhead / echo
+(and / the gRPC floor). Prints one JSON object: the medians over the
+rounds. Name the machine beside any figure quoted from it.
 """
 
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -103,36 +102,27 @@ def grpc_floor_ms(echo_binary, port, nbytes, calls):
     return json.loads(out.stdout)["p50_ms"]
 
 
-def python_grpc_floor_ms(port, nbytes, calls):
-    """Python gRPC's own floor: the median round trip of `nbytes` each way
-    from a grpcio client (bytes in, bytes out: no protobuf, no code of
-    ours) to the same C++ echo. What grpcio itself adds to gRPC's floor:
-    the request copied into a slice, the response into `bytes`."""
-    import grpc
-    options = [("grpc.max_send_message_length", 128 << 20),
-               ("grpc.max_receive_message_length", 128 << 20)]
-    payload = np.random.default_rng(1).bytes(nbytes)
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-        echo = channel.unary_unary("/echo.Echo/Echo")
+class PythonGrpcEcho:
+    """Python gRPC's own floor: `nbytes` each way from a grpcio client
+    (bytes in, bytes out: no protobuf, no code of ours) to the C++ echo.
+    What grpcio itself adds to gRPC's floor: the request copied into a
+    slice, the response into `bytes`. Call it; close() when done."""
+
+    def __init__(self, port, nbytes):
+        import grpc
+        options = [("grpc.max_send_message_length", 128 << 20),
+                   ("grpc.max_receive_message_length", 128 << 20)]
+        self.payload = np.random.default_rng(1).bytes(nbytes)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+        self.echo = self.channel.unary_unary("/echo.Echo/Echo")
         for _ in range(3):
-            echo(payload, timeout=60)
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            echo(payload, timeout=60)
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+            self()
 
+    def __call__(self):
+        self.echo(self.payload, timeout=60)
 
-def compute_total(metrics_port):
-    """(count, seconds) of mha_compute_duration_seconds for the demo model."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    def value(name):
-        m = re.search(rf'^mha_compute_duration_seconds_{name}\{{model="demo",version="1"\}} (\S+)$',
-                      text, re.M)
-        return float(m.group(1)) if m else 0.0
-    return value("count"), value("sum")
+    def close(self):
+        self.channel.close()
 
 
 class ComputeOfLastAnswer:
@@ -161,40 +151,62 @@ class ComputeOfLastAnswer:
         return call
 
 
-def timed(call, compute, calls):
-    """Medians over `calls` calls of `call`: (round trip, compute of the
-    engine call that computed it, round trip - compute), in ms, the
-    compute read from the answer (`compute`, a ComputeOfLastAnswer)."""
-    call()  # warm-up: the connection's windows open
-    round_trips, computes = [], []
-    for _ in range(calls):
-        compute.ms = None
-        start = time.perf_counter()
-        call()
-        round_trips.append((time.perf_counter() - start) * 1e3)
-        assert compute.ms is not None, "the answer carried no mha-compute-time-us"
-        computes.append(compute.ms)
-    above = [r - c for r, c in zip(round_trips, computes)]
-    return (statistics.median(round_trips), statistics.median(computes),
-            statistics.median(above))
+def interleaved(paths, calls):
+    """Medians over `calls` rounds of calling every path once, the order
+    turning each round, so that all of them see the machine in the same
+    state (it changes speed from second to second). `paths` maps a name to
+    (call, compute): compute a ComputeOfLastAnswer, or None for an echo.
+    Returns name -> (round trip, compute of the engine call that computed
+    it, round trip - compute), in ms; the compute is read from the answer."""
+    for call, _ in paths.values():
+        call()  # warm-up: the connection's windows open
+    names = list(paths)
+    times = {name: ([], []) for name in names}
+    for i in range(calls):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            call, compute = paths[name]
+            if compute is not None:
+                compute.ms = None
+            start = time.perf_counter()
+            call()
+            times[name][0].append((time.perf_counter() - start) * 1e3)
+            if compute is not None:
+                assert compute.ms is not None, "the answer carried no mha-compute-time-us"
+                times[name][1].append(compute.ms)
+    result = {}
+    for name, (round_trips, computes) in times.items():
+        computes = computes or [0.0] * len(round_trips)
+        above = [r - c for r, c in zip(round_trips, computes)]
+        result[name] = (statistics.median(round_trips), statistics.median(computes),
+                        statistics.median(above))
+    return result
 
 
 def cpp_client(args, server, batch, length, calls):
-    """The same medians for `mha_client load` (one connection: the median
-    is robust to its first call, which opens the windows); the compute is
-    each call's mha-compute-time-us trailer."""
-    count0, sum0 = compute_total(server.metrics_port)
+    """The same medians for `mha_client load --concurrency 1` (one
+    connection: the median is robust to its first call, which opens the
+    windows); the compute is each call's mha-compute-time-us trailer."""
     out = subprocess.run([args.mha_client, f"--target={server.target()}", "load", "--model=demo",
                           "--concurrency=1", f"--batch={batch}", f"--len_range={length}:{length}",
                           f"--requests={calls + 1}", "--json"],
                          check=True, capture_output=True, text=True)
     report = json.loads(out.stdout)
-    if "above_compute_p50_ms" not in report:  # a client before the trailer: the mean compute
-        count1, sum1 = compute_total(server.metrics_port)
-        compute = (sum1 - sum0) / max(count1 - count0, 1) * 1e3
-        return report["p50_ms"], compute, report["p50_ms"] - compute
     return report["p50_ms"], report["p50_ms"] - report["above_compute_p50_ms"], \
         report["above_compute_p50_ms"]
+
+
+def cpp_and_floor(args, server, echo_port, batch, length, calls, blocks=3):
+    """The C++ client and gRPC's floor (both C++ processes) in alternating
+    blocks of at least 10 calls each (a new connection opens its windows
+    over its first calls): the medians of their blocks
+    medians, (round trip, compute, overhead) and the floor's round trip."""
+    nbytes = batch * length * E * 4
+    per_block = max(calls // blocks, 10)
+    cpp, floor = [], []
+    for _ in range(blocks):
+        floor.append(grpc_floor_ms(args.grpc_echo, echo_port, nbytes, per_block))
+        cpp.append(cpp_client(args, server, batch, length, per_block))
+    return tuple(statistics.median(c[i] for c in cpp) for i in range(3)), statistics.median(floor)
 
 
 def shared_memory_call(server, query, compute):
@@ -237,25 +249,31 @@ def one_round(args, server, echo_port, size):
     batch, length = SHAPES[size]
     query = np.random.default_rng(0).standard_normal((batch, length, E)).astype(np.float32)
     nbytes = query.nbytes
-    result = {"bytes": nbytes, "echo_ms": tcp_echo_ms(nbytes, args.calls),
-              "grpc_floor_ms": grpc_floor_ms(args.grpc_echo, echo_port, nbytes, args.calls),
-              "python_grpc_floor_ms": python_grpc_floor_ms(echo_port, nbytes, args.calls)}
+    result = {"bytes": nbytes, "echo_ms": tcp_echo_ms(nbytes, args.calls)}
     paths = {}
-    paths["cpp"] = cpp_client(args, server, batch, length, args.calls)
+    paths["cpp"], result["grpc_floor_ms"] = cpp_and_floor(args, server, echo_port, batch, length,
+                                                          args.calls)
+    # The Python gRPC paths and grpcio's floor, call by call.
+    floor = PythonGrpcEcho(echo_port, nbytes)
     with MhaClient(server.target(), max_message_bytes=128 << 20) as client:
         compute = ComputeOfLastAnswer()
         client._attend_bytes = compute.grpc(client._attend_bytes)  # the client's own call
-        paths["python_grpc"] = timed(lambda: client.attend("demo", query), compute, args.calls)
         half = query.astype(np.float16)
-        paths["fp16"] = timed(lambda: client.attend("demo", half), compute, args.calls)
+        python = interleaved({"python_grpc": (lambda: client.attend("demo", query), compute),
+                              "fp16": (lambda: client.attend("demo", half), compute),
+                              "python_grpc_floor": (floor, None)}, args.calls)
+    floor.close()
+    result["python_grpc_floor_ms"] = python.pop("python_grpc_floor")[0]
+    paths.update(python)
     with MhaHttpClient(f"http://127.0.0.1:{server.http_port}") as http:
         compute = ComputeOfLastAnswer()
         http._request = compute.http(http._request)
-        paths["python_http"] = timed(lambda: http.attend("demo", query), compute, args.calls)
+        paths.update(interleaved({"python_http": (lambda: http.attend("demo", query), compute)},
+                                 args.calls))
     compute = ComputeOfLastAnswer()
     call, close = shared_memory_call(server, query, compute)
     try:
-        paths["shared_memory"] = timed(call, compute, args.calls)
+        paths.update(interleaved({"shared_memory": (call, compute)}, args.calls))
     finally:
         close()
     for name, (round_trip, compute, overhead) in paths.items():
