@@ -18,11 +18,17 @@ constexpr int64_t kContextChunkCols = 1024;
 MHA_INLINE float AsFloat(float x) { return x; }
 MHA_INLINE float AsFloat(uint16_t bf16) { return Bf16ToFloat(bf16); }
 
-// scores[b, i, j] = scale * q[b, i] . k[b, j], in f32 whatever `T` (f32 or
-// bf16); inlined into each clone of its callers.
+// Keys are taken this many at a time, transposed to f32 (heads up to
+// kMaxTiledDepth deep): each query row's scores against them then gather in
+// one vector, where a dot product per key ended in a horizontal sum.
+constexpr int64_t kKeyTile = 16;
+constexpr int64_t kMaxTiledDepth = 256;
+
+// scores[b, i, j] = scale * q[b, i] . k[b, j], one dot product at a time
+// (heads deeper than kMaxTiledDepth).
 template <typename T>
-MHA_INLINE void ScoresOf(const T* q, const T* k, float* scores, int64_t batch, int64_t rows,
-                         int64_t cols, int64_t d, float scale) {
+MHA_INLINE void DotScores(const T* q, const T* k, float* scores, int64_t batch, int64_t rows,
+                          int64_t cols, int64_t d, float scale) {
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < rows; ++i) {
       const T* qi = q + (b * rows + i) * d;
@@ -35,6 +41,44 @@ MHA_INLINE void ScoresOf(const T* q, const T* k, float* scores, int64_t batch, i
       }
     }
   }
+}
+
+// The same, kKeyTile keys at a time: `kt` holds the tile's keys transposed
+// ([d][kKeyTile]; past the last key, copies of it, whose scores are not
+// written).
+template <typename T>
+MHA_INLINE void TiledScores(const T* q, const T* k, float* scores, int64_t batch, int64_t rows,
+                            int64_t cols, int64_t d, float scale) {
+  alignas(64) float kt[kMaxTiledDepth * kKeyTile];
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kKeyTile) {
+      const int64_t nj = std::min(kKeyTile, cols - j0);
+      for (int64_t j = 0; j < kKeyTile; ++j) {
+        const T* kj = k + (b * cols + j0 + std::min(j, nj - 1)) * d;
+        for (int64_t c = 0; c < d; ++c) kt[c * kKeyTile + j] = AsFloat(kj[c]);
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* qi = q + (b * rows + i) * d;
+        float acc[kKeyTile] = {};
+        for (int64_t c = 0; c < d; ++c) {
+          const float qc = AsFloat(qi[c]);
+#pragma omp simd
+          for (int64_t j = 0; j < kKeyTile; ++j) acc[j] += qc * kt[c * kKeyTile + j];
+        }
+        float* out = scores + (b * rows + i) * cols + j0;
+        for (int64_t j = 0; j < nj; ++j) out[j] = acc[j] * scale;
+      }
+    }
+  }
+}
+
+// scores[b, i, j] = scale * q[b, i] . k[b, j], in f32 whatever `T` (f32 or
+// bf16); inlined into each clone of its callers.
+template <typename T>
+MHA_INLINE void ScoresOf(const T* q, const T* k, float* scores, int64_t batch, int64_t rows,
+                         int64_t cols, int64_t d, float scale) {
+  if (d > kMaxTiledDepth) return DotScores(q, k, scores, batch, rows, cols, d, scale);
+  TiledScores(q, k, scores, batch, rows, cols, d, scale);
 }
 
 }  // namespace

@@ -260,9 +260,11 @@ class BudgetTest(MemoryTestBase):
     """A small budget and no message limit in the way: the memory check
     itself, and RSS coming back."""
     # 640 MiB for requests beyond one worker's kept workspace (64 MiB each;
-    # the server has two workers): one ~300 MB request at a time, with room
-    # for the others to wait in the queue.
-    server_flags = (f"--memory_limit_bytes={704 * MiB}", f"--max_message_bytes={2 * GiB - 1}")
+    # the server has two workers) and the 64 MiB of freed buffers kept for
+    # reuse: one ~300 MB request at a time, with room for the others to wait
+    # in the queue.
+    limit = 768 * MiB
+    server_flags = (f"--memory_limit_bytes={limit}", f"--max_message_bytes={2 * GiB - 1}")
 
     def test_a_request_alone_above_the_budget_is_refused(self):
         details = self.assertRefused(
@@ -290,7 +292,7 @@ class BudgetTest(MemoryTestBase):
         wait_for(lambda: metric_sample(self.server.metrics(), "mha_memory_reserved_bytes") == 0,
                  2.0, "the reserved bytes to come back")
         self.assertEqual(metric_sample(self.server.metrics(), "mha_memory_reserved_bytes"), 0)
-        self.assertLess(self.server.status("VmHWM"), 704 * MiB + (2 * GiB if ASAN else 0))
+        self.assertLess(self.server.status("VmHWM"), self.limit + (2 * GiB if ASAN else 0))
 
     def test_rss_comes_back_after_a_large_request(self):
         self.assertGoodAnswer(length=128)

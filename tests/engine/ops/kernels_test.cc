@@ -1,7 +1,8 @@
 // The element-wise kernels on their own: the bf16-only softmax against the
 // f32 one and a double-precision softmax, head split/merge against a plain
 // copy, bf16 conversion on both threads against the element-wise rule, and
-// the int8 cache's rounding and step loops against their scaled values.
+// the int8 cache's rounding and step loops against their scaled values, and
+// the small path's scores against double-precision dot products.
 // The bf16 kernels run at every instruction level this CPU has (portable,
 // AVX-512, AVX512-BF16), so each code path is checked on the machine.
 #include "engine/ops/kernels.h"
@@ -269,6 +270,42 @@ TEST(KernelsTest, SplitAndMergeHeadsMatchAPlainCopy) {
             << "head bytes " << head_bytes << " row " << r;
         for (int64_t i = heads * head_bytes; i < row_bytes; ++i) {
           EXPECT_EQ(merged[r * row_bytes + i], 0) << "wrote past the heads, row " << r;
+        }
+      }
+    }
+  }
+}
+
+// The small path's scores (keys taken 16 at a time up to heads of 256)
+// against double-precision dot products: tails of a key tile, one key, and a
+// head too deep for the tiles.
+TEST(KernelsTest, SmallScoresMatchDoubleDotProductsInF32AndBf16) {
+  struct Shape {
+    int64_t batch, rows, cols, d;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64},
+                          Shape{1, 5, 33, 256}, Shape{2, 2, 5, 300}}) {
+    const std::vector<float> q = RandomVector(sh.batch * sh.rows * sh.d, 1);
+    const std::vector<float> k = RandomVector(sh.batch * sh.cols * sh.d, 2);
+    std::vector<uint16_t> q16(q.size()), k16(k.size());
+    for (size_t i = 0; i < q.size(); ++i) q16[i] = FloatToBf16(q[i]);
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = FloatToBf16(k[i]);
+    const float scale = 0.125f;
+    std::vector<float> f32(sh.batch * sh.rows * sh.cols), bf16(f32.size());
+    SmallScores(q.data(), k.data(), f32.data(), sh.batch, sh.rows, sh.cols, sh.d, scale);
+    SmallScoresBf16(q16.data(), k16.data(), bf16.data(), sh.batch, sh.rows, sh.cols, sh.d, scale);
+    for (int64_t b = 0; b < sh.batch; ++b) {
+      for (int64_t i = 0; i < sh.rows; ++i) {
+        for (int64_t j = 0; j < sh.cols; ++j) {
+          double want = 0, want16 = 0;
+          for (int64_t c = 0; c < sh.d; ++c) {
+            const int64_t qi = (b * sh.rows + i) * sh.d + c, kj = (b * sh.cols + j) * sh.d + c;
+            want += double{q[qi]} * k[kj];
+            want16 += double{Bf16ToFloat(q16[qi])} * Bf16ToFloat(k16[kj]);
+          }
+          const int64_t at = (b * sh.rows + i) * sh.cols + j;
+          EXPECT_NEAR(f32[at], want * scale, 1e-5) << "d " << sh.d << " at " << at;
+          EXPECT_NEAR(bf16[at], want16 * scale, 1e-5) << "bf16, d " << sh.d << " at " << at;
         }
       }
     }
