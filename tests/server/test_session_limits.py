@@ -131,9 +131,13 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
                                                 reason="cache_full"), 0)
                 grown = proc_status(server.process.pid, "VmHWM") - rss_before
                 # Under AddressSanitizer freed memory sits in its quarantine (as in
-                # test_memory.py, the RSS bound is for the plain build).
+                # test_memory.py, the RSS bound is for the plain build). Bounded,
+                # the heap peaks at ~65 MiB (heaptrack: 50 MiB of cache blocks,
+                # 9 of workspaces) and RSS grew 73-75 MiB alone, up to 81 under
+                # `ctest -j2` (glibc keeps freed step buffers in its per-thread
+                # arenas, between cache blocks); unbounded, RSS grew 95 MiB.
                 if not ASAN:
-                    self.assertLess(grown, budget + (32 << 20),
+                    self.assertLess(grown, budget + (40 << 20),
                                     f"peak RSS grew {grown >> 20} MiB for a {budget >> 20} MiB "
                                     "cache")
                 client.close()
