@@ -10,10 +10,15 @@
 #include "engine/mutex.h"
 
 namespace mha {
+namespace {
+
+size_t RoundedUp(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
+
+}  // namespace
 
 void* AllocateLarge(size_t bytes) {
   const size_t align = bytes >= kHugePageBytes ? kHugePageBytes : 64;
-  const size_t rounded = (bytes + align - 1) / align * align;
+  const size_t rounded = RoundedUp(bytes, align);
   void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
   if (p == nullptr) throw std::bad_alloc();
   if (align == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);  // advice: failure is harmless
@@ -106,7 +111,7 @@ void* TakeLarge(size_t bytes, size_t* capacity) {
     return kept->data;
   }
   FreeAll(dropped);  // before the new buffer: never more than the calls' peak
-  *capacity = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  *capacity = RoundedUp(bytes, kHugePageBytes);
   return AllocateLarge(*capacity);
 }
 

@@ -42,7 +42,7 @@ void* TakeLarge(size_t bytes, size_t* capacity);
 // Keeps `p` (from TakeLarge, `capacity` bytes) for reuse, or frees it.
 // Thread-safe.
 void ReturnLarge(void* p, size_t capacity);
-// Frees every kept buffer (a model unloaded, a large call done). Thread-safe.
+// Frees every kept buffer (when a retired model version is freed). Thread-safe.
 void ReleaseKeptLarge();
 // The bytes kept now. Thread-safe.
 size_t KeptLargeBytes();
