@@ -45,6 +45,9 @@ void Batcher::Enqueue(std::unique_ptr<Task> task) {
   const bool step = task->kind() == Task::Kind::kStep;
   const bool projection = task->kind() == Task::Kind::kProjection;
   absl::Status admitted;
+  // Before the step is in the lanes: a worker woken by earlier requests
+  // may find it there, and must form that call under the steps' cap.
+  if (step) pool_.NoteStepsArrive();
   try {
     MutexLock lock(mu_);
     // A stopped batcher (its version retired, or the server past its grace
@@ -81,6 +84,7 @@ void Batcher::Stop() {
 }
 
 void Batcher::QueueChunks(std::vector<std::unique_ptr<StepTask>> chunks) {
+  pool_.NoteStepsArrive();  // as for a step (Enqueue)
   {
     MutexLock lock(mu_);
     lanes_.AddChunks(chunks, clock_.Now());

@@ -98,8 +98,12 @@ void WorkerPool::Detach(Registration* registration) {
   queues_.erase(it);
 }
 
+void WorkerPool::NoteStepsArrive() {
+  steps_woken_at_ns_.store(absl::ToUnixNanos(clock_.Now()), std::memory_order_relaxed);
+}
+
 void WorkerPool::Wake(Registration* registration, bool steps) {
-  if (steps) steps_woken_at_ns_.store(absl::ToUnixNanos(clock_.Now()), std::memory_order_relaxed);
+  if (steps) NoteStepsArrive();
   CondVar* worker;
   {
     MutexLock lock(mu_);

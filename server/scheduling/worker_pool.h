@@ -99,6 +99,9 @@ class WorkerPool {
   // The queue may have work now; `steps`: session steps, which go first
   // and make StepsRecently true for kStepsRecent.
   void Wake(Registration* registration, bool steps = false);
+  // Makes StepsRecently true now: called before a step is queued, so a
+  // worker that finds the step already forms its call under the cap.
+  void NoteStepsArrive();
   // Whether a queue was woken for steps within the last kStepsRecent (on
   // the pool's clock): sessions are stepping on this server, so queues
   // keep their calls short (BatcherOptions::max_batch_tokens_with_steps).
