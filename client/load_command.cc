@@ -132,6 +132,7 @@ int RunLoadCommand(const std::shared_ptr<grpc::Channel>& channel, const LoadComm
     return 2;
   }
   o.seed = c.seed;
+  o.dtype = c.dtype;
   o.token = c.token;
   if (!LengthsOf(c, o)) return 2;
   if (const absl::Status s = CheckShapeFlags(o.batch, o.min_len, o.kv_len); !s.ok()) {
@@ -146,8 +147,9 @@ int RunLoadCommand(const std::shared_ptr<grpc::Channel>& channel, const LoadComm
     if (!status.ok()) return ReportError(status);
   }
   for (const LoadTarget& target : o.models) {  // the longest request of the pool
-    const double bytes =
-        4.0 * o.batch * (double(o.max_len) * target.embed_dim + double(o.kv_len) * target.kdim);
+    const double element_bytes = o.dtype == v1::DATA_TYPE_FP32 ? 4.0 : 2.0;
+    const double bytes = element_bytes * o.batch *
+                         (double(o.max_len) * target.embed_dim + double(o.kv_len) * target.kdim);
     const absl::Status fits =
         CheckRequestBytes(bytes, c.max_message_bytes, target.max_message_bytes,
                           "send fewer tokens (--batch, --len_range)");

@@ -31,6 +31,7 @@ struct LoadCommand {
   std::string len_range = "16:16";
   bool len_range_given = false;
   int64_t kv_len = 0;
+  v1::DataType dtype = v1::DATA_TYPE_FP32;  // --fp16, --bf16
   uint32_t seed = 1;
   std::string token;
   int64_t max_message_bytes = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/attend_wire.h"
 #include "client/client_common.h"
+#include "client/tensor_files.h"
 #include "engine/mutex.h"
 
 namespace mha::client {
@@ -24,8 +25,11 @@ std::vector<v1::AttendRequest> MakePool(const LoadOptions& o) {
     const LoadTarget& target = o.models[i % o.models.size()];
     v1::AttendRequest& r = pool[i];
     r.set_model(target.model);
-    *r.mutable_query() = RandomTensor({o.batch, len(gen), target.embed_dim}, gen);
-    if (o.kv_len > 0) *r.mutable_key() = RandomTensor({o.batch, o.kv_len, target.kdim}, gen);
+    *r.mutable_query() =
+        ToWireDtype(RandomTensor({o.batch, len(gen), target.embed_dim}, gen), o.dtype);
+    if (o.kv_len > 0) {
+      *r.mutable_key() = ToWireDtype(RandomTensor({o.batch, o.kv_len, target.kdim}, gen), o.dtype);
+    }
   }
   return pool;
 }

@@ -25,6 +25,9 @@ struct LoadOptions {
   int64_t min_len = 16, max_len = 16;  // query length, uniform
   int64_t kv_len = 0;                  // > 0: cross-attention with this key length (value = key)
   int64_t batch = 1;                   // sequences a request
+  // The query's and key's dtype on the wire (FP32, FP16 or BF16); the
+  // output comes back in the query's.
+  v1::DataType dtype = v1::DATA_TYPE_FP32;
   uint32_t seed = 1;
   std::string token;  // bearer token, when the server wants one
   // Closed loop only: each of the `concurrency` slots sends its requests

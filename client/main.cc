@@ -4,14 +4,14 @@
 //   mha_client info NAME
 //   mha_client attend --model NAME [--query FILE] [--key FILE] [--value FILE]
 //                     [--masks FILE] [--batch B --len L --kv_len S]
-//                     [--is_causal] [--need_weights] [--per_head_weights] [--bf16]
+//                     [--is_causal] [--need_weights] [--per_head_weights] [--bf16 | --fp16]
 //                     [--out FILE]
 //   mha_client session --model NAME [--steps 32] [--step_tokens 1] [--kv_len S]
 //                      [--fork_at K]
 //                      (a cross session over a random memory of S tokens; a fork
 //                      after K steps that continues another way, checked too)
 //   mha_client load --model NAME[,NAME...] [--concurrency N | --rate R] [--duration 10s |
-//                   --requests N] [--len_range 16:128] [--kv_len S] [--json]
+//                   --requests N] [--len_range 16:128] [--kv_len S] [--bf16 | --fp16] [--json]
 //                   [--sweep 1,4,16,64 --sweep_out PREFIX] [--stream]
 //                   (--stream: each client's requests over one Stream)
 //   mha_client export_session ID FILE | import_session FILE [NEW_ID]
@@ -83,7 +83,10 @@ ABSL_FLAG(std::string, key, "", "attend: safetensors file with the key");
 ABSL_FLAG(std::string, value, "", "attend: safetensors file with the value");
 ABSL_FLAG(std::string, masks, "",
           "attend: safetensors file with key_padding_mask and/or attn_mask");
-ABSL_FLAG(bool, bf16, false, "attend: send query/key/value as BF16");
+ABSL_FLAG(bool, bf16, false,
+          "attend, load: send query/key/value as BF16 (the output comes back as BF16)");
+ABSL_FLAG(bool, fp16, false,
+          "attend, load: send query/key/value as FP16 (the output comes back as FP16)");
 ABSL_FLAG(std::string, out, "", "attend: write output (and attn_weights) to this safetensors");
 ABSL_FLAG(bool, need_weights, false, "attend: return attention weights");
 ABSL_FLAG(bool, per_head_weights, false, "attend: weights per head");
@@ -141,6 +144,12 @@ void RecordGivenFlags(int argc, char** argv) {
   }
 }
 
+// The dtype of the query, key and value on the wire (--bf16, --fp16).
+v1::DataType WireDtype() {
+  if (absl::GetFlag(FLAGS_bf16)) return v1::DATA_TYPE_BF16;
+  return absl::GetFlag(FLAGS_fp16) ? v1::DATA_TYPE_FP16 : v1::DATA_TYPE_FP32;
+}
+
 // The tensor names an input file may hold.
 const std::vector<std::string> kInputNames = {"query", "key", "value", "key_padding_mask",
                                               "attn_mask"};
@@ -153,7 +162,7 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
     const int64_t b = absl::GetFlag(FLAGS_batch), l = absl::GetFlag(FLAGS_len);
     const int64_t s = absl::GetFlag(FLAGS_kv_len);
     RETURN_IF_ERROR(CheckShapeFlags(b, l, s));
-    const double element_bytes = absl::GetFlag(FLAGS_bf16) ? 2.0 : 4.0;
+    const double element_bytes = WireDtype() == v1::DATA_TYPE_FP32 ? 4.0 : 2.0;
     const double bytes = element_bytes * b *
                          (double(l) * info.embed_dim() + double(s) * (info.kdim() + info.vdim()));
     RETURN_IF_ERROR(CheckRequestBytes(bytes, client_limit, info.max_message_bytes(),
@@ -181,7 +190,7 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
       const std::uintmax_t size = std::filesystem::file_size(path, error);
       if (!error && files.insert(path).second) bytes += static_cast<double>(size);
     }
-    if (absl::GetFlag(FLAGS_bf16)) bytes /= 2;
+    if (WireDtype() != v1::DATA_TYPE_FP32) bytes /= 2;
     RETURN_IF_ERROR(
         CheckRequestBytes(bytes, client_limit, info.max_message_bytes(), "send fewer tokens"));
     absl::StatusOr<v1::Tensor> t = ReadWireTensor(absl::GetFlag(FLAGS_query), "query");
@@ -209,10 +218,10 @@ absl::Status FillInputs(const v1::ModelInfo& info, v1::AttendRequest& request) {
     *(std::string(name) == "attn_mask" ? request.mutable_attn_mask()
                                        : request.mutable_key_padding_mask()) = *m;
   }
-  if (absl::GetFlag(FLAGS_bf16)) {
-    *request.mutable_query() = ToBf16(request.query());
-    if (request.has_key()) *request.mutable_key() = ToBf16(request.key());
-    if (request.has_value()) *request.mutable_value() = ToBf16(request.value());
+  if (const v1::DataType dtype = WireDtype(); dtype != v1::DATA_TYPE_FP32) {
+    *request.mutable_query() = ToWireDtype(request.query(), dtype);
+    if (request.has_key()) *request.mutable_key() = ToWireDtype(request.key(), dtype);
+    if (request.has_value()) *request.mutable_value() = ToWireDtype(request.value(), dtype);
   }
   return absl::OkStatus();
 }
@@ -300,6 +309,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = args[1];
+  if (absl::GetFlag(FLAGS_bf16) && absl::GetFlag(FLAGS_fp16)) {
+    std::fprintf(stderr, "--bf16 and --fp16: one wire dtype at a time\n");
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_max_message_bytes) < 1) {
     std::fprintf(stderr, "--max_message_bytes: at least 1, got %lld\n",
                  static_cast<long long>(absl::GetFlag(FLAGS_max_message_bytes)));
@@ -380,6 +393,7 @@ int main(int argc, char** argv) {
     load.len_range_given = mha::client::GivenFlags().count("len_range") > 0;
     load.kv_len = absl::GetFlag(FLAGS_kv_len);
     load.seed = absl::GetFlag(FLAGS_seed);
+    load.dtype = mha::client::WireDtype();
     load.token = mha::client::Token();
     load.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
     load.json = absl::GetFlag(FLAGS_json);

@@ -71,13 +71,15 @@ absl::Status WriteWireTensors(const std::string& path,
   return WriteSafetensors(path, out);
 }
 
-v1::Tensor ToBf16(const v1::Tensor& t) {
+v1::Tensor ToWireDtype(const v1::Tensor& t, v1::DataType dtype) {
   if (t.dtype() != v1::DATA_TYPE_FP32) return t;
+  if (dtype != v1::DATA_TYPE_BF16 && dtype != v1::DATA_TYPE_FP16) return t;
   v1::Tensor out = t;
-  out.set_dtype(v1::DATA_TYPE_BF16);
+  out.set_dtype(dtype);
   const std::vector<float> values = TensorValues(t);
   std::string data(values.size() * 2, '\0');
-  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()), DType::kBF16,
+  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()),
+                   dtype == v1::DATA_TYPE_BF16 ? DType::kBF16 : DType::kF16,
                    reinterpret_cast<uint8_t*>(data.data()));
   out.set_data(std::move(data));
   return out;

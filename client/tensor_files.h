@@ -28,8 +28,9 @@ absl::StatusOr<bool> HasTensor(const std::string& path, const std::string& name)
 absl::Status WriteWireTensors(const std::string& path,
                               const std::map<std::string, const v1::Tensor*>& tensors);
 
-// The same values as BF16 (FP32 input; other dtypes are returned as is).
-v1::Tensor ToBf16(const v1::Tensor& t);
+// The same values as `dtype` (FP16 or BF16) from FP32; other tensors and
+// dtypes are returned as they are.
+v1::Tensor ToWireDtype(const v1::Tensor& t, v1::DataType dtype);
 
 }  // namespace mha::client
 

@@ -11,15 +11,18 @@ fp32, so the request's tensor and the response's are the same size: 64 KiB
 (1 x 64), 2 MiB (8 x 256), 16 MiB (16 x 1024). For each size and round:
 - echo: a Python TCP loopback echo of the same bytes (one connection,
   TCP_NODELAY, recv_into a preallocated buffer): the wire itself;
-- cpp: `mha_client load --concurrency 1` (the C++ client), in blocks
-  alternating with grpc_floor: build/grpc_echo, a C++ generic gRPC service
-  answering the same bytes (no protobuf) to a C++ client: gRPC's own floor;
+- cpp: `mha_client load --concurrency 1` (the C++ client); cpp_fp16: the
+  same with --fp16 (half the bytes each way); in blocks alternating with
+  grpc_floor: build/grpc_echo, a C++ generic gRPC service answering the
+  same bytes (no protobuf) to a C++ client: gRPC's own floor; and
+  grpc_floor_half, the same with half the bytes;
 - python_grpc: MhaClient.attend; fp16: the same with a float16 query (half
   the bytes each way); python_grpc_floor: a grpcio client sending the same
   bytes to that echo (bytes both ways, no protobuf), grpcio's own floor,
-  which the Python gRPC path is also given against (over_python_grpc_floor).
-  These three call by call, in turn: this machine changes speed from second
-  to second, and a floor measured apart moved by 1.3-1.4x between rounds;
+  which the Python gRPC path is also given against (over_python_grpc_floor);
+  python_grpc_floor_half: the same with half the bytes. These call by call,
+  in turn: this machine changes speed from second to second, and a floor
+  measured apart moved by 1.3-1.4x between rounds;
 - python_http: MhaHttpClient.attend;
 - shared_memory: KServe ModelInfer with the query and output in Triton's
   system shared memory (Python gRPC stub).
@@ -28,8 +31,11 @@ trip, the compute of the engine call that computed it (each answer's
 mha-compute-time-us, a gRPC trailer or an HTTP header: the C++ client
 reads it, the Python paths wrap their client's own transport call),
 overhead = round trip - compute, taken call by call, and overhead / echo
-(and / the gRPC floor). Prints one JSON object: the medians over the
-rounds. Name the machine beside any figure quoted from it.
+(and / the gRPC floor). fp16's overhead over fp32's is given for each
+client beside the floors' own ratio (half the bytes / the bytes): what it
+would be if a call cost nothing beyond the wire. Prints one JSON object:
+the medians over the rounds. Name the machine beside any figure quoted
+from it.
 """
 
 import argparse
@@ -182,13 +188,13 @@ def interleaved(paths, calls):
     return result
 
 
-def cpp_client(args, server, batch, length, calls):
+def cpp_client(args, server, batch, length, calls, flags=()):
     """The same medians for `mha_client load --concurrency 1` (one
     connection: the median is robust to its first call, which opens the
     windows); the compute is each call's mha-compute-time-us trailer."""
     out = subprocess.run([args.mha_client, f"--target={server.target()}", "load", "--model=demo",
                           "--concurrency=1", f"--batch={batch}", f"--len_range={length}:{length}",
-                          f"--requests={calls + 1}", "--json"],
+                          f"--requests={calls + 1}", "--json", *flags],
                          check=True, capture_output=True, text=True)
     report = json.loads(out.stdout)
     return report["p50_ms"], report["p50_ms"] - report["above_compute_p50_ms"], \
@@ -196,17 +202,24 @@ def cpp_client(args, server, batch, length, calls):
 
 
 def cpp_and_floor(args, server, echo_port, batch, length, calls, blocks=3):
-    """The C++ client and gRPC's floor (both C++ processes) in alternating
-    blocks of at least 10 calls each (a new connection opens its windows
-    over its first calls): the medians of their blocks
-    medians, (round trip, compute, overhead) and the floor's round trip."""
+    """The C++ client in fp32 and in fp16, and gRPC's floor of the same
+    bytes and of half of them (all C++ processes), in alternating blocks of
+    at least 10 calls each (a new connection opens its windows over its
+    first calls). Returns the medians of the blocks' medians: the clients'
+    (round trip, compute, overhead) by path, and the floors' round trips."""
     nbytes = batch * length * E * 4
     per_block = max(calls // blocks, 10)
-    cpp, floor = [], []
+    runs = {"cpp": lambda: cpp_client(args, server, batch, length, per_block),
+            "cpp_fp16": lambda: cpp_client(args, server, batch, length, per_block, ["--fp16"]),
+            "floor": lambda: grpc_floor_ms(args.grpc_echo, echo_port, nbytes, per_block),
+            "floor_half": lambda: grpc_floor_ms(args.grpc_echo, echo_port, nbytes // 2, per_block)}
+    times = {name: [] for name in runs}
     for _ in range(blocks):
-        floor.append(grpc_floor_ms(args.grpc_echo, echo_port, nbytes, per_block))
-        cpp.append(cpp_client(args, server, batch, length, per_block))
-    return tuple(statistics.median(c[i] for c in cpp) for i in range(3)), statistics.median(floor)
+        for name, run in runs.items():
+            times[name].append(run())
+    clients = {name: tuple(statistics.median(t[i] for t in times[name]) for i in range(3))
+               for name in ("cpp", "cpp_fp16")}
+    return clients, statistics.median(times["floor"]), statistics.median(times["floor_half"])
 
 
 def shared_memory_call(server, query, compute):
@@ -251,19 +264,24 @@ def one_round(args, server, echo_port, size):
     nbytes = query.nbytes
     result = {"bytes": nbytes, "echo_ms": tcp_echo_ms(nbytes, args.calls)}
     paths = {}
-    paths["cpp"], result["grpc_floor_ms"] = cpp_and_floor(args, server, echo_port, batch, length,
-                                                          args.calls)
-    # The Python gRPC paths and grpcio's floor, call by call.
-    floor = PythonGrpcEcho(echo_port, nbytes)
+    cpp, result["grpc_floor_ms"], result["grpc_floor_half_ms"] = cpp_and_floor(
+        args, server, echo_port, batch, length, args.calls)
+    paths.update(cpp)
+    # The Python gRPC paths and grpcio's floors (the same bytes and half of
+    # them: what fp16's halving saves on the wire itself), call by call.
+    floor, floor_half = PythonGrpcEcho(echo_port, nbytes), PythonGrpcEcho(echo_port, nbytes // 2)
     with MhaClient(server.target(), max_message_bytes=128 << 20) as client:
         compute = ComputeOfLastAnswer()
         client._attend_bytes = compute.grpc(client._attend_bytes)  # the client's own call
         half = query.astype(np.float16)
         python = interleaved({"python_grpc": (lambda: client.attend("demo", query), compute),
                               "fp16": (lambda: client.attend("demo", half), compute),
-                              "python_grpc_floor": (floor, None)}, args.calls)
+                              "python_grpc_floor": (floor, None),
+                              "python_grpc_floor_half": (floor_half, None)}, args.calls)
     floor.close()
+    floor_half.close()
     result["python_grpc_floor_ms"] = python.pop("python_grpc_floor")[0]
+    result["python_grpc_floor_half_ms"] = python.pop("python_grpc_floor_half")[0]
     paths.update(python)
     with MhaHttpClient(f"http://127.0.0.1:{server.http_port}") as http:
         compute = ComputeOfLastAnswer()
@@ -284,6 +302,13 @@ def one_round(args, server, echo_port, size):
                                                        result["python_grpc_floor_ms"])
     result["fp16_over_fp32_overhead"] = (result["fp16"]["overhead_ms"] /
                                          result["python_grpc"]["overhead_ms"])
+    result["cpp_fp16_over_fp32_overhead"] = (result["cpp_fp16"]["overhead_ms"] /
+                                             result["cpp"]["overhead_ms"])
+    # The same ratio for the floors (half the bytes / the bytes): the least
+    # fp16's ratio can be, where a call costs nothing beyond the wire.
+    result["grpc_floor_half_over_full"] = result["grpc_floor_half_ms"] / result["grpc_floor_ms"]
+    result["python_grpc_floor_half_over_full"] = (result["python_grpc_floor_half_ms"] /
+                                                  result["python_grpc_floor_ms"])
     return result
 
 

@@ -193,6 +193,46 @@ class ClientTest(unittest.TestCase):
         self.assertNotEqual(missing.returncode, 0)
         self.assertIn("nope.safetensors", missing.stderr)
 
+    def test_half_precision_on_the_wire_attend_and_load(self):
+        # --fp16 and --bf16 send the inputs in that dtype; the output comes
+        # back in it (the same bits as that request through the stubs).
+        work = tempfile.mkdtemp(prefix="mha_client_half_")
+        self.addCleanup(shutil.rmtree, work, ignore_errors=True)
+        query = (np.random.default_rng(4).standard_normal((2, 5, 256)) * 0.5).astype(np.float32)
+        write_safetensors(os.path.join(work, "q.safetensors"), {"query": (query, "F32")})
+        pb, _, cfg = load_stubs()
+        full = to_numpy(self.server.stub().Attend(
+            pb.AttendRequest(model="demo", query=tensor(pb, cfg, query))).output)
+        outputs = {}
+        for flag, dtype in (("--fp16", "F16"), ("--bf16", "BF16")):
+            out = os.path.join(work, f"out{flag}.safetensors")
+            r = self.client("attend", "--model=demo", f"--query={work}/q.safetensors", flag,
+                            f"--out={out}")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            got, dtypes = read_safetensors(out)
+            self.assertEqual(dtypes, {"output": dtype})
+            np.testing.assert_allclose(got["output"], full, atol=3e-2)
+            outputs[flag] = got["output"]
+        half = pb.Tensor(dtype=cfg.DATA_TYPE_FP16, shape=query.shape,
+                         data=query.astype(np.float16).tobytes())
+        expected = self.server.stub().Attend(pb.AttendRequest(model="demo", query=half)).output
+        self.assertEqual(expected.dtype, cfg.DATA_TYPE_FP16)
+        np.testing.assert_array_equal(
+            outputs["--fp16"],
+            np.frombuffer(expected.data, np.float16).astype(np.float32).reshape(query.shape))
+        # load: every request answered, the tokens counted as in fp32.
+        before = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
+        r = self.client("load", "--model=demo", "--fp16", "--requests=20", "--duration=60s",
+                        "--len_range=7:7", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = json.loads(r.stdout)
+        self.assertEqual((report["requests"], report["errors"]), (20, {}))
+        after = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
+        self.assertEqual(after - before, 20 * (7 + 7))
+        both = self.client("load", "--model=demo", "--fp16", "--bf16", "--requests=1")
+        self.assertEqual(both.returncode, 2, both.stderr)
+        self.assertIn("one wire dtype at a time", both.stderr)
+
     def test_input_files_with_unknown_tensor_names_are_refused(self):
         # A misspelt mask must not give an unmasked answer with exit 0.
         work = tempfile.mkdtemp(prefix="mha_client_names_")
