@@ -69,6 +69,17 @@ void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, float* out, int64
 void AccumulateContextBf16Dot(const float* probs, const uint16_t* v, float* acc, int64_t cols,
                               int64_t dv, const void* next);
 
+// SmallScoresBf16 and SmallContextBf16 (kernels.h) with the pair dot
+// product: a head's keys 16 at a time as pairs (heads of an even depth up
+// to kSmallDotMaxDepth), its values two keys at a time, the probabilities
+// rounded to bf16 (as the larger blocks' products take them). Only when
+// ActiveKernelIsa() == kAvx512Bf16.
+inline constexpr int64_t kSmallDotMaxDepth = 256;
+void SmallScoresBf16Dot(const uint16_t* q, const uint16_t* k, float* scores, int64_t batch,
+                        int64_t rows, int64_t cols, int64_t d, float scale);
+void SmallContextBf16Dot(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
+                         int64_t rows, int64_t cols, int64_t dv);
+
 }  // namespace mha
 
 #endif  // MHA_ENGINE_OPS_AVX512_KERNELS_H_

@@ -7,6 +7,7 @@
 // rows (tokens j and j + 1) into column pairs, against the probabilities'
 // pair rounded to bf16.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -48,7 +49,99 @@ MHA_BF16_DOT inline __mmask16 FirstLanes(int64_t count) {
                      : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1);
 }
 
+// The 16 lanes' scores in token order from AddRowPair's `lo` and `hi` of 32
+// columns: the first 16 (`second`: columns 16..31).
+MHA_BF16_DOT inline __m512 InOrder(__m512 lo, __m512 hi, bool second) {
+  const __m512i first_idx =
+      _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second_idx =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  return _mm512_permutex2var_ps(lo, second ? second_idx : first_idx, hi);
+}
+
+MHA_BF16_DOT inline __mmask32 FirstHalves(int64_t count) {
+  return count >= 32 ? ~__mmask32{0}
+                     : static_cast<__mmask32>((uint32_t{1} << (count > 0 ? count : 0)) - 1);
+}
+
+// A small head's 16 keys (or fewer: `lanes`) from `k` [.., d] as pairs:
+// pairs[p] holds (k[j][2p], k[j][2p + 1]) of key j in lane j, zeros past
+// the keys.
+MHA_BF16_DOT inline void KeyPairs(const uint16_t* k, int64_t d, __mmask16 lanes, __m512i* pairs) {
+  const __m512i rows =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(d)));
+  for (int64_t p = 0; p < d / 2; ++p) {
+    const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(static_cast<int>(2 * p)));
+    pairs[p] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, at, k, 2);
+  }
+}
+
 }  // namespace
+
+MHA_BF16_DOT void SmallScoresBf16Dot(const uint16_t* q, const uint16_t* k, float* scores,
+                                     int64_t batch, int64_t rows, int64_t cols, int64_t d,
+                                     float scale) {
+  __m512i pairs[kSmallDotMaxDepth / 2];
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int64_t b = 0; b < batch; ++b) {
+    const uint16_t* qb = q + b * rows * d;
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      const __mmask16 lanes = FirstLanes(cols - j0);
+      KeyPairs(k + (b * cols + j0) * d, d, lanes, pairs);
+      for (int64_t i = 0; i < rows; ++i) {
+        // Two chains of sums, so that their latency overlaps.
+        __m512 even = _mm512_setzero_ps(), odd = even;
+        int64_t p = 0;
+        for (; p + 2 <= d / 2; p += 2) {
+          even = _mm512_dpbf16_ps(even, (__m512bh)pairs[p], (__m512bh)QueryPair(qb + i * d, 2 * p));
+          odd = _mm512_dpbf16_ps(odd, (__m512bh)pairs[p + 1],
+                                 (__m512bh)QueryPair(qb + i * d, 2 * p + 2));
+        }
+        if (p < d / 2) {
+          even = _mm512_dpbf16_ps(even, (__m512bh)pairs[p], (__m512bh)QueryPair(qb + i * d, 2 * p));
+        }
+        _mm512_mask_storeu_ps(scores + (b * rows + i) * cols + j0, lanes,
+                              _mm512_mul_ps(_mm512_add_ps(even, odd), factor));
+      }
+    }
+  }
+}
+
+MHA_BF16_DOT void SmallContextBf16Dot(const float* probs, const uint16_t* v, uint16_t* context,
+                                      int64_t batch, int64_t rows, int64_t cols, int64_t dv) {
+  // A row's probabilities as bf16 pairs, kContextKeys keys at a time.
+  constexpr int64_t kContextKeys = 512;
+  alignas(64) uint32_t pairs[kContextKeys / 2];
+  for (int64_t b = 0; b < batch; ++b) {
+    const uint16_t* vb = v + b * cols * dv;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* p = probs + (b * rows + i) * cols;
+      for (int64_t c0 = 0; c0 < dv; c0 += 32) {
+        const __mmask32 columns = FirstHalves(dv - c0);
+        __m512 lo = _mm512_setzero_ps(), hi = lo;
+        for (int64_t j0 = 0; j0 < cols; j0 += kContextKeys) {
+          const int64_t n = std::min(kContextKeys, cols - j0);
+          for (int64_t j = 0; j < n; j += 32) {  // zeros past the keys
+            const __m512 p_lo = _mm512_maskz_loadu_ps(FirstLanes(n - j), p + j0 + j);
+            const __m512 p_hi = _mm512_maskz_loadu_ps(FirstLanes(n - j - 16), p + j0 + j + 16);
+            _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
+          }
+          for (int64_t j = 0; j < n; j += 2) {
+            const uint16_t* row = vb + (j0 + j) * dv + c0;
+            const __m512i r0 = _mm512_maskz_loadu_epi16(columns, row);
+            const __m512i r1 =
+                j + 1 < n ? _mm512_maskz_loadu_epi16(columns, row + dv) : _mm512_setzero_si512();
+            AddRowPair(r0, r1, _mm512_set1_epi32(static_cast<int>(pairs[j / 2])), lo, hi);
+          }
+        }
+        const __m512i out =
+            (__m512i)_mm512_cvtne2ps_pbh(InOrder(lo, hi, true), InOrder(lo, hi, false));
+        _mm512_mask_storeu_epi16(context + (b * rows + i) * dv + c0, columns, out);
+      }
+    }
+  }
+}
 
 MHA_BF16_DOT void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, float* out, int64_t n,
                                      int64_t d, float scale, const void* next) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/dtype.h"
+#include "engine/ops/avx512_kernels.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/multiversion.h"
 
@@ -109,12 +110,18 @@ void SmallContext(const float* probs, const float* v, float* context, int64_t ba
 MHA_MULTIVERSION
 void SmallScoresBf16(const uint16_t* q, const uint16_t* k, float* scores, int64_t batch,
                      int64_t rows, int64_t cols, int64_t d, float scale) {
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16 && d % 2 == 0 && d <= kSmallDotMaxDepth) {
+    return SmallScoresBf16Dot(q, k, scores, batch, rows, cols, d, scale);
+  }
   ScoresOf(q, k, scores, batch, rows, cols, d, scale);
 }
 
 MHA_MULTIVERSION
 void SmallContextBf16(const float* probs, const uint16_t* v, uint16_t* context, int64_t batch,
                       int64_t rows, int64_t cols, int64_t dv) {
+  if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) {
+    return SmallContextBf16Dot(probs, v, context, batch, rows, cols, dv);
+  }
   float acc[kContextChunkCols];
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < rows; ++i) {

@@ -4,6 +4,8 @@
 // the types of a shape alternated: the machine's ceiling at that moment
 // (these machines are shared and noisy). One JSON object per line with
 // --json.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -148,19 +150,44 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// What an empty OpenMP parallel region of all threads costs now, in us:
+// the threads' wake-up and join, a cross-core round trip. On one 2-core
+// VM it was 0.45 us in some processes and 1.25 in others (which physical
+// cores the vCPUs and the team's memory landed on), and a 1 x 16 call
+// took 24 against 32 us with it. The median of 5 batches.
+double ForkJoinMicros() {
+  std::vector<double> batches;
+  for (int b = 0; b < 5; ++b) {
+    constexpr int kRegions = 2000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kRegions; ++i) {
+#pragma omp parallel
+      {
+        if (omp_get_thread_num() < 0) std::abort();  // never: an empty region the compiler keeps
+      }
+    }
+    batches.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /
+        kRegions);
+  }
+  return Median(batches);
+}
+
 // `ceiling` is the matmul rate measured next to this shape, in GFLOP/s;
-// `scratch` the bytes the workspace held after the runs.
+// `fork_join` ForkJoinMicros then; `scratch` the bytes the workspace held
+// after the runs.
 void Report(const std::string& what, const std::string& dtype, double seconds, double flops,
-            double ceiling, size_t scratch) {
+            double ceiling, double fork_join, size_t scratch) {
   const double rate = flops / seconds * 1e-9;
   if (absl::GetFlag(FLAGS_json)) {
     std::printf(
         "{\"name\": \"%s\", \"dtype\": \"%s\", \"ms\": %.5f, \"gflops\": %.2f, "
-        "\"matmul_gflops\": %.2f, \"scratch_mb\": %.1f}\n",
-        what.c_str(), dtype.c_str(), seconds * 1e3, rate, ceiling, scratch / 1048576.0);
+        "\"matmul_gflops\": %.2f, \"fork_join_us\": %.2f, \"scratch_mb\": %.1f}\n",
+        what.c_str(), dtype.c_str(), seconds * 1e3, rate, ceiling, fork_join, scratch / 1048576.0);
   } else {
-    std::printf("%-28s %-5s %10.4f ms %7.1f GFLOP/s  %4.0f %% of matmul (%.0f)\n", what.c_str(),
-                dtype.c_str(), seconds * 1e3, rate, 100 * rate / ceiling, ceiling);
+    std::printf(
+        "%-28s %-5s %10.4f ms %7.1f GFLOP/s  %4.0f %% of matmul (%.0f), fork/join %.2f us\n",
+        what.c_str(), dtype.c_str(), seconds * 1e3, rate, 100 * rate / ceiling, ceiling, fork_join);
   }
   std::fflush(stdout);
 }
@@ -324,6 +351,7 @@ class ShapeRun {
   // One round: the type's matmul ceiling, then the shape.
   void Measure(MatmulCeiling& ceiling) {
     ceilings_.push_back(ceiling.MeasureGflops());
+    fork_joins_.push_back(ForkJoinMicros());
     const AttentionOutputs out{absl::MakeSpan(output_), {}, false};
     seconds_.push_back(MedianSeconds([&] {
       const absl::Status status = engine_->Run(batch_, out, *ws_);
@@ -332,7 +360,7 @@ class ShapeRun {
   }
   void Report() const {
     mha::Report(shape_.name, type_.name, Median(seconds_), Flops(shape_), Median(ceilings_),
-                ws_->bytes_held());
+                Median(fork_joins_), ws_->bytes_held());
   }
 
  private:
@@ -342,7 +370,7 @@ class ShapeRun {
   std::vector<float> query_, memory_, output_;
   AttentionBatch batch_;
   std::unique_ptr<Workspace> ws_;
-  std::vector<double> seconds_, ceilings_;
+  std::vector<double> seconds_, ceilings_, fork_joins_;
 };
 
 // A shape in every compute type, the types alternated round by round (so

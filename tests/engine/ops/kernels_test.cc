@@ -276,15 +276,17 @@ TEST(KernelsTest, SplitAndMergeHeadsMatchAPlainCopy) {
   }
 }
 
-// The small path's scores (keys taken 16 at a time up to heads of 256)
-// against double-precision dot products: tails of a key tile, one key, and a
-// head too deep for the tiles.
-TEST(KernelsTest, SmallScoresMatchDoubleDotProductsInF32AndBf16) {
+// The small path's scores (keys taken 16 at a time up to heads of 256;
+// with AVX512-BF16 as pairs, heads of an even depth) against
+// double-precision dot products: tails of a key tile, one key, an odd depth,
+// and a head too deep for the tiles.
+TEST_P(KernelsIsaTest, SmallScoresMatchDoubleDotProductsInF32AndBf16) {
   struct Shape {
     int64_t batch, rows, cols, d;
   };
-  for (const Shape& sh : {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64},
-                          Shape{1, 5, 33, 256}, Shape{2, 2, 5, 300}}) {
+  for (const Shape& sh :
+       {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64}, Shape{1, 5, 33, 256},
+        Shape{2, 2, 5, 300}, Shape{1, 3, 7, 9}, Shape{1, 2, 40, 2}}) {
     const std::vector<float> q = RandomVector(sh.batch * sh.rows * sh.d, 1);
     const std::vector<float> k = RandomVector(sh.batch * sh.cols * sh.d, 2);
     std::vector<uint16_t> q16(q.size()), k16(k.size());
@@ -306,6 +308,49 @@ TEST(KernelsTest, SmallScoresMatchDoubleDotProductsInF32AndBf16) {
           const int64_t at = (b * sh.rows + i) * sh.cols + j;
           EXPECT_NEAR(f32[at], want * scale, 1e-5) << "d " << sh.d << " at " << at;
           EXPECT_NEAR(bf16[at], want16 * scale, 1e-5) << "bf16, d " << sh.d << " at " << at;
+        }
+      }
+    }
+  }
+}
+
+// The small path's context (probabilities . values) against double
+// precision: in f32 exactly to f32 rounding; in bf16 within the rounding of
+// the probabilities to bf16 (AVX512-BF16) and of the output: odd key counts,
+// a column count off 32, more keys than one chunk of 512.
+TEST_P(KernelsIsaTest, SmallContextMatchesDoubleProductsInF32AndBf16) {
+  struct Shape {
+    int64_t batch, rows, cols, dv;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64},
+                          Shape{1, 2, 33, 40}, Shape{1, 2, 1100, 32}, Shape{2, 1, 5, 300}}) {
+    std::vector<float> probs = RandomVector(sh.batch * sh.rows * sh.cols, 3);
+    for (float& x : probs) x = std::abs(x) / static_cast<float>(sh.cols);
+    const std::vector<float> v = RandomVector(sh.batch * sh.cols * sh.dv, 4);
+    std::vector<uint16_t> v16(v.size());
+    for (size_t i = 0; i < v.size(); ++i) v16[i] = FloatToBf16(v[i]);
+    std::vector<float> f32(sh.batch * sh.rows * sh.dv);
+    std::vector<uint16_t> bf16(f32.size());
+    SmallContext(probs.data(), v.data(), f32.data(), sh.batch, sh.rows, sh.cols, sh.dv);
+    SmallContextBf16(probs.data(), v16.data(), bf16.data(), sh.batch, sh.rows, sh.cols, sh.dv);
+    for (int64_t b = 0; b < sh.batch; ++b) {
+      for (int64_t i = 0; i < sh.rows; ++i) {
+        for (int64_t c = 0; c < sh.dv; ++c) {
+          double want = 0, want16 = 0, magnitude16 = 0;
+          for (int64_t j = 0; j < sh.cols; ++j) {
+            const double p = probs[(b * sh.rows + i) * sh.cols + j];
+            const int64_t vj = (b * sh.cols + j) * sh.dv + c;
+            want += p * v[vj];
+            want16 += p * Bf16ToFloat(v16[vj]);
+            magnitude16 += std::abs(p * Bf16ToFloat(v16[vj]));
+          }
+          const int64_t at = (b * sh.rows + i) * sh.dv + c;
+          EXPECT_NEAR(f32[at], want, 1e-5) << "dv " << sh.dv << " at " << at;
+          // Each probability to bf16 (at most 2^-8 relative: 8 significant
+          // bits), the output too.
+          EXPECT_NEAR(Bf16ToFloat(bf16[at]), want16,
+                      (magnitude16 + std::abs(want16)) * 0x1p-8 + 1e-6)
+              << "bf16, dv " << sh.dv << " at " << at;
         }
       }
     }
