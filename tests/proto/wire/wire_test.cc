@@ -1,8 +1,10 @@
 // The wire reader and writer (proto/wire/) against protobuf's own parser.
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/large_buffer.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_service.pb.h"
 #include "mha/v1/attention.pb.h"
@@ -231,6 +233,34 @@ TEST(WireWriterTest, ViewsAreSentFromWhereTheyAreWhileGrpcHoldsTheirOwner) {
   std::vector<grpc::Slice> copied;
   ASSERT_TRUE(small.Finish().Dump(&copied).ok());
   for (const grpc::Slice& slice : copied) EXPECT_NE(slice.begin(), bytes.data());
+}
+
+// A large payload written in place (an fp16 output) goes out in a buffer
+// from TakeLarge, kept once gRPC is done with it: the next call's payload of
+// that size takes the same memory instead of faulting in a fresh buffer.
+TEST(WireWriterTest, LargePayloadBuffersAreKeptForTheNextCall) {
+  ReleaseKeptLarge();
+  const size_t size = size_t{4} << 20;
+  const uint8_t* sent = nullptr;
+  {
+    WireWriter writer;
+    writer.AppendBytes(6, size, [](uint8_t* out) { std::memset(out, 7, size); });
+    grpc::ByteBuffer buffer = writer.Finish();
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(buffer.Dump(&slices).ok());
+    for (const grpc::Slice& slice : slices) {
+      if (slice.size() == size) sent = slice.begin();
+    }
+    ASSERT_NE(sent, nullptr);
+    EXPECT_EQ(KeptLargeBytes(), 0u);  // gRPC holds it
+  }
+  EXPECT_GE(KeptLargeBytes(), size);  // given back, kept
+  size_t capacity = 0;
+  void* next = TakeLarge(size, &capacity);
+  EXPECT_EQ(next, sent);
+  ReturnLarge(next, capacity);
+  ReleaseKeptLarge();
+  EXPECT_EQ(KeptLargeBytes(), 0u);
 }
 
 }  // namespace
