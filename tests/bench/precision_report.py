@@ -5,7 +5,9 @@ bf16 (module and inputs .to(torch.bfloat16), 2 threads). Prints a Markdown
 table per compute type: our median time, our share of that type's matmul
 ceiling, PyTorch's time in the same type (int8's peer is PyTorch's bf16: it
 has no int8 attention) and the ratio; for int8 also its speed-up over our
-bf16, with the geometric mean over the projection-heavy shapes.
+bf16, with the geometric mean over the projection-heavy shapes; and each
+round's OpenMP fork/join (mha_bench's: the machine's cross-core wake-up,
+which moves every figure).
 
     python3 tests/bench/precision_report.py --mha_bench build/mha_bench [--rounds 3]
 """
@@ -41,6 +43,7 @@ def table(samples, dtype):
             f"torch {'bf16' if dtype == 'int8' else dtype} ms", "ours vs torch"]
     if dtype == "int8":
         head.append("int8 vs our bf16")
+    head.append("fork/join us by round")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     speedups = []
     for name, by_dtype in samples.items():
@@ -65,6 +68,10 @@ def table(samples, dtype):
                     speedups.append(speedup)
             else:
                 cells.append("-")
+        # What an empty parallel region cost in each round's process: this
+        # VM gave 0.45 or ~1.2 us from process to process, and every shape
+        # moved with it.
+        cells.append(" / ".join(f"{r['fork_join_us']:.2f}" for r in ours if "fork_join_us" in r))
         lines.append("| " + " | ".join(cells) + " |")
     if speedups:
         geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
