@@ -5,7 +5,8 @@
 // query's pair (q[c], q[c + 1]) in one instruction, where the widening loop
 // takes two shifts, two masks and four multiply-adds. Context: two value
 // rows (tokens j and j + 1) into column pairs, against the probabilities'
-// pair rounded to bf16.
+// pair rounded to bf16. The small path's scores and context (a short
+// sequence's heads whole) the same way, its keys gathered 16 at a time.
 
 #include <algorithm>
 #include <cstdint>
@@ -49,8 +50,9 @@ MHA_BF16_DOT inline __mmask16 FirstLanes(int64_t count) {
                      : static_cast<__mmask16>((1u << (count > 0 ? count : 0)) - 1);
 }
 
-// The 16 lanes' scores in token order from AddRowPair's `lo` and `hi` of 32
-// columns: the first 16 (`second`: columns 16..31).
+// Sums of 32 tokens (or columns) in their order, from AddRowPair's `lo`
+// and `hi` (token 8L + i, i < 4, is lo[4L + i]; 8L + 4 + i is hi[4L + i]):
+// tokens 0..15, or 16..31 with `second`.
 MHA_BF16_DOT inline __m512 InOrder(__m512 lo, __m512 hi, bool second) {
   const __m512i first_idx =
       _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -59,7 +61,8 @@ MHA_BF16_DOT inline __m512 InOrder(__m512 lo, __m512 hi, bool second) {
   return _mm512_permutex2var_ps(lo, second ? second_idx : first_idx, hi);
 }
 
-MHA_BF16_DOT inline __mmask32 FirstHalves(int64_t count) {
+// The first `count` of a vector's 32 bf16 lanes.
+MHA_BF16_DOT inline __mmask32 FirstBf16Lanes(int64_t count) {
   return count >= 32 ? ~__mmask32{0}
                      : static_cast<__mmask32>((uint32_t{1} << (count > 0 ? count : 0)) - 1);
 }
@@ -118,7 +121,7 @@ MHA_BF16_DOT void SmallContextBf16Dot(const float* probs, const uint16_t* v, uin
     for (int64_t i = 0; i < rows; ++i) {
       const float* p = probs + (b * rows + i) * cols;
       for (int64_t c0 = 0; c0 < dv; c0 += 32) {
-        const __mmask32 columns = FirstHalves(dv - c0);
+        const __mmask32 columns = FirstBf16Lanes(dv - c0);
         __m512 lo = _mm512_setzero_ps(), hi = lo;
         for (int64_t j0 = 0; j0 < cols; j0 += kContextKeys) {
           const int64_t n = std::min(kContextKeys, cols - j0);
@@ -160,16 +163,9 @@ MHA_BF16_DOT void BlockScoresBf16Dot(const uint16_t* q, const uint16_t* kt, floa
     AddRowPair(Row(kt, c), _mm512_setzero_si512(), _mm512_set1_epi32(q[c]), lo0, hi0);
   }
   const __m512 lo = _mm512_add_ps(lo0, lo1), hi = _mm512_add_ps(hi0, hi1);
-  // Back in token order: token 8L + i (i < 4) is lo[4L + i], 8L + 4 + i is
-  // hi[4L + i] (index 16 + 4L + i of the pair).
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second =
-      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   const __m512 factor = _mm512_set1_ps(scale);
-  _mm512_mask_storeu_ps(out, FirstLanes(n),
-                        _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), factor));
-  _mm512_mask_storeu_ps(out + 16, FirstLanes(n - 16),
-                        _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), factor));
+  _mm512_mask_storeu_ps(out, FirstLanes(n), _mm512_mul_ps(InOrder(lo, hi, false), factor));
+  _mm512_mask_storeu_ps(out + 16, FirstLanes(n - 16), _mm512_mul_ps(InOrder(lo, hi, true), factor));
 }
 
 MHA_BF16_DOT void AccumulateContextBf16Dot(const float* probs, const uint16_t* v, float* acc,
