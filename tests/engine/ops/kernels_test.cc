@@ -2,7 +2,7 @@
 // f32 one and a double-precision softmax, head split/merge against a plain
 // copy, bf16 conversion on both threads against the element-wise rule, and
 // the int8 cache's rounding and step loops against their scaled values, and
-// the small path's scores against double-precision dot products.
+// the small path's scores and context against double-precision products.
 // The bf16 kernels run at every instruction level this CPU has (portable,
 // AVX-512, AVX512-BF16), so each code path is checked on the machine.
 #include "engine/ops/kernels.h"
