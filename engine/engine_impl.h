@@ -97,6 +97,10 @@ class EngineImpl {
   // are their own rows), and the output product: the largest of the
   // layers' and the allowance; with int8 layers, their slots too.
   int64_t ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const;
+  // What each of `threads` child workspaces holds for the int8 layers that
+  // share the same rows out thread by thread (LinearLayer::Int8ThreadRows):
+  // their slots and a scratchpad (0 when no layer does).
+  int64_t Int8ChildBytes(int64_t q_rows, int64_t kv_rows, int threads) const;
   // `x` as the in-projections read it (in_dt_): itself in f32, else
   // converted into `slot`.
   const void* AsAct(absl::Span<const float> x, Workspace::Slot slot, Workspace& ws) const;

@@ -47,6 +47,23 @@ int64_t EngineImpl::ProjectionScratchpad(int64_t q_rows, int64_t kv_rows) const 
   return bytes + rows + scales + sums;
 }
 
+int64_t EngineImpl::Int8ChildBytes(int64_t q_rows, int64_t kv_rows, int threads) const {
+  const int64_t keys = kv_rows > 0 ? kv_rows : q_rows;
+  int64_t slots = 0, scratchpad = 0;
+  auto need = [&](const std::unique_ptr<LinearLayer>& layer, int64_t m) {
+    const int64_t share = layer == nullptr ? 0 : layer->Int8ThreadRows(m, threads);
+    if (share == 0) return;
+    slots =
+        std::max(slots, Grown(layer->Int8RowsBytes(share)) + Grown(layer->Int8ScalesBytes(share)) +
+                            Grown(layer->Int8SumsBytes(share)));
+    scratchpad = std::max(scratchpad, Grown(layer->ScratchpadBytes(share)));
+  };
+  for (const auto* layer : {&qkv_, &q_, &out_}) need(*layer, q_rows);
+  for (const auto* layer : {&kv_, &k_, &v_}) need(*layer, keys);
+  if (slots == 0) return 0;
+  return slots + std::max(kOnednnScratchpadAllowance, scratchpad);
+}
+
 int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t act = dims_.bf16 ? 2 : 4;
   const int64_t h = dims_.num_heads, dv = dims_.v_head_dim;
@@ -58,6 +75,8 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
   const int64_t keys = (shape.self_attention ? shape.q_len : shape.kv_len) + dims_.extra_keys();
   const int64_t total_keys = n * keys;
   int64_t bytes = ProjectionScratchpad(total_q, shape.self_attention ? 0 : total_kv);
+  // The children of int8 layers that share their rows out thread by thread.
+  int64_t int8_child = Int8ChildBytes(total_q, shape.self_attention ? 0 : total_kv, threads);
   if (in_dt_ == onednn::dt::bf16) {  // activations converted to bf16
     bytes += Grown(total_q * e * 2);
     if (!shape.self_attention) {
@@ -84,7 +103,9 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
     const int64_t child = Grown(rows * tile * 4) + (dims_.bf16 ? Grown(rows * tile * 2) : 0) +
                           2 * Grown(rows * dv * 4) + Grown(3 * rows * 4) +
                           kOnednnScratchpadAllowance;
-    return bytes + std::max(1, threads) * child;
+    // The int8 layers' use of the same children shares their scratchpad.
+    if (int8_child > 0) int8_child -= kOnednnScratchpadAllowance;
+    return bytes + std::max(1, threads) * (child + int8_child);
   }
   // The largest block's scores (and bf16 probabilities), as RequestAttention cuts them.
   const int64_t per_seq = h * shape.q_len * keys;
@@ -93,7 +114,8 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
                             : 1;
   const int64_t rows = sequences_->RowsPerBlock(shape.q_len, keys);
   const int64_t scores = count * sequences_->HeadsPerBlock(rows, keys) * rows * keys;
-  return bytes + Grown(scores * 4) + (dims_.bf16 ? Grown(scores * 2) : 0);
+  return bytes + Grown(scores * 4) + (dims_.bf16 ? Grown(scores * 2) : 0) +
+         std::max(1, threads) * int8_child;
 }
 
 int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_weights,
@@ -116,7 +138,7 @@ int64_t EngineImpl::StepScratchBytes(int64_t tokens, int64_t keys, bool need_wei
   const int64_t scores =
       std::min(std::max(StepAttention::kSessionScoreCap, cols), heads * tokens * cols);
   const int64_t child = Grown(scores * 4) + Grown(h * dv * 4) + Grown(h * dims_.qk_head_dim * 2);
-  return bytes + std::max(1, threads) * child;
+  return bytes + std::max(1, threads) * (child + Int8ChildBytes(tokens, 0, threads));
 }
 
 }  // namespace mha

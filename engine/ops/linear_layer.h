@@ -76,6 +76,11 @@ class LinearLayer final {
   int64_t Int8RowsBytes(int64_t m) const;
   int64_t Int8SumsBytes(int64_t m) const;
   int64_t Int8ScalesBytes(int64_t m) const;
+  // The most rows each thread takes when an int8 Run of `m` rows is shared
+  // out thread by thread (each in its own child workspace, holding the
+  // Int8*Bytes and ScratchpadBytes of that many rows), or 0 when Run
+  // shares out each step instead. `threads`: the team Run is called with.
+  int64_t Int8ThreadRows(int64_t m, int threads) const;
   // Primitives created since construction (per number of rows and threads).
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
   bool int8() const { return precision_ == LinearPrecision::kInt8; }
@@ -85,6 +90,8 @@ class LinearLayer final {
               onednn::dt dst_dt, LinearPrecision precision);
   dnnl::matmul::primitive_desc MakePd(int64_t m, const dnnl::memory::desc& wei) const;
   std::shared_ptr<const MatmulPrimitive> PrimitiveFor(int64_t m) const;
+  // The one for a team of `threads` (the key inside that team's region).
+  std::shared_ptr<const MatmulPrimitive> PrimitiveFor(int64_t m, int threads) const;
   // Sets ScratchpadBytes' line once weights_desc_ is final.
   void FitScratchpad();
   // The rows of the chunk Run multiplies next, `m` rows left.
@@ -92,6 +99,11 @@ class LinearLayer final {
   // The weights quantized per row, packed into weights_; sets int8_.
   void PackInt8(const std::vector<float>& weight);
   void RunInt8(Workspace& ws, const void* x, int64_t m, void* y) const;
+  void RunInt8PerThread(Workspace& ws, const void* x, int64_t m, void* y, int threads) const;
+  // Rows [first, last) in chunks on `ws`, with the primitives of a team of
+  // `threads`.
+  void RunInt8Rows(Workspace& ws, const void* x, int64_t first, int64_t last, void* y,
+                   int threads) const;
   // The element type of the packed weights.
   onednn::dt weights_dt() const { return int8() ? onednn::dt::s8 : act_dt_; }
 

@@ -149,6 +149,40 @@ TEST(Int8LinearTest, ColumnRangesAgreeWithTheirOwnPacks) {
   }
 }
 
+// From 128 rows per thread on, each thread takes its own rows through
+// quantization, product and dequantization in its child workspace: the
+// same bits as one thread's run, rows split at any point (odd counts too).
+TEST(Int8LinearTest, RowsSharedOutThreadByThreadGiveTheSameBits) {
+  constexpr int64_t n = 3 * 64, k = 64;
+  const std::vector<float> w = RandomVector(n * k, 11, 0.2f), b = RandomVector(n, 12);
+  const LinearLayer layer(onednn::CpuEngine(), w, b, n, k, dt::f32, dt::f32,
+                          LinearPrecision::kInt8);
+  EXPECT_EQ(layer.Int8ThreadRows(255, 2), 0);
+  EXPECT_EQ(layer.Int8ThreadRows(257, 2), 129);
+  EXPECT_EQ(layer.Int8ThreadRows(1000, 1), 0);
+  const int before = ComputeThreads();
+  for (const int64_t m : {int64_t{200}, int64_t{256}, int64_t{1337}}) {
+    SCOPED_TRACE(m);
+    const std::vector<float> x = RandomVector(m * k, 13, 2.0f);
+    std::vector<float> alone(m * n), shared(m * n);
+    SetComputeThreads(1);
+    Workspace one(onednn::CpuEngine());
+    layer.Run(one, x.data(), m, alone.data());
+    SetComputeThreads(2);  // one under TSan (see SetComputeThreads): no sharing then
+    const bool team = ComputeThreads() == 2;
+    Workspace two(onednn::CpuEngine());
+    layer.Run(two, x.data(), m, shared.data());
+    EXPECT_EQ(shared, alone);
+    EXPECT_EQ(one.num_children(), 0);
+    // Below 2 x 128 rows the team shares each step instead, on `two` itself.
+    EXPECT_EQ(two.num_children(), team && m >= 256 ? 2 : 0);
+    if (team && m >= 256) {
+      EXPECT_GT(two.Child(1).bytes_held(), 0u);
+    }
+  }
+  SetComputeThreads(before);
+}
+
 class Int8KernelTest : public ::testing::TestWithParam<KernelIsa> {
  protected:
   void SetUp() override { CapKernelIsaForTesting(GetParam()); }
