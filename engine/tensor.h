@@ -65,6 +65,12 @@ std::vector<float> ToFloatVector(const Tensor& t);
 // Index of the first NaN or infinite value, or -1 when all are finite.
 int64_t FirstNonFinite(absl::Span<const float> values);
 
+// ConvertFromFloat of `values` into `bytes` (their size in `dtype`) with
+// FirstNonFinite's check in the same pass: whether every value was finite
+// (it stops at the first chunk that is not). Finite values beyond FP16's
+// range still become +-inf, as ConvertFromFloat makes them.
+bool ConvertFiniteFromFloat(absl::Span<const float> values, DType dtype, uint8_t* bytes);
+
 // A F32 tensor holding `values` with `shape` (sizes must agree).
 Tensor MakeF32Tensor(std::vector<int64_t> shape, absl::Span<const float> values);
 

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/attention_request.h"
+#include "engine/dtype.h"
 #include "engine/ragged_batch.h"
 #include "server/scheduling/task.h"
 
@@ -23,10 +24,27 @@ namespace mha::server {
 // outputs: valid during Respond only (encode them there), or for as long
 // as a copy of `owner` is held, when it is set (a response may then send
 // f32 bytes from where the engine wrote them, with no copy).
+// A result's output already in the dtype it leaves in (FP16 or BF16),
+// converted in the pass that checked it finite; `bytes` empty when it was
+// not (a front end then converts the f32 output itself).
+struct ConvertedOutput {
+  DType dtype = DType::kF32;
+  absl::Span<const uint8_t> bytes;
+  std::shared_ptr<const void> owner;  // keeps `bytes` alive
+};
+
+// Whether `converted` holds `values` in `dtype`, to be sent in their place.
+inline bool IsConvertedFrom(const ConvertedOutput& converted, absl::Span<const float> values,
+                            DType dtype) {
+  return !converted.bytes.empty() && converted.dtype == dtype &&
+         converted.bytes.size() == values.size() * DTypeSize(dtype);
+}
+
 struct AttentionResult {
   absl::Span<const float> output;
   absl::Span<const float> weights;
   std::shared_ptr<const void> owner;  // may be null
+  ConvertedOutput converted;
 };
 
 // Owns one Attend request from the front end that decoded it to its
@@ -77,6 +95,10 @@ class AttendCall : public Task {
   }
   // Answers with an error (never OK).
   void Fail(const absl::Status& status) final { Answer(AnswerOnce::AsFailure(status)); }
+  // Whether Encode sends a large FP16 or BF16 output from
+  // AttentionResult::converted when it is there (the worker converts it
+  // then, in the pass that checks it); false: it converts the f32 output.
+  virtual bool SendsConvertedOutput() const { return false; }
   bool answered() const { return once_.answered(); }
   void CountDropped(const ModelMetrics& model, const char* reason) final {
     model.CountDropped(reason);

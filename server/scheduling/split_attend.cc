@@ -46,7 +46,7 @@ struct SplitState {
     }
     const absl::Time answering = absl::Now();
     metrics.tokens->Increment(static_cast<double>(in.tokens()));
-    const absl::Status answer = call->Prepare(AttentionResult{output, {}, nullptr});
+    const absl::Status answer = call->Prepare(AttentionResult{output, {}, nullptr, {}});
     if (answer.ok() && statistics != nullptr) {
       // One execution of one request: its projection and chunks' compute.
       ModelStatistics::Call record;

@@ -174,6 +174,35 @@ TEST(FirstNonFiniteTest, FiniteExtremesAreFinite) {
   EXPECT_EQ(FirstNonFinite({}), -1);
 }
 
+// The conversion a worker makes of a large FP16 or BF16 output, in the pass
+// that checks it: the same bytes as ConvertFromFloat, and false for a NaN or
+// an infinity in any chunk (finite values beyond FP16's range are still
+// finite: they become +-inf, as ConvertFromFloat makes them).
+TEST(ConvertFiniteFromFloatTest, ConvertsAsConvertFromFloatAndFindsNonFiniteValues) {
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const size_t size : {size_t{0}, size_t{37}, size_t{4096}, size_t{10000}}) {
+      std::vector<float> values(size);
+      for (size_t i = 0; i < size; ++i) {
+        values[i] = i % 5 == 0 ? 1e5f * static_cast<float>(i % 3) - 1e5f
+                               : static_cast<float>(i) * 0.37f - 1000.0f;
+      }
+      std::vector<uint8_t> want(size * 2), got(size * 2, 0xab);
+      ConvertFromFloat(values.data(), static_cast<int64_t>(size), dtype, want.data());
+      EXPECT_TRUE(ConvertFiniteFromFloat(values, dtype, got.data())) << size;
+      EXPECT_EQ(got, want) << size;
+      for (const size_t at : {size_t{0}, size_t{4095}, size_t{4096}, size_t{9999}}) {
+        if (at >= size) continue;
+        for (const float bad :
+             {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+          std::vector<float> poisoned = values;
+          poisoned[at] = bad;
+          EXPECT_FALSE(ConvertFiniteFromFloat(poisoned, dtype, got.data())) << size << " " << at;
+        }
+      }
+    }
+  }
+}
+
 TEST(SafetensorsRoundTripTest, AllDtypesAndAnEmptyTensorSurvive) {
   const TensorMap tensors = MixedTensors();
   absl::StatusOr<TensorMap> parsed = ParseSafetensors(SerializeSafetensors(tensors));

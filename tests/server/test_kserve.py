@@ -20,7 +20,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from mha_test_server import OneServerPerClass, TestServer, load_stubs, metric_value, tensor  # noqa: E402
+from mha_test_server import (OneServerPerClass, TestServer, from_wire, half_tensor,  # noqa: E402
+                             load_stubs, metric_value, tensor)
 from test_server import (CROSS_E, CROSS_KDIM, CROSS_VDIM, DEMO_E, DEMO_H, MHA_SERVER,  # noqa: E402
                          make_repository, reference)
 import mha_client  # noqa: E402
@@ -221,6 +222,35 @@ class KserveTest(OneServerPerClass):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
         infer, attend = self.both(inputs, bf16_query=True)
         self.assert_same_answer(infer, attend)
+
+    def test_large_half_outputs_are_the_f32_output_rounded(self):
+        # From 256 KiB an FP16 or BF16 output is converted by the worker, in
+        # the pass that checks it finite, and sent from there by the gRPC
+        # front ends: the same bits as the FP32 output of the same (rounded)
+        # query rounded to nearest even, on mha.v1 Attend and its stream and
+        # on KServe ModelInfer and its stream (2 x 300 x 256 x 2 = 300 KiB).
+        query = np.random.default_rng(12).standard_normal((2, 300, DEMO_E), dtype=np.float32)
+        for dtype, name in ((cfg.DATA_TYPE_FP16, "FP16"), (cfg.DATA_TYPE_BF16, "BF16")):
+            half = half_tensor(pb, cfg, query, dtype)
+            f32 = self.attend.Attend(pb.AttendRequest(
+                model="demo", query=tensor(pb, cfg, from_wire(cfg, half))), timeout=TIMEOUT)
+            want = half_tensor(pb, cfg, from_wire(cfg, f32.output), dtype).data
+            attend = pb.AttendRequest(model="demo", query=half)
+            unary = self.attend.Attend(attend, timeout=TIMEOUT).output
+            streamed = [r.attend.output for r in self.attend.Stream(
+                iter([pb.StreamRequest(id="half", attend=attend)]), timeout=TIMEOUT)]
+            infer = kpb.ModelInferRequest(model_name="demo")
+            infer.inputs.add(name="query", datatype=name, shape=query.shape)
+            infer.raw_input_contents.append(half.data)
+            kserve = self.kserve.ModelInfer(infer, timeout=TIMEOUT)
+            kserve_streamed = [r.infer_response for r in self.kserve.ModelStreamInfer(
+                iter([infer]), timeout=TIMEOUT)]
+            self.assertEqual((unary.dtype, len(streamed), len(kserve_streamed)), (dtype, 1, 1))
+            self.assertEqual(kserve.outputs[0].datatype, name)
+            for got in (unary.data, streamed[0].data, kserve.raw_output_contents[0],
+                        kserve_streamed[0].raw_output_contents[0]):
+                self.assertEqual(len(got), query.size * 2)
+                self.assertTrue(got == want, f"{name}: differs from the rounded FP32 output")
 
     def test_typed_contents_equal_raw(self):
         inputs = random_inputs(5, batch=2, length=3, masks=True)

@@ -146,6 +146,7 @@ struct DeferredOutput {
   absl::Span<const float> values;
   DType dtype = DType::kF32;
   std::shared_ptr<const void> owner;  // may be null
+  ConvertedOutput converted;          // `values` in `dtype`, when the worker made it
 };
 absl::Status FillInferResponse(const inference::ModelInferRequest& request, int64_t version,
                                const std::vector<RequestedOutput>& outputs,

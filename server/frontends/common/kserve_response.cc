@@ -31,8 +31,8 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
     const absl::Span<const float> values = is_output ? result.output : result.weights;
     if (!requested.shared_memory.has_value()) {
       if (deferred != nullptr) {
-        deferred->push_back(
-            {response->raw_output_contents_size() - 1, values, dtype, result.owner});
+        deferred->push_back({response->raw_output_contents_size() - 1, values, dtype, result.owner,
+                             is_output ? result.converted : ConvertedOutput{}});
       } else {
         EncodeBytes(values, dtype, *raw);
       }
@@ -46,6 +46,8 @@ absl::Status FillInferResponse(const inference::ModelInferRequest& request, int6
     }
     if (dtype == DType::kF32) {  // straight from the engine's output
       RETURN_IF_ERROR(slice.Write(AsBytes(values.data(), values.size() * sizeof(float))));
+    } else if (is_output && IsConvertedFrom(result.converted, values, dtype)) {
+      RETURN_IF_ERROR(slice.Write(result.converted.bytes));
     } else {
       std::string converted;
       EncodeBytes(values, dtype, converted);
@@ -64,7 +66,7 @@ absl::Status FillSequenceResponse(const inference::ModelInferRequest& request, i
   if (layout.output_shape.size() == 3) weights_shape.insert(weights_shape.begin(), 1);
   ResultLayout as_attend{layout.output_dtype, layout.output_shape, std::move(weights_shape)};
   return FillInferResponse(request, version, outputs, as_attend,
-                           AttentionResult{result.output, result.weights, nullptr}, response);
+                           AttentionResult{result.output, result.weights, nullptr, {}}, response);
 }
 
 void DescribeModel(const std::string& name, const AttentionDims& dims,

@@ -11,10 +11,14 @@ namespace mha::server {
 
 void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
                       DType dtype, const std::shared_ptr<const void>& owner,
-                      wire::WireWriter& writer) {
+                      wire::WireWriter& writer, const ConvertedOutput& converted) {
   v1::Tensor fields;
   fields.set_dtype(ToWireDType(dtype));
   fields.mutable_shape()->Assign(shape.begin(), shape.end());
+  if (IsConvertedFrom(converted, values, dtype)) {
+    writer.AppendMessageWithBytes(number, fields, 3, converted.bytes, converted.owner);
+    return;
+  }
   if (dtype == DType::kF32 && owner != nullptr) {
     writer.AppendMessageWithBytes(number, fields, 3,
                                   AsBytes(values.data(), values.size() * sizeof(float)), owner);
@@ -26,8 +30,8 @@ void AppendWireTensor(int number, absl::Span<const float> values, const std::vec
 
 void WriteAttendResponse(const std::string& model, int64_t version, const ResultLayout& layout,
                          const AttentionResult& result, wire::WireWriter& writer) {
-  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, result.owner,
-                   writer);
+  AppendWireTensor(1, result.output, layout.output_shape, layout.output_dtype, result.owner, writer,
+                   result.converted);
   if (!layout.weights_shape.empty()) {
     AppendWireTensor(2, result.weights, layout.weights_shape, DType::kF32, result.owner, writer);
   }
@@ -58,6 +62,10 @@ void WriteInferResponse(const inference::ModelInferResponse& response,
   for (int i = 0; i < response.raw_output_contents_size(); ++i) {
     if (next < deferred.size() && deferred[next].raw_index == i) {
       const DeferredOutput& out = deferred[next++];
+      if (IsConvertedFrom(out.converted, out.values, out.dtype)) {
+        writer.AppendBytes(6, out.converted.bytes, out.converted.owner);
+        continue;
+      }
       if (out.dtype == DType::kF32 && out.owner != nullptr) {
         writer.AppendBytes(6, AsBytes(out.values.data(), out.values.size() * sizeof(float)),
                            out.owner);

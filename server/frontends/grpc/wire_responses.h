@@ -22,10 +22,11 @@ namespace mha::server {
 
 // Field `number` of the message being written: a Tensor of `values` in
 // `dtype` with `shape`. F32 values with an `owner` (which keeps them alive)
-// are sent from where they are; others are written once into the message.
+// and `values` already `converted` are sent from where they are; others are
+// written once into the message.
 void AppendWireTensor(int number, absl::Span<const float> values, const std::vector<int64_t>& shape,
                       DType dtype, const std::shared_ptr<const void>& owner,
-                      wire::WireWriter& writer);
+                      wire::WireWriter& writer, const ConvertedOutput& converted = {});
 
 // An AttendResponse of `result` from version `version` of `model`.
 void WriteAttendResponse(const std::string& model, int64_t version, const ResultLayout& layout,

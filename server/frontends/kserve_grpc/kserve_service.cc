@@ -105,6 +105,7 @@ class ReceivedInferCall : public KserveInferCall {
   grpc::ByteBuffer& written() { return written_; }
   bool was_written() const { return was_written_; }
   const ReceivedInfer& received() const { return *received_; }
+  bool SendsConvertedOutput() const override { return true; }  // WriteInferResponse
   // Marks `response` as its request's last when the request asks to be told.
   void MarkFinal(inference::ModelInferResponse& response) const {
     if (final_response_flag()) {

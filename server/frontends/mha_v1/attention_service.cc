@@ -100,6 +100,7 @@ class AttendRequestCall : public DispatchedCall {
   absl::StatusOr<AttentionRequest> Decode(const ModelVersion& model) override {
     return DecodeAttendRequest(request_->fields, model.loaded.dims, gate_.limits(), request_->data);
   }
+  bool SendsConvertedOutput() const override { return true; }  // WriteAttendResponse
 
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,

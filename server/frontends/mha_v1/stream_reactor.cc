@@ -58,6 +58,8 @@ class StreamReactor::AttendMessage final : public OverGrpc<DispatchedCall> {
     return decoded;
   }
 
+  bool SendsConvertedOutput() const override { return true; }  // WriteAttendResponse
+
  private:
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override {

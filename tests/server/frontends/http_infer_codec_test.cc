@@ -173,7 +173,7 @@ TEST(HttpInferCodecTest, ResponsesAreJsonOrJsonFollowedByBinary) {
   // alive) is sent from there as binary, and read from there as JSON.
   auto engine_output = std::make_shared<std::vector<float>>(std::vector<float>{1.5f, 4});
   response.set_raw_output_contents(0, "");
-  const DeferredOutput view{0, *engine_output, DType::kF32, engine_output};
+  const DeferredOutput view{0, *engine_output, DType::kF32, engine_output, {}};
   body = EncodeHttpInfer(response, as_binary, {&view, 1});
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_EQ(nlohmann::json::parse(body->body)["outputs"][0]["parameters"]["binary_data_size"], 8);

@@ -22,6 +22,9 @@ class CallbackCall final : public server::AttendCall {
     SetInput(std::move(input));
   }
   bool Cancelled() const override { return cancelled_ && cancelled_(); }
+  bool SendsConvertedOutput() const override { return sends_converted; }
+  // What SendsConvertedOutput says (as the gRPC front ends' calls do).
+  bool sends_converted = false;
 
  private:
   absl::Status Encode(const server::AttentionResult& result) override {

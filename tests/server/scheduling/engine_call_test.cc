@@ -1,8 +1,11 @@
 // EngineCallRunner on a real engine, with no queue or worker pool: what it
-// drops before compute, what each request's answer holds, steps in a call of
-// their own first, projections, and what a call records.
+// drops before compute, what each request's answer holds (large FP16
+// outputs converted in the pass that checks them), steps in a call of their
+// own first, projections, and what a call records.
 #include "server/scheduling/engine_call.h"
 
+#include "engine/dtype.h"
+#include "engine/tensor.h"
 #include "tests/server/scheduling/batcher_fixture.h"
 #include "tests/server/scheduling/fake_tasks.h"
 
@@ -102,6 +105,88 @@ TEST_F(EngineCallTest, AnAnswerMayHoldTheCallsOutputAndSendItFromThere) {
   const std::vector<float> alone = Alone(Request(6, 21));
   ASSERT_EQ(sent.size(), alone.size());
   for (size_t j = 0; j < alone.size(); ++j) EXPECT_NEAR(sent[j], alone[j], 1e-5);
+}
+
+// A self-attention request of `rows` x `len` tokens with an FP16 query.
+v1::AttendRequest HalfRequest(int64_t rows, int64_t len, uint32_t seed) {
+  const std::vector<float> values = testing::RandomVector(rows * len * 24, seed);
+  v1::AttendRequest r;
+  r.set_model("m");
+  v1::Tensor* query = r.mutable_query();
+  query->set_dtype(v1::DATA_TYPE_FP16);
+  for (const int64_t size : {rows, len, int64_t{24}}) query->add_shape(size);
+  std::string data(values.size() * 2, '\0');
+  ConvertFromFloat(values.data(), static_cast<int64_t>(values.size()), DType::kF16,
+                   reinterpret_cast<uint8_t*>(data.data()));
+  query->set_data(std::move(data));
+  return r;
+}
+
+// What a call's Encode saw: the f32 output and the converted bytes.
+struct Seen {
+  absl::Status status;
+  std::vector<float> output;
+  std::vector<uint8_t> converted;
+  DType converted_dtype = DType::kF32;
+};
+
+Seen RunOne(EngineCallRunner& runner, const MhaEngine& engine, const v1::AttendRequest& r,
+            bool sends_converted) {
+  Seen seen;
+  std::vector<std::unique_ptr<AttendCall>> live;
+  auto call = testing::MakeCall(DecodeOwned(r), [&](absl::StatusOr<AttentionResult> got) {
+    seen.status = got.status();
+    if (!got.ok()) return;
+    seen.output.assign(got->output.begin(), got->output.end());
+    seen.converted.assign(got->converted.bytes.begin(), got->converted.bytes.end());
+    seen.converted_dtype = got->converted.dtype;
+  });
+  call->sends_converted = sends_converted;
+  live.push_back(std::move(call));
+  std::vector<StartedStep> no_steps;
+  auto ws = engine.NewWorkspace();
+  runner.Run(live, no_steps, *ws);
+  return seen;
+}
+
+// From 256 KiB, an FP16 output leaves converted by the worker for a call
+// that sends it so (the gRPC front ends): the bits ConvertFromFloat makes of
+// the f32 output; smaller outputs, and calls that convert themselves, get
+// the f32 output only.
+TEST_F(EngineCallTest, LargeHalfOutputsAreConvertedWhereTheyAreChecked) {
+  const v1::AttendRequest large = HalfRequest(8, 700, 31);  // 8 x 700 x 24 x 2 = 268,800 bytes
+  for (const bool sends : {true, false}) {
+    const Seen seen = RunOne(runner_, *engine_, large, sends);
+    ASSERT_TRUE(seen.status.ok()) << seen.status;
+    ASSERT_EQ(seen.output.size(), size_t{8 * 700 * 24});
+    if (!sends) {
+      EXPECT_TRUE(seen.converted.empty());
+      continue;
+    }
+    std::vector<uint8_t> want(seen.output.size() * 2);
+    ConvertFromFloat(seen.output.data(), static_cast<int64_t>(seen.output.size()), DType::kF16,
+                     want.data());
+    EXPECT_EQ(seen.converted_dtype, DType::kF16);
+    EXPECT_EQ(seen.converted, want);
+  }
+  const Seen small = RunOne(runner_, *engine_, HalfRequest(1, 16, 5), true);
+  ASSERT_TRUE(small.status.ok());
+  EXPECT_TRUE(small.converted.empty());
+}
+
+// Weights so large that the scores overflow f32: a non-finite result is
+// refused whether the worker converts the output or the front end does.
+TEST_F(EngineCallTest, ANonFiniteResultIsRefusedWhereverItIsConverted) {
+  PackedWeights huge = testing::RandomWeights(Dims(), 3);
+  for (float& w : huge.w_q) w *= 1e20f;
+  for (float& w : huge.w_k) w *= 1e20f;
+  const std::unique_ptr<MhaEngine> engine = MhaEngine::Create(Dims(), huge).value();
+  EngineCallRunner runner(*engine, metrics_.ForModel("m"), clock_, nullptr);
+  for (const bool sends : {true, false}) {
+    const Seen seen = RunOne(runner, *engine, HalfRequest(8, 700, 31), sends);
+    EXPECT_EQ(seen.status.code(), absl::StatusCode::kInvalidArgument) << sends;
+    EXPECT_THAT(seen.status.message(), HasSubstr("overflows float32"));
+  }
 }
 
 TEST_F(EngineCallTest, StepsGoInACallOfTheirOwnAnsweredBeforeTheRequests) {
