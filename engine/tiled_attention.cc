@@ -59,9 +59,10 @@ void TiledAttention::Run(const TiledBlock& b, Workspace& ws) const {
                   scores);
     OnlineSoftmaxTile(scores, rows, cols, col0, b.masks, state, probs_bf16);
     const void* probs = probs_bf16 == nullptr ? static_cast<const void*>(scores) : probs_bf16;
+    // The first tile's product is the accumulator (no copy of it).
     ExecuteMatmul(*matmuls_->Get(ContextSpec(rows, cols)), ws, probs, b.v + col0 * dv_ * act,
-                  nullptr, product);
-    RescaleAccumulate(acc, product, state.rescale, rows, dv_, first);
+                  nullptr, first ? acc : product);
+    if (!first) RescaleAccumulate(acc, product, state.rescale, rows, dv_);
     first = false;
   }
   if (first) std::memset(acc, 0, sizeof(float) * rows * dv_);  // no tile seen

@@ -58,10 +58,9 @@ void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
                        const SoftmaxMasks& masks, const OnlineSoftmaxRows& state,
                        uint16_t* bf16_out = nullptr);
 
-// acc[r] = acc[r] * rescale[r] + product[r] for rows [rows, n] (`first`:
-// acc = product).
+// acc[r] = acc[r] * rescale[r] + product[r] for rows [rows, n].
 void RescaleAccumulate(float* acc, const float* product, const float* rescale, int64_t rows,
-                       int64_t n, bool first);
+                       int64_t n);
 
 // out[r] = acc[r] / sum[r] (zeros where sum is 0: every key masked), as f32
 // or, when `bf16`, as bf16.

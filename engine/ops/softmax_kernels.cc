@@ -242,11 +242,7 @@ void OnlineSoftmaxTile(float* scores, int64_t rows, int64_t cols, int64_t col0,
 
 MHA_MULTIVERSION
 void RescaleAccumulate(float* acc, const float* product, const float* rescale, int64_t rows,
-                       int64_t n, bool first) {
-  if (first) {
-    std::memcpy(acc, product, sizeof(float) * rows * n);
-    return;
-  }
+                       int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     const float f = rescale[r];
 #pragma omp simd
