@@ -19,11 +19,6 @@
 
 namespace mha::server {
 
-// What a computed request gets back: its f32 output and optional weights,
-// in the shapes its AttentionRequest gives, as views of the engine call's
-// outputs: valid during Respond only (encode them there), or for as long
-// as a copy of `owner` is held, when it is set (a response may then send
-// f32 bytes from where the engine wrote them, with no copy).
 // A result's output already in the dtype it leaves in (FP16 or BF16),
 // converted in the pass that checked it finite; `bytes` empty when it was
 // not (a front end then converts the f32 output itself).
@@ -40,6 +35,11 @@ inline bool IsConvertedFrom(const ConvertedOutput& converted, absl::Span<const f
          converted.bytes.size() == values.size() * DTypeSize(dtype);
 }
 
+// What a computed request gets back: its f32 output and optional weights,
+// in the shapes its AttentionRequest gives, as views of the engine call's
+// outputs: valid during Respond only (encode them there), or for as long
+// as a copy of `owner` is held, when it is set (a response may then send
+// f32 bytes from where the engine wrote them, with no copy).
 struct AttentionResult {
   absl::Span<const float> output;
   absl::Span<const float> weights;
