@@ -300,6 +300,45 @@ class InferTest(HttpServerTest):
                            "data": [1.0, 2.0]}]}
         self.expect_error(400, "POST", "/v2/models/demo/infer", bad, contains="binary")
 
+    def test_large_half_outputs_are_the_f32_output_rounded(self):
+        """From 256 KiB an FP16 or BF16 output is converted by the worker, in
+        the pass that checks it finite, and sent from there: the same bits as
+        the FP32 output of the same (rounded) query rounded to nearest even,
+        plain and gzip-compressed (2 x 300 x 256 x 2 = 300 KiB)."""
+        import torch
+        query = np.random.default_rng(12).standard_normal((2, 300, DEMO_E)).astype(np.float32)
+        torch_dtypes = {"FP16": torch.float16, "BF16": torch.bfloat16}
+
+        def infer(datatype, raw, headers=()):
+            header = {"inputs": [{"name": "query", "datatype": datatype, "shape": list(query.shape),
+                                  "parameters": {"binary_data_size": len(raw)}}],
+                      "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}
+            text = json.dumps(header).encode()
+            status, head, data = self.call(
+                "POST", "/v2/models/demo/infer", text + raw,
+                {"Inference-Header-Content-Length": str(len(text)), **dict(headers)})
+            self.assertEqual(status, 200, data)
+            if head.get("content-encoding") == "gzip":
+                data = gzip.decompress(data)
+            length = int(head["inference-header-content-length"])
+            out = json.loads(data[:length])["outputs"][0]
+            self.assertEqual((out["datatype"], out["shape"]), (datatype, list(query.shape)))
+            return data[length:]
+
+        def as_bits(array, name):
+            t = torch.from_numpy(np.ascontiguousarray(array)).to(torch_dtypes[name])
+            return t.view(torch.int16).numpy().tobytes()
+
+        for name in ("FP16", "BF16"):
+            half = as_bits(query, name)
+            rounded = torch.frombuffer(bytearray(half), dtype=torch_dtypes[name]).float().numpy()
+            f32 = np.frombuffer(infer("FP32", rounded.astype("<f4").tobytes()), "<f4")
+            want = as_bits(f32, name)
+            for headers in ((), (("Accept-Encoding", "gzip"),)):
+                got = infer(name, half, headers)
+                self.assertEqual(len(got), query.size * 2)
+                self.assertTrue(got == want, f"{name} {headers}: differs from the rounded FP32")
+
     def test_bad_requests_are_400_with_the_reason(self):
         q = np.zeros((1, 2, DEMO_E), np.float32)
         cases = [

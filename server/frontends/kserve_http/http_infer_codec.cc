@@ -342,6 +342,10 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
     return nullptr;
   };
   auto bytes_of = [](const DeferredOutput& view) {
+    if (IsConvertedFrom(view.converted, view.values, view.dtype)) {
+      return absl::string_view(reinterpret_cast<const char*>(view.converted.bytes.data()),
+                               view.converted.bytes.size());
+    }
     return absl::string_view(reinterpret_cast<const char*>(view.values.data()),
                              view.values.size() * sizeof(float));
   };
@@ -407,7 +411,8 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
     for (int i : binary) {
       const DeferredOutput* view = view_of(i);
       if (view != nullptr) {
-        encoded.binary.emplace_back(bytes_of(*view), view->owner);
+        encoded.binary.emplace_back(
+            bytes_of(*view), view->converted.bytes.empty() ? view->owner : view->converted.owner);
       } else {
         encoded.binary.emplace_back(std::move(*response.mutable_raw_output_contents(i)));
       }

@@ -63,8 +63,9 @@ absl::StatusOr<HttpInferRequest> DecodeHttpInfer(absl::string_view body,
 // output goes as binary (then `header_length` is the JSON's size). The
 // binary outputs are moved out of `response` into `binary`, in order, to
 // be sent after `body` as they are (no joined copy). An output listed in
-// `views` (F32, its raw entry left empty: FillInferResponse's deferred
-// outputs) is read from its values instead, and sent from them as binary.
+// `views` (F32, or converted by the worker; its raw entry left empty:
+// FillInferResponse's deferred outputs) is read from its values, or its
+// converted bytes, instead, and sent from them as binary.
 struct HttpInferBody {
   std::string body;
   std::vector<HttpBytes> binary;

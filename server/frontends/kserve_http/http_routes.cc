@@ -127,17 +127,21 @@ class HttpInferCall final : public KserveInferCall {
   absl::string_view Authorization() const override { return state_->authorization; }
 
  private:
-  // Large F32 outputs stay where the engine wrote them (`views_`, their
-  // owner held until sent, as WireWriter's views); others are written into
-  // the response's raw entries.
+  bool SendsConvertedOutput() const override { return true; }  // EncodeResult
+
+  // Large F32 outputs stay where the engine wrote them, and large FP16 or
+  // BF16 ones where the worker converted them (`views_`, their owner held
+  // until sent, as WireWriter's views); others are written into the
+  // response's raw entries.
   absl::Status EncodeResult(const ModelVersion& model, const ResultLayout& layout,
                             const AttentionResult& result) override {
     deferred_.clear();
     views_.clear();
     RETURN_IF_ERROR(KserveInferCall::EncodeResult(model, layout, result));
     for (DeferredOutput& out : deferred_) {
-      if (out.dtype == DType::kF32 && out.owner != nullptr &&
-          out.values.size() * sizeof(float) >= wire::kViewMinBytes) {
+      if (IsConvertedFrom(out.converted, out.values, out.dtype) ||
+          (out.dtype == DType::kF32 && out.owner != nullptr &&
+           out.values.size() * sizeof(float) >= wire::kViewMinBytes)) {
         views_.push_back(std::move(out));
       } else {
         EncodeBytes(out.values, out.dtype,
