@@ -359,12 +359,13 @@ std::string LoadReport::Text() const {
 
 std::string LoadReport::Json() const {
   return absl::StrFormat(
-      "{\"requests\": %d, \"seconds\": %.4f, \"rps\": %.2f, \"tokens_per_s\": %.1f, "
+      "{\"requests\": %d, \"tokens\": %d, \"seconds\": %.4f, \"rps\": %.2f, "
+      "\"tokens_per_s\": %.1f, "
       "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"p999_ms\": %.4f, "
       "\"max_ms\": %.4f, \"above_compute_p50_ms\": %.4f, \"errors\": {%s}, \"retries\": %d, "
       "\"streams\": %d}",
-      requests, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms, p999_ms,
-      max_ms, above_compute_p50_ms, CountsJson(errors), retries, streams);
+      requests, tokens, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms,
+      p999_ms, max_ms, above_compute_p50_ms, CountsJson(errors), retries, streams);
 }
 
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options) {
