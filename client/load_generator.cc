@@ -290,16 +290,19 @@ class LoadRun {
   void Finished(Call* call, const absl::Status& status) {
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - call->sent);
     const auto& trailers = call->context.GetServerTrailingMetadata();
-    const auto compute_us = trailers.find("mha-compute-time-us");
+    // A trailer's microseconds in ms (negative: absent).
+    auto trailer_ms = [&](const char* name) {
+      const auto it = trailers.find(name);
+      if (it == trailers.end()) return -1.0;
+      return std::atof(std::string(it->second.data(), it->second.size()).c_str()) / 1e3;
+    };
+    const double compute_ms = trailer_ms("mha-compute-time-us");
+    const double server_ms = trailer_ms("mha-server-time-us");
     MutexLock lock(mu_);
     if (status.ok()) {
       RecordLocked(ms, call->tokens);
-      if (compute_us != trailers.end()) {
-        above_compute_ms_.push_back(
-            ms -
-            std::atof(std::string(compute_us->second.data(), compute_us->second.size()).c_str()) /
-                1e3);
-      }
+      if (compute_ms >= 0) above_compute_ms_.push_back(ms - compute_ms);
+      if (server_ms >= 0) above_server_ms_.push_back(ms - server_ms);
     } else {
       ++report_.errors[CodeName(static_cast<grpc::StatusCode>(status.code()))];
     }
@@ -310,6 +313,10 @@ class LoadRun {
     if (!above_compute_ms_.empty()) {
       std::sort(above_compute_ms_.begin(), above_compute_ms_.end());
       report_.above_compute_p50_ms = above_compute_ms_[above_compute_ms_.size() / 2];
+    }
+    if (!above_server_ms_.empty()) {
+      std::sort(above_server_ms_.begin(), above_server_ms_.end());
+      report_.above_server_p50_ms = above_server_ms_[above_server_ms_.size() / 2];
     }
     std::vector<double>& v = latencies_ms_;
     if (v.empty()) return;
@@ -337,6 +344,7 @@ class LoadRun {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
   std::vector<double> above_compute_ms_ ABSL_GUARDED_BY(mu_);  // round trip - compute, per call
+  std::vector<double> above_server_ms_ ABSL_GUARDED_BY(mu_);   // round trip - server time, per call
   LoadReport report_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -362,10 +370,12 @@ std::string LoadReport::Json() const {
       "{\"requests\": %d, \"tokens\": %d, \"seconds\": %.4f, \"rps\": %.2f, "
       "\"tokens_per_s\": %.1f, "
       "\"p50_ms\": %.4f, \"p90_ms\": %.4f, \"p99_ms\": %.4f, \"p999_ms\": %.4f, "
-      "\"max_ms\": %.4f, \"above_compute_p50_ms\": %.4f, \"errors\": {%s}, \"retries\": %d, "
+      "\"max_ms\": %.4f, \"above_compute_p50_ms\": %.4f, \"above_server_p50_ms\": %.4f, "
+      "\"errors\": {%s}, \"retries\": %d, "
       "\"streams\": %d}",
       requests, tokens, seconds, rps(), seconds > 0 ? tokens / seconds : 0, p50_ms, p90_ms, p99_ms,
-      p999_ms, max_ms, above_compute_p50_ms, CountsJson(errors), retries, streams);
+      p999_ms, max_ms, above_compute_p50_ms, above_server_p50_ms, CountsJson(errors), retries,
+      streams);
 }
 
 LoadReport RunLoad(const std::shared_ptr<grpc::Channel>& channel, const LoadOptions& options) {

@@ -51,6 +51,10 @@ struct LoadReport {
   // server's mha-compute-time-us trailer): what the call cost above the
   // engine. 0 when no call reported its compute (--stream).
   double above_compute_p50_ms = 0;
+  // The same minus the server's time (mha-server-time-us: from the call's
+  // dispatch to its answer): the wire, gRPC in both processes and this
+  // client. 0 when no call reported it.
+  double above_server_p50_ms = 0;
 
   double rps() const { return seconds > 0 ? requests / seconds : 0; }
   std::string Text() const;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/large_buffer.h"
+#include "engine/output_check.h"
 #include "server/scheduling/admission.h"
 
 namespace mha::server {
@@ -19,22 +20,23 @@ constexpr size_t kConvertedMinBytes = size_t{256} << 10;
 // Whether `result`'s output is finite: finite inputs can still overflow
 // f32. For a call that sends it converted, a large FP16 or BF16 output is
 // converted in the same pass, into a kept buffer (checked and converted
-// apart, 16 MiB of f32 were read twice: ~0.5 ms more a call).
+// apart, 16 MiB of f32 were read twice: ~0.5 ms more a call). On the
+// worker's compute threads, which are idle until its next call.
 bool CheckOutput(const AttendCall& call, AttentionResult& result) {
   const DType dtype = call.input().output_dtype();
   const size_t bytes = result.output.size() * DTypeSize(dtype);
   if (dtype == DType::kF32 || bytes < kConvertedMinBytes || !call.SendsConvertedOutput()) {
-    return FirstNonFinite(result.output) < 0;
+    return AllFiniteAcrossThreads(result.output);
   }
   size_t capacity = 0;
   void* data = nullptr;
   try {
     data = TakeLarge(bytes, &capacity);
   } catch (const std::bad_alloc&) {  // the front end's own conversion says so
-    return FirstNonFinite(result.output) < 0;
+    return AllFiniteAcrossThreads(result.output);
   }
   std::shared_ptr<const void> owner(data, ReturnLargeDeleter{capacity});
-  if (!ConvertFiniteFromFloat(result.output, dtype, static_cast<uint8_t*>(data))) return false;
+  if (!ConvertFiniteAcrossThreads(result.output, dtype, static_cast<uint8_t*>(data))) return false;
   result.converted = {dtype, {static_cast<const uint8_t*>(data), bytes}, std::move(owner)};
   return true;
 }

@@ -31,7 +31,10 @@ trip, the compute of the engine call that computed it (each answer's
 mha-compute-time-us, a gRPC trailer or an HTTP header: the C++ client
 reads it, the Python paths wrap their client's own transport call),
 overhead = round trip - compute, taken call by call, and overhead / echo
-(and / the gRPC floor). fp16's overhead over fp32's is given for each
+(and / the gRPC floor). The C++ client's overhead is also split in two:
+cpp_server_stages_ms (its mha-server-time-us minus the compute: decode,
+queue, check, encode) and cpp_above_server_ms (the rest: the wire, gRPC in
+both processes, the client). fp16's overhead over fp32's is given for each
 client beside the floors' own ratio (half the bytes / the bytes): what it
 would be if a call cost nothing beyond the wire. Prints one JSON object:
 the medians over the rounds. Name the machine beside any figure quoted
@@ -198,7 +201,7 @@ def cpp_client(args, server, batch, length, calls, flags=()):
                          check=True, capture_output=True, text=True)
     report = json.loads(out.stdout)
     return report["p50_ms"], report["p50_ms"] - report["above_compute_p50_ms"], \
-        report["above_compute_p50_ms"]
+        report["above_compute_p50_ms"], report["above_server_p50_ms"]
 
 
 def cpp_and_floor(args, server, echo_port, batch, length, calls, blocks=3):
@@ -206,7 +209,8 @@ def cpp_and_floor(args, server, echo_port, batch, length, calls, blocks=3):
     bytes and of half of them (all C++ processes), in alternating blocks of
     at least 10 calls each (a new connection opens its windows over its
     first calls). Returns the medians of the blocks' medians: the clients'
-    (round trip, compute, overhead) by path, and the floors' round trips."""
+    (round trip, compute, overhead, round trip - server time) by path, and
+    the floors' round trips."""
     nbytes = batch * length * E * 4
     per_block = max(calls // blocks, 10)
     runs = {"cpp": lambda: cpp_client(args, server, batch, length, per_block),
@@ -217,7 +221,7 @@ def cpp_and_floor(args, server, echo_port, batch, length, calls, blocks=3):
     for _ in range(blocks):
         for name, run in runs.items():
             times[name].append(run())
-    clients = {name: tuple(statistics.median(t[i] for t in times[name]) for i in range(3))
+    clients = {name: tuple(statistics.median(t[i] for t in times[name]) for i in range(4))
                for name in ("cpp", "cpp_fp16")}
     return clients, statistics.median(times["floor"]), statistics.median(times["floor_half"])
 
@@ -266,7 +270,13 @@ def one_round(args, server, echo_port, size):
     paths = {}
     cpp, result["grpc_floor_ms"], result["grpc_floor_half_ms"] = cpp_and_floor(
         args, server, echo_port, batch, length, args.calls)
-    paths.update(cpp)
+    # The C++ client's overhead in two: the server's stages (decode, queue,
+    # check, encode: its mha-server-time-us minus the compute) and the rest
+    # (the wire, gRPC in both processes, the client).
+    for name, (round_trip, compute, overhead, above_server) in cpp.items():
+        paths[name] = (round_trip, compute, overhead)
+        result[f"{name}_server_stages_ms"] = overhead - above_server
+        result[f"{name}_above_server_ms"] = above_server
     # The Python gRPC paths and grpcio's floors (the same bytes and half of
     # them: what fp16's halving saves on the wire itself), call by call.
     floor, floor_half = PythonGrpcEcho(echo_port, nbytes), PythonGrpcEcho(echo_port, nbytes // 2)
@@ -304,6 +314,8 @@ def one_round(args, server, echo_port, size):
                                          result["python_grpc"]["overhead_ms"])
     result["cpp_fp16_over_fp32_overhead"] = (result["cpp_fp16"]["overhead_ms"] /
                                              result["cpp"]["overhead_ms"])
+    result["cpp_fp16_over_fp32_above_server"] = (result["cpp_fp16_above_server_ms"] /
+                                                 result["cpp_above_server_ms"])
     # The same ratio for the floors (half the bytes / the bytes): the least
     # fp16's ratio can be, where a call costs nothing beyond the wire.
     result["grpc_floor_half_over_full"] = result["grpc_floor_half_ms"] / result["grpc_floor_ms"]

@@ -295,6 +295,12 @@ class ClientTest(unittest.TestCase):
         report = json.loads(r.stdout)
         self.assertEqual(report["requests"], 10)
         self.assertEqual(report["tokens"], 400)
+        # Each call's round trip >= round trip - compute >= round trip -
+        # server time > 0 (the server's time holds its compute), so too their
+        # medians.
+        self.assertGreater(report["above_server_p50_ms"], 0, report)
+        self.assertLessEqual(report["above_server_p50_ms"], report["above_compute_p50_ms"], report)
+        self.assertLessEqual(report["above_compute_p50_ms"], report["p50_ms"], report)
         # The rate is tokens over the seconds printed to 4 decimals (a short
         # run's 0.01 s is then off by up to 0.5 %: it made 402.9 once).
         self.assertAlmostEqual(report["tokens_per_s"] * report["seconds"], 400,

@@ -14,7 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/output_check.h"
 #include "engine/tensor.h"
+#include "engine/threads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -197,6 +199,36 @@ TEST(ConvertFiniteFromFloatTest, ConvertsAsConvertFromFloatAndFindsNonFiniteValu
           std::vector<float> poisoned = values;
           poisoned[at] = bad;
           EXPECT_FALSE(ConvertFiniteFromFloat(poisoned, dtype, got.data())) << size << " " << at;
+        }
+      }
+    }
+  }
+}
+
+// The same, shared out across two threads from 256 KiB (each converting its
+// own part), and the f32 check alone: the same bytes, and a NaN or an
+// infinity found in either part, at its ends too.
+TEST(ConvertFiniteFromFloatTest, SharedAcrossThreadsConvertsAndChecksEveryPart) {
+  SetComputeThreads(2);
+  for (const DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const size_t size :
+         {size_t{0}, size_t{37}, size_t{65535}, size_t{65536}, size_t{65573}, size_t{300001}}) {
+      std::vector<float> values(size);
+      for (size_t i = 0; i < size; ++i) values[i] = static_cast<float>(i % 1999) * 0.37f - 300.0f;
+      std::vector<uint8_t> want(size * 2), got(size * 2, 0xab);
+      ConvertFromFloat(values.data(), static_cast<int64_t>(size), dtype, want.data());
+      EXPECT_TRUE(ConvertFiniteAcrossThreads(values, dtype, got.data())) << size;
+      EXPECT_EQ(got, want) << size;
+      EXPECT_TRUE(AllFiniteAcrossThreads(values)) << size;
+      for (const size_t at : {size_t{0}, size / 2 - 1, size / 2, size / 2 + 1, size - 1}) {
+        if (at >= size) continue;
+        for (const float bad :
+             {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+          std::vector<float> poisoned = values;
+          poisoned[at] = bad;
+          EXPECT_FALSE(ConvertFiniteAcrossThreads(poisoned, dtype, got.data()))
+              << size << " " << at;
+          EXPECT_FALSE(AllFiniteAcrossThreads(poisoned)) << size << " " << at;
         }
       }
     }
