@@ -341,13 +341,17 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
       if (v.raw_index == raw_index) return &v;
     return nullptr;
   };
-  auto bytes_of = [](const DeferredOutput& view) {
+  // What a view sends, and what keeps those bytes alive: the worker's
+  // converted output, or the f32 values.
+  auto sent_of = [](const DeferredOutput& view) {
     if (IsConvertedFrom(view.converted, view.values, view.dtype)) {
-      return absl::string_view(reinterpret_cast<const char*>(view.converted.bytes.data()),
-                               view.converted.bytes.size());
+      return HttpBytes(absl::string_view(reinterpret_cast<const char*>(view.converted.bytes.data()),
+                                         view.converted.bytes.size()),
+                       view.converted.owner);
     }
-    return absl::string_view(reinterpret_cast<const char*>(view.values.data()),
-                             view.values.size() * sizeof(float));
+    return HttpBytes(absl::string_view(reinterpret_cast<const char*>(view.values.data()),
+                                       view.values.size() * sizeof(float)),
+                     view.owner);
   };
   json out = {{"model_name", response.model_name()}, {"model_version", response.model_version()}};
   if (!response.id().empty()) out["id"] = response.id();
@@ -367,7 +371,7 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
     json parameters = json::object();
     for (const auto& [name, p] : tensor.parameters()) parameters[name] = ParameterToJson(p);
     const DeferredOutput* view = view_of(i);
-    const absl::string_view raw = view != nullptr ? bytes_of(*view)
+    const absl::string_view raw = view != nullptr ? sent_of(*view).view
                                   : i < response.raw_output_contents_size()
                                       ? absl::string_view(response.raw_output_contents(i))
                                       : absl::string_view();
@@ -411,8 +415,7 @@ absl::StatusOr<HttpInferBody> EncodeHttpInfer(inference::ModelInferResponse& res
     for (int i : binary) {
       const DeferredOutput* view = view_of(i);
       if (view != nullptr) {
-        encoded.binary.emplace_back(
-            bytes_of(*view), view->converted.bytes.empty() ? view->owner : view->converted.owner);
+        encoded.binary.push_back(sent_of(*view));
       } else {
         encoded.binary.emplace_back(std::move(*response.mutable_raw_output_contents(i)));
       }
