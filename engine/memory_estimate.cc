@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "engine/engine_impl.h"
+#include "engine/ops/flash_bf16.h"
 
 namespace mha {
 namespace {
@@ -100,11 +101,16 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
     // accumulators, and runs primitives of its own.
     const int64_t rows = sequences_->QueryBlockRows(shape.q_len, keys, false);
     const int64_t tile = std::min(sequences_->tile_keys(), keys);
-    const int64_t child = Grown(rows * tile * 4) + (dims_.bf16 ? Grown(rows * tile * 2) : 0) +
-                          2 * Grown(rows * dv * 4) + Grown(3 * rows * 4) +
-                          kOnednnScratchpadAllowance;
+    // In one pass: a tile's keys and values in pairs, the accumulator and
+    // the running max and sum.
+    const int64_t child = sequences_->TiledInOnePass()
+                              ? Grown(kFlashBf16TileKeys * (dims_.qk_head_dim + dv) * 2) +
+                                    Grown(rows * dv * 4) + Grown(2 * rows * 4)
+                              : Grown(rows * tile * 4) + (dims_.bf16 ? Grown(rows * tile * 2) : 0) +
+                                    2 * Grown(rows * dv * 4) + Grown(3 * rows * 4) +
+                                    kOnednnScratchpadAllowance;
     // The int8 layers' use of the same children shares their scratchpad.
-    if (int8_child > 0) int8_child -= kOnednnScratchpadAllowance;
+    if (int8_child > 0 && !sequences_->TiledInOnePass()) int8_child -= kOnednnScratchpadAllowance;
     return bytes + std::max(1, threads) * (child + int8_child);
   }
   // The largest block's scores (and bf16 probabilities), as RequestAttention cuts them.

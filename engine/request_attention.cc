@@ -132,6 +132,8 @@ bool RequestAttention::Tiled(int64_t q_len, int64_t kv_len, bool weights) const 
          q_len >= options_.tiled_min_rows;
 }
 
+bool RequestAttention::TiledInOnePass() const { return tiled_->UsesFlashBf16(); }
+
 int64_t RequestAttention::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
   if (Tiled(q_len, kv_len, weights)) {
     return std::clamp<int64_t>(options_.tile_rows, 1, std::max<int64_t>(1, q_len));

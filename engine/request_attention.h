@@ -59,6 +59,9 @@ class RequestAttention {
   bool Tiled(int64_t q_len, int64_t kv_len, bool weights) const;
   int64_t QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const;
   int64_t tile_keys() const { return options_.tile_keys; }
+  // Whether key-tiled sequences run in one pass (engine/ops/flash_bf16.h),
+  // with no oneDNN product and no score tile.
+  bool TiledInOnePass() const;
 
   // Creates the runtime-shape primitives (if used) for the calling thread's
   // count; the constructor does it for the constructing thread's, warm-up

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/ops/avx512_kernels.h"
+#include "engine/ops/flash_bf16.h"
+
 namespace mha {
 
 using onednn::dt;
@@ -27,7 +30,13 @@ MatmulSpec TiledAttention::ContextSpec(int64_t rows, int64_t cols) const {
   return AttentionContextSpec(act_dt_, onednn::dt::f32, /*batch=*/0, rows, cols, dv_);
 }
 
+bool TiledAttention::UsesFlashBf16() const {
+  return act_dt_ == dt::bf16 && FlashBf16Fits(dqk_, dv_) &&
+         ActiveKernelIsa() == KernelIsa::kAvx512Bf16;
+}
+
 void TiledAttention::Prepare(int64_t rows) const {
+  if (UsesFlashBf16()) return;  // no oneDNN product
   matmuls_->Get(ScoresSpec(rows, tile_keys_));
   matmuls_->Get(ContextSpec(rows, tile_keys_));
 }
@@ -39,7 +48,30 @@ bool TiledAttention::HiddenByCausalMask(const TiledBlock& b, int64_t col0, int64
          col0 > b.masks.first_row + b.rows - 1;
 }
 
+void TiledAttention::RunFlashBf16(const TiledBlock& b, Workspace& ws) const {
+  FlashBf16Block block;
+  block.q = reinterpret_cast<const uint16_t*>(b.q);
+  block.k = reinterpret_cast<const uint16_t*>(b.k);
+  block.v = reinterpret_cast<const uint16_t*>(b.v);
+  block.context = reinterpret_cast<uint16_t*>(b.context);
+  block.rows = b.rows;
+  block.keys = b.keys;
+  block.dqk = dqk_;
+  block.dv = dv_;
+  block.scale = scale_;
+  block.masks = b.masks;
+  FlashBf16Scratch scratch;
+  scratch.key_pairs =
+      ws.Get<uint32_t>(Workspace::kTilePairs, kFlashBf16TileKeys * (dqk_ / 2 + dv_ / 2));
+  scratch.value_pairs = scratch.key_pairs + kFlashBf16TileKeys * (dqk_ / 2);
+  scratch.acc = ws.Get<float>(Workspace::kTileAcc, b.rows * dv_);
+  scratch.max = ws.Get<float>(Workspace::kTileStats, 2 * b.rows);
+  scratch.sum = scratch.max + b.rows;
+  FlashAttentionBf16(block, scratch);
+}
+
 void TiledAttention::Run(const TiledBlock& b, Workspace& ws) const {
+  if (UsesFlashBf16()) return RunFlashBf16(b, ws);
   const int64_t rows = b.rows, act = act_dt_ == dt::bf16 ? 2 : 4;
   const int64_t tile = std::min(tile_keys_, b.keys);
   float* scores = ws.Get<float>(Workspace::kScores, rows * tile);

@@ -38,8 +38,13 @@ class TiledAttention {
   // parallel region, so they are planned for the calling thread's pool).
   void Prepare(int64_t rows) const;
   void Run(const TiledBlock& block, Workspace& ws) const;
+  // Whether blocks run in one pass: bf16 heads the kernel takes, on a CPU
+  // with AVX512-BF16 (engine/ops/flash_bf16.h); no oneDNN product, no
+  // score tile.
+  bool UsesFlashBf16() const;
 
  private:
+  void RunFlashBf16(const TiledBlock& block, Workspace& ws) const;
   MatmulSpec ScoresSpec(int64_t rows, int64_t cols) const;
   MatmulSpec ContextSpec(int64_t rows, int64_t cols) const;
   // Whether causal masking hides every column of the tile from every row.

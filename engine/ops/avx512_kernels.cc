@@ -6,14 +6,13 @@
 #include <atomic>
 #include <iterator>
 
-#include "engine/ops/exp_polynomial.h"
+#include "engine/ops/exp_avx512.h"
 #include "engine/ops/intrinsics.h"
 
 namespace mha {
 
 namespace {
 
-#define MHA_AVX512_INLINE __attribute__((target("avx512f"), always_inline)) inline
 // The templates below carry the bf16 target for their native instances;
 // the others use plain AVX-512 intrinsics only (GCC 12 and clang 14 never
 // emit bf16 instructions on their own).
@@ -30,36 +29,6 @@ KernelIsa DetectIsa() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // leaf 7, subleaf 1: EAX bit 5
   const bool bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
   return bf16 ? KernelIsa::kAvx512Bf16 : KernelIsa::kAvx512;
-}
-
-MHA_AVX512_INLINE __mmask16 TailLanes(int64_t left) {
-  return left >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << left) - 1);
-}
-
-// exp(x) for x <= 0; NaN stays NaN. kAccurate: ~2 ulp (the degree-6
-// polynomial of the portable f32 exp); otherwise ~4e-6 relative (degree 4,
-// for probabilities that are rounded to bf16).
-template <bool kAccurate>
-MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
-  // -inf (a masked key) and anything below -1000 become -1000, whose 2^n
-  // below scales to exactly 0. vmaxps returns its second operand when
-  // either is NaN: NaN goes through and comes out NaN.
-  const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-1000.0f), x);
-  // exp(c) = 2^n * exp(r), n = round(c / ln 2), r = c - n ln 2 (two steps,
-  // exact products for |n| < 2^15); vscalefps underflows to denormals and 0.
-  namespace c = exp_polynomial;
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(c::kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c::kLn2High), clamped);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c::kLn2Low), r);
-  constexpr const float* kCoefficients = kAccurate ? c::kAccurate : c::kBf16;
-  constexpr int kTerms = kAccurate ? std::size(c::kAccurate) : std::size(c::kBf16);
-  __m512 p = _mm512_set1_ps(kCoefficients[0]);
-  for (int i = 1; i < kTerms; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kCoefficients[i]));
-  if constexpr (kAccurate) {  // p r^2 + r + 1, adding the large terms last
-    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  }
-  return _mm512_scalef_ps(p, n);
 }
 
 // Stores v as bf16, rounded to nearest even, NaN kept quiet. kNative: the

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/mha_engine.h"
+#include "engine/ops/avx512_kernels.h"
 #include "gtest/gtest.h"
 #include "tests/engine/engine_cases.h"
 #include "tests/engine/test_models.h"
@@ -52,10 +53,15 @@ TEST(TiledAttentionTest, EveryCaseMatchesUntiledPathAndReference) {
   }
 }
 
-// Realistic tiles on longer sequences: oneDNN's blocked kernels, several
-// tiles per row block, masks and causal, fp32 and bf16.
+// Realistic tiles on longer sequences: several tiles per row block, masks
+// and causal, fp32 and bf16. bf16 runs in one pass on a CPU with
+// AVX512-BF16 (engine/ops/flash_bf16.h), and on oneDNN's products with the
+// kernels capped below it (as on a CPU without), so both paths are covered.
 TEST(TiledAttentionTest, LongSequencesMatchUntiledPath) {
-  for (const bool bf16 : {false, true}) {
+  for (const auto& [bf16, cap] :
+       {std::pair{false, KernelIsa::kAvx512Bf16}, std::pair{true, KernelIsa::kAvx512Bf16},
+        std::pair{true, KernelIsa::kAvx512}}) {
+    CapKernelIsaForTesting(cap);
     AttentionDims d = With(Dims(64, 4), [](AttentionDims& x) { x.add_zero_attn = true; });
     d.bf16 = bf16;
     const PackedWeights w = RandomWeights(d, 3);
@@ -63,7 +69,8 @@ TEST(TiledAttentionTest, LongSequencesMatchUntiledPath) {
          {Case{
               "long_self", d, {300, 130}, {}, false, MaskKind::kBool, MaskKind::kFloat, true, true},
           Case{"long_cross", d, {70}, {600}, true, MaskKind::kFloat}}) {
-      SCOPED_TRACE(::testing::Message() << c.name << " bf16 " << bf16);
+      SCOPED_TRACE(::testing::Message()
+                   << c.name << " bf16 " << bf16 << " isa " << KernelIsaName(ActiveKernelIsa()));
       const Built b = Build(c, 11);
       const RunResult plain = RunEngine(*MakeEngine(d, w, Untiled()), c, b, false);
       const RunResult tiled = RunEngine(*MakeEngine(d, w, TiledOptions(64, 128)), c, b, false);
@@ -72,6 +79,7 @@ TEST(TiledAttentionTest, LongSequencesMatchUntiledPath) {
       ExpectMatchesReference(c, w, b, tiled, bf16 ? 3e-2f : 1e-5f, false);
     }
   }
+  CapKernelIsaForTesting(KernelIsa::kAvx512Bf16);
 }
 
 // Asking for the attention weights needs whole probability rows: such calls
