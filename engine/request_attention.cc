@@ -128,11 +128,16 @@ int64_t RequestAttention::HeadsPerBlock(int64_t rows, int64_t kv_len) const {
 }
 
 bool RequestAttention::Tiled(int64_t q_len, int64_t kv_len, bool weights) const {
-  return !weights && options_.tiled_min_keys > 0 && kv_len >= options_.tiled_min_keys &&
-         q_len >= options_.tiled_min_rows;
+  if (weights || options_.tiled_min_keys <= 0) return false;
+  if (options_.one_pass_min_rows > 0 && q_len >= options_.one_pass_min_rows && TiledInOnePass()) {
+    return true;
+  }
+  return kv_len >= options_.tiled_min_keys && q_len >= options_.tiled_min_rows;
 }
 
-bool RequestAttention::TiledInOnePass() const { return tiled_->UsesFlashBf16(); }
+bool RequestAttention::TiledInOnePass() const {
+  return tiled_ != nullptr && tiled_->UsesFlashBf16();
+}
 
 int64_t RequestAttention::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
   if (Tiled(q_len, kv_len, weights)) {

@@ -46,6 +46,21 @@ MHA_AVX512_INLINE __m512 ExpNonPositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// 2^x for x <= 0 to ~3e-6 relative (kExp2Bf16); exact 0 for -inf and
+// below -200, NaN for NaN.
+MHA_AVX512_INLINE __m512 Exp2NonPositive(__m512 x) {
+  // vmaxps returns its second operand when either is NaN.
+  const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
+  const __m512 n = _mm512_roundscale_ps(clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(clamped, n);
+  namespace c = exp_polynomial;
+  __m512 p = _mm512_set1_ps(c::kExp2Bf16[0]);
+  for (size_t i = 1; i < std::size(c::kExp2Bf16); ++i) {
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::kExp2Bf16[i]));
+  }
+  return _mm512_scalef_ps(p, n);
+}
+
 }  // namespace mha
 
 #endif  // MHA_ENGINE_OPS_EXP_AVX512_H_

@@ -19,6 +19,12 @@ inline constexpr float kAccurate[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334
 inline constexpr float kBf16[] = {4.15898298e-2f, 1.67906357e-1f, 5.00022231e-1f, 9.99963654e-1f,
                                   1.0f};
 
+// 2^f for f in [-1/2, 1/2], ~3e-6 relative (fitted), in Horner's form: the
+// one-pass bf16 attention's exp, which works in base 2 (scores scaled by
+// log2 e once, then 2^(x - max) = 2^n 2^f with no ln 2 reduction).
+inline constexpr float kExp2Bf16[] = {9.570101276e-03f, 5.591785908e-02f, 2.402474433e-01f,
+                                      6.931217909e-01f, 9.999992847e-01f};
+
 }  // namespace mha::exp_polynomial
 
 #endif  // MHA_ENGINE_OPS_EXP_POLYNOMIAL_H_

@@ -102,7 +102,9 @@ MHA_FLASH_BF16_INLINE void GroupScores(const uint16_t* q, int64_t dqk, const uin
 // `causal_limit` to `masked`, and -inf past the tile's keys.
 MHA_FLASH_BF16_INLINE void MaskRow(__m512 (&s)[4], float scale, const float* pad, const float* attn,
                                    int64_t masked, int64_t causal_limit, int64_t cols) {
-  const __m512 factor = _mm512_set1_ps(scale);
+  // Base 2 from here on: 2^(x log2 e) = e^x.
+  const __m512 log2e = _mm512_set1_ps(exp_polynomial::kLog2e);
+  const __m512 factor = _mm512_set1_ps(scale * exp_polynomial::kLog2e);
   const bool plain = pad == nullptr && attn == nullptr && causal_limit >= masked && cols == kTile;
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
@@ -110,8 +112,10 @@ MHA_FLASH_BF16_INLINE void MaskRow(__m512 (&s)[4], float scale, const float* pad
     if (!plain) {
       const int64_t base = 16 * j;
       const __mmask16 in_masked = TailLanes(masked - base);
-      if (pad != nullptr) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(in_masked, pad + base));
-      if (attn != nullptr) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(in_masked, attn + base));
+      if (pad != nullptr) x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_masked, pad + base), log2e, x);
+      if (attn != nullptr) {
+        x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_masked, attn + base), log2e, x);
+      }
       const __mmask16 dead = static_cast<__mmask16>(~TailLanes(cols - base)) |
                              (in_masked & static_cast<__mmask16>(~TailLanes(causal_limit - base)));
       x = _mm512_mask_mov_ps(x, dead, _mm512_set1_ps(kNegInf));
@@ -136,11 +140,11 @@ MHA_FLASH_BF16_INLINE float SoftmaxRow(__m512 (&s)[4], float& max, float& sum, u
     return 1.0f;
   }
   // 0 on the first contributing tile (max -inf).
-  const float rescale = _mm512_cvtss_f32(ExpNonPositive<true>(_mm512_set1_ps(max - new_max)));
+  const float rescale = _mm512_cvtss_f32(Exp2NonPositive(_mm512_set1_ps(max - new_max)));
   const __m512 m = _mm512_set1_ps(new_max);
   __m512 e[4];
 #pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) e[j] = ExpNonPositive<false>(_mm512_sub_ps(s[j], m));
+  for (int j = 0; j < 4; ++j) e[j] = Exp2NonPositive(_mm512_sub_ps(s[j], m));
   const float tile_sum =
       _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3])));
   // Lanes of the second operand go low: keys 0..31, then 32..63.
@@ -218,7 +222,7 @@ MHA_FLASH_BF16_INLINE void SoftmaxGroup(__m512 (&s)[R][4], float* max, float* su
     for (int r = 0; r < R; ++r) rescale[r] = SoftmaxRow(s[r], max[r], sum[r], probs[r]);
     return;
   }
-  const __m512 factor = ExpNonPositive<true>(_mm512_sub_ps(old_max, new_max));
+  const __m512 factor = Exp2NonPositive(_mm512_sub_ps(old_max, new_max));
   __m512 row_sum[kGroup];
 #pragma GCC unroll 4
   for (int r = 0; r < kGroup; ++r) {
@@ -232,7 +236,7 @@ MHA_FLASH_BF16_INLINE void SoftmaxGroup(__m512 (&s)[R][4], float* max, float* su
                               : RowOf<3>(new_max);
     __m512 e[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) e[j] = ExpNonPositive<false>(_mm512_sub_ps(s[r][j], m));
+    for (int j = 0; j < 4; ++j) e[j] = Exp2NonPositive(_mm512_sub_ps(s[r][j], m));
     row_sum[r] = _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3]));
     // Lanes of the second operand go low: keys 0..31, then 32..63.
     _mm512_store_si512(probs[r], (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
@@ -283,16 +287,21 @@ MHA_FLASH_BF16 __attribute__((noinline)) void GroupContext(
   }
 }
 
-// Rows [r0, r0 + R) of the block against one tile.
+// A group's probabilities of one tile and the factors for its accumulator.
+struct GroupProbs {
+  alignas(64) uint32_t probs[kGroup][kTilePairs];
+  float rescale[kGroup];
+};
+
+// Rows [r0, r0 + R) of the block against one tile: scores, masks and
+// online softmax.
 template <int R>
-MHA_FLASH_BF16 void GroupTile(const FlashBf16Block& b, const Tile& t, int64_t r0,
-                              const FlashBf16Scratch& scratch) {
+MHA_FLASH_BF16_INLINE void TileProbs(const FlashBf16Block& b, const Tile& t, int64_t r0,
+                                     const FlashBf16Scratch& scratch, GroupProbs& out) {
   __m512 s[R][4];
   GroupScores<R>(b.q + r0 * b.dqk, b.dqk, t.key_pairs, s);
   const SoftmaxMasks& m = b.masks;
   const int64_t masked = std::clamp<int64_t>(m.masked_cols - t.col0, 0, t.cols);
-  alignas(64) uint32_t probs[kGroup][kTilePairs];
-  float rescale[kGroup];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     const int64_t row = r0 + r;
@@ -302,22 +311,52 @@ MHA_FLASH_BF16 void GroupTile(const FlashBf16Block& b, const Tile& t, int64_t r0
         m.causal ? std::clamp<int64_t>(m.first_row + row + 1 - t.col0, 0, masked) : masked;
     MaskRow(s[r], b.scale, pad, attn, masked, causal_limit, t.cols);
   }
-  SoftmaxGroup<R>(s, scratch.max + r0, scratch.sum + r0, probs, rescale);
+  SoftmaxGroup<R>(s, scratch.max + r0, scratch.sum + r0, out.probs, out.rescale);
+}
+
+// Adds the tile's values weighted by `p` to rows [r0, r0 + R)'s accumulator.
+template <int R>
+MHA_FLASH_BF16_INLINE void TileValues(const FlashBf16Block& b, const Tile& t, int64_t r0,
+                                      const FlashBf16Scratch& scratch, const GroupProbs& p) {
   const int64_t pairs = (t.cols + 1) / 2;
   float* acc = scratch.acc + r0 * b.dv;
   int64_t c0 = 0;
-  for (; c0 + 64 <= b.dv; c0 += 64)
-    GroupContext<R, 4>(probs, t.value_pairs, b.dv, c0, pairs, rescale, acc);
+  for (; c0 + 64 <= b.dv; c0 += 64) {
+    GroupContext<R, 4>(p.probs, t.value_pairs, b.dv, c0, pairs, p.rescale, acc);
+  }
   switch ((b.dv - c0) / 16) {
     case 3:
-      return GroupContext<R, 3>(probs, t.value_pairs, b.dv, c0, pairs, rescale, acc);
+      return GroupContext<R, 3>(p.probs, t.value_pairs, b.dv, c0, pairs, p.rescale, acc);
     case 2:
-      return GroupContext<R, 2>(probs, t.value_pairs, b.dv, c0, pairs, rescale, acc);
+      return GroupContext<R, 2>(p.probs, t.value_pairs, b.dv, c0, pairs, p.rescale, acc);
     case 1:
-      return GroupContext<R, 1>(probs, t.value_pairs, b.dv, c0, pairs, rescale, acc);
+      return GroupContext<R, 1>(p.probs, t.value_pairs, b.dv, c0, pairs, p.rescale, acc);
     default:
       return;
   }
+}
+
+// Rows [r0, r0 + R) of the block against one tile.
+template <int R>
+MHA_FLASH_BF16 void GroupTile(const FlashBf16Block& b, const Tile& t, int64_t r0,
+                              const FlashBf16Scratch& scratch) {
+  GroupProbs p;
+  TileProbs<R>(b, t, r0, scratch, p);
+  TileValues<R>(b, t, r0, scratch, p);
+}
+
+// Two full groups, rows [r0, r0 + 8), ordered so that the core has other
+// work while each softmax's chain of reductions and exps runs: the second
+// group's scores follow the first one's softmax, and the first one's
+// weighted sum the second one's softmax (one group alone left the chain
+// exposed between its two products).
+MHA_FLASH_BF16 void GroupPairTile(const FlashBf16Block& b, const Tile& t, int64_t r0,
+                                  const FlashBf16Scratch& scratch) {
+  GroupProbs first, second;
+  TileProbs<kGroup>(b, t, r0, scratch, first);
+  TileProbs<kGroup>(b, t, r0 + kGroup, scratch, second);
+  TileValues<kGroup>(b, t, r0, scratch, first);
+  TileValues<kGroup>(b, t, r0 + kGroup, scratch, second);
 }
 
 // Whether causal masking hides every key of the tile from rows [r0, r0 + R)
@@ -346,6 +385,9 @@ void FlashAttentionBf16(const FlashBf16Block& b, const FlashBf16Scratch& scratch
     t.key_pairs = scratch.key_pairs;
     t.value_pairs = scratch.value_pairs;
     int64_t r0 = 0;
+    for (; r0 + 2 * kGroup <= b.rows; r0 += 2 * kGroup) {
+      if (!HiddenByCausalMask(b.masks, t, r0, 2 * kGroup)) GroupPairTile(b, t, r0, scratch);
+    }
     for (; r0 + kGroup <= b.rows; r0 += kGroup) {
       if (!HiddenByCausalMask(b.masks, t, r0, kGroup)) GroupTile<kGroup>(b, t, r0, scratch);
     }

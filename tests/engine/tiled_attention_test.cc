@@ -15,6 +15,7 @@ EngineOptions TiledOptions(int64_t tile_rows, int64_t tile_keys) {
   EngineOptions o;
   o.tiled_min_keys = 1;
   o.tiled_min_rows = 1;
+  o.one_pass_min_rows = 1;
   o.tile_rows = tile_rows;
   o.tile_keys = tile_keys;
   return o;
