@@ -112,7 +112,8 @@ MHA_FLASH_BF16_INLINE void MaskRow(__m512 (&s)[4], float scale, const float* pad
     if (!plain) {
       const int64_t base = 16 * j;
       const __mmask16 in_masked = TailLanes(masked - base);
-      if (pad != nullptr) x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_masked, pad + base), log2e, x);
+      if (pad != nullptr)
+        x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_masked, pad + base), log2e, x);
       if (attn != nullptr) {
         x = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(in_masked, attn + base), log2e, x);
       }
