@@ -140,10 +140,22 @@ bool RequestAttention::TiledInOnePass() const {
 }
 
 int64_t RequestAttention::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
+  if (Tiled(q_len, kv_len, weights) && TiledInOnePass()) return OnePassBlockRows(q_len);
   if (Tiled(q_len, kv_len, weights)) {
     return std::clamp<int64_t>(options_.tile_rows, 1, std::max<int64_t>(1, q_len));
   }
   return RowsPerBlock(q_len, kv_len);
+}
+
+// One pass packs each key tile once per block: blocks as large as give
+// every sequence kOnePassBlocks (head, rows) blocks to share out, in
+// multiples of 8 rows (two groups of the kernel), at least 64 rows, and at
+// most kOnePassMaxRows (each block holds an f32 accumulator for its rows).
+int64_t RequestAttention::OnePassBlockRows(int64_t q_len) const {
+  constexpr int64_t kOnePassBlocks = 8, kOnePassMaxRows = 2048;
+  const int64_t per_head = (kOnePassBlocks + dims_.num_heads - 1) / dims_.num_heads;
+  const int64_t rows = ((q_len + per_head - 1) / per_head + 7) / 8 * 8;
+  return std::max<int64_t>(1, std::min({std::max<int64_t>(rows, 64), kOnePassMaxRows, q_len}));
 }
 
 void RequestAttention::SplitSequence(const TokenMajor& t, const AttentionBatch& batch, int64_t b,

@@ -58,6 +58,7 @@ class RequestAttention {
   int64_t HeadsPerBlock(int64_t rows, int64_t kv_len) const;
   bool Tiled(int64_t q_len, int64_t kv_len, bool weights) const;
   int64_t QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const;
+  int64_t OnePassBlockRows(int64_t q_len) const;
   int64_t tile_keys() const { return options_.tile_keys; }
   // Whether key-tiled sequences run in one pass (engine/ops/flash_bf16.h),
   // with no oneDNN product and no score tile.

@@ -30,33 +30,42 @@ constexpr int kGroup = 4;                      // query rows a pass keeps in reg
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Keys [cols, dqk] as pairs: out[p * 64 + j] = (k[j][2p], k[j][2p + 1]),
-// the low half first; zeros past `cols`.
-void PackKeyTile(const uint16_t* k, int64_t dqk, int64_t cols, uint32_t* out) {
+// the low half first; zeros past `cols`. Each output vector gathers one
+// pair of 16 keys (stores a key at a time, 64 apart, ran 4x slower).
+MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t dqk, int64_t cols, uint32_t* out) {
   const int64_t pairs = dqk / 2;
-  for (int64_t j = 0; j < kTile; ++j) {
+  const __m512i key_rows =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(pairs)));
+  for (int64_t j0 = 0; j0 < kTile; j0 += 16) {
+    const __mmask16 lanes = TailLanes(cols - j0);
+    const uint16_t* base = k + j0 * dqk;
     for (int64_t p = 0; p < pairs; ++p) {
-      uint32_t pair = 0;
-      if (j < cols) std::memcpy(&pair, k + j * dqk + 2 * p, sizeof pair);
-      out[p * kTile + j] = pair;
+      const __m512i pair =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, key_rows, base + 2 * p, 4);
+      _mm512_storeu_si512(out + p * kTile + j0, pair);
     }
   }
 }
 
 // Values [cols, dv] as pairs of keys: out[u * dv + c] = (v[2u][c],
 // v[2u + 1][c]), the low half first; zeros past `cols`.
-void PackValueTile(const uint16_t* v, int64_t dv, int64_t cols, uint32_t* out) {
+MHA_FLASH_BF16 void PackValueTile(const uint16_t* v, int64_t dv, int64_t cols, uint32_t* out) {
   for (int64_t u = 0; u < kTilePairs; ++u) {
     const int64_t k0 = 2 * u, k1 = 2 * u + 1;
     uint32_t* o = out + u * dv;
-    if (k1 < cols) {
-      const uint16_t* r0 = v + k0 * dv;
-      const uint16_t* r1 = v + k1 * dv;
-      for (int64_t c = 0; c < dv; ++c) o[c] = r0[c] | (uint32_t{r1[c]} << 16);
-    } else if (k0 < cols) {
-      const uint16_t* r0 = v + k0 * dv;
-      for (int64_t c = 0; c < dv; ++c) o[c] = r0[c];
-    } else {
+    if (k0 >= cols) {
       std::memset(o, 0, sizeof(uint32_t) * dv);
+      continue;
+    }
+    const uint16_t* r0 = v + k0 * dv;
+    const uint16_t* r1 = k1 < cols ? v + k1 * dv : nullptr;
+    for (int64_t c = 0; c < dv; c += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(r0 + c)));
+      const __m512i hi = r1 == nullptr
+                             ? _mm512_setzero_si512()
+                             : _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(r1 + c)));
+      _mm512_storeu_si512(o + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
   }
 }
