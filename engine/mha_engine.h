@@ -41,11 +41,13 @@ struct EngineOptions {
   // the blocks are shared out among the threads. 0: never.
   int64_t tiled_min_keys = 512;
   int64_t tiled_min_rows = 64;
-  // bf16 on a CPU with AVX512-BF16 runs key-tiled blocks in one pass
-  // (engine/ops/flash_bf16.h: no score tile, no oneDNN product), faster
-  // than the untiled path from short sequences on. There, sequences of at
-  // least this many query rows run key-tiled whatever their keys; 0: only
-  // where tiled_min_keys and tiled_min_rows say.
+  // bf16 on a CPU with AVX512-BF16 and no AMX runs key-tiled blocks in
+  // one pass (engine/ops/flash_bf16.h: no score tile, no oneDNN product),
+  // faster than the untiled path from short sequences on (with AMX,
+  // oneDNN's products are faster). false: oneDNN's products always.
+  bool one_pass = true;
+  // In one pass, sequences of at least this many query rows run key-tiled
+  // whatever their keys; 0: only where tiled_min_keys and tiled_min_rows say.
   int64_t one_pass_min_rows = 32;
   int64_t tile_rows = 512;
   int64_t tile_keys = 512;

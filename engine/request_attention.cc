@@ -73,7 +73,7 @@ RequestAttention::RequestAttention(const AttentionDims& dims, const EngineOption
       attention_matmuls_(onednn::CpuEngine()) {
   tiled_ = std::make_unique<TiledAttention>(dims.qk_head_dim, dims.v_head_dim, act_dt_,
                                             dims_.score_scale(), options_.tile_keys,
-                                            &attention_matmuls_);
+                                            options_.one_pass, &attention_matmuls_);
   if (options_.runtime_dims_max_scores < 0) {
     options_.runtime_dims_max_scores = dims.bf16 ? 0 : 4 * 128 * 128;
   }

@@ -62,6 +62,8 @@ bool CpuHasNativeBf16() {
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
+bool CpuHasAmx() { return dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx; }
+
 bool CpuCanComputeBf16() {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
   return isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||

@@ -31,6 +31,10 @@ int AvailableCores();
 // Without them bf16 compute is emulated and slower than fp32.
 bool CpuHasNativeBf16();
 
+// Whether oneDNN's products run on AMX tiles here (several times the
+// AVX512-BF16 pair dot product's rate).
+bool CpuHasAmx();
+
 // Whether oneDNN can compute in bf16 here at all: its bf16 kernels (2.6)
 // need AVX-512 (avx512_core, emulating bf16 without AVX512-BF16); below it
 // no bf16 matmul can be created, and MhaEngine computes such models in fp32.

@@ -6,18 +6,21 @@
 
 #include "engine/ops/avx512_kernels.h"
 #include "engine/ops/flash_bf16.h"
+#include "engine/threads.h"
 
 namespace mha {
 
 using onednn::dt;
 
 TiledAttention::TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, dt act_dt, float scale,
-                               int64_t tile_keys, MatmulCache* matmuls)
+                               int64_t tile_keys, bool one_pass, MatmulCache* matmuls)
     : dqk_(qk_head_dim),
       dv_(v_head_dim),
       act_dt_(act_dt),
       scale_(scale),
       tile_keys_(std::max<int64_t>(1, tile_keys)),
+      one_pass_(one_pass && act_dt == dt::bf16 && FlashBf16Fits(qk_head_dim, v_head_dim) &&
+                !CpuHasAmx()),
       matmuls_(matmuls) {}
 
 // scores [rows, cols] f32 = scale * q [rows, dqk] . k_tile [cols, dqk]^T
@@ -31,8 +34,8 @@ MatmulSpec TiledAttention::ContextSpec(int64_t rows, int64_t cols) const {
 }
 
 bool TiledAttention::UsesFlashBf16() const {
-  return act_dt_ == dt::bf16 && FlashBf16Fits(dqk_, dv_) &&
-         ActiveKernelIsa() == KernelIsa::kAvx512Bf16;
+  // The kernel level at each call: tests cap it.
+  return one_pass_ && ActiveKernelIsa() == KernelIsa::kAvx512Bf16;
 }
 
 void TiledAttention::Prepare(int64_t rows) const {

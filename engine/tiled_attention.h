@@ -31,16 +31,17 @@ struct TiledBlock {
 // caller's parallel region (oneDNN then uses the calling thread only).
 class TiledAttention {
  public:
+  // `one_pass`: whether bf16 blocks may run in one pass (UsesFlashBf16).
   TiledAttention(int64_t qk_head_dim, int64_t v_head_dim, onednn::dt act_dt, float scale,
-                 int64_t tile_keys, MatmulCache* matmuls);
+                 int64_t tile_keys, bool one_pass, MatmulCache* matmuls);
 
   // Creates the primitives of a full tile of `rows` query rows (outside a
   // parallel region, so they are planned for the calling thread's pool).
   void Prepare(int64_t rows) const;
   void Run(const TiledBlock& block, Workspace& ws) const;
   // Whether blocks run in one pass: bf16 heads the kernel takes, on a CPU
-  // with AVX512-BF16 (engine/ops/flash_bf16.h); no oneDNN product, no
-  // score tile.
+  // with AVX512-BF16 and no AMX (engine/ops/flash_bf16.h); no oneDNN
+  // product, no score tile.
   bool UsesFlashBf16() const;
 
  private:
@@ -54,6 +55,7 @@ class TiledAttention {
   onednn::dt act_dt_;
   float scale_;
   int64_t tile_keys_;
+  bool one_pass_;  // bf16 heads the kernel takes, no AMX, and asked for
   MatmulCache* matmuls_;
 };
 

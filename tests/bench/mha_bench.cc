@@ -47,6 +47,8 @@ ABSL_FLAG(int64_t, tiled_min_keys, mha::EngineOptions{}.tiled_min_keys,
           "EngineOptions::tiled_min_keys (0: never key-tiled)");
 ABSL_FLAG(int64_t, tiled_min_rows, mha::EngineOptions{}.tiled_min_rows,
           "EngineOptions::tiled_min_rows");
+ABSL_FLAG(bool, one_pass, mha::EngineOptions{}.one_pass,
+          "EngineOptions::one_pass (bf16 blocks in one pass with AVX512-BF16, no AMX)");
 ABSL_FLAG(int64_t, one_pass_min_rows, mha::EngineOptions{}.one_pass_min_rows,
           "EngineOptions::one_pass_min_rows (bf16 with AVX512-BF16; 0: only where "
           "tiled_min_keys and tiled_min_rows say)");
@@ -253,6 +255,7 @@ EngineOptions OptionsFromFlags() {
   options.max_score_bytes = absl::GetFlag(FLAGS_max_score_bytes);
   options.tiled_min_keys = absl::GetFlag(FLAGS_tiled_min_keys);
   options.tiled_min_rows = absl::GetFlag(FLAGS_tiled_min_rows);
+  options.one_pass = absl::GetFlag(FLAGS_one_pass);
   options.one_pass_min_rows = absl::GetFlag(FLAGS_one_pass_min_rows);
   options.tile_rows = absl::GetFlag(FLAGS_tile_rows);
   options.tile_keys = absl::GetFlag(FLAGS_tile_keys);
