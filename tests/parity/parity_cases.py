@@ -143,6 +143,11 @@ FIXED_CASES = [
     # 28: INT8 over the key-tiled path, key-only, bias=False, F16 weights.
     dict(E=64, h=4, compute="INT8", mode="key_only", kdim=48, vdim=48,
          batch=1, L=96, S=900, bias=False, wdtype="F16", attn_mask="2d-bool"),
+    # 29: BF16 attention in one pass (AVX512-BF16 without AMX: sequences from
+    #     32 rows, heads of 32): two row blocks a head, bool padding with
+    #     fully masked rows, causal, a 3-D float mask, post-norm.
+    dict(E=128, h=4, compute="BF16", batch=2, L=70, S=70, kpm="bool",
+         attn_mask="3d-float", causal=True, full_rows=True, norm_eps=1e-5),
 ]
 
 
