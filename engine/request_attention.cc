@@ -149,7 +149,7 @@ int64_t RequestAttention::QueryBlockRows(int64_t q_len, int64_t kv_len, bool wei
 
 // One pass packs each key tile once per block: blocks as large as give
 // every sequence kOnePassBlocks (head, rows) blocks to share out, in
-// multiples of 8 rows (two groups of the kernel), at least 64 rows, and at
+// multiples of 8 rows (whole groups of the kernel), at least 64 rows, and at
 // most kOnePassMaxRows (each block holds an f32 accumulator for its rows).
 int64_t RequestAttention::OnePassBlockRows(int64_t q_len) const {
   constexpr int64_t kOnePassBlocks = 8, kOnePassMaxRows = 2048;

@@ -355,20 +355,6 @@ MHA_FLASH_BF16 void GroupTile(const FlashBf16Block& b, const Tile& t, int64_t r0
   TileValues<R>(b, t, r0, scratch, p);
 }
 
-// Two full groups, rows [r0, r0 + 8), ordered so that the core has other
-// work while each softmax's chain of reductions and exps runs: the second
-// group's scores follow the first one's softmax, and the first one's
-// weighted sum the second one's softmax (one group alone left the chain
-// exposed between its two products).
-MHA_FLASH_BF16 void GroupPairTile(const FlashBf16Block& b, const Tile& t, int64_t r0,
-                                  const FlashBf16Scratch& scratch) {
-  GroupProbs first, second;
-  TileProbs<kGroup>(b, t, r0, scratch, first);
-  TileProbs<kGroup>(b, t, r0 + kGroup, scratch, second);
-  TileValues<kGroup>(b, t, r0, scratch, first);
-  TileValues<kGroup>(b, t, r0 + kGroup, scratch, second);
-}
-
 // Whether causal masking hides every key of the tile from rows [r0, r0 + R)
 // (keys appended after the masked ones are never hidden).
 bool HiddenByCausalMask(const SoftmaxMasks& m, const Tile& t, int64_t r0, int64_t rows) {
@@ -395,9 +381,6 @@ void FlashAttentionBf16(const FlashBf16Block& b, const FlashBf16Scratch& scratch
     t.key_pairs = scratch.key_pairs;
     t.value_pairs = scratch.value_pairs;
     int64_t r0 = 0;
-    for (; r0 + 2 * kGroup <= b.rows; r0 += 2 * kGroup) {
-      if (!HiddenByCausalMask(b.masks, t, r0, 2 * kGroup)) GroupPairTile(b, t, r0, scratch);
-    }
     for (; r0 + kGroup <= b.rows; r0 += kGroup) {
       if (!HiddenByCausalMask(b.masks, t, r0, kGroup)) GroupTile<kGroup>(b, t, r0, scratch);
     }
