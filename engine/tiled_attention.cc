@@ -44,13 +44,6 @@ void TiledAttention::Prepare(int64_t rows) const {
   matmuls_->Get(ContextSpec(rows, tile_keys_));
 }
 
-bool TiledAttention::HiddenByCausalMask(const TiledBlock& b, int64_t col0, int64_t cols) {
-  // Columns appended after the masked ones (bias_kv, zero_attn) are never
-  // masked; the block's last row sees columns up to first_row + rows - 1.
-  return b.masks.causal && col0 + cols <= b.masks.masked_cols &&
-         col0 > b.masks.first_row + b.rows - 1;
-}
-
 void TiledAttention::RunFlashBf16(const TiledBlock& b, Workspace& ws) const {
   FlashBf16Block block;
   block.q = reinterpret_cast<const uint16_t*>(b.q);
@@ -89,7 +82,7 @@ void TiledAttention::Run(const TiledBlock& b, Workspace& ws) const {
   bool first = true;
   for (int64_t col0 = 0; col0 < b.keys; col0 += tile) {
     const int64_t cols = std::min(tile, b.keys - col0);
-    if (HiddenByCausalMask(b, col0, cols)) continue;
+    if (CausalMaskHides(b.masks, 0, b.rows, col0, cols)) continue;
     ExecuteMatmul(*matmuls_->Get(ScoresSpec(rows, cols)), ws, b.q, b.k + col0 * dqk_ * act, nullptr,
                   scores);
     OnlineSoftmaxTile(scores, rows, cols, col0, b.masks, state, probs_bf16);

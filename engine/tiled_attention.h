@@ -48,8 +48,6 @@ class TiledAttention {
   void RunFlashBf16(const TiledBlock& block, Workspace& ws) const;
   MatmulSpec ScoresSpec(int64_t rows, int64_t cols) const;
   MatmulSpec ContextSpec(int64_t rows, int64_t cols) const;
-  // Whether causal masking hides every column of the tile from every row.
-  static bool HiddenByCausalMask(const TiledBlock& block, int64_t col0, int64_t cols);
 
   int64_t dqk_, dv_;
   onednn::dt act_dt_;

@@ -355,12 +355,6 @@ MHA_FLASH_BF16 void GroupTile(const FlashBf16Block& b, const Tile& t, int64_t r0
   TileValues<R>(b, t, r0, scratch, p);
 }
 
-// Whether causal masking hides every key of the tile from rows [r0, r0 + R)
-// (keys appended after the masked ones are never hidden).
-bool HiddenByCausalMask(const SoftmaxMasks& m, const Tile& t, int64_t r0, int64_t rows) {
-  return m.causal && t.col0 + t.cols <= m.masked_cols && t.col0 > m.first_row + r0 + rows - 1;
-}
-
 }  // namespace
 
 bool FlashBf16Fits(int64_t dqk, int64_t dv) {
@@ -375,14 +369,16 @@ void FlashAttentionBf16(const FlashBf16Block& b, const FlashBf16Scratch& scratch
     Tile t;
     t.col0 = col0;
     t.cols = std::min(kTile, b.keys - col0);
-    if (HiddenByCausalMask(b.masks, t, 0, b.rows)) continue;
+    if (CausalMaskHides(b.masks, 0, b.rows, t.col0, t.cols)) continue;
     PackKeyTile(b.k + col0 * b.dqk, b.dqk, t.cols, scratch.key_pairs);
     PackValueTile(b.v + col0 * b.dv, b.dv, t.cols, scratch.value_pairs);
     t.key_pairs = scratch.key_pairs;
     t.value_pairs = scratch.value_pairs;
     int64_t r0 = 0;
     for (; r0 + kGroup <= b.rows; r0 += kGroup) {
-      if (!HiddenByCausalMask(b.masks, t, r0, kGroup)) GroupTile<kGroup>(b, t, r0, scratch);
+      if (!CausalMaskHides(b.masks, r0, kGroup, t.col0, t.cols)) {
+        GroupTile<kGroup>(b, t, r0, scratch);
+      }
     }
     switch (b.rows - r0) {
       case 3:

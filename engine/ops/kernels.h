@@ -26,6 +26,14 @@ struct SoftmaxMasks {
   int64_t masked_cols = 0;
 };
 
+// Whether causal masking hides columns [col0, col0 + cols) from every one of
+// rows [row0, row0 + rows) of the block `m` describes (columns appended after
+// the masked ones are never hidden): a key tile those rows may skip.
+inline bool CausalMaskHides(const SoftmaxMasks& m, int64_t row0, int64_t rows, int64_t col0,
+                            int64_t cols) {
+  return m.causal && col0 + cols <= m.masked_cols && col0 > m.first_row + row0 + rows - 1;
+}
+
 // Scores -> probabilities, row by row, after adding the masks. A row whose
 // every column is -inf (all keys masked) becomes all zeros instead of NaN.
 // Probabilities are written in place (f32) and, when `bf16_out` is not null,
