@@ -3,16 +3,36 @@
 // shapes which projection products run; then the products, the steps'
 // attention over their caches, the Attend rows' attention, one output product
 // over all the rows and the post-norm.
+#include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
 #include "engine/ops/kernels.h"
 #include "engine/status_macros.h"
+#include "engine/thread_choice.h"
+#include "engine/threads.h"
 
 namespace mha {
 
 using onednn::dt;
+
+namespace {
+
+// The calling thread's compute threads set to `n` until destroyed.
+class ScopedComputeThreads {
+ public:
+  explicit ScopedComputeThreads(int n) : own_(ComputeThreads()) { SetComputeThreads(n); }
+  ~ScopedComputeThreads() { SetComputeThreads(own_); }
+  ScopedComputeThreads(const ScopedComputeThreads&) = delete;
+  ScopedComputeThreads& operator=(const ScopedComputeThreads&) = delete;
+
+ private:
+  int own_;
+};
+
+}  // namespace
 
 absl::Status MhaEngine::Compute(const AttentionBatch& attend, const StepBatch& steps,
                                 const MixedOutputs& out, Workspace& ws) const {
@@ -131,13 +151,53 @@ void EngineImpl::ProjectCall(const CallPlan& plan, const AttentionBatch& attend,
   }
 }
 
+double EngineImpl::AttendMacs(const AttentionBatch& attend) const {
+  const AttentionDims& d = dims_;
+  const double qk = static_cast<double>(d.qk_width()), vw = static_cast<double>(d.v_width());
+  const double e = static_cast<double>(d.embed_dim);
+  const std::vector<int64_t>& q_off = attend.q_offsets;
+  const std::vector<int64_t>& kv_off = attend.self_attention() ? q_off : attend.kv_offsets;
+  const double q_rows = static_cast<double>(q_off.back());
+  const double kv_rows = static_cast<double>(kv_off.back());
+  double macs = q_rows * e * qk + kv_rows * (d.kdim * qk + d.vdim * vw) + q_rows * vw * e;
+  for (int64_t b = 0; b + 1 < static_cast<int64_t>(q_off.size()); ++b) {
+    const double keys = static_cast<double>(kv_off[b + 1] - kv_off[b] + d.extra_keys());
+    macs += static_cast<double>(q_off[b + 1] - q_off[b]) * keys * (qk + vw);
+  }
+  return macs;
+}
+
 void EngineImpl::Compute(const AttentionBatch& attend, const StepBatch& steps,
                          const MixedOutputs& out, Workspace& ws) const {
   const CallPlan plan = PlanCall(attend, steps);
+  if (plan.sequence_rows + plan.step_rows == 0) return;
+  // Steps read their caches (bytes, not multiply-adds): they keep all
+  // threads. A call may run on one thread only where its primitives are
+  // warm: warm-up makes them for each of CallThreadCounts (the server's
+  // worker pool includes 1 when it runs calls side by side).
+  if (!choose_threads_ || plan.step_rows > 0 || ComputeThreads() <= 1 ||
+      !CallThreadCountsInclude(1)) {
+    return ComputePlanned(plan, attend, steps, out, ws);
+  }
+  const double macs = AttendMacs(attend);
+  const int kind = dims_.int8 ? 2 : act_dt_ == dt::bf16 ? 1 : 0;
+  const ThreadChoice::Pick pick = ThreadChoice::Shared().Choose(kind, macs, ComputeThreads());
+  if (pick.slot < 0) return ComputePlanned(plan, attend, steps, out, ws);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    ScopedComputeThreads threads(pick.serial ? 1 : ComputeThreads());
+    ComputePlanned(plan, attend, steps, out, ws);
+  }
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  ThreadChoice::Shared().Record(pick, macs, took.count());
+}
+
+void EngineImpl::ComputePlanned(const CallPlan& plan, const AttentionBatch& attend,
+                                const StepBatch& steps, const MixedOutputs& out,
+                                Workspace& ws) const {
   const int64_t e = dims_.embed_dim, vw = dims_.v_width();
   const int64_t eb = act_dt_ == dt::bf16 ? 2 : 4;
   const int64_t q_rows = plan.sequence_rows, s_rows = plan.step_rows, total = q_rows + s_rows;
-  if (total == 0) return;
   TokenMajor t;
   StepRows s;
   ProjectCall(plan, attend, steps, ws, t, s);

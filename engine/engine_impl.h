@@ -88,6 +88,12 @@ class EngineImpl {
   // The plan of one call, from its shapes: rows of each kind, and which
   // projection products run.
   CallPlan PlanCall(const AttentionBatch& attend, const StepBatch& steps) const;
+  // Compute once planned, on the threads the calling thread has.
+  void ComputePlanned(const CallPlan& plan, const AttentionBatch& attend, const StepBatch& steps,
+                      const MixedOutputs& out, Workspace& ws) const;
+  // Multiply-adds of an Attend-only call: its four projections and its
+  // attention products.
+  double AttendMacs(const AttentionBatch& attend) const;
   // The plan's projection products: the Attend rows' token-major q, k, v
   // into `t`, the steps' projected rows into `s`.
   void ProjectCall(const CallPlan& plan, const AttentionBatch& attend, const StepBatch& steps,
@@ -120,6 +126,7 @@ class EngineImpl {
   std::unique_ptr<LinearLayer> k_, v_;
   std::unique_ptr<LinearLayer> out_;
   std::vector<float> norm_weight_, norm_bias_;
+  bool choose_threads_;  // EngineOptions::choose_small_call_threads
   std::unique_ptr<const RequestAttention> sequences_;
   std::unique_ptr<const StepAttention> steps_;
 };

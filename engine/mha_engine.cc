@@ -70,7 +70,8 @@ EngineImpl::EngineImpl(const AttentionDims& dims, const PackedWeights& w,
     : dims_(dims),
       engine_(onednn::CpuEngine()),
       act_dt_(dims.bf16 ? dt::bf16 : dt::f32),
-      in_dt_(dims.int8 ? dt::f32 : act_dt_) {
+      in_dt_(dims.int8 ? dt::f32 : act_dt_),
+      choose_threads_(options.choose_small_call_threads) {
   const int64_t e = dims.embed_dim, qk = dims.qk_width(), v = dims.v_width();
   const LinearPrecision precision =
       dims.int8 ? LinearPrecision::kInt8 : LinearPrecision::kActivations;

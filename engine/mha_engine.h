@@ -56,6 +56,14 @@ struct EngineOptions {
   // thread (~1.5-2.5 ms on one core), yielding after each: smaller waves
   // cost a barrier each (one block a thread a wave cost 2 % at L = 1024).
   int64_t yield_wave_flops = int64_t{256} << 20;
+  // Calls of Attend rows only, of at most ThreadChoice::kMaxMacs
+  // multiply-adds, run on one thread or on all, whichever recent calls of
+  // their type and size ran faster (engine/thread_choice.h): where waking a
+  // second core costs microseconds, a small call is faster alone. Only in
+  // a process whose CallThreadCounts include 1 (engine/threads.h; the
+  // server's, with its default 2 workers), where warm-up made the
+  // one-thread primitives. false: always all threads.
+  bool choose_small_call_threads = true;
 };
 
 class EngineImpl;  // engine/engine_impl.h

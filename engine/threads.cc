@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -48,6 +49,12 @@ void SetCallThreadCounts(std::vector<int> counts) {
 std::vector<int> CallThreadCounts() {
   MutexLock lock(call_thread_counts_mu);
   return CallThreadCountsLocked();
+}
+
+bool CallThreadCountsInclude(int n) {
+  MutexLock lock(call_thread_counts_mu);
+  const std::vector<int>& counts = CallThreadCountsLocked();
+  return std::find(counts.begin(), counts.end(), n) != counts.end();
 }
 
 int ComputeThreads() { return omp_get_max_threads(); }

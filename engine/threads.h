@@ -19,6 +19,8 @@ void SetComputeThreads(int n);
 // them); empty, the default: the calling thread's count only. Thread-safe.
 void SetCallThreadCounts(std::vector<int> counts);
 std::vector<int> CallThreadCounts();
+// Whether `n` is one of them (allocates nothing).
+bool CallThreadCountsInclude(int n);
 
 // The calling thread's setting (what SetComputeThreads last set, or all
 // cores).

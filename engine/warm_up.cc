@@ -6,12 +6,14 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
 #include "engine/mha_engine.h"
+#include "engine/thread_choice.h"
 #include "engine/threads.h"
 #include "engine/workspace.h"
 
 namespace mha {
 
 absl::Status MhaEngine::WarmUp(absl::Span<const int64_t> lengths) const {
+  const ScopedAllThreads cold_calls;  // their times say nothing of warm ones
   std::vector<int> thread_counts = CallThreadCounts();
   if (thread_counts.empty()) return WarmUpOnThisThread(lengths);
   const int own = ComputeThreads();

@@ -47,6 +47,9 @@ ABSL_FLAG(int64_t, tiled_min_keys, mha::EngineOptions{}.tiled_min_keys,
           "EngineOptions::tiled_min_keys (0: never key-tiled)");
 ABSL_FLAG(int64_t, tiled_min_rows, mha::EngineOptions{}.tiled_min_rows,
           "EngineOptions::tiled_min_rows");
+ABSL_FLAG(bool, choose_small_call_threads, mha::EngineOptions{}.choose_small_call_threads,
+          "EngineOptions::choose_small_call_threads (small calls on one thread when faster; "
+          "sets the call thread counts to all and 1, as the server's)");
 ABSL_FLAG(bool, one_pass, mha::EngineOptions{}.one_pass,
           "EngineOptions::one_pass (bf16 blocks in one pass with AVX512-BF16, no AMX)");
 ABSL_FLAG(int64_t, one_pass_min_rows, mha::EngineOptions{}.one_pass_min_rows,
@@ -256,6 +259,7 @@ EngineOptions OptionsFromFlags() {
   options.tiled_min_keys = absl::GetFlag(FLAGS_tiled_min_keys);
   options.tiled_min_rows = absl::GetFlag(FLAGS_tiled_min_rows);
   options.one_pass = absl::GetFlag(FLAGS_one_pass);
+  options.choose_small_call_threads = absl::GetFlag(FLAGS_choose_small_call_threads);
   options.one_pass_min_rows = absl::GetFlag(FLAGS_one_pass_min_rows);
   options.tile_rows = absl::GetFlag(FLAGS_tile_rows);
   options.tile_keys = absl::GetFlag(FLAGS_tile_keys);
@@ -401,6 +405,11 @@ void BenchShape(const Shape& s, const std::vector<BenchType>& types,
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // As the server's worker pool sets them (all cores for a call alone, one
+  // beside another): small calls may then run on one thread.
+  if (absl::GetFlag(FLAGS_choose_small_call_threads) && mha::ComputeThreads() > 1) {
+    mha::SetCallThreadCounts({mha::ComputeThreads(), 1});
+  }
   if (absl::GetFlag(FLAGS_decode)) {
     mha::BenchDecode(absl::GetFlag(FLAGS_json));
     return 0;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/mha_engine.h"
+#include "engine/thread_choice.h"
 #include "gtest/gtest.h"
 #include "tests/engine/test_models.h"
 
@@ -43,6 +44,7 @@ TEST(PrimitiveThreadsTest, ACallRunsOnItsCallersThreadsWhoeverMadeItsPrimitives)
     const AttentionDims dims = testing::MakeDims(64, 4);
     EngineOptions options;
     options.runtime_dims_max_scores = runtime_dims;
+    options.choose_small_call_threads = false;  // each call on its caller's count
     auto engine = MhaEngine::Create(dims, testing::RandomWeights(dims, 9), options).value();
     const int baseline = ThreadsInProcess();
     std::thread([&] {
@@ -92,6 +94,127 @@ TEST(PrimitiveThreadsTest, WarmUpCoversEveryThreadCountCallsUse) {
       RunSelf(*engine, 24);
     }).join();
     EXPECT_EQ(engine->PrimitiveCacheMisses(), after_warm_up) << threads << " threads";
+  }
+}
+
+// ThreadChoice: each way once, then the faster, with every
+// kExploreEvery-th call the other way.
+TEST(ThreadChoiceTest, TriesEachWayThenTakesTheFasterAndStillExplores) {
+  ThreadChoice choice;
+  const double macs = 1e6;
+  const ThreadChoice::Pick first = choice.Choose(1, macs, 2);
+  ASSERT_GE(first.slot, 0);
+  EXPECT_FALSE(first.serial);
+  choice.Record(first, macs, 20e-6);
+  const ThreadChoice::Pick second = choice.Choose(1, macs, 2);
+  EXPECT_TRUE(second.serial);
+  choice.Record(second, macs, 10e-6);
+  EXPECT_DOUBLE_EQ(choice.ParallelAverage(1, macs), 20e-12);
+  EXPECT_DOUBLE_EQ(choice.SerialAverage(1, macs), 10e-12);
+  std::vector<int> parallel_calls;  // the class's call numbers 2, 3, ...
+  for (int n = 2; n < 2 + 2 * ThreadChoice::kExploreEvery; ++n) {
+    if (!choice.Choose(1, macs, 2).serial) parallel_calls.push_back(n);
+  }
+  EXPECT_EQ(parallel_calls,
+            (std::vector<int>{ThreadChoice::kExploreEvery, 2 * ThreadChoice::kExploreEvery}));
+}
+
+// One slow call (preempted, say) moves an average by at most an eighth of
+// itself; a machine that really got slower flips the choice within a
+// dozen calls; a faster one moves it halfway at once.
+TEST(ThreadChoiceTest, FollowsTheMachineNotOneOutlier) {
+  ThreadChoice choice;
+  const double macs = 3e5;
+  choice.Record(choice.Choose(0, macs, 2), macs, 30e-6);  // parallel: 1e-10 a mac
+  choice.Record(choice.Choose(0, macs, 2), macs, 24e-6);  // serial: 8e-11
+  ThreadChoice::Pick pick = choice.Choose(0, macs, 2);
+  ASSERT_TRUE(pick.serial);
+  choice.Record(pick, macs, 1e-3);  // one outlier, 40x
+  EXPECT_DOUBLE_EQ(choice.SerialAverage(0, macs), 8e-11 * 1.125);
+  EXPECT_TRUE(choice.Choose(0, macs, 2).serial);
+  int serial_calls = 0;
+  for (; serial_calls < 50; ++serial_calls) {  // serial now costs 1.6e-10 a mac
+    pick = choice.Choose(0, macs, 2);
+    if (!pick.serial) break;
+    choice.Record(pick, macs, 48e-6);
+  }
+  EXPECT_GE(serial_calls, 2);
+  EXPECT_LE(serial_calls, 12);
+  choice.Record({pick.slot, true}, macs, 15e-6);  // 5e-11: faster again
+  EXPECT_LT(choice.SerialAverage(0, macs), 1.1e-10);
+  EXPECT_TRUE(choice.Choose(0, macs, 2).serial);
+}
+
+TEST(ThreadChoiceTest, OnlySmallCallsOfSeveralThreadsOutsideWarmUp) {
+  ThreadChoice choice;
+  EXPECT_EQ(choice.Choose(1, 2 * ThreadChoice::kMaxMacs, 2).slot, -1);
+  EXPECT_EQ(choice.Choose(1, 1e5, 1).slot, -1);
+  {
+    const ScopedAllThreads warm_up;
+    EXPECT_EQ(choice.Choose(1, 1e5, 2).slot, -1);
+  }
+  EXPECT_GE(choice.Choose(1, 1e5, 2).slot, 0);
+  choice.Record({}, 1e5, 1.0);  // not a candidate: nothing recorded
+  EXPECT_EQ(choice.ParallelAverage(1, 1e5), 0.0);
+}
+
+TEST(ThreadChoiceTest, KindsAndSizesAreApart) {
+  ThreadChoice choice;
+  choice.Record(choice.Choose(1, 1e6, 2), 1e6, 1e-5);
+  EXPECT_GT(choice.ParallelAverage(1, 1e6), 0.0);
+  EXPECT_GT(choice.ParallelAverage(1, 6e5), 0.0);  // the same power of two
+  EXPECT_EQ(choice.ParallelAverage(0, 1e6), 0.0);
+  EXPECT_EQ(choice.ParallelAverage(2, 1e6), 0.0);
+  EXPECT_EQ(choice.ParallelAverage(1, 4e6), 0.0);
+  EXPECT_EQ(choice.ParallelAverage(1, 2.5e5), 0.0);
+}
+
+// In a process whose calls may run on one thread (call thread counts with
+// 1, as the server's), a small call on a two-thread caller runs on one
+// thread at its class's second call (one-thread primitives appear), with
+// the same answer; with the option off, or without 1 among the counts,
+// it never does.
+TEST(ThreadChoiceTest, SmallEngineCallsRunOnOneThreadOnlyWhereAllowed) {
+  const AttentionDims dims = testing::MakeDims(40, 4);
+  const PackedWeights weights = testing::RandomWeights(dims, 3);
+  const int64_t len = 6;
+  auto outputs_of = [&](const MhaEngine& engine, int calls) {
+    std::vector<std::vector<float>> outputs;
+    std::thread([&] {
+      SetComputeThreads(2);
+      const std::vector<float> query = testing::RandomVector(len * dims.embed_dim, 7);
+      AttentionBatch batch;
+      batch.query = query;
+      batch.q_offsets = {0, len};
+      batch.kv_offsets = {0, 0};
+      auto ws = engine.NewWorkspace();
+      for (int i = 0; i < calls; ++i) {
+        std::vector<float> output(len * dims.embed_dim);
+        ASSERT_TRUE(engine.Run(batch, {absl::MakeSpan(output), {}, false}, *ws).ok());
+        outputs.push_back(std::move(output));
+      }
+    }).join();
+    return outputs;
+  };
+  for (const bool choose : {false, true}) {
+    for (const std::vector<int>& counts : {std::vector<int>{2}, std::vector<int>{1, 2}}) {
+      EngineOptions options;
+      options.choose_small_call_threads = choose;
+      auto engine = MhaEngine::Create(dims, weights, options).value();
+      SetCallThreadCounts(counts);
+      const std::vector<std::vector<float>> first = outputs_of(*engine, 1);
+      const uint64_t after_first = engine->PrimitiveCacheMisses();
+      const std::vector<std::vector<float>> more = outputs_of(*engine, 3);
+      SetCallThreadCounts({});
+      const bool one_thread = choose && counts.size() == 2;
+      EXPECT_EQ(engine->PrimitiveCacheMisses() > after_first, one_thread)
+          << choose << " " << counts.size();
+      for (const std::vector<float>& output : more) {
+        for (size_t i = 0; i < output.size(); ++i) {
+          ASSERT_NEAR(output[i], first[0][i], 1e-6) << i;
+        }
+      }
+    }
   }
 }
 
