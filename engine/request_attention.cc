@@ -232,10 +232,10 @@ void RequestAttention::AttendSequences(const Projected& p, const AttentionBatch&
   const int64_t score_cap = ScoreCap();
   auto kv_len = [&](int64_t b) { return p.kv_offsets[b + 1] - p.kv_offsets[b]; };
   int64_t weights_offset = 0;
+  bool any_tiled = false;
   for (int64_t b = 0; b < n;) {
-    if (Tiled(q_off[b + 1] - q_off[b], kv_len(b),
-              weights)) {            // no weights to write
-      AttendTiled(b, p, batch, ws);  // yields between its waves
+    if (Tiled(q_off[b + 1] - q_off[b], kv_len(b), weights)) {  // no weights to write
+      any_tiled = true;                                        // all of them together below
       ++b;
       continue;
     }
@@ -267,6 +267,7 @@ void RequestAttention::AttendSequences(const Projected& p, const AttentionBatch&
     b += block.count;
     weights_offset += block.count * (out.per_head_weights ? per_seq : per_seq / h);
   }
+  if (any_tiled) AttendTiled(p, batch, ws);  // yields between its waves
 }
 
 void RequestAttention::MergeContexts(const Projected& p, const AttentionBatch& batch, bool weights,
@@ -365,68 +366,122 @@ SoftmaxMasks RequestAttention::MasksFor(const Projected& p, const AttentionBatch
   return masks;
 }
 
-void RequestAttention::AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch,
-                                   Workspace& ws) const {
-  const int64_t h = dims_.num_heads, dqk = dims_.qk_head_dim, dv = dims_.v_head_dim;
-  const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
-  const int64_t len = batch.q_offsets[b + 1] - batch.q_offsets[b];
-  const int64_t s = p.kv_offsets[b + 1] - p.kv_offsets[b];
-  const int64_t block_rows = QueryBlockRows(len, s, /*weights=*/false);
+// The blocks of every key-tiled sequence, numbered sequence by sequence,
+// each sequence's (row block, head) pairs heads first.
+struct RequestAttention::TiledItems {
+  const RequestAttention& self;
+  const Projected& p;
+  const AttentionBatch& batch;
+
+  int64_t Length(int64_t b) const { return batch.q_offsets[b + 1] - batch.q_offsets[b]; }
+  int64_t Keys(int64_t b) const { return p.kv_offsets[b + 1] - p.kv_offsets[b]; }
+  bool Tiled(int64_t b) const { return self.Tiled(Length(b), Keys(b), /*weights=*/false); }
+  int64_t BlockRows(int64_t b) const {
+    return self.QueryBlockRows(Length(b), Keys(b), /*weights=*/false);
+  }
+  // Items of sequence b: 0 unless it is tiled.
+  int64_t Count(int64_t b) const {
+    if (!Tiled(b)) return 0;
+    const int64_t rows = BlockRows(b);
+    return self.dims_.num_heads * ((Length(b) + rows - 1) / rows);
+  }
+  // Its flops (both products).
+  int64_t Flops(int64_t b, int64_t item) const {
+    const int64_t rows = BlockRows(b), row0 = (item / self.dims_.num_heads) * rows;
+    return 2 * std::min(rows, Length(b) - row0) * Keys(b) *
+           (self.dims_.qk_head_dim + self.dims_.v_head_dim);
+  }
+  TiledBlock Block(int64_t b, int64_t item) const;
+};
+
+// Where an item is: its sequence, and the sequence's first item's number.
+struct RequestAttention::TiledCursor {
+  int64_t seq = 0, first_item = 0;
+  // Moves on to the sequence of item `item` (not before this one).
+  void To(int64_t item, const TiledItems& items) {
+    while (item >= first_item + items.Count(seq)) first_item += items.Count(seq++);
+  }
+};
+
+TiledBlock RequestAttention::TiledItems::Block(int64_t b, int64_t item) const {
+  const AttentionDims& d = self.dims_;
+  const int64_t h = d.num_heads, dqk = d.qk_head_dim, dv = d.v_head_dim;
+  const int64_t act = static_cast<int64_t>(ActSize(self.act_dt_));
+  const int64_t len = Length(b), s = Keys(b), block_rows = BlockRows(b);
   const HeadLayout q_layout{h, dqk * act, len, block_rows};
   const HeadLayout ctx_layout{h, dv * act, len, block_rows};
-  const uint8_t* q = p.q + batch.q_offsets[b] * dims_.qk_width() * act;
-  uint8_t* context = p.context_heads + batch.q_offsets[b] * dims_.v_width() * act;
-  const uint8_t* k = p.k + p.kv_offsets[b] * dims_.qk_width() * act;
-  const uint8_t* v = p.v + p.kv_offsets[b] * dims_.v_width() * act;
-  auto block_at = [&](int64_t item) {
-    const int64_t head = item % h, row0 = (item / h) * block_rows;
-    TiledBlock blk;
-    blk.rows = std::min(block_rows, len - row0);
-    blk.keys = s;
-    blk.q = q + q_layout.Offset(head, row0);
-    blk.context = context + ctx_layout.Offset(head, row0);
-    blk.k = k + head * s * dqk * act;
-    blk.v = v + head * s * dv * act;
-    blk.masks = MasksFor(p, batch, b, len, row0, head);
-    return blk;
-  };
-  const int64_t items = h * ((len + block_rows - 1) / block_rows);
-  tiled_->Prepare(block_rows);
+  const int64_t head = item % h, row0 = (item / h) * block_rows;
+  TiledBlock blk;
+  blk.rows = std::min(block_rows, len - row0);
+  blk.keys = s;
+  blk.q = p.q + batch.q_offsets[b] * d.qk_width() * act + q_layout.Offset(head, row0);
+  blk.context =
+      p.context_heads + batch.q_offsets[b] * d.v_width() * act + ctx_layout.Offset(head, row0);
+  blk.k = p.k + (p.kv_offsets[b] * d.qk_width() + head * s * dqk) * act;
+  blk.v = p.v + (p.kv_offsets[b] * d.v_width() + head * s * dv) * act;
+  blk.masks = self.MasksFor(p, batch, b, len, row0, head);
+  return blk;
+}
+
+void RequestAttention::AttendTiled(const Projected& p, const AttentionBatch& batch,
+                                   Workspace& ws) const {
+  const TiledItems items{*this, p, batch};
+  const int64_t n = batch.num_rows();
+  int64_t total = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t count = items.Count(b);
+    if (count > 0) tiled_->Prepare(items.BlockRows(b));
+    total += count;
+  }
   ws.ReserveChildren(omp_get_max_threads());
-  // Blocks dealt out round-robin (heads alternate, so the threads get equal
-  // work), each thread on its own child workspace; oneDNN runs
-  // single-threaded inside the region. A fixed deal, not a dynamic one: each
-  // child then sees the same block shapes call after call, so warm calls
-  // allocate nothing. Exceptions must not cross the region.
-  // A workspace with a yield point runs them in waves of a few blocks a
-  // thread, options_.yield_wave_flops each (the same deal: each wave starts
-  // at a multiple of the threads), yielding after each. Smaller waves cost
-  // more: a barrier each, waiting for the slower thread (one block a wave
-  // cost 2 % at 1 x 1024, E = 512; 5 % at 1 x 12000, E = 256). A stop check
-  // costs no wave: thread 0 asks it between its blocks, and once it says
-  // stop every thread skips the blocks it has left.
+  // The blocks of all the tiled sequences in one region (a region costs
+  // 0.4-5 us of wake-up and join, and a ragged batch has dozens of
+  // sequences), dealt out round-robin: heads alternate, so the threads get
+  // equal work. Each thread runs on its own child workspace; oneDNN runs
+  // single-threaded inside the region. A fixed deal, not a dynamic one:
+  // each child then sees the same block shapes call after call, so warm
+  // calls allocate nothing. Exceptions must not cross the region.
+  // A workspace with a yield point runs them in waves of at least
+  // options_.yield_wave_flops a thread (each wave a multiple of the threads'
+  // count of blocks), yielding after each. Smaller waves cost more: a
+  // barrier each, waiting for the slower thread (one block a wave cost 2 %
+  // at 1 x 1024, E = 512; 5 % at 1 x 12000, E = 256). A stop check costs no
+  // wave: thread 0 asks it between its blocks, and once it says stop every
+  // thread skips the blocks it has left.
   const int64_t threads = omp_get_max_threads();
-  const int64_t block_flops = 2 * block_rows * s * (dqk + dv);
-  const int64_t per_thread =
-      (options_.yield_wave_flops + block_flops - 1) / std::max<int64_t>(1, block_flops);
-  const int64_t wave = threads * std::max<int64_t>(1, per_thread);
   std::atomic<bool> stopping{false};
-  for (int64_t first = 0, end = 0; first < items; first = end) {
-    end = ws.yields() ? std::min(items, first + wave) : items;
+  TiledCursor wave_start;
+  for (int64_t first = 0, end = 0; first < total; first = end) {
+    end = total;
+    if (ws.yields()) {
+      TiledCursor c = wave_start;
+      int64_t flops = 0;
+      for (end = first; end < total && flops < threads * options_.yield_wave_flops; ++end) {
+        c.To(end, items);
+        flops += items.Flops(c.seq, end - c.first_item);
+      }
+      end = std::min(total, (end + threads - 1) / threads * threads);
+    }
     std::exception_ptr error;
-#pragma omp parallel for schedule(static, 1)
-    for (int64_t item = first; item < end; ++item) {
-      if (stopping.load(std::memory_order_relaxed)) continue;
-      try {
-        tiled_->Run(block_at(item), ws.Child(omp_get_thread_num()));
-        if (omp_get_thread_num() == 0 && ws.StopRequested()) stopping = true;
-      } catch (...) {
+#pragma omp parallel
+    {
+      const int t = omp_get_thread_num(), team = omp_get_num_threads();
+      TiledCursor c = wave_start;
+      for (int64_t item = first + t; item < end; item += team) {
+        if (stopping.load(std::memory_order_relaxed)) break;
+        try {
+          c.To(item, items);
+          tiled_->Run(items.Block(c.seq, item - c.first_item), ws.Child(t));
+          if (t == 0 && ws.StopRequested()) stopping = true;
+        } catch (...) {
 #pragma omp critical(mha_tiled_error)
-        if (error == nullptr) error = std::current_exception();
+          if (error == nullptr) error = std::current_exception();
+        }
       }
     }
     if (error != nullptr) std::rethrow_exception(error);
     if (stopping) throw CallStopped{};
+    if (end < total) wave_start.To(end, items);
     ws.BetweenBlocks();
   }
 }

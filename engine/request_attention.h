@@ -89,9 +89,11 @@ class RequestAttention {
   // p.context_heads merged back token-major into `context` [total_q, h*dv].
   void MergeContexts(const Projected& p, const AttentionBatch& batch, bool weights,
                      uint8_t* context) const;
-  // Sequence b on the key-tiled path: its (row block, head) pairs shared out
-  // among the threads, each on a child workspace.
-  void AttendTiled(int64_t b, const Projected& p, const AttentionBatch& batch, Workspace& ws) const;
+  // Every sequence on the key-tiled path: their (row block, head) pairs
+  // shared out among the threads, each on a child workspace.
+  struct TiledItems;
+  struct TiledCursor;
+  void AttendTiled(const Projected& p, const AttentionBatch& batch, Workspace& ws) const;
   void AttendBlock(const Block& block, const Projected& p, const AttentionBatch& batch,
                    const AttentionOutputs& out, Workspace& ws) const;
   // The masks of sequence `seq` (q_len query rows) for the block starting
