@@ -83,6 +83,48 @@ TEST(TiledAttentionTest, LongSequencesMatchUntiledPath) {
   CapKernelIsaForTesting(KernelIsa::kAvx512Bf16);
 }
 
+// A batch whose key-tiled sequences lie between untiled ones: the tiled
+// ones' blocks share one parallel region (one wave, or waves of a block a
+// thread that cross from one sequence into the next), the untiled ones
+// run alone; every sequence matches the reference and the untiled path,
+// and the waves change no bit. fp32 on oneDNN's tiled products, bf16 in
+// one pass where the CPU has AVX512-BF16.
+TEST(TiledAttentionTest, TiledSequencesBetweenUntiledOnesShareOneRegion) {
+  for (const bool bf16 : {false, true}) {
+    AttentionDims d = Dims(32, 4);
+    d.bf16 = bf16;
+    const PackedWeights w = RandomWeights(d, 8);
+    const Case c{"mixed",          d,    {50, 7, 45, 3, 61}, {}, false, MaskKind::kBool,
+                 MaskKind::kFloat, true, /*causal=*/true};
+    const Built b = Build(c, 21);
+    EngineOptions o = TiledOptions(16, 16);
+    o.tiled_min_keys = 40;     // 50, 45 and 61 tiled; 7 and 3 not
+    o.one_pass_min_rows = 40;  // the same in one pass
+    o.yield_wave_flops = 1;    // with a yield point: waves of a block a thread
+    const std::unique_ptr<MhaEngine> engine = MakeEngine(d, w, o);
+    SCOPED_TRACE(::testing::Message() << "bf16 " << bf16);
+    std::unique_ptr<Workspace> ws = engine->NewWorkspace();
+    const RunResult whole = RunEngine(*engine, c, b, /*with_weights=*/false, ws.get());
+    EXPECT_GT(ws->num_children(), 0) << "the tiled path did not run";
+    const RunResult plain = RunEngine(*MakeEngine(d, w, Untiled()), c, b, false);
+    EXPECT_LE(MaxAbsDiff(plain.output.data(), whole.output.data(), plain.output.size()),
+              bf16 ? 2e-2f : 1e-5f);
+    ExpectMatchesReference(c, w, b, whole, bf16 ? 3e-2f : 1e-5f, /*check_weights=*/false);
+    int yields = 0;
+    ws->set_between_blocks([&] {
+      ++yields;
+      return true;
+    });
+    const RunResult waves = RunEngine(*engine, c, b, false, ws.get());
+    // The tiled sequences' (row block, head) pairs in waves of one a thread
+    // (two threads at most), each followed by a yield, and one yield after
+    // the projection: at least 4 heads x 3 sequences (one pass takes each
+    // sequence whole, 16-row blocks give 4 + 3 + 4).
+    EXPECT_GE(yields, 1 + 4 * 3 / 2);
+    EXPECT_EQ(MaxAbsDiff(waves.output.data(), whole.output.data(), whole.output.size()), 0.0f);
+  }
+}
+
 // Asking for the attention weights needs whole probability rows: such calls
 // take the untiled path and still get them.
 TEST(TiledAttentionTest, WeightsRequestsTakeTheUntiledPath) {
