@@ -43,6 +43,7 @@ const float* AdditiveMask(const MaskView& m, Workspace& ws, Workspace::Slot slot
 
 // The head-major buffers of a call's sequences, in the workspace.
 struct RequestAttention::Projected {
+  TokenMajor tokens;  // KvInPlace sequences read their k and v here
   uint8_t* q = nullptr;
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
@@ -139,6 +140,10 @@ bool RequestAttention::TiledInOnePass() const {
   return tiled_ != nullptr && tiled_->UsesFlashBf16();
 }
 
+bool RequestAttention::KvInPlace(int64_t q_len, int64_t kv_len, bool weights) const {
+  return dims_.extra_keys() == 0 && TiledInOnePass() && Tiled(q_len, kv_len, weights);
+}
+
 int64_t RequestAttention::QueryBlockRows(int64_t q_len, int64_t kv_len, bool weights) const {
   if (Tiled(q_len, kv_len, weights) && TiledInOnePass()) return OnePassBlockRows(q_len);
   if (Tiled(q_len, kv_len, weights)) {
@@ -169,6 +174,7 @@ void RequestAttention::SplitSequence(const TokenMajor& t, const AttentionBatch& 
   const int64_t keys_ext = keys + extra;
   const HeadLayout q_layout{h, dqk * act, len, QueryBlockRows(len, keys_ext, weights)};
   SplitHeads(t.q + q_off[b] * t.ldq * act, t.ldq * act, len, q_layout, p.q + q_off[b] * qk * act);
+  if (KvInPlace(len, keys_ext, weights)) return;
   const HeadLayout k_layout{h, dqk * act, keys_ext, keys_ext};
   const HeadLayout v_layout{h, dv * act, keys_ext, keys_ext};
   uint8_t* k = p.k + p.kv_offsets[b] * qk * act;
@@ -199,6 +205,7 @@ RequestAttention::Projected RequestAttention::Project(const TokenMajor& t,
   const int64_t act = static_cast<int64_t>(ActSize(act_dt_));
   const std::vector<int64_t>& kv_off = batch.self_attention() ? batch.q_offsets : batch.kv_offsets;
   Projected p;
+  p.tokens = t;
   p.kv_offsets = ws.Get<int64_t>(Workspace::kKvOffsets, n + 1);
   for (int64_t b = 0; b <= n; ++b) p.kv_offsets[b] = kv_off[b] + b * extra;
   p.q = ws.Get<uint8_t>(Workspace::kHeadQ, total_q * qk * act);
@@ -417,8 +424,17 @@ TiledBlock RequestAttention::TiledItems::Block(int64_t b, int64_t item) const {
   blk.q = p.q + batch.q_offsets[b] * d.qk_width() * act + q_layout.Offset(head, row0);
   blk.context =
       p.context_heads + batch.q_offsets[b] * d.v_width() * act + ctx_layout.Offset(head, row0);
-  blk.k = p.k + (p.kv_offsets[b] * d.qk_width() + head * s * dqk) * act;
-  blk.v = p.v + (p.kv_offsets[b] * d.v_width() + head * s * dv) * act;
+  if (self.KvInPlace(len, s, /*weights=*/false)) {
+    const TokenMajor& t = p.tokens;
+    const int64_t kv0 = (batch.self_attention() ? batch.q_offsets : batch.kv_offsets)[b];
+    blk.k = t.k + (kv0 * t.ldk + head * dqk) * act;
+    blk.v = t.v + (kv0 * t.ldv + head * dv) * act;
+    blk.k_stride = t.ldk;
+    blk.v_stride = t.ldv;
+  } else {
+    blk.k = p.k + (p.kv_offsets[b] * d.qk_width() + head * s * dqk) * act;
+    blk.v = p.v + (p.kv_offsets[b] * d.v_width() + head * s * dv) * act;
+  }
   blk.masks = self.MasksFor(p, batch, b, len, row0, head);
   return blk;
 }

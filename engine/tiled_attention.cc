@@ -54,6 +54,8 @@ void TiledAttention::RunFlashBf16(const TiledBlock& b, Workspace& ws) const {
   block.keys = b.keys;
   block.dqk = dqk_;
   block.dv = dv_;
+  block.k_stride = b.k_stride;
+  block.v_stride = b.v_stride;
   block.scale = scale_;
   block.masks = b.masks;
   FlashBf16Scratch scratch;

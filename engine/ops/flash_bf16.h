@@ -16,15 +16,19 @@ namespace mha {
 // of the block meets them.
 inline constexpr int64_t kFlashBf16TileKeys = 64;
 
-// One (query-row block, head), all bf16 and contiguous: q [rows, dqk],
-// k [keys, dqk], v [keys, dv], context [rows, dv] written; scores are
-// scale * q . k, `masks` as for OnlineSoftmaxTile over the block's rows.
+// One (query-row block, head), all bf16: q [rows, dqk] and context
+// [rows, dv] (written) contiguous; k [keys, dqk] and v [keys, dv] with
+// rows k_stride / v_stride elements apart (0: contiguous), so that they can
+// be read in place from token-major projections (each tile is packed
+// once; the products read only the packed tile). Scores are scale * q . k,
+// `masks` as for OnlineSoftmaxTile over the block's rows.
 struct FlashBf16Block {
   const uint16_t* q = nullptr;
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
   uint16_t* context = nullptr;
   int64_t rows = 0, keys = 0, dqk = 0, dv = 0;
+  int64_t k_stride = 0, v_stride = 0;
   float scale = 1.0f;
   SoftmaxMasks masks;
 };

@@ -60,11 +60,12 @@ MHA_FLASH_BF16_INLINE void Transpose16x16(__m512i (&a)[16]) {
   for (int i = 0; i < 16; ++i) a[i] = t[i];
 }
 
-// Keys [cols, dqk] as pairs: out[p * 64 + j] = (k[j][2p], k[j][2p + 1]),
-// the low half first; zeros past `cols`. Blocks of 16 keys by 16 pairs
+// Keys [cols, dqk] (rows `stride` apart) as pairs: out[p * 64 + j] =
+// (k[j][2p], k[j][2p + 1]), the low half first; zeros past `cols`. Blocks of 16 keys by 16 pairs
 // are transposed in registers (a gather per output vector ran ~3x slower,
 // a store per key 4x slower).
-MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t dqk, int64_t cols, uint32_t* out) {
+MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t stride, int64_t dqk, int64_t cols,
+                                uint32_t* out) {
   const int64_t pairs = dqk / 2;
   for (int64_t j0 = 0; j0 < kTile; j0 += 16) {
     for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
@@ -72,7 +73,7 @@ MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t dqk, int64_t cols, ui
       __m512i a[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
-        a[r] = j0 + r < cols ? _mm512_maskz_loadu_epi32(lanes, k + (j0 + r) * dqk + 2 * p0)
+        a[r] = j0 + r < cols ? _mm512_maskz_loadu_epi32(lanes, k + (j0 + r) * stride + 2 * p0)
                              : _mm512_setzero_si512();
       }
       Transpose16x16(a);
@@ -82,9 +83,10 @@ MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t dqk, int64_t cols, ui
   }
 }
 
-// Values [cols, dv] as pairs of keys: out[u * dv + c] = (v[2u][c],
-// v[2u + 1][c]), the low half first; zeros past `cols`.
-MHA_FLASH_BF16 void PackValueTile(const uint16_t* v, int64_t dv, int64_t cols, uint32_t* out) {
+// Values [cols, dv] (rows `stride` apart) as pairs of keys: out[u * dv + c]
+// = (v[2u][c], v[2u + 1][c]), the low half first; zeros past `cols`.
+MHA_FLASH_BF16 void PackValueTile(const uint16_t* v, int64_t stride, int64_t dv, int64_t cols,
+                                  uint32_t* out) {
   for (int64_t u = 0; u < kTilePairs; ++u) {
     const int64_t k0 = 2 * u, k1 = 2 * u + 1;
     uint32_t* o = out + u * dv;
@@ -92,8 +94,8 @@ MHA_FLASH_BF16 void PackValueTile(const uint16_t* v, int64_t dv, int64_t cols, u
       std::memset(o, 0, sizeof(uint32_t) * dv);
       continue;
     }
-    const uint16_t* r0 = v + k0 * dv;
-    const uint16_t* r1 = k1 < cols ? v + k1 * dv : nullptr;
+    const uint16_t* r0 = v + k0 * stride;
+    const uint16_t* r1 = k1 < cols ? v + k1 * stride : nullptr;
     for (int64_t c = 0; c < dv; c += 16) {
       const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(r0 + c)));
       const __m512i hi = r1 == nullptr
@@ -396,6 +398,8 @@ bool FlashBf16Fits(int64_t dqk, int64_t dv) {
 }
 
 void FlashAttentionBf16(const FlashBf16Block& b, const FlashBf16Scratch& scratch) {
+  const int64_t k_stride = b.k_stride > 0 ? b.k_stride : b.dqk;
+  const int64_t v_stride = b.v_stride > 0 ? b.v_stride : b.dv;
   std::fill_n(scratch.max, b.rows, kNegInf);
   std::fill_n(scratch.sum, b.rows, 0.0f);
   std::fill_n(scratch.acc, b.rows * b.dv, 0.0f);
@@ -404,8 +408,8 @@ void FlashAttentionBf16(const FlashBf16Block& b, const FlashBf16Scratch& scratch
     t.col0 = col0;
     t.cols = std::min(kTile, b.keys - col0);
     if (CausalMaskHides(b.masks, 0, b.rows, t.col0, t.cols)) continue;
-    PackKeyTile(b.k + col0 * b.dqk, b.dqk, t.cols, scratch.key_pairs);
-    PackValueTile(b.v + col0 * b.dv, b.dv, t.cols, scratch.value_pairs);
+    PackKeyTile(b.k + col0 * k_stride, k_stride, b.dqk, t.cols, scratch.key_pairs);
+    PackValueTile(b.v + col0 * v_stride, v_stride, b.dv, t.cols, scratch.value_pairs);
     t.key_pairs = scratch.key_pairs;
     t.value_pairs = scratch.value_pairs;
     int64_t r0 = 0;

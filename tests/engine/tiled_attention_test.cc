@@ -125,6 +125,37 @@ TEST(TiledAttentionTest, TiledSequencesBetweenUntiledOnesShareOneRegion) {
   }
 }
 
+// One pass reads keys and values in place from the token-major projections
+// (fused q/k/v rows 3E apart, fused k/v 2E apart, or separate rows E
+// apart) instead of splitting them into heads. Queries' weights scaled up
+// make the attention peaked, so that a tile packed from the wrong rows or
+// head moves the outputs far beyond bf16's rounding (with the plain
+// weights every key gets nearly the same share, whatever it holds).
+TEST(TiledAttentionTest, KeysAndValuesReadInPlaceMatchTheSplitPath) {
+  AttentionDims d = Dims(64, 4);
+  d.bf16 = true;
+  PackedWeights w = RandomWeights(d, 12);
+  for (float& x : w.w_q) x *= 4.0f;
+  for (const Case& c : {Case{"self",
+                             d,
+                             {70, 130},
+                             {},
+                             false,
+                             MaskKind::kBool,
+                             MaskKind::kNone,
+                             true,
+                             /*causal=*/true},
+                        Case{"cross_kv_fused", d, {40, 66}, {150, 90}, true, MaskKind::kFloat},
+                        Case{"cross", d, {65}, {129}}}) {
+    SCOPED_TRACE(c.name);
+    const Built b = Build(c, 5);
+    const RunResult split = RunEngine(*MakeEngine(d, w, Untiled()), c, b, false);
+    const RunResult in_place = RunEngine(*MakeEngine(d, w, TiledOptions(64, 64)), c, b, false);
+    EXPECT_LE(MaxAbsDiff(split.output.data(), in_place.output.data(), split.output.size()), 4e-3f);
+    ExpectMatchesReference(c, w, b, in_place, 3e-2f, /*check_weights=*/false);
+  }
+}
+
 // Asking for the attention weights needs whole probability rows: such calls
 // take the untiled path and still get them.
 TEST(TiledAttentionTest, WeightsRequestsTakeTheUntiledPath) {
