@@ -43,7 +43,7 @@ const float* AdditiveMask(const MaskView& m, Workspace& ws, Workspace::Slot slot
 
 // The head-major buffers of a call's sequences, in the workspace.
 struct RequestAttention::Projected {
-  TokenMajor tokens;  // KvInPlace sequences read their k and v here
+  TokenMajor tokens;  // InPlace sequences read their q, k and v here
   uint8_t* q = nullptr;
   uint8_t* k = nullptr;
   uint8_t* v = nullptr;
@@ -140,7 +140,7 @@ bool RequestAttention::TiledInOnePass() const {
   return tiled_ != nullptr && tiled_->UsesFlashBf16();
 }
 
-bool RequestAttention::KvInPlace(int64_t q_len, int64_t kv_len, bool weights) const {
+bool RequestAttention::InPlace(int64_t q_len, int64_t kv_len, bool weights) const {
   return dims_.extra_keys() == 0 && TiledInOnePass() && Tiled(q_len, kv_len, weights);
 }
 
@@ -173,8 +173,8 @@ void RequestAttention::SplitSequence(const TokenMajor& t, const AttentionBatch& 
   const int64_t len = q_off[b + 1] - q_off[b], keys = kv_off[b + 1] - kv_off[b];
   const int64_t keys_ext = keys + extra;
   const HeadLayout q_layout{h, dqk * act, len, QueryBlockRows(len, keys_ext, weights)};
+  if (InPlace(len, keys_ext, weights)) return;
   SplitHeads(t.q + q_off[b] * t.ldq * act, t.ldq * act, len, q_layout, p.q + q_off[b] * qk * act);
-  if (KvInPlace(len, keys_ext, weights)) return;
   const HeadLayout k_layout{h, dqk * act, keys_ext, keys_ext};
   const HeadLayout v_layout{h, dv * act, keys_ext, keys_ext};
   uint8_t* k = p.k + p.kv_offsets[b] * qk * act;
@@ -424,9 +424,11 @@ TiledBlock RequestAttention::TiledItems::Block(int64_t b, int64_t item) const {
   blk.q = p.q + batch.q_offsets[b] * d.qk_width() * act + q_layout.Offset(head, row0);
   blk.context =
       p.context_heads + batch.q_offsets[b] * d.v_width() * act + ctx_layout.Offset(head, row0);
-  if (self.KvInPlace(len, s, /*weights=*/false)) {
+  if (self.InPlace(len, s, /*weights=*/false)) {
     const TokenMajor& t = p.tokens;
     const int64_t kv0 = (batch.self_attention() ? batch.q_offsets : batch.kv_offsets)[b];
+    blk.q = t.q + ((batch.q_offsets[b] + row0) * t.ldq + head * dqk) * act;
+    blk.q_stride = t.ldq;
     blk.k = t.k + (kv0 * t.ldk + head * dqk) * act;
     blk.v = t.v + (kv0 * t.ldv + head * dv) * act;
     blk.k_stride = t.ldk;

@@ -63,10 +63,11 @@ class RequestAttention {
   // Whether key-tiled sequences run in one pass (engine/ops/flash_bf16.h),
   // with no oneDNN product and no score tile.
   bool TiledInOnePass() const;
-  // Whether a sequence's keys and values are read in place from the
-  // token-major projections (one pass packs each tile from there; no
-  // appended key positions): then they are not split into heads.
-  bool KvInPlace(int64_t q_len, int64_t kv_len, bool weights) const;
+  // Whether a sequence's queries, keys and values are read in place from
+  // the token-major projections (one pass copies its block's query rows and
+  // packs each key tile from there; no appended key positions): then they
+  // are not split into heads.
+  bool InPlace(int64_t q_len, int64_t kv_len, bool weights) const;
 
   // Creates the runtime-shape primitives (if used) for the calling thread's
   // count; the constructor does it for the constructing thread's, warm-up

@@ -54,14 +54,19 @@ void TiledAttention::RunFlashBf16(const TiledBlock& b, Workspace& ws) const {
   block.keys = b.keys;
   block.dqk = dqk_;
   block.dv = dv_;
+  block.q_stride = b.q_stride;
   block.k_stride = b.k_stride;
   block.v_stride = b.v_stride;
   block.scale = scale_;
   block.masks = b.masks;
   FlashBf16Scratch scratch;
+  const int64_t q_words = b.q_stride > 0 ? b.rows * dqk_ / 2 : 0;  // dqk is even
   scratch.key_pairs =
-      ws.Get<uint32_t>(Workspace::kTilePairs, kFlashBf16TileKeys * (dqk_ / 2 + dv_ / 2));
+      ws.Get<uint32_t>(Workspace::kTilePairs, kFlashBf16TileKeys * (dqk_ / 2 + dv_ / 2) + q_words);
   scratch.value_pairs = scratch.key_pairs + kFlashBf16TileKeys * (dqk_ / 2);
+  if (q_words > 0) {
+    scratch.q = reinterpret_cast<uint16_t*>(scratch.value_pairs + kFlashBf16TileKeys / 2 * dv_);
+  }
   scratch.acc = ws.Get<float>(Workspace::kTileAcc, b.rows * dv_);
   scratch.max = ws.Get<float>(Workspace::kTileStats, 2 * b.rows);
   scratch.sum = scratch.max + b.rows;

@@ -15,8 +15,8 @@ namespace mha {
 
 // One (query-row block, head): q [rows, dqk], k [keys, dqk], v [keys, dv]
 // and context [rows, dv] contiguous, in the compute type, except that in
-// one pass (UsesFlashBf16) k and v rows may be k_stride / v_stride
-// elements apart (0: contiguous). `masks` as for MaskedSoftmax over the
+// one pass (UsesFlashBf16) q, k and v rows may be q_stride / k_stride /
+// v_stride elements apart (0: contiguous). `masks` as for MaskedSoftmax over the
 // block's rows and all `keys` columns.
 struct TiledBlock {
   const uint8_t* q = nullptr;
@@ -24,7 +24,7 @@ struct TiledBlock {
   const uint8_t* v = nullptr;
   uint8_t* context = nullptr;
   int64_t rows = 0, keys = 0;
-  int64_t k_stride = 0, v_stride = 0;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   SoftmaxMasks masks;
 };
 

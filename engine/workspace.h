@@ -58,7 +58,7 @@ class Workspace {
     kTileAcc,        // key-tiled attention: f32 accumulator [rows, dv],
     kTileProduct,    // one tile's probs . v [rows, dv],
     kTileStats,      // and running max, sum, rescale per row
-    kTilePairs,      // the one-pass bf16 kernel's tile of keys and values in pairs
+    kTilePairs,      // the one-pass bf16 kernel's tile of keys and values in pairs (and q)
     kMixedQuery,     // a mixed call's query rows and session steps' rows together
     kStepProj,       // session steps' q|k|v when not projected with the batch
     kStepContext,    // session steps' context, token-major [tokens, h*dv]

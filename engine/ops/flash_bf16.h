@@ -16,11 +16,12 @@ namespace mha {
 // of the block meets them.
 inline constexpr int64_t kFlashBf16TileKeys = 64;
 
-// One (query-row block, head), all bf16: q [rows, dqk] and context
-// [rows, dv] (written) contiguous; k [keys, dqk] and v [keys, dv] with
-// rows k_stride / v_stride elements apart (0: contiguous), so that they can
-// be read in place from token-major projections (each tile is packed
-// once; the products read only the packed tile). Scores are scale * q . k,
+// One (query-row block, head), all bf16: q [rows, dqk], k [keys, dqk] and
+// v [keys, dv] with rows q_stride / k_stride / v_stride elements apart (0:
+// contiguous), so that they can be read in place from token-major
+// projections (q's rows are copied side by side once, each tile is packed
+// once; the products read only those); context [rows, dv] contiguous,
+// written. Scores are scale * q . k,
 // `masks` as for OnlineSoftmaxTile over the block's rows.
 struct FlashBf16Block {
   const uint16_t* q = nullptr;
@@ -28,20 +29,21 @@ struct FlashBf16Block {
   const uint16_t* v = nullptr;
   uint16_t* context = nullptr;
   int64_t rows = 0, keys = 0, dqk = 0, dv = 0;
-  int64_t k_stride = 0, v_stride = 0;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   float scale = 1.0f;
   SoftmaxMasks masks;
 };
 
-// The caller's scratch (FlashBf16ScratchFloats floats in all): one tile's
-// keys and values in pairs, and per row its f32 accumulator and running
-// max and sum.
+// The caller's scratch: one tile's keys and values in pairs, per row its
+// f32 accumulator and running max and sum, and q's rows side by side when
+// they are apart.
 struct FlashBf16Scratch {
   uint32_t* key_pairs = nullptr;    // [dqk / 2, 64]
   uint32_t* value_pairs = nullptr;  // [32, dv]
   float* acc = nullptr;             // [rows, dv]
   float* max = nullptr;             // [rows]
   float* sum = nullptr;             // [rows]
+  uint16_t* q = nullptr;            // [rows, dqk] when q_stride is set
 };
 
 // Whether the kernel takes heads of these sizes: an even dqk (whole

@@ -397,7 +397,14 @@ bool FlashBf16Fits(int64_t dqk, int64_t dv) {
   return dqk > 0 && dqk % 2 == 0 && dv > 0 && dv % 16 == 0;
 }
 
-void FlashAttentionBf16(const FlashBf16Block& b, const FlashBf16Scratch& scratch) {
+void FlashAttentionBf16(const FlashBf16Block& block, const FlashBf16Scratch& scratch) {
+  FlashBf16Block b = block;
+  if (block.q_stride > 0 && block.q_stride != block.dqk) {  // the rows side by side once
+    for (int64_t r = 0; r < b.rows; ++r) {
+      std::memcpy(scratch.q + r * b.dqk, block.q + r * block.q_stride, sizeof(uint16_t) * b.dqk);
+    }
+    b.q = scratch.q;
+  }
   const int64_t k_stride = b.k_stride > 0 ? b.k_stride : b.dqk;
   const int64_t v_stride = b.v_stride > 0 ? b.v_stride : b.dv;
   std::fill_n(scratch.max, b.rows, kNegInf);

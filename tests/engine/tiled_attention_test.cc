@@ -125,13 +125,13 @@ TEST(TiledAttentionTest, TiledSequencesBetweenUntiledOnesShareOneRegion) {
   }
 }
 
-// One pass reads keys and values in place from the token-major projections
-// (fused q/k/v rows 3E apart, fused k/v 2E apart, or separate rows E
-// apart) instead of splitting them into heads. Queries' weights scaled up
-// make the attention peaked, so that a tile packed from the wrong rows or
-// head moves the outputs far beyond bf16's rounding (with the plain
-// weights every key gets nearly the same share, whatever it holds).
-TEST(TiledAttentionTest, KeysAndValuesReadInPlaceMatchTheSplitPath) {
+// One pass reads queries, keys and values in place from the token-major
+// projections (fused q/k/v rows 3E apart, fused k/v 2E apart, or separate
+// rows E apart) instead of splitting them into heads. Queries' weights
+// scaled up make the attention peaked, so that rows read from the wrong
+// place or head move the outputs far beyond bf16's rounding (with the
+// plain weights every key gets nearly the same share, whatever it holds).
+TEST(TiledAttentionTest, QueriesKeysAndValuesReadInPlaceMatchTheSplitPath) {
   AttentionDims d = Dims(64, 4);
   d.bf16 = true;
   PackedWeights w = RandomWeights(d, 12);
