@@ -101,10 +101,10 @@ int64_t EngineImpl::ScratchBytes(const BatchShape& shape, int threads) const {
     // accumulators, and runs primitives of its own.
     const int64_t rows = sequences_->QueryBlockRows(shape.q_len, keys, false);
     const int64_t tile = std::min(sequences_->tile_keys(), keys);
-    // In one pass: a tile's keys and values in pairs, the accumulator and
-    // the running max and sum.
+    // In one pass: a tile's keys and values in pairs (and the block's query
+    // rows), the accumulator and the running max and sum.
     const int64_t child = sequences_->TiledInOnePass()
-                              ? Grown(kFlashBf16TileKeys * (dims_.qk_head_dim + dv) * 2) +
+                              ? Grown((kFlashBf16TileKeys + rows) * (dims_.qk_head_dim + dv) * 2) +
                                     Grown(rows * dv * 4) + Grown(2 * rows * 4)
                               : Grown(rows * tile * 4) + (dims_.bf16 ? Grown(rows * tile * 2) : 0) +
                                     2 * Grown(rows * dv * 4) + Grown(3 * rows * 4) +
