@@ -107,7 +107,12 @@ MHA_AVX512_INT8 float QuantizeRowAvx512(const void* x, bool bf16, int64_t k, uin
     // Rounded to nearest even (the default MXCSR mode), within [-127, 127].
     __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(Load16(x, bf16, c, lanes), inverse));
     q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-    _mm_mask_storeu_epi8(out + c, lanes, _mm512_cvtepi32_epi8(_mm512_add_epi32(q, offset)));
+    const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_add_epi32(q, offset));
+    if (lanes == 0xffff) {  // a plain store: masked ones cost more, all lanes set or not
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + c), bytes);
+    } else {
+      _mm_mask_storeu_epi8(out + c, lanes, bytes);
+    }
   }
   return s.scale;
 }
