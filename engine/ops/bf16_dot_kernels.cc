@@ -16,6 +16,7 @@
 #include "engine/ops/avx512_kernels.h"
 #include "engine/ops/intrinsics.h"
 #include "engine/ops/multiversion.h"
+#include "engine/ops/transpose_avx512.h"
 
 namespace mha {
 namespace {
@@ -67,16 +68,23 @@ MHA_BF16_DOT inline __mmask32 FirstBf16Lanes(int64_t count) {
                      : static_cast<__mmask32>((uint32_t{1} << (count > 0 ? count : 0)) - 1);
 }
 
-// A small head's 16 keys (or fewer: `lanes`) from `k` [.., d] as pairs:
+// A small head's first `keys` (<= 16) keys from `k` [.., d] as pairs:
 // pairs[p] holds (k[j][2p], k[j][2p + 1]) of key j in lane j, zeros past
-// the keys.
-MHA_BF16_DOT inline void KeyPairs(const uint16_t* k, int64_t d, __mmask16 lanes, __m512i* pairs) {
-  const __m512i rows =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(d)));
-  for (int64_t p = 0; p < d / 2; ++p) {
-    const __m512i at = _mm512_add_epi32(rows, _mm512_set1_epi32(static_cast<int>(2 * p)));
-    pairs[p] = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), lanes, at, k, 2);
+// the keys. 16 pairs of 16 keys at a time, transposed in registers.
+MHA_BF16_DOT inline void KeyPairs(const uint16_t* k, int64_t d, int64_t keys, __m512i* pairs) {
+  const int64_t n = d / 2;
+  for (int64_t p0 = 0; p0 < n; p0 += 16) {
+    const __mmask16 lanes = FirstLanes(n - p0);
+    __m512i a[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      const uint16_t* row = k + r * d + 2 * p0;
+      a[r] = r >= keys         ? _mm512_setzero_si512()
+             : lanes == 0xffff ? _mm512_loadu_si512(row)  // masked loads cost more
+                               : _mm512_maskz_loadu_epi32(lanes, row);
+    }
+    Transpose16x16(a);
+    for (int64_t m = 0; m < std::min<int64_t>(16, n - p0); ++m) pairs[p0 + m] = a[m];
   }
 }
 
@@ -91,7 +99,7 @@ MHA_BF16_DOT void SmallScoresBf16Dot(const uint16_t* q, const uint16_t* k, float
     const uint16_t* qb = q + b * rows * d;
     for (int64_t j0 = 0; j0 < cols; j0 += 16) {
       const __mmask16 lanes = FirstLanes(cols - j0);
-      KeyPairs(k + (b * cols + j0) * d, d, lanes, pairs);
+      KeyPairs(k + (b * cols + j0) * d, d, std::min<int64_t>(16, cols - j0), pairs);
       for (int64_t i = 0; i < rows; ++i) {
         // Two chains of sums, so that their latency overlaps.
         __m512 even = _mm512_setzero_ps(), odd = even;
@@ -126,15 +134,22 @@ MHA_BF16_DOT void SmallContextBf16Dot(const float* probs, const uint16_t* v, uin
         for (int64_t j0 = 0; j0 < cols; j0 += kContextKeys) {
           const int64_t n = std::min(kContextKeys, cols - j0);
           for (int64_t j = 0; j < n; j += 32) {  // zeros past the keys
-            const __m512 p_lo = _mm512_maskz_loadu_ps(FirstLanes(n - j), p + j0 + j);
-            const __m512 p_hi = _mm512_maskz_loadu_ps(FirstLanes(n - j - 16), p + j0 + j + 16);
+            const float* pj = p + j0 + j;        // plain loads where whole (masked ones cost more)
+            const __m512 p_lo =
+                j + 16 <= n ? _mm512_loadu_ps(pj) : _mm512_maskz_loadu_ps(FirstLanes(n - j), pj);
+            const __m512 p_hi = j + 32 <= n
+                                    ? _mm512_loadu_ps(pj + 16)
+                                    : _mm512_maskz_loadu_ps(FirstLanes(n - j - 16), pj + 16);
             _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
           }
           for (int64_t j = 0; j < n; j += 2) {
             const uint16_t* row = vb + (j0 + j) * dv + c0;
-            const __m512i r0 = _mm512_maskz_loadu_epi16(columns, row);
-            const __m512i r1 =
-                j + 1 < n ? _mm512_maskz_loadu_epi16(columns, row + dv) : _mm512_setzero_si512();
+            const bool whole = dv - c0 >= 32;
+            const __m512i r0 =
+                whole ? _mm512_loadu_si512(row) : _mm512_maskz_loadu_epi16(columns, row);
+            const __m512i r1 = j + 1 >= n ? _mm512_setzero_si512()
+                               : whole    ? _mm512_loadu_si512(row + dv)
+                                          : _mm512_maskz_loadu_epi16(columns, row + dv);
             AddRowPair(r0, r1, _mm512_set1_epi32(static_cast<int>(pairs[j / 2])), lo, hi);
           }
         }

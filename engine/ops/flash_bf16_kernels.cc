@@ -17,6 +17,7 @@
 #include "engine/ops/flash_bf16.h"
 #include "engine/ops/intrinsics.h"
 #include "engine/ops/kernels.h"
+#include "engine/ops/transpose_avx512.h"
 
 namespace mha {
 namespace {
@@ -28,37 +29,6 @@ constexpr int64_t kTile = kFlashBf16TileKeys;  // keys per tile: 4 vectors of sc
 constexpr int64_t kTilePairs = kTile / 2;      // key pairs per tile
 constexpr int kGroup = 4;                      // query rows a pass keeps in registers
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Transposes 16 rows of 16 u32 in place: a[i][j] becomes a[j][i]. Four
-// rounds of in-lane unpacks and 128-bit lane shuffles, 64 shuffles in all.
-MHA_FLASH_BF16_INLINE void Transpose16x16(__m512i (&a)[16]) {
-  __m512i t[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 16; i += 2) {  // lane L: a[i][4L], a[i+1][4L], a[i][4L+1], a[i+1][4L+1]
-    t[i] = _mm512_unpacklo_epi32(a[i], a[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(a[i], a[i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 16; i += 4) {  // a[i + c] lane L: column 4L + c of rows i .. i + 3
-    a[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    a[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    a[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    a[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {  // column 4L + c: lane L of a[c], a[4 + c], a[8 + c], a[12 + c]
-    const __m512i v0 = _mm512_shuffle_i32x4(a[c], a[4 + c], 0x88);
-    const __m512i v1 = _mm512_shuffle_i32x4(a[c], a[4 + c], 0xdd);
-    const __m512i w0 = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0x88);
-    const __m512i w1 = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0xdd);
-    t[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-    t[8 + c] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
-    t[4 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) a[i] = t[i];
-}
 
 // Keys [cols, dqk] (rows `stride` apart) as pairs: out[p * 64 + j] =
 // (k[j][2p], k[j][2p + 1]), the low half first; zeros past `cols`. Blocks of 16 keys by 16 pairs
@@ -73,8 +43,10 @@ MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t stride, int64_t dqk, 
       __m512i a[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r) {
-        a[r] = j0 + r < cols ? _mm512_maskz_loadu_epi32(lanes, k + (j0 + r) * stride + 2 * p0)
-                             : _mm512_setzero_si512();
+        const uint16_t* row = k + (j0 + r) * stride + 2 * p0;
+        a[r] = j0 + r >= cols    ? _mm512_setzero_si512()
+               : lanes == 0xffff ? _mm512_loadu_si512(row)  // masked loads cost more
+                                 : _mm512_maskz_loadu_epi32(lanes, row);
       }
       Transpose16x16(a);
       const int64_t n = std::min<int64_t>(16, pairs - p0);

@@ -78,12 +78,17 @@ MHA_AVX512_INT8 inline __mmask16 Lanes(int64_t left) {
 }
 
 // 16 values (fewer at the tail: the others 0) of an f32 or bf16 row.
+// All 16 by a plain load: masked loads cost ~25 % more on the EPYC VM.
 MHA_AVX512_INT8 inline __m512 Load16(const void* row, bool bf16, int64_t c, __mmask16 lanes) {
+  const bool all = lanes == 0xffff;
   if (bf16) {
-    const __m256i h = _mm256_maskz_loadu_epi16(lanes, static_cast<const uint16_t*>(row) + c);
+    const uint16_t* p = static_cast<const uint16_t*>(row) + c;
+    const __m256i h = all ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                          : _mm256_maskz_loadu_epi16(lanes, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  return _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(row) + c);
+  const float* p = static_cast<const float*>(row) + c;
+  return all ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes, p);
 }
 
 MHA_AVX512_INT8 float QuantizeRowAvx512(const void* x, bool bf16, int64_t k, uint8_t* out) {
