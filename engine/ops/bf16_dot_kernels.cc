@@ -74,16 +74,8 @@ MHA_BF16_DOT inline __mmask32 FirstBf16Lanes(int64_t count) {
 MHA_BF16_DOT inline void KeyPairs(const uint16_t* k, int64_t d, int64_t keys, __m512i* pairs) {
   const int64_t n = d / 2;
   for (int64_t p0 = 0; p0 < n; p0 += 16) {
-    const __mmask16 lanes = FirstLanes(n - p0);
     __m512i a[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) {
-      const uint16_t* row = k + r * d + 2 * p0;
-      a[r] = r >= keys         ? _mm512_setzero_si512()
-             : lanes == 0xffff ? _mm512_loadu_si512(row)  // masked loads cost more
-                               : _mm512_maskz_loadu_epi32(lanes, row);
-    }
-    Transpose16x16(a);
+    LoadPairsTransposed(k, d, keys, n, p0, a);
     for (int64_t m = 0; m < std::min<int64_t>(16, n - p0); ++m) pairs[p0 + m] = a[m];
   }
 }
@@ -130,6 +122,7 @@ MHA_BF16_DOT void SmallContextBf16Dot(const float* probs, const uint16_t* v, uin
       const float* p = probs + (b * rows + i) * cols;
       for (int64_t c0 = 0; c0 < dv; c0 += 32) {
         const __mmask32 columns = FirstBf16Lanes(dv - c0);
+        const bool whole = dv - c0 >= 32;  // plain loads then (masked ones cost more)
         __m512 lo = _mm512_setzero_ps(), hi = lo;
         for (int64_t j0 = 0; j0 < cols; j0 += kContextKeys) {
           const int64_t n = std::min(kContextKeys, cols - j0);
@@ -144,7 +137,6 @@ MHA_BF16_DOT void SmallContextBf16Dot(const float* probs, const uint16_t* v, uin
           }
           for (int64_t j = 0; j < n; j += 2) {
             const uint16_t* row = vb + (j0 + j) * dv + c0;
-            const bool whole = dv - c0 >= 32;
             const __m512i r0 =
                 whole ? _mm512_loadu_si512(row) : _mm512_maskz_loadu_epi16(columns, row);
             const __m512i r1 = j + 1 >= n ? _mm512_setzero_si512()

@@ -21,8 +21,8 @@ inline constexpr int64_t kFlashBf16TileKeys = 64;
 // contiguous), so that they can be read in place from token-major
 // projections (q's rows are copied side by side once, each tile is packed
 // once; the products read only those); context [rows, dv] contiguous,
-// written. Scores are scale * q . k,
-// `masks` as for OnlineSoftmaxTile over the block's rows.
+// written. Scores are scale * q . k, `masks` as for OnlineSoftmaxTile over
+// the block's rows.
 struct FlashBf16Block {
   const uint16_t* q = nullptr;
   const uint16_t* k = nullptr;

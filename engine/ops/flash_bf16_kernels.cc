@@ -31,24 +31,16 @@ constexpr int kGroup = 4;                      // query rows a pass keeps in reg
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Keys [cols, dqk] (rows `stride` apart) as pairs: out[p * 64 + j] =
-// (k[j][2p], k[j][2p + 1]), the low half first; zeros past `cols`. Blocks of 16 keys by 16 pairs
-// are transposed in registers (a gather per output vector ran ~3x slower,
-// a store per key 4x slower).
+// (k[j][2p], k[j][2p + 1]), the low half first; zeros past `cols`. Blocks
+// of 16 keys by 16 pairs are transposed in registers (a gather per output
+// vector ran ~3x slower, a store per key 4x slower).
 MHA_FLASH_BF16 void PackKeyTile(const uint16_t* k, int64_t stride, int64_t dqk, int64_t cols,
                                 uint32_t* out) {
   const int64_t pairs = dqk / 2;
   for (int64_t j0 = 0; j0 < kTile; j0 += 16) {
     for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-      const __mmask16 lanes = TailLanes(pairs - p0);
       __m512i a[16];
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        const uint16_t* row = k + (j0 + r) * stride + 2 * p0;
-        a[r] = j0 + r >= cols    ? _mm512_setzero_si512()
-               : lanes == 0xffff ? _mm512_loadu_si512(row)  // masked loads cost more
-                                 : _mm512_maskz_loadu_epi32(lanes, row);
-      }
-      Transpose16x16(a);
+      LoadPairsTransposed(k + j0 * stride, stride, cols - j0, pairs, p0, a);
       const int64_t n = std::min<int64_t>(16, pairs - p0);
       for (int64_t m = 0; m < n; ++m) _mm512_storeu_si512(out + (p0 + m) * kTile + j0, a[m]);
     }
