@@ -3,7 +3,6 @@
 // grpc.health.v1, reflection) with Prometheus metrics on /metrics. This
 // file reads the flags into ServerOptions and waits for SIGTERM; the
 // server itself is server/server.h.
-#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -20,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/scheduling/heap_trim.h"
 #include "server/server.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
@@ -184,21 +184,8 @@ int Serve(ServerOptions options) {
 }  // namespace
 }  // namespace mha::server
 
-// glibc's malloc raises its mmap threshold to the largest block freed (up
-// to 32 MiB) and its trim threshold to twice that, and never trims the top
-// of a thread's arena below it, even for malloc_trim: a model's unpacked
-// weights and packed layers, loaded on the control thread, then stayed
-// resident after an unload (12-16 MiB of a 16 MiB model, now and then).
-// Fixed thresholds: blocks from 4 MiB are mappings of their own, returned
-// when freed; an arena keeps at most 4 MiB of free top.
-static void FixMallocThresholds() {
-  constexpr int kThreshold = 4 << 20;
-  mallopt(M_MMAP_THRESHOLD, kThreshold);
-  mallopt(M_TRIM_THRESHOLD, kThreshold);
-}
-
 int main(int argc, char** argv) {
-  FixMallocThresholds();
+  mha::server::SetHeapThresholds();  // server/scheduling/heap_trim.h
   // Debian's Abseil checks every absl::Mutex acquisition (gRPC takes several
   // per call) against a lock-order graph: 1-2 % of the server's CPU under
   // load. Our own locks are std::mutex, checked by the ThreadSanitizer build.

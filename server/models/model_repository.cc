@@ -1,7 +1,5 @@
 #include "server/models/model_repository.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +13,7 @@
 #include "engine/large_buffer.h"
 #include "engine/threads.h"
 #include "server/models/model_upload.h"
+#include "server/scheduling/heap_trim.h"
 
 namespace mha::server {
 namespace {
@@ -129,18 +128,20 @@ absl::StatusOr<VersionPtr> ModelRepository::LoadVersion(const std::string& name,
                                                         const v1::ModelConfig& config,
                                                         const VersionOnDisk& on_disk) {
   absl::StatusOr<LoadedModel> loaded = absl::InternalError("not loaded");
-  try {  // a version too large for memory must not take the server down
-    loaded = LoadModelVersion(config, on_disk.weights_path);
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(on_disk.weights_path, ": out of memory loading this version"));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(on_disk.weights_path, ": ", e.what()));
+  {
+    // What reading and packing use (the file's tensors, the unpacked
+    // weights, warm-up scratch) goes back to the system when done: only the
+    // packed weights and the primitives stay.
+    const TightHeapTrim give_back;
+    try {  // a version too large for memory must not take the server down
+      loaded = LoadModelVersion(config, on_disk.weights_path);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(on_disk.weights_path, ": out of memory loading this version"));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(on_disk.weights_path, ": ", e.what()));
+    }
   }
-  // What reading and packing used (the file's tensors, the unpacked
-  // weights, warm-up scratch) goes back to the system now: only the packed
-  // weights and the primitives stay.
-  malloc_trim(0);
   if (!loaded.ok()) return loaded.status();
   auto version = std::make_shared<ModelVersion>();
   version->name = name;
@@ -331,9 +332,9 @@ size_t ModelRepository::CollectRetired() {
     draining = retired_.size();
   }
   if (!drained.empty()) {
-    drained.clear();     // stops their (idle) batchers and frees their engines, here
-    ReleaseKeptLarge();  // a model's last calls' buffers (large_buffer.h) go too
-    malloc_trim(0);
+    const TightHeapTrim give_back;  // what they held goes back to the system
+    drained.clear();                // stops their (idle) batchers and frees their engines, here
+    ReleaseKeptLarge();             // a model's last calls' buffers (large_buffer.h) go too
   }
   return draining;
 }

@@ -1,6 +1,5 @@
 #include "server/scheduling/memory_budget.h"
 
-#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -14,13 +13,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "server/scheduling/heap_trim.h"
 
 namespace mha::server {
 namespace {
 
-// Releasing a reservation at least this large returns freed memory to the
-// system (malloc_trim); smaller ones are left to the allocator's reuse.
+// A reservation at least this large is large work (heap_trim.h): freed
+// memory goes back to the system once such work stops; smaller ones are
+// left to the allocator's reuse.
 constexpr int64_t kTrimAfterBytes = int64_t{64} << 20;
+
+// Counts a reservation of `bytes` as large work once they reach
+// kTrimAfterBytes (`large` says whether it is already).
+void NoteIfLarge(int64_t bytes, bool& large) {
+  if (large || bytes < kTrimAfterBytes) return;
+  large = true;
+  LargeWorkStarted();
+}
 
 std::optional<std::string> ReadFirstLine(const std::string& path) {
   std::ifstream in(path);
@@ -130,8 +139,10 @@ MemoryReservation& MemoryReservation::operator=(MemoryReservation&& other) noexc
     budget_ = other.budget_;
     queued_ = other.queued_;
     active_ = other.active_;
+    large_ = other.large_;
     other.budget_ = nullptr;
     other.queued_ = other.active_ = 0;
+    other.large_ = false;
   }
   return *this;
 }
@@ -139,6 +150,10 @@ MemoryReservation& MemoryReservation::operator=(MemoryReservation&& other) noexc
 void MemoryReservation::Release() {
   if (budget_ != nullptr && (queued_ != 0 || active_ != 0)) budget_->Release(queued_, active_);
   queued_ = active_ = 0;
+  if (large_) {  // its blocks are free now: given back once large work stops
+    large_ = false;
+    LargeWorkDone();
+  }
 }
 
 MemoryBudget::MemoryBudget(int64_t limit, prometheus::Gauge* reserved_gauge)
@@ -161,6 +176,7 @@ bool MemoryBudget::TryReserveQueued(int64_t bytes, MemoryReservation& into) {
   into.budget_ = this;
   into.queued_ += bytes;
   Publish();
+  NoteIfLarge(into.bytes(), into.large_);
   return true;
 }
 
@@ -173,6 +189,7 @@ MemoryBudget::Growth MemoryBudget::TryGrowActive(int64_t bytes, MemoryReservatio
   into.budget_ = this;
   into.active_ += bytes;
   Publish();
+  NoteIfLarge(into.bytes(), into.large_);
   return Growth::kGrown;
 }
 
@@ -198,9 +215,6 @@ void MemoryBudget::Release(int64_t queued, int64_t active) {
     Publish();
   }
   released_.NotifyAll();
-  // A large request's blocks are free now: have glibc give back what it
-  // would keep (freed heap pages, in every arena).
-  if (queued + active >= kTrimAfterBytes) malloc_trim(0);
 }
 
 void MemoryBudget::Publish() {

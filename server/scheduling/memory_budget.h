@@ -53,6 +53,7 @@ class MemoryReservation {
   friend class MemoryBudget;
   MemoryBudget* budget_ = nullptr;
   int64_t queued_ = 0, active_ = 0;
+  bool large_ = false;  // counted as large work (heap_trim.h) until released
 };
 
 // Counts the working memory of requests in flight (queued, computing,

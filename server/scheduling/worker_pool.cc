@@ -1,6 +1,5 @@
 #include "server/scheduling/worker_pool.h"
 
-#include <malloc.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include "engine/mha_engine.h"
 #include "engine/threads.h"
 #include "engine/workspace.h"
+#include "server/scheduling/heap_trim.h"
 
 namespace mha::server {
 
@@ -284,8 +284,9 @@ void WorkerPool::WorkerLoop(bool lead) {
     calls_running_.fetch_sub(1);  // its cores are free for the next call now
     work.reset();                 // what it held goes before the queue may be detached
     // After a large call, give its memory back to the system: the
-    // workspace's buffers, and what glibc keeps of freed blocks.
-    if (MhaEngine::ReleaseLargeWorkspace(*ws)) malloc_trim(0);
+    // workspace's buffers now, what glibc keeps of freed blocks once large
+    // calls stop.
+    if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
     lock.Lock();
     WorkDone(from);
   }
