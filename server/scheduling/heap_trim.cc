@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "engine/mutex.h"
 
 namespace mha::server {
