@@ -44,7 +44,8 @@ class TrimSchedule {
     --running_;
     Request(now);
   }
-  // A trim is wanted (after `now`), with no work started before.
+  // Memory worth a trim was freed at `now` outside counted work (a
+  // workspace given back).
   void Request(absl::Time now);
   // When the pending trim is due; InfiniteFuture when none is pending.
   absl::Time due() const;
@@ -73,8 +74,8 @@ void TrimHeapSoon();
 // when the last one ends, the thresholds are restored and malloc_trim(0)
 // gives back the rest. For a model's load and unload: the unpacked weights
 // and the scratch freed there go back at once, whichever arena held them
-// (malloc_trim alone leaves a thread arena's top). Thread-safe; movable
-// never.
+// (malloc_trim alone leaves a thread arena's top). Thread-safe; neither
+// copied nor moved.
 class TightHeapTrim {
  public:
   TightHeapTrim();
