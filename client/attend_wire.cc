@@ -26,6 +26,15 @@ const v1::Tensor* TensorField(const v1::AttendRequest& r, int number) {
   }
 }
 
+// A call's answer: gRPC's status, or the response read from its bytes.
+absl::Status Read(const grpc::Status& status, const grpc::ByteBuffer& bytes,
+                  ReceivedAttendResponse& response) {
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  }
+  return response.Read(bytes);
+}
+
 }  // namespace
 
 grpc::ByteBuffer AttendRequestBytes(const v1::AttendRequest& request) {
@@ -65,6 +74,23 @@ v1::AttendResponse ReceivedAttendResponse::Whole() const {
   return whole;
 }
 
+absl::Status CallAttendPolling(grpc::GenericStub& stub, grpc::ClientContext* context,
+                               const grpc::ByteBuffer& request, grpc::CompletionQueue& cq,
+                               ReceivedAttendResponse& response) {
+  grpc::ByteBuffer bytes;
+  grpc::Status status;
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      stub.PrepareUnaryCall(context, kAttendMethod, request, &cq);
+  call->StartCall();
+  call->Finish(&bytes, &status, call.get());
+  void* tag = nullptr;
+  bool ok = false;
+  if (!cq.Next(&tag, &ok) || tag != call.get()) {
+    return absl::InternalError("the completion queue ended before the call");
+  }
+  return Read(status, bytes, response);
+}
+
 void CallAttend(grpc::GenericStub& stub, grpc::ClientContext* context,
                 const grpc::ByteBuffer& request,
                 std::function<void(absl::Status, std::unique_ptr<ReceivedAttendResponse>)> done) {
@@ -72,11 +98,7 @@ void CallAttend(grpc::GenericStub& stub, grpc::ClientContext* context,
   stub.UnaryCall(context, kAttendMethod, grpc::StubOptions(), &request, bytes.get(),
                  [bytes, done = std::move(done)](grpc::Status status) {
                    auto response = std::make_unique<ReceivedAttendResponse>();
-                   absl::Status result =
-                       status.ok()
-                           ? response->Read(*bytes)
-                           : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                                          status.error_message());
+                   absl::Status result = Read(status, *bytes, *response);
                    done(std::move(result), std::move(response));
                  });
 }

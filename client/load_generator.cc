@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -16,11 +17,25 @@
 namespace mha::client {
 namespace {
 
+// Requests in the pool: 64, fewer when they are large (at most
+// kPoolFloats floats in all, ~256 MiB: 64 requests of 16 MiB took 8 s to
+// make and 2 GiB with their bytes), and a multiple of the models.
+constexpr int64_t kPoolRequests = 64, kPoolFloats = int64_t{64} << 20;
+size_t PoolSize(const LoadOptions& o) {
+  int64_t floats = 1;  // of the largest request
+  for (const LoadTarget& t : o.models) {
+    floats = std::max(floats, o.batch * (o.max_len * t.embed_dim + o.kv_len * t.kdim));
+  }
+  const int64_t models = static_cast<int64_t>(o.models.size());
+  const int64_t fit = std::min(kPoolRequests, kPoolFloats / floats) / models * models;
+  return static_cast<size_t>(std::max(models, fit));
+}
+
 // A pool of ready requests, so the loop measures the server, not encoding.
 std::vector<v1::AttendRequest> MakePool(const LoadOptions& o) {
   std::mt19937 gen(o.seed);
   std::uniform_int_distribution<int64_t> len(o.min_len, o.max_len);
-  std::vector<v1::AttendRequest> pool(64);
+  std::vector<v1::AttendRequest> pool(PoolSize(o));
   for (size_t i = 0; i < pool.size(); ++i) {
     const LoadTarget& target = o.models[i % o.models.size()];
     v1::AttendRequest& r = pool[i];
@@ -53,15 +68,17 @@ class LoadRun {
     std::thread progress;
     if (options_.progress) progress = std::thread([this] { ShowProgress(); });
     std::thread retries([this] { RetryWhenDue(); });
-    std::vector<std::thread> streams;
+    std::vector<std::thread> slots;
     if (options_.stream) {
-      for (int i = 0; i < options_.concurrency; ++i) streams.emplace_back([this] { RunStream(); });
+      for (int i = 0; i < options_.concurrency; ++i) slots.emplace_back([this] { RunStream(); });
     } else if (options_.rate > 0) {
       OpenLoop();
+    } else if (options_.concurrency == 1) {
+      slots.emplace_back([this] { RunPolledSlot(); });
     } else {
       for (int i = 0; i < options_.concurrency; ++i) Issue(/*chain=*/true);
     }
-    for (std::thread& t : streams) t.join();
+    for (std::thread& t : slots) t.join();
     MutexLock lock(mu_);
     while (in_flight_ != 0 || !started_all_) done_cv_.Wait(lock);
     report_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
@@ -213,13 +230,7 @@ class LoadRun {
   // again after a backoff, doubling to kMaxBackoff, instead of at once: one
   // failed call, however many tries, and no spinning client.
   void Send(int64_t n, bool chain, absl::Duration backoff, absl::Time failing_since) {
-    auto* call = new Call;
-    call->n = n;
-    call->tokens = TokensOf(pool_[n % pool_.size()]);
-    call->backoff = backoff;
-    call->failing_since = failing_since;
-    AddToken(options_.token, call->context);
-    call->sent = absl::Now();
+    Call* call = NewCall(n, backoff, failing_since);
     // The request's bytes were written once, with the pool; the response is
     // read around its tensors' bytes (client/attend_wire.h).
     CallAttend(generic_stub_, &call->context, pool_bytes_[n % pool_bytes_.size()],
@@ -235,19 +246,78 @@ class LoadRun {
                });
   }
 
-  // Queues `call`'s request for another try, unless the run is over or
-  // the server was unavailable to it for kGiveUp.
-  bool TryLater(const Call& call) {
-    MutexLock lock(mu_);
+  // Request n's call, timed from now.
+  Call* NewCall(int64_t n, absl::Duration backoff, absl::Time failing_since) const {
+    auto* call = new Call;
+    call->n = n;
+    call->tokens = TokensOf(pool_[n % pool_.size()]);
+    call->backoff = backoff;
+    call->failing_since = failing_since;
+    AddToken(options_.token, call->context);
+    call->sent = absl::Now();
+    return call;
+  }
+
+  // `call`'s request's next try (counted), unless the run is over or the
+  // server was unavailable to it for kGiveUp.
+  std::optional<Retry> RetryOfLocked(const Call& call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::Time now = absl::Now();
     const bool first = call.backoff == absl::ZeroDuration();
     const absl::Time failing_since = first ? now : call.failing_since;
-    if (now >= end_ || now - failing_since > kGiveUp) return false;
+    if (now >= end_ || now - failing_since > kGiveUp) return std::nullopt;
     const absl::Duration backoff = first ? kFirstBackoff : std::min(kMaxBackoff, 2 * call.backoff);
-    retries_.push_back({now + backoff, call.n, backoff, failing_since});
     ++report_.retries;
+    return Retry{now + backoff, call.n, backoff, failing_since};
+  }
+
+  // Queues `call`'s request for another try (RetryOfLocked).
+  bool TryLater(const Call& call) {
+    MutexLock lock(mu_);
+    const std::optional<Retry> retry = RetryOfLocked(call);
+    if (!retry.has_value()) return false;
+    retries_.push_back(*retry);
     retry_cv_.NotifyAll();
     return true;
+  }
+
+  // The closed loop of a lone slot, on this thread, which polls a
+  // completion queue of its own (CallAttendPolling: no hand-over to gRPC's
+  // callback threads, what a blocking client gets). A call the server
+  // could not take is tried again as Send's are, the slot waiting out the
+  // backoff itself.
+  void RunPolledSlot() {
+    grpc::CompletionQueue cq;
+    std::optional<Retry> retry;
+    for (int64_t n = Next(); n >= 0;) {
+      Call* call = retry.has_value() ? NewCall(n, retry->backoff, retry->failing_since)
+                                     : NewCall(n, absl::ZeroDuration(), absl::Now());
+      ReceivedAttendResponse response;
+      const absl::Status status = CallAttendPolling(
+          generic_stub_, &call->context, pool_bytes_[n % pool_bytes_.size()], cq, response);
+      if (status.code() == absl::StatusCode::kUnavailable) {
+        MutexLock lock(mu_);
+        retry = RetryOfLocked(*call);
+      } else {
+        retry.reset();
+      }
+      if (!retry.has_value()) {
+        Finished(call, status);
+        n = Next();
+        continue;
+      }
+      delete call;
+      absl::SleepFor(retry->due - absl::Now());
+      if (absl::Now() >= end_) {  // as RetryWhenDue: the run ended first
+        MutexLock lock(mu_);
+        ++report_.errors[CodeName(grpc::StatusCode::UNAVAILABLE)];
+        break;
+      }
+    }
+    cq.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
   }
 
   // Sends the retries when due; once the run is over, what waits fails

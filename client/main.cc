@@ -41,6 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/attend_wire.h"
 #include "client/client_common.h"
@@ -52,6 +53,7 @@
 #include "client/session_load.h"
 #include "client/tensor_files.h"
 #include "engine/file_read.h"
+#include "engine/large_buffer.h"
 #include "engine/status_macros.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "server address host:port");
@@ -297,6 +299,10 @@ int Attend(v1::AttentionService::Stub& stub, const std::shared_ptr<grpc::Channel
 }  // namespace mha::client
 
 int main(int argc, char** argv) {
+  // As the server's: large calls reuse their pages (engine/large_buffer.h),
+  // and Abseil does not check gRPC's lock order at every acquisition.
+  mha::SetHeapThresholds();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage(
       "mha_client {health [--model NAME] | models | info NAME | attend | session | load | "
       "load_model NAME | unload_model NAME | export_session ID FILE | import_session FILE "

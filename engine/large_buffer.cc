@@ -1,5 +1,6 @@
 #include "engine/large_buffer.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <new>
@@ -15,6 +16,11 @@ namespace {
 size_t RoundedUp(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
 
 }  // namespace
+
+void SetHeapThresholds() {
+  mallopt(M_MMAP_THRESHOLD, kHeapMmapThreshold);
+  mallopt(M_TRIM_THRESHOLD, kHeapTrimThreshold);
+}
 
 void* AllocateLarge(size_t bytes) {
   const size_t align = bytes >= kHugePageBytes ? kHugePageBytes : 64;

@@ -47,6 +47,23 @@ void ReleaseKeptLarge();
 // The bytes kept now. Thread-safe.
 size_t KeptLargeBytes();
 
+// glibc's malloc thresholds for a process that moves large tensors (the
+// server, mha_client, and gRPC's floor in tests/bench/grpc_echo.cc, so that
+// the floor is measured as our own processes run): blocks from
+// kHeapMmapThreshold on are mappings of their own, unmapped when freed;
+// smaller ones come from the arenas, and each arena keeps at most
+// kHeapTrimThreshold of free memory at its top. By default glibc maps every
+// block from 128 KiB apart, moves the threshold up to the largest block
+// freed, and trims an arena once 128 KiB are free at its top: gRPC's
+// receive buffers and the tensors of a large call are then faulted in
+// afresh at every call (12-18 us per 4 KiB page on a paravirtual guest; a
+// bare gRPC echo of 16 MiB each way: 101-117 ms against ~15 ms with these).
+inline constexpr int kHeapMmapThreshold = 32 << 20;
+inline constexpr int kHeapTrimThreshold = 64 << 20;
+
+// Fixes the thresholds above. Call once, first thing in main.
+void SetHeapThresholds();
+
 struct ReturnLargeDeleter {
   size_t capacity = 0;
   void operator()(void* p) const { ReturnLarge(p, capacity); }

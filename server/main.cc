@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/scheduling/heap_trim.h"
+#include "engine/large_buffer.h"
 #include "server/server.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
@@ -185,7 +185,7 @@ int Serve(ServerOptions options) {
 }  // namespace mha::server
 
 int main(int argc, char** argv) {
-  mha::server::SetHeapThresholds();  // server/scheduling/heap_trim.h
+  mha::SetHeapThresholds();  // engine/large_buffer.h
   // Debian's Abseil checks every absl::Mutex acquisition (gRPC takes several
   // per call) against a lock-order graph: 1-2 % of the server's CPU under
   // load. Our own locks are std::mutex, checked by the ThreadSanitizer build.

@@ -11,11 +11,6 @@
 
 namespace mha::server {
 
-void SetHeapThresholds() {
-  mallopt(M_MMAP_THRESHOLD, kHeapMmapThreshold);
-  mallopt(M_TRIM_THRESHOLD, kHeapTrimThreshold);
-}
-
 void TrimSchedule::Request(absl::Time now) {
   if (first_ == absl::InfiniteFuture()) first_ = now;
   last_ = std::max(last_, now);

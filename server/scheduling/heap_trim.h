@@ -12,21 +12,13 @@
 #define MHA_SERVER_SCHEDULING_HEAP_TRIM_H_
 
 #include "absl/time/time.h"
+#include "engine/large_buffer.h"
 
 namespace mha::server {
 
-// Blocks from kHeapMmapThreshold on are mappings of their own, unmapped when
-// freed; smaller ones come from the arenas, and each arena keeps at most
-// kHeapTrimThreshold of free memory at its top.
-inline constexpr int kHeapMmapThreshold = 32 << 20;
-inline constexpr int kHeapTrimThreshold = 64 << 20;
-// An arena's free top while a TightHeapTrim lives.
+// The thresholds themselves are engine/large_buffer.h's (SetHeapThresholds,
+// called in main). An arena's free top while a TightHeapTrim lives:
 inline constexpr int kTightHeapTrimThreshold = 4 << 20;
-
-// Fixes the thresholds above (glibc otherwise moves them up to the largest
-// block freed, and then never trims an arena's top below that). Call once,
-// first thing in main.
-void SetHeapThresholds();
 
 // When a deferred trim is due: `quiet` after the last request, while no
 // large work is running, and no later than `at_most` after the first
