@@ -125,6 +125,12 @@ int RunLoadCommand(const std::shared_ptr<grpc::Channel>& channel, const LoadComm
   }
   o.duration = c.duration;
   o.max_requests = c.requests;
+  o.warmup_requests = c.warmup_requests;
+  if (o.warmup_requests < 0) {
+    std::fprintf(stderr, "--warmup_requests: expected at least 0, got %lld\n",
+                 static_cast<long long>(o.warmup_requests));
+    return 2;
+  }
   o.kv_len = c.kv_len;
   o.batch = c.batch;
   if (o.batch < 1) {

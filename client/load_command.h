@@ -25,6 +25,7 @@ struct LoadCommand {
   bool stream = false;
   absl::Duration duration = absl::Seconds(5);
   int64_t requests = 0;
+  int64_t warmup_requests = 0;
   int64_t batch = 1;
   int64_t len = 16;
   bool len_given = false;  // --len on the command line

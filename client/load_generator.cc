@@ -64,6 +64,10 @@ class LoadRun {
 
   LoadReport Run() {
     start_ = absl::Now();
+    {
+      MutexLock lock(mu_);
+      counted_from_ = start_;
+    }
     end_ = start_ + options_.duration;
     std::thread progress;
     if (options_.progress) progress = std::thread([this] { ShowProgress(); });
@@ -81,7 +85,7 @@ class LoadRun {
     for (std::thread& t : slots) t.join();
     MutexLock lock(mu_);
     while (in_flight_ != 0 || !started_all_) done_cv_.Wait(lock);
-    report_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    report_.seconds = absl::ToDoubleSeconds(absl::Now() - counted_from_);
     finished_ = true;
     retry_cv_.NotifyAll();
     lock.Unlock();
@@ -118,7 +122,8 @@ class LoadRun {
   int64_t NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     started_all_ = true;
     const bool over =
-        absl::Now() >= end_ || (options_.max_requests > 0 && issued_ >= options_.max_requests);
+        absl::Now() >= end_ ||
+        (options_.max_requests > 0 && issued_ >= options_.max_requests + options_.warmup_requests);
     return over ? -1 : issued_++;
   }
 
@@ -127,11 +132,16 @@ class LoadRun {
     return NextLocked();
   }
 
-  // A request answered OK after `ms`.
-  void RecordLocked(double ms, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A request answered OK after `ms`; false while warming up (not counted).
+  bool RecordLocked(double ms, int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (warmed_up_ < options_.warmup_requests) {
+      if (++warmed_up_ == options_.warmup_requests) counted_from_ = absl::Now();
+      return false;
+    }
     latencies_ms_.push_back(ms);
     ++report_.requests;
     report_.tokens += tokens;
+    return true;
   }
 
   int64_t TokensOf(const v1::AttendRequest& request) const {
@@ -370,9 +380,10 @@ class LoadRun {
     const double server_ms = trailer_ms("mha-server-time-us");
     MutexLock lock(mu_);
     if (status.ok()) {
-      RecordLocked(ms, call->tokens);
-      if (compute_ms >= 0) above_compute_ms_.push_back(ms - compute_ms);
-      if (server_ms >= 0) above_server_ms_.push_back(ms - server_ms);
+      if (RecordLocked(ms, call->tokens)) {
+        if (compute_ms >= 0) above_compute_ms_.push_back(ms - compute_ms);
+        if (server_ms >= 0) above_server_ms_.push_back(ms - server_ms);
+      }
     } else {
       ++report_.errors[CodeName(static_cast<grpc::StatusCode>(status.code()))];
     }
@@ -409,6 +420,8 @@ class LoadRun {
   std::vector<Retry> retries_ ABSL_GUARDED_BY(mu_);
   absl::Time start_, end_;  // set by Run before any thread starts, then read only
   int64_t issued_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t warmed_up_ ABSL_GUARDED_BY(mu_) = 0;    // answers not counted so far
+  absl::Time counted_from_ ABSL_GUARDED_BY(mu_);  // the run's start, or the warm-up's end
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_all_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

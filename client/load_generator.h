@@ -22,6 +22,7 @@ struct LoadOptions {
   bool progress = false;  // a live line on stderr about once a second
   absl::Duration duration = absl::Seconds(5);
   int64_t max_requests = 0;            // 0: until duration
+  int64_t warmup_requests = 0;         // answers not counted first (sent on top of max_requests)
   int64_t min_len = 16, max_len = 16;  // query length, uniform
   int64_t kv_len = 0;                  // > 0: cross-attention with this key length (value = key)
   int64_t batch = 1;                   // sequences a request

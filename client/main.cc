@@ -104,6 +104,9 @@ ABSL_FLAG(int, sessions, 0,
 ABSL_FLAG(int, concurrency, 1, "load: requests in flight");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "load: how long");
 ABSL_FLAG(int64_t, requests, 0, "load: stop after this many (0: duration)");
+ABSL_FLAG(int64_t, warmup_requests, 0,
+          "load: answers not counted before the run's own (a new connection opens its flow "
+          "control windows over its first large calls)");
 ABSL_FLAG(std::string, len_range, "16:16", "load: query lengths MIN:MAX, uniform (or --len)");
 ABSL_FLAG(bool, json, false, "load: print the report as JSON");
 ABSL_FLAG(double, rate, 0, "load: open loop at this many requests/s (0: closed loop)");
@@ -392,6 +395,7 @@ int main(int argc, char** argv) {
     load.stream = absl::GetFlag(FLAGS_stream);
     load.duration = absl::GetFlag(FLAGS_duration);
     load.requests = absl::GetFlag(FLAGS_requests);
+    load.warmup_requests = absl::GetFlag(FLAGS_warmup_requests);
     load.batch = absl::GetFlag(FLAGS_batch);
     load.len = absl::GetFlag(FLAGS_len);
     load.len_given = mha::client::GivenFlags().count("len") > 0;

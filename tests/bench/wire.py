@@ -14,8 +14,10 @@ fp32, so the request's tensor and the response's are the same size: 64 KiB
 - cpp: `mha_client load --concurrency 1` (the C++ client); cpp_fp16: the
   same with --fp16 (half the bytes each way); in blocks alternating with
   grpc_floor: build/grpc_echo, a C++ generic gRPC service answering the
-  same bytes (no protobuf) to a C++ client: gRPC's own floor; and
-  grpc_floor_half, the same with half the bytes;
+  same bytes (no protobuf) to a C++ client: gRPC's own floor, tuned as
+  our processes run (glibc's heap thresholds fixed on both ends, the
+  client's thread polling its own completion queue: grpc_echo.cc says
+  what each is worth); and grpc_floor_half, the same with half the bytes;
 - python_grpc: MhaClient.attend; fp16: the same with a float16 query (half
   the bytes each way); python_grpc_floor: a grpcio client sending the same
   bytes to that echo (bytes both ways, no protobuf), grpcio's own floor,
@@ -193,11 +195,12 @@ def interleaved(paths, calls):
 
 def cpp_client(args, server, batch, length, calls, flags=()):
     """The same medians for `mha_client load --concurrency 1` (one
-    connection: the median is robust to its first call, which opens the
-    windows); the compute is each call's mha-compute-time-us trailer."""
+    connection, after 3 calls not counted that open its windows, as
+    grpc_echo's client does); the compute is each call's
+    mha-compute-time-us trailer."""
     out = subprocess.run([args.mha_client, f"--target={server.target()}", "load", "--model=demo",
                           "--concurrency=1", f"--batch={batch}", f"--len_range={length}:{length}",
-                          f"--requests={calls + 1}", "--json", *flags],
+                          f"--requests={calls}", "--warmup_requests=3", "--json", *flags],
                          check=True, capture_output=True, text=True)
     report = json.loads(out.stdout)
     return report["p50_ms"], report["p50_ms"] - report["above_compute_p50_ms"], \

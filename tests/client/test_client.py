@@ -140,6 +140,19 @@ class ClientTest(unittest.TestCase):
         after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 300)
 
+    def test_load_warmup_requests_are_sent_but_not_counted(self):
+        before = metric_value(self.server.metrics(), "mha_requests_total",
+                              model="demo", code="OK")
+        r = self.client("load", "--model=demo", "--requests=20", "--warmup_requests=5",
+                        "--duration=60s", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["requests"], 20)
+        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        self.assertEqual(after - before, 25)
+        refused = self.client("load", "--warmup_requests=-1")
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn("--warmup_requests: expected at least 0", refused.stderr)
+
     def test_load_batch_sends_requests_of_that_many_sequences(self):
         before = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
         r = self.client("load", "--model=demo", "--batch=3", "--requests=20", "--duration=60s",
