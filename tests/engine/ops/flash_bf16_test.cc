@@ -202,6 +202,36 @@ TEST_F(FlashBf16Test, RowsMaskedForTheFirstTilesStartLater) {
   ExpectMatches(Problem{9, 70, 16, 16, false, false, true, 0, -1, 0}, 302);
 }
 
+// Scores that climb from tile to tile, by more than the kernel lets a
+// running max lag (8 in base 2: the max moves and the sums are rescaled)
+// and by less (the max stays and probabilities pass 1), and scores that
+// fall: each row leans on keys k + 4 * key / 64 with its own weight (a
+// max that never moved would overflow).
+TEST_F(FlashBf16Test, ScoresThatClimbOrFallAcrossTilesMatch) {
+  for (const bool causal : {false, true}) {
+    const Problem p{8, 300, 32, 32, false, false, causal, 290};
+    Data d = Make(p, causal ? 601 : 600);
+    const float lean[] = {2.0f, 1.0f, 0.25f, 0.1f, -0.25f, -1.0f, 0.5f, -2.0f};
+    for (int64_t r = 0; r < p.rows; ++r) {
+      for (int64_t c = 0; c < p.dqk; ++c) {
+        const float q = Bf16ToFloat(d.q[r * p.dqk + c]);
+        d.q[r * p.dqk + c] = FloatToBf16(0.2f * q + lean[r]);
+      }
+    }
+    for (int64_t j = 0; j < p.keys; ++j) {
+      for (int64_t c = 0; c < p.dqk; ++c) {
+        const float k = Bf16ToFloat(d.k[j * p.dqk + c]);
+        d.k[j * p.dqk + c] = FloatToBf16(k + 4.0f * static_cast<float>(j) / 64.0f);
+      }
+    }
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    const float scale = 1.0f / std::sqrt(static_cast<float>(p.dqk));
+    const std::vector<double> want = Reference(p, d, scale);
+    const std::vector<float> got = RunKernel(p, d, scale);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], kTolerance) << i;
+  }
+}
+
 TEST_F(FlashBf16Test, RowsWithEveryKeyMaskedGiveZeros) {
   const Problem p{5, 90, 16, 32, true, false, false, 0, -1, 90};
   const std::vector<float> got = RunKernel(p, Make(p, 400), 0.25f);
