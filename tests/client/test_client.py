@@ -351,9 +351,10 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([a - b for a, b in zip(after, before)], [50, 50])
 
     def test_large_requests_keep_the_pool_small_and_models_alternate(self):
-        """The pool of ready requests holds at most ~256 MiB of floats: 64
-        requests of 16 MiB (16 x 1024 x 256) took 2 GiB with their bytes.
-        A lone slot (polling its own completion queue) alternates models."""
+        """The pool of ready requests holds at most 8 MiB of floats, and one
+        request per model at least: 64 requests of 16 MiB (16 x 1024 x 256)
+        took 2 GiB with their bytes. A lone slot (polling its own completion
+        queue) alternates models."""
         text = self.server.metrics()
         before = [metric_value(text, "mha_requests_total", model=m, code="OK")
                   for m in ("demo", "twin")]
