@@ -19,12 +19,20 @@
 // - the client's calling thread polls a completion queue of its own, as
 //   mha_client's lone slot does, unless --callbacks: 10.4 ms against
 //   12.4-15.1 (p90 15-19 against 30-66); 1.2-1.6 against 2.2-3.8 ms.
+//
+// --hold_us N (client): the server answers each call after N us of work on
+// both cores, from a thread of its own, as mha_server's worker answers
+// after an engine call: the floor of a call that computes that long (the
+// client's p50 still includes the hold; subtract it).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -44,32 +52,113 @@ ABSL_FLAG(std::vector<std::string>, arg, {}, "channel arguments name=value (inte
 ABSL_FLAG(bool, callbacks, false,
           "client: gRPC's callback threads complete each call (default: the calling thread "
           "polls a completion queue, as mha_client's lone slot and blocking clients do)");
+ABSL_FLAG(int64_t, hold_us, 0,
+          "client: ask the server to hold each answer for this long, both cores busy");
 ABSL_FLAG(bool, heap_thresholds, true,
           "fix glibc's heap thresholds as mha_server does (false: glibc's defaults)");
 
 namespace {
 
-// Echoes each message back and finishes. Not shared between calls.
+constexpr char kHoldKey[] = "echo-hold-us";
+
+// Keeps `us` microseconds of a core busy, as a computation would.
+void BusyFor(int64_t us) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+// Runs held answers one at a time on a thread of its own, each after the
+// hold's busy work on that thread and on a helper thread (which then
+// sleeps, as the server's OpenMP team does). Owns both threads, which run
+// until the process ends. Thread-safe.
+class Holder {
+ public:
+  Holder() {
+    std::thread([this] { Run(&Holder::TakeAnswer); }).detach();
+    std::thread([this] { Run(&Holder::TakeHelp); }).detach();
+  }
+  void Post(int64_t us, std::function<void()> answer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answers_.push_back({us, std::move(answer)});
+    cv_.notify_all();
+  }
+
+ private:
+  struct Held {
+    int64_t us;
+    std::function<void()> answer;
+  };
+  void Run(void (Holder::*take)()) {
+    while (true) (this->*take)();
+  }
+  void TakeAnswer() {
+    Held held;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !answers_.empty(); });
+      held = std::move(answers_.front());
+      answers_.pop_front();
+      help_us_ = held.us;
+      cv_.notify_all();
+    }
+    BusyFor(held.us);
+    held.answer();
+  }
+  void TakeHelp() {
+    int64_t us = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return help_us_ > 0; });
+      us = help_us_;
+      help_us_ = 0;
+    }
+    BusyFor(us);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Held> answers_;
+  int64_t help_us_ = 0;
+};
+
+// Echoes each message back and finishes, after the hold the client asked
+// for (echo-hold-us). Not shared between calls.
 class EchoReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  EchoReactor() { StartRead(&buffer_); }
+  EchoReactor(Holder& holder, int64_t hold_us) : holder_(holder), hold_us_(hold_us) {
+    StartRead(&buffer_);
+  }
   void OnReadDone(bool ok) override {
     if (!ok) {
       Finish(grpc::Status::OK);
       return;
     }
-    StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK);
+    if (hold_us_ <= 0) return Answer();
+    holder_.Post(hold_us_, [this] { Answer(); });
   }
   void OnDone() override { delete this; }
 
  private:
+  void Answer() { StartWriteAndFinish(&buffer_, grpc::WriteOptions(), grpc::Status::OK); }
+
+  Holder& holder_;
+  const int64_t hold_us_;
   grpc::ByteBuffer buffer_;
 };
 
 class EchoService final : public grpc::CallbackGenericService {
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
-    return new EchoReactor();
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override {
+    int64_t hold_us = 0;
+    const auto hold = context->client_metadata().find(kHoldKey);
+    if (hold != context->client_metadata().end()) {
+      (void)absl::SimpleAtoi(absl::string_view(hold->second.data(), hold->second.size()), &hold_us);
+    }
+    return new EchoReactor(holder_, hold_us);
   }
+
+  Holder holder_;
 };
 
 // The --arg values, or exits naming the bad one.
@@ -119,6 +208,9 @@ int Call(const std::string& target) {
   std::vector<double> ms;
   for (int i = 0; i < calls + 3; ++i) {
     grpc::ClientContext context;
+    if (absl::GetFlag(FLAGS_hold_us) > 0) {
+      context.AddMetadata(kHoldKey, std::to_string(absl::GetFlag(FLAGS_hold_us)));
+    }
     grpc::ByteBuffer response;
     std::mutex mu;
     std::condition_variable done_cv;

@@ -17,7 +17,12 @@ fp32, so the request's tensor and the response's are the same size: 64 KiB
   same bytes (no protobuf) to a C++ client: gRPC's own floor, tuned as
   our processes run (glibc's heap thresholds fixed on both ends, the
   client's thread polling its own completion queue: grpc_echo.cc says
-  what each is worth); and grpc_floor_half, the same with half the bytes;
+  what each is worth); grpc_floor_half, the same with half the bytes;
+  and grpc_floor_computing, the same bytes with each answer held as long
+  as the block's C++ calls computed, both cores busy, then sent from a
+  thread of its own as mha_server's worker sends (less the hold): gRPC's
+  floor for a call that computes, which cpp is also given against
+  (over_grpc_floor_computing);
 - python_grpc: MhaClient.attend; fp16: the same with a float16 query (half
   the bytes each way); python_grpc_floor: a grpcio client sending the same
   bytes to that echo (bytes both ways, no protobuf), grpcio's own floor,
@@ -107,10 +112,14 @@ def tcp_echo_ms(nbytes, calls):
     return statistics.median(times) * 1e3
 
 
-def grpc_floor_ms(echo_binary, port, nbytes, calls):
+def grpc_floor_ms(echo_binary, port, nbytes, calls, hold_ms=0.0):
+    """grpc_echo's median round trip, less the hold it asked the server for
+    (each answer held that long, both cores busy: a call that computes)."""
+    hold_us = int(hold_ms * 1000)
     out = subprocess.run([echo_binary, f"--target=127.0.0.1:{port}", f"--bytes={nbytes}",
-                          f"--calls={calls}"], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)["p50_ms"]
+                          f"--calls={calls}", f"--hold_us={hold_us}"],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["p50_ms"] - hold_us / 1000
 
 
 class PythonGrpcEcho:
@@ -214,22 +223,29 @@ def cpp_and_floor(args, server, echo_port, batch, length, calls, blocks=3):
     """The C++ client in fp32 and in fp16, and gRPC's floor of the same
     bytes and of half of them (all C++ processes), in alternating blocks of
     at least 10 calls each (a new connection opens its windows over its
-    first calls). Returns the medians of the blocks' medians: the clients'
-    (round trip, compute, overhead, round trip - server time) by path, and
-    the floors' round trips."""
+    first calls). floor_computing is the floor with each answer held for
+    the compute of the block's fp32 calls, both cores busy, then sent from
+    a thread of its own (grpc_echo --hold_us), less that hold: what gRPC
+    costs on this machine for a call that computes that long. Returns the
+    medians of the blocks' medians: the clients' (round trip, compute,
+    overhead, round trip - server time) by path, and the floors' by name."""
     nbytes = batch * length * E * 4
     per_block = max(calls // blocks, 10)
+    times = {"cpp": [], "cpp_fp16": [], "floor": [], "floor_half": [], "floor_computing": []}
     runs = {"cpp": lambda: cpp_client(args, server, batch, length, per_block),
             "cpp_fp16": lambda: cpp_client(args, server, batch, length, per_block, ["--fp16"]),
             "floor": lambda: grpc_floor_ms(args.grpc_echo, echo_port, nbytes, per_block),
-            "floor_half": lambda: grpc_floor_ms(args.grpc_echo, echo_port, nbytes // 2, per_block)}
-    times = {name: [] for name in runs}
+            "floor_half": lambda: grpc_floor_ms(args.grpc_echo, echo_port, nbytes // 2, per_block),
+            "floor_computing": lambda: grpc_floor_ms(args.grpc_echo, echo_port, nbytes, per_block,
+                                                     hold_ms=times["cpp"][-1][1])}
     for _ in range(blocks):
         for name, run in runs.items():
             times[name].append(run())
     clients = {name: tuple(statistics.median(t[i] for t in times[name]) for i in range(4))
                for name in ("cpp", "cpp_fp16")}
-    return clients, statistics.median(times["floor"]), statistics.median(times["floor_half"])
+    floors = {name: statistics.median(times[name])
+              for name in ("floor", "floor_half", "floor_computing")}
+    return clients, floors
 
 
 def shared_memory_call(server, query, compute):
@@ -274,8 +290,9 @@ def one_round(args, server, echo_port, size):
     nbytes = query.nbytes
     result = {"bytes": nbytes, "echo_ms": tcp_echo_ms(nbytes, args.calls)}
     paths = {}
-    cpp, result["grpc_floor_ms"], result["grpc_floor_half_ms"] = cpp_and_floor(
-        args, server, echo_port, batch, length, args.calls)
+    cpp, floors = cpp_and_floor(args, server, echo_port, batch, length, args.calls)
+    result["grpc_floor_ms"], result["grpc_floor_half_ms"] = floors["floor"], floors["floor_half"]
+    result["grpc_floor_computing_ms"] = floors["floor_computing"]
     # The C++ client's overhead in two: the server's stages (decode, queue,
     # check, encode: its mha-server-time-us minus the compute) and the rest
     # (the wire, gRPC in both processes, the client).
@@ -314,6 +331,8 @@ def one_round(args, server, echo_port, size):
         result[name] = {"round_trip_ms": round_trip, "compute_ms": compute,
                         "overhead_ms": overhead, "over_echo": overhead / result["echo_ms"],
                         "over_grpc_floor": overhead / result["grpc_floor_ms"]}
+    result["cpp"]["over_grpc_floor_computing"] = (result["cpp"]["overhead_ms"] /
+                                                  result["grpc_floor_computing_ms"])
     result["python_grpc"]["over_python_grpc_floor"] = (result["python_grpc"]["overhead_ms"] /
                                                        result["python_grpc_floor_ms"])
     result["fp16_over_fp32_overhead"] = (result["fp16"]["overhead_ms"] /
