@@ -114,7 +114,9 @@ absl::Status Server::Build() {
   // One pool of engine workers serves every model: threads follow the
   // cores and --workers, never the number of models.
   pool_ = std::make_unique<WorkerPool>(
-      WorkerPoolOptions{.workers = options_.workers, .compute_threads = options_.intra_op_threads});
+      WorkerPoolOptions{.workers = options_.workers,
+                        .compute_threads = options_.intra_op_threads,
+                        .workspace_hold_bytes = WorkspaceHoldBytes(limit.bytes)});
   // Models warm up for the thread counts the workers' calls use.
   SetCallThreadCounts(pool_->CallThreadCounts());
   models_ = std::make_unique<ModelRepository>(

@@ -54,10 +54,15 @@ thread_local int threads_of_this_call = 0;
 
 }  // namespace
 
+int64_t WorkspaceHoldBytes(int64_t memory_limit) {
+  return std::clamp<int64_t>(memory_limit / 16, 0, kWorkspaceHoldMax);
+}
+
 WorkerPool::WorkerPool(WorkerPoolOptions options)
     : all_threads_(AllThreads(options)),
       share_threads_(ShareThreads(options)),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
+      workspace_hold_bytes_(options.workspace_hold_bytes),
       next_(queues_.end()) {
   for (int i = 0; i < std::max(1, options.workers); ++i) {
     threads_.emplace_back([this, i] {
@@ -245,6 +250,8 @@ void WorkerPool::WorkerLoop(bool lead) {
   std::unique_ptr<Workspace> step_ws;  // for steps run inside a long call
   bool may_yield = false;              // the running work's MayYield
   bool waited = false;                 // counted in workers_waiting_
+  // When `ws`'s buffers beyond kWorkspaceKeepBytes go back, if it holds any.
+  absl::Time hold_until = absl::InfiniteFuture();
   ws->set_between_blocks([this, &step_ws, &may_yield] {
     if (!may_yield || !SessionsInUse()) return false;  // no step is likely
     YieldToSteps(step_ws);
@@ -258,12 +265,20 @@ void WorkerPool::WorkerLoop(bool lead) {
     std::unique_ptr<PoolWork> work = NextWork(from, wait_until, memory_wait);
     if (work == nullptr) {
       if (stopping_) return;
+      if (hold_until <= clock_.Now() || (memory_wait && hold_until != absl::InfiniteFuture())) {
+        hold_until = absl::InfiniteFuture();
+        lock.Unlock();
+        if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+        lock.Lock();
+        continue;  // the queues may have changed meanwhile
+      }
       if (lead) lead_waiting_ = true;
       if (!waited) {
         waited = true;
         ++workers_waiting_;
         idle_cv_.NotifyAll();
       }
+      wait_until = std::min(wait_until, hold_until);
       if (memory_wait) {
         cv.WaitFor(lock, kMemoryRetry);
       } else if (wait_until == absl::InfiniteFuture()) {
@@ -284,9 +299,17 @@ void WorkerPool::WorkerLoop(bool lead) {
     calls_running_.fetch_sub(1);  // its cores are free for the next call now
     work.reset();                 // what it held goes before the queue may be detached
     // After a large call, give its memory back to the system: the
-    // workspace's buffers now, what glibc keeps of freed blocks once large
+    // workspace's buffers once this worker's calls stop (now when they are
+    // more than it may hold), what glibc keeps of freed blocks once large
     // calls stop.
-    if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+    const size_t held = ws->bytes_held();
+    if (held > MhaEngine::kWorkspaceKeepBytes &&
+        held <= static_cast<size_t>(workspace_hold_bytes_)) {
+      hold_until = clock_.Now() + kTrimQuiet;
+    } else {
+      hold_until = absl::InfiniteFuture();
+      if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+    }
     lock.Lock();
     WorkDone(from);
   }

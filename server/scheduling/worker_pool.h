@@ -74,7 +74,25 @@ struct WorkerPoolOptions {
   // What queue delays are measured with (borrowed; null: the real clock);
   // the same clock as the queues'.
   const Clock* clock = nullptr;
+  // A workspace that a call grew above MhaEngine::kWorkspaceKeepBytes, up
+  // to this many bytes in all, stays with its worker until the worker has
+  // made no call for kTrimQuiet; a larger one goes back after its call. 0:
+  // every such workspace goes back after its call.
+  int64_t workspace_hold_bytes = 0;
 };
+
+// What a worker may hold of a large call's workspace (workspace_hold_bytes)
+// under the server's memory limit: a sixteenth of the limit, at most
+// kWorkspaceHoldMax. The bytes held are not reserved in the memory budget
+// (as glibc's kept free memory is not): a sixteenth of the limit a worker,
+// for at most kTrimQuiet after its last call that needed them. Freed after
+// every call, a large call's workspace was faulted in again by the next,
+// and gRPC's own buffers were slower too (16 x 1024 fp32 at E = 256 on the
+// AMD EPYC VM, alternated: 642 against 100 page faults a call, the server's
+// CPU 209 against 183 ms a call, the cost above compute 27.2 against 18.8
+// ms; docs/PERFORMANCE.md).
+inline constexpr int64_t kWorkspaceHoldMax = int64_t{512} << 20;
+int64_t WorkspaceHoldBytes(int64_t memory_limit);
 
 // Owns the worker threads, their workspaces and the list of queues it
 // serves (borrowed: each stays attached from Attach to Detach). Workers
@@ -160,6 +178,7 @@ class WorkerPool {
   // Threads of a call that starts while no other runs, and beside others.
   const int all_threads_, share_threads_;
   const Clock& clock_;
+  const int64_t workspace_hold_bytes_;
   Mutex mu_;
   // New work wakes the lead worker (0) first when it waits, the others
   // (on work_cv_) only when it does not: at one client every call runs on

@@ -12,9 +12,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/mha_engine.h"
 #include "engine/workspace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/scheduling/heap_trim.h"
+#include "tests/server/scheduling/manual_clock.h"
 
 namespace mha::server {
 namespace {
@@ -445,6 +448,87 @@ TEST(WorkerPoolTest, WorkBesideTheLeadsCallGoesToAnotherWorker) {
   WaitForLog(log, log_mu, 2);
   pool.Detach(first_r);
   pool.Detach(second_r);
+}
+
+// Runs `calls` calls of `queue` one after another on a one-worker pool;
+// each logs the bytes its workspace held when it began, and grows it to
+// `grow` bytes.
+class HeldBytes {
+ public:
+  HeldBytes(const WorkerPoolOptions& options, size_t grow)
+      : queue_("call", log_, log_mu_), pool_(options), r_(pool_.Attach(&queue_)) {
+    queue_.report_empty = true;
+    queue_.body = [this, grow](Workspace& ws) {
+      {
+        std::lock_guard<std::mutex> lock(log_mu_);
+        held_.push_back(ws.bytes_held());
+      }
+      ws.Get<uint8_t>(Workspace::kProjQ, grow);
+    };
+  }
+  ~HeldBytes() { pool_.Detach(r_); }
+  // Runs one more call; returns what the workspace held when it began.
+  size_t Call() {
+    size_t before = 0;
+    {
+      std::lock_guard<std::mutex> lock(log_mu_);
+      before = log_.size();
+    }
+    queue_.Add(1);
+    pool_.Wake(r_);
+    WaitForLog(log_, log_mu_, before + 1);
+    std::lock_guard<std::mutex> lock(log_mu_);
+    return held_.back();
+  }
+
+ private:
+  std::vector<std::string> log_;
+  std::mutex log_mu_;
+  std::vector<size_t> held_;
+  ScriptedQueue queue_;
+  WorkerPool pool_;
+  WorkerPool::Registration* r_;
+};
+
+constexpr size_t kLarge = MhaEngine::kWorkspaceKeepBytes + (size_t{1} << 20);
+
+TEST(WorkerPoolTest, ALargeWorkspaceIsHeldUntilItsWorkersCallsStop) {
+  testing::ManualClock clock;
+  HeldBytes calls(
+      WorkerPoolOptions{
+          .workers = 1, .cores = 2, .clock = &clock, .workspace_hold_bytes = int64_t{256} << 20},
+      kLarge);
+  EXPECT_EQ(calls.Call(), 0u);
+  EXPECT_GE(calls.Call(), kLarge);  // the next call finds it
+  clock.Advance(kTrimQuiet - absl::Milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_GE(calls.Call(), kLarge);  // calls went on: still held
+  clock.Advance(kTrimQuiet + absl::Milliseconds(1));
+  // The idle worker looks at the clock every millisecond (ManualClock).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(calls.Call(), 0u);  // given back once they stopped
+}
+
+TEST(WorkerPoolTest, AWorkspaceAboveWhatAWorkerMayHoldGoesBackAfterItsCall) {
+  testing::ManualClock clock;
+  HeldBytes calls(
+      WorkerPoolOptions{
+          .workers = 1, .cores = 2, .clock = &clock, .workspace_hold_bytes = int64_t{kLarge - 1}},
+      kLarge);
+  EXPECT_EQ(calls.Call(), 0u);
+  EXPECT_EQ(calls.Call(), 0u);
+}
+
+TEST(WorkerPoolTest, WithoutAHoldALargeWorkspaceGoesBackAfterEachCall) {
+  HeldBytes calls(WorkerPoolOptions{.workers = 1, .cores = 2}, kLarge);
+  EXPECT_EQ(calls.Call(), 0u);
+  EXPECT_EQ(calls.Call(), 0u);
+}
+
+TEST(WorkerPoolTest, WhatAWorkerMayHoldFollowsTheMemoryLimit) {
+  EXPECT_EQ(WorkspaceHoldBytes(int64_t{1} << 30), int64_t{64} << 20);
+  EXPECT_EQ(WorkspaceHoldBytes(int64_t{24} << 30), kWorkspaceHoldMax);
+  EXPECT_EQ(WorkspaceHoldBytes(0), 0);
 }
 
 }  // namespace
