@@ -88,8 +88,8 @@ struct WorkerPoolOptions {
 // for at most kTrimQuiet after its last call that needed them. Freed after
 // every call, a large call's workspace was faulted in again by the next,
 // and gRPC's own buffers were slower too (16 x 1024 fp32 at E = 256 on the
-// AMD EPYC VM, alternated: 642 against 100 page faults a call, the server's
-// CPU 209 against 183 ms a call, the cost above compute 27.2 against 18.8
+// AMD EPYC VM, alternated: 524 against 344 page faults a call, the server's
+// CPU 228 against 196 ms a call, the cost above compute 34.1 against 24.6
 // ms; docs/PERFORMANCE.md).
 inline constexpr int64_t kWorkspaceHoldMax = int64_t{512} << 20;
 int64_t WorkspaceHoldBytes(int64_t memory_limit);
