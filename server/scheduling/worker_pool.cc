@@ -252,6 +252,10 @@ void WorkerPool::WorkerLoop(bool lead) {
   bool waited = false;                 // counted in workers_waiting_
   // When `ws`'s buffers beyond kWorkspaceKeepBytes go back, if it holds any.
   absl::Time hold_until = absl::InfiniteFuture();
+  auto give_back = [&] {  // them now (mu_ not held)
+    hold_until = absl::InfiniteFuture();
+    if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+  };
   ws->set_between_blocks([this, &step_ws, &may_yield] {
     if (!may_yield || !SessionsInUse()) return false;  // no step is likely
     YieldToSteps(step_ws);
@@ -266,9 +270,8 @@ void WorkerPool::WorkerLoop(bool lead) {
     if (work == nullptr) {
       if (stopping_) return;
       if (hold_until <= clock_.Now() || (memory_wait && hold_until != absl::InfiniteFuture())) {
-        hold_until = absl::InfiniteFuture();
         lock.Unlock();
-        if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+        give_back();
         lock.Lock();
         continue;  // the queues may have changed meanwhile
       }
@@ -307,8 +310,7 @@ void WorkerPool::WorkerLoop(bool lead) {
         held <= static_cast<size_t>(workspace_hold_bytes_)) {
       hold_until = clock_.Now() + kTrimQuiet;
     } else {
-      hold_until = absl::InfiniteFuture();
-      if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+      give_back();
     }
     lock.Lock();
     WorkDone(from);

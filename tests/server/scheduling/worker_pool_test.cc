@@ -450,9 +450,8 @@ TEST(WorkerPoolTest, WorkBesideTheLeadsCallGoesToAnotherWorker) {
   pool.Detach(second_r);
 }
 
-// Runs `calls` calls of `queue` one after another on a one-worker pool;
-// each logs the bytes its workspace held when it began, and grows it to
-// `grow` bytes.
+// Calls run one at a time on a one-worker pool; each records the bytes its
+// workspace held when it began, then grows it to `grow` bytes.
 class HeldBytes {
  public:
   HeldBytes(const WorkerPoolOptions& options, size_t grow)
