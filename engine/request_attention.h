@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "engine/attention_batch.h"
 #include "engine/mha_engine.h"
 #include "engine/ops/kernels.h"
@@ -98,6 +99,8 @@ class RequestAttention {
   // shared out among the threads, each on a child workspace.
   struct TiledItems;
   struct TiledCursor;
+  static absl::InlinedVector<int64_t, 65> DealItems(const TiledItems& items, TiledCursor c,
+                                                    int64_t first, int64_t end, int64_t threads);
   void AttendTiled(const Projected& p, const AttentionBatch& batch, Workspace& ws) const;
   void AttendBlock(const Block& block, const Projected& p, const AttentionBatch& batch,
                    const AttentionOutputs& out, Workspace& ws) const;

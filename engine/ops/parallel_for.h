@@ -1,5 +1,6 @@
 // ForRange: a loop across the OpenMP team when it is worth it, or on the
-// calling thread without touching OpenMP.
+// calling thread without touching OpenMP. CutIntoRuns: items shared out as
+// runs of neighbours of about equal work.
 #ifndef MHA_ENGINE_OPS_PARALLEL_FOR_H_
 #define MHA_ENGINE_OPS_PARALLEL_FOR_H_
 
@@ -24,6 +25,26 @@ void ForRange(int64_t n, bool parallel, Body&& body) {
   } else {
     for (int64_t i = 0; i < n; ++i) body(i);
   }
+}
+
+// Items [first, end) cut into `threads` runs of neighbours with about
+// equal work: thread t takes [bounds[t], bounds[t + 1]), bounds[0] = first,
+// bounds[threads] = end. `walk(visit)` calls visit(work) for each item in
+// order, once per call (it is called twice). An item goes to the next run
+// when more than half of it lies past the current run's share.
+template <typename Walk>
+void CutIntoRuns(int64_t first, int64_t end, int64_t threads, Walk&& walk, int64_t* bounds) {
+  int64_t total = 0;
+  walk([&](int64_t work) { total += work; });
+  for (int64_t t = 0; t <= threads; ++t) bounds[t] = end;
+  bounds[0] = first;
+  int64_t item = first, done = 0, t = 1;
+  walk([&](int64_t work) {
+    // 2 (done + work / 2) > total t / threads, in integers.
+    while (t < threads && (2 * done + work) * threads > 2 * total * t) bounds[t++] = item;
+    done += work;
+    ++item;
+  });
 }
 
 }  // namespace mha
