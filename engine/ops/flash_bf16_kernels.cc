@@ -312,12 +312,17 @@ MHA_FLASH_BF16 __attribute__((noinline)) void GroupContext(
     const uint32_t (&probs)[kGroup][kTilePairs], const uint32_t* value_pairs, int64_t dv,
     int64_t c0, int64_t pairs, const float (&rescale)[kGroup], float* acc) {
   __m512 o[R][NV];
+  bool kept = true;  // no max moved (the lazy max's usual case): nothing to rescale
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) kept = kept && rescale[r] == 1.0f;
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     const __m512 f = _mm512_set1_ps(rescale[r]);
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j)
-      o[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * dv + c0 + 16 * j), f);
+    for (int j = 0; j < NV; ++j) {
+      o[r][j] = _mm512_loadu_ps(acc + r * dv + c0 + 16 * j);
+      if (!kept) o[r][j] = _mm512_mul_ps(o[r][j], f);
+    }
   }
   for (int64_t u = 0; u < pairs; ++u) {
     __m512bh vp[NV];
