@@ -11,7 +11,6 @@
 #include <limits>
 #include <utility>
 
-#include "absl/container/inlined_vector.h"
 #include "engine/ops/kernels.h"
 #include "engine/ops/parallel_for.h"
 
@@ -449,10 +448,10 @@ TiledBlock RequestAttention::TiledItems::Block(int64_t b, int64_t item) const {
 // Items [first, end) from cursor `c` cut into `threads` runs of
 // neighbours of about equal flops (CutIntoRuns): neighbours share a
 // sequence's rows, which the projections' threads wrote in contiguous parts.
-absl::InlinedVector<int64_t, 65> RequestAttention::DealItems(const TiledItems& items, TiledCursor c,
-                                                             int64_t first, int64_t end,
-                                                             int64_t threads) {
-  absl::InlinedVector<int64_t, 65> bounds(threads + 1);
+RequestAttention::RunBounds RequestAttention::DealItems(const TiledItems& items, TiledCursor c,
+                                                        int64_t first, int64_t end,
+                                                        int64_t threads) {
+  RunBounds bounds(threads + 1);
   CutIntoRuns(
       first, end, threads,
       [&](auto visit) {
@@ -507,8 +506,7 @@ void RequestAttention::AttendTiled(const Projected& p, const AttentionBatch& bat
       }
       end = std::min(total, (end + threads - 1) / threads * threads);
     }
-    const absl::InlinedVector<int64_t, 65> bounds =
-        DealItems(items, wave_start, first, end, threads);
+    const RunBounds bounds = DealItems(items, wave_start, first, end, threads);
     std::exception_ptr error;
 #pragma omp parallel
     {

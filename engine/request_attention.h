@@ -99,8 +99,11 @@ class RequestAttention {
   // shared out among the threads, each on a child workspace.
   struct TiledItems;
   struct TiledCursor;
-  static absl::InlinedVector<int64_t, 65> DealItems(const TiledItems& items, TiledCursor c,
-                                                    int64_t first, int64_t end, int64_t threads);
+  // Where each thread's run of items starts, and the end: inline up to 64
+  // threads.
+  using RunBounds = absl::InlinedVector<int64_t, 65>;
+  static RunBounds DealItems(const TiledItems& items, TiledCursor c, int64_t first, int64_t end,
+                             int64_t threads);
   void AttendTiled(const Projected& p, const AttentionBatch& batch, Workspace& ws) const;
   void AttendBlock(const Block& block, const Projected& p, const AttentionBatch& batch,
                    const AttentionOutputs& out, Workspace& ws) const;
