@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <iterator>
+#include <limits>
 
 #include "engine/ops/exp_avx512.h"
 #include "engine/ops/intrinsics.h"
@@ -152,7 +154,110 @@ MHA_AVX512_BF16 void DequantizeRowOf(const int32_t* sums, int64_t n, float row_s
   }
 }
 
+// SoftmaxShortRowsAvx512 for up to 4 rows of NV vectors of scores, in
+// registers, each step for all rows before the next (one row alone left the
+// core waiting on each reduction's latency): the masks added, the max (NaN
+// scores never become it), the exps summed in ExpSumOf's order (pairs of
+// full vectors into two sums, the rest into the first), then normalised as
+// SoftmaxRow does.
+template <int NV, bool kBf16Only, bool kNative>
+MHA_AVX512_BF16 void SoftmaxShortRowsOf(const ShortSoftmaxRow* rows, int n, int64_t cols,
+                                        const float* add_a, int64_t masked) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const __m512 neg_inf = _mm512_set1_ps(-kInf);
+  __m512 x[kShortSoftmaxRows][NV];
+  __mmask16 lanes[NV];
+  float max[kShortSoftmaxRows];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) lanes[v] = TailLanes(cols - 16 * v);
+#pragma GCC unroll 4
+  for (int r = 0; r < kShortSoftmaxRows; ++r) {
+    if (r >= n) break;
+    __m512 row_max = neg_inf;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const int64_t j = 16 * v;
+      const __mmask16 in_masked = TailLanes(masked - j);
+      __m512 y = _mm512_maskz_loadu_ps(lanes[v], rows[r].scores + j);
+      if (add_a != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(in_masked, add_a + j));
+      if (rows[r].add_b != nullptr) {
+        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(in_masked, rows[r].add_b + j));
+      }
+      const __mmask16 hidden =
+          in_masked & static_cast<__mmask16>(~TailLanes(rows[r].causal_limit - j));
+      x[r][v] = _mm512_mask_mov_ps(y, hidden, neg_inf);
+      row_max = _mm512_mask_max_ps(row_max, lanes[v], x[r][v], row_max);  // NaN keeps row_max
+    }
+    max[r] = _mm512_reduce_max_ps(row_max);
+  }
+  float sum[kShortSoftmaxRows];
+#pragma GCC unroll 4
+  for (int r = 0; r < kShortSoftmaxRows; ++r) {
+    if (r >= n) break;
+    const __m512 m = _mm512_set1_ps(max[r]);
+    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      x[r][v] = ExpNonPositive<!kBf16Only>(_mm512_sub_ps(x[r][v], m));
+      const bool full_pair = 16 * (v | 1) + 16 <= cols;  // ExpSumOf's loop of 32
+      if (full_pair && v % 2 == 1) {
+        odd = _mm512_add_ps(odd, x[r][v]);
+      } else if (full_pair) {
+        even = _mm512_add_ps(even, x[r][v]);
+      } else {
+        even = _mm512_mask_add_ps(even, lanes[v], even, x[r][v]);
+      }
+    }
+    sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(even, odd));
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < kShortSoftmaxRows; ++r) {
+    if (r >= n) break;
+    const ShortSoftmaxRow& row = rows[r];
+    if (!(max[r] < kInf) || max[r] == -kInf) {
+      // As SoftmaxRow: every key masked gives zeros, overflowed scores NaN.
+      const bool nan = max[r] != -kInf;
+      for (int64_t j = 0; j < cols; ++j) row.scores[j] = nan ? std::nanf("") : 0.0f;
+      for (int64_t j = 0; row.bf16 != nullptr && j < cols; ++j) row.bf16[j] = nan ? 0x7fc0 : 0;
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / sum[r]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512 p = _mm512_mul_ps(x[r][v], inv);
+      _mm512_mask_storeu_ps(row.scores + 16 * v, lanes[v], kBf16Only ? x[r][v] : p);
+      if (row.bf16 != nullptr) StoreBf16<kNative>(row.bf16 + 16 * v, lanes[v], p);
+    }
+  }
+}
+
+template <bool kBf16Only, bool kNative>
+MHA_AVX512_BF16 void SoftmaxShortRowsIn(const ShortSoftmaxRow* rows, int n, int64_t cols,
+                                        const float* add_a, int64_t masked) {
+  switch ((cols + 15) / 16) {
+    case 1:
+      return SoftmaxShortRowsOf<1, kBf16Only, kNative>(rows, n, cols, add_a, masked);
+    case 2:
+      return SoftmaxShortRowsOf<2, kBf16Only, kNative>(rows, n, cols, add_a, masked);
+    case 3:
+      return SoftmaxShortRowsOf<3, kBf16Only, kNative>(rows, n, cols, add_a, masked);
+    default:
+      return SoftmaxShortRowsOf<4, kBf16Only, kNative>(rows, n, cols, add_a, masked);
+  }
+}
+
 }  // namespace
+
+void SoftmaxShortRowsAvx512(const ShortSoftmaxRow* rows, int n, int64_t cols, const float* add_a,
+                            int64_t masked, bool bf16_only) {
+  const bool native = ActiveKernelIsa() == KernelIsa::kAvx512Bf16;
+  if (bf16_only) {
+    return native ? SoftmaxShortRowsIn<true, true>(rows, n, cols, add_a, masked)
+                  : SoftmaxShortRowsIn<true, false>(rows, n, cols, add_a, masked);
+  }
+  native ? SoftmaxShortRowsIn<false, true>(rows, n, cols, add_a, masked)
+         : SoftmaxShortRowsIn<false, false>(rows, n, cols, add_a, masked);
+}
 
 void DequantizeRowAvx512(const int32_t* sums, int64_t n, float row_scale, const float* col_scales,
                          const int32_t* offset_share, const float* bias, bool bf16, void* out) {

@@ -59,6 +59,22 @@ void ScaleToBf16Avx512(const float* in, float scale, uint16_t* out, int64_t coun
 void DequantizeRowAvx512(const int32_t* sums, int64_t n, float row_scale, const float* col_scales,
                          const int32_t* offset_share, const float* bias, bool bf16, void* out);
 
+// Rows of MaskedSoftmax (kernels.h) of at most kShortSoftmaxCols scores,
+// up to kShortSoftmaxRows at a time, in registers: the same masks, exps,
+// sums and outputs (bf16_only: each row keeps its unnormalised exps from
+// the cheap exp, its `bf16` gets the probabilities), with no pass over
+// memory between the steps. `add_a` and `masked` are shared by the rows.
+inline constexpr int64_t kShortSoftmaxCols = 64;
+inline constexpr int kShortSoftmaxRows = 4;
+struct ShortSoftmaxRow {
+  float* scores = nullptr;       // [cols], in place
+  const float* add_b = nullptr;  // the row's own additive mask, or null
+  int64_t causal_limit = 0;      // -inf from here to `masked`
+  uint16_t* bf16 = nullptr;      // [cols], or null
+};
+void SoftmaxShortRowsAvx512(const ShortSoftmaxRow* rows, int n, int64_t cols, const float* add_a,
+                            int64_t masked, bool bf16_only);
+
 // BlockScoresBf16 (kernels.h) with AVX512-BF16's pair dot product
 // (engine/ops/bf16_dot_kernels.cc): the same sums to f32 rounding
 // (denormal keys and query elements count as 0). Only when

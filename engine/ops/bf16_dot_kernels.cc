@@ -6,7 +6,10 @@
 // takes two shifts, two masks and four multiply-adds. Context: two value
 // rows (tokens j and j + 1) into column pairs, against the probabilities'
 // pair rounded to bf16. The small path's scores and context (a short
-// sequence's heads whole) the same way, its keys gathered 16 at a time.
+// sequence's heads whole) the same way, 8 rows at a time so that each key
+// or value pair loaded serves 8 rows and 16 sums are in flight (one row at a
+// time waited on its own chain: EPYC VM, 4 heads x 16 x 16 x 64, scores
+// 0.92 -> 0.60 us, context 1.70 -> 0.51 us); its keys transposed 16 at a time.
 
 #include <algorithm>
 #include <cstdint>
@@ -22,6 +25,7 @@ namespace mha {
 namespace {
 
 #define MHA_BF16_DOT __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define MHA_BF16_DOT_INLINE MHA_BF16_DOT __attribute__((always_inline)) inline
 
 constexpr int64_t kTokens = KvLayout::kBlockTokens;
 static_assert(kTokens == 32, "one block row of bf16 is one 64-byte vector");
@@ -80,6 +84,121 @@ MHA_BF16_DOT inline void KeyPairs(const uint16_t* k, int64_t d, int64_t keys, __
   }
 }
 
+// Rows r0 .. r0 + R of a small head's scores against one chunk of up to 16
+// keys (`pairs`, KeyPairs'): two chains of sums a row (even and odd pairs),
+// so that R = 8 rows keep 16 independent sums in flight and each key pair
+// loaded serves R rows.
+template <int R>
+MHA_BF16_DOT_INLINE void ScoreRows(const uint16_t* q, int64_t d, const __m512i* pairs,
+                                   __m512 factor, __mmask16 lanes, float* out, int64_t out_stride) {
+  __m512 even[R], odd[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  const int64_t n = d / 2;
+  int64_t p = 0;
+  for (; p + 2 <= n; p += 2) {
+    const __m512bh k0 = (__m512bh)pairs[p], k1 = (__m512bh)pairs[p + 1];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      even[r] = _mm512_dpbf16_ps(even[r], (__m512bh)QueryPair(q + r * d, 2 * p), k0);
+      odd[r] = _mm512_dpbf16_ps(odd[r], (__m512bh)QueryPair(q + r * d, 2 * p + 2), k1);
+    }
+  }
+  if (p < n) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      even[r] =
+          _mm512_dpbf16_ps(even[r], (__m512bh)QueryPair(q + r * d, 2 * p), (__m512bh)pairs[p]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(out + r * out_stride, lanes,
+                          _mm512_mul_ps(_mm512_add_ps(even[r], odd[r]), factor));
+  }
+}
+
+// A row's probabilities from key `j0` on (`n` <= kSmallContextKeys of
+// them) as bf16 pairs: pairs[u] = (p[2u], p[2u + 1]), zeros past `n`.
+constexpr int64_t kSmallContextKeys = 512;
+MHA_BF16_DOT_INLINE void ProbPairs(const float* p, int64_t n, uint32_t* pairs) {
+  for (int64_t j = 0; j < n; j += 32) {  // plain loads where whole (masked ones cost more)
+    const __m512 lo =
+        j + 16 <= n ? _mm512_loadu_ps(p + j) : _mm512_maskz_loadu_ps(FirstLanes(n - j), p + j);
+    const __m512 hi = j + 32 <= n ? _mm512_loadu_ps(p + j + 16)
+                                  : _mm512_maskz_loadu_ps(FirstLanes(n - j - 16), p + j + 16);
+    _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+// R rows' probabilities (`cols` apart) from key `j0` on as pairs, a row
+// kSmallContextKeys / 2 apart.
+template <int R>
+MHA_BF16_DOT_INLINE void RowsProbPairs(const float* probs, int64_t cols, int64_t j0,
+                                       uint32_t* pairs) {
+  const int64_t n = std::min(kSmallContextKeys, cols - j0);
+  for (int r = 0; r < R; ++r)
+    ProbPairs(probs + r * cols + j0, n, pairs + r * (kSmallContextKeys / 2));
+}
+
+// Adds to R rows' sums of 32 columns (`lo`, `hi` as AddRowPair leaves
+// them) their `n` keys' values weighted: each pair of value rows is
+// interleaved once and meets the R rows' probability pairs (`pairs`, a row
+// kSmallContextKeys / 2 apart). `columns`: the chunk's columns when fewer
+// than 32 (masked loads), else plain ones.
+template <int R, bool kWhole>
+MHA_BF16_DOT_INLINE void ContextColumns(const uint32_t* pairs, const uint16_t* v, int64_t dv,
+                                        int64_t n, __mmask32 columns, __m512 (&lo)[R],
+                                        __m512 (&hi)[R]) {
+  for (int64_t j = 0; j < n; j += 2) {
+    const uint16_t* row = v + j * dv;
+    const __m512i r0 = kWhole ? _mm512_loadu_si512(row) : _mm512_maskz_loadu_epi16(columns, row);
+    const __m512i r1 = j + 1 >= n ? _mm512_setzero_si512()
+                       : kWhole   ? _mm512_loadu_si512(row + dv)
+                                  : _mm512_maskz_loadu_epi16(columns, row + dv);
+    const __m512bh even = (__m512bh)_mm512_unpacklo_epi16(r0, r1);
+    const __m512bh odd = (__m512bh)_mm512_unpackhi_epi16(r0, r1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh p =
+          (__m512bh)_mm512_set1_epi32(static_cast<int>(pairs[r * (kSmallContextKeys / 2) + j / 2]));
+      lo[r] = _mm512_dpbf16_ps(lo[r], even, p);
+      hi[r] = _mm512_dpbf16_ps(hi[r], odd, p);
+    }
+  }
+}
+
+// Rows r0 .. r0 + R of a small head's context: per chunk of 32 columns, R
+// rows' sums in registers over every key, then rounded to bf16.
+template <int R>
+MHA_BF16_DOT_INLINE void ContextRows(const float* probs, const uint16_t* v, uint16_t* context,
+                                     int64_t cols, int64_t dv) {
+  alignas(64) uint32_t pairs[R * (kSmallContextKeys / 2)];
+  const bool one_chunk = cols <= kSmallContextKeys;  // converted once for every column chunk
+  if (one_chunk) RowsProbPairs<R>(probs, cols, 0, pairs);
+  for (int64_t c0 = 0; c0 < dv; c0 += 32) {
+    const __mmask32 columns = FirstBf16Lanes(dv - c0);
+    __m512 lo[R], hi[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < cols; j0 += kSmallContextKeys) {
+      if (!one_chunk) RowsProbPairs<R>(probs, cols, j0, pairs);
+      const int64_t n = std::min(kSmallContextKeys, cols - j0);
+      if (dv - c0 >= 32) {
+        ContextColumns<R, true>(pairs, v + j0 * dv + c0, dv, n, columns, lo, hi);
+      } else {
+        ContextColumns<R, false>(pairs, v + j0 * dv + c0, dv, n, columns, lo, hi);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i out =
+          (__m512i)_mm512_cvtne2ps_pbh(InOrder(lo[r], hi[r], true), InOrder(lo[r], hi[r], false));
+      _mm512_mask_storeu_epi16(context + r * dv + c0, columns, out);
+    }
+  }
+}
+
 }  // namespace
 
 MHA_BF16_DOT void SmallScoresBf16Dot(const uint16_t* q, const uint16_t* k, float* scores,
@@ -92,64 +211,30 @@ MHA_BF16_DOT void SmallScoresBf16Dot(const uint16_t* q, const uint16_t* k, float
     for (int64_t j0 = 0; j0 < cols; j0 += 16) {
       const __mmask16 lanes = FirstLanes(cols - j0);
       KeyPairs(k + (b * cols + j0) * d, d, std::min<int64_t>(16, cols - j0), pairs);
-      for (int64_t i = 0; i < rows; ++i) {
-        // Two chains of sums, so that their latency overlaps.
-        __m512 even = _mm512_setzero_ps(), odd = even;
-        int64_t p = 0;
-        for (; p + 2 <= d / 2; p += 2) {
-          even = _mm512_dpbf16_ps(even, (__m512bh)pairs[p], (__m512bh)QueryPair(qb + i * d, 2 * p));
-          odd = _mm512_dpbf16_ps(odd, (__m512bh)pairs[p + 1],
-                                 (__m512bh)QueryPair(qb + i * d, 2 * p + 2));
-        }
-        if (p < d / 2) {
-          even = _mm512_dpbf16_ps(even, (__m512bh)pairs[p], (__m512bh)QueryPair(qb + i * d, 2 * p));
-        }
-        _mm512_mask_storeu_ps(scores + (b * rows + i) * cols + j0, lanes,
-                              _mm512_mul_ps(_mm512_add_ps(even, odd), factor));
-      }
+      float* out = scores + b * rows * cols + j0;
+      int64_t i = 0;
+      for (; i + 8 <= rows; i += 8)
+        ScoreRows<8>(qb + i * d, d, pairs, factor, lanes, out + i * cols, cols);
+      if (rows - i >= 4)
+        ScoreRows<4>(qb + i * d, d, pairs, factor, lanes, out + i * cols, cols), i += 4;
+      if (rows - i >= 2)
+        ScoreRows<2>(qb + i * d, d, pairs, factor, lanes, out + i * cols, cols), i += 2;
+      if (rows - i >= 1) ScoreRows<1>(qb + i * d, d, pairs, factor, lanes, out + i * cols, cols);
     }
   }
 }
 
 MHA_BF16_DOT void SmallContextBf16Dot(const float* probs, const uint16_t* v, uint16_t* context,
                                       int64_t batch, int64_t rows, int64_t cols, int64_t dv) {
-  // A row's probabilities as bf16 pairs, kContextKeys keys at a time.
-  constexpr int64_t kContextKeys = 512;
-  alignas(64) uint32_t pairs[kContextKeys / 2];
   for (int64_t b = 0; b < batch; ++b) {
     const uint16_t* vb = v + b * cols * dv;
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* p = probs + (b * rows + i) * cols;
-      for (int64_t c0 = 0; c0 < dv; c0 += 32) {
-        const __mmask32 columns = FirstBf16Lanes(dv - c0);
-        const bool whole = dv - c0 >= 32;  // plain loads then (masked ones cost more)
-        __m512 lo = _mm512_setzero_ps(), hi = lo;
-        for (int64_t j0 = 0; j0 < cols; j0 += kContextKeys) {
-          const int64_t n = std::min(kContextKeys, cols - j0);
-          for (int64_t j = 0; j < n; j += 32) {  // zeros past the keys
-            const float* pj = p + j0 + j;        // plain loads where whole (masked ones cost more)
-            const __m512 p_lo =
-                j + 16 <= n ? _mm512_loadu_ps(pj) : _mm512_maskz_loadu_ps(FirstLanes(n - j), pj);
-            const __m512 p_hi = j + 32 <= n
-                                    ? _mm512_loadu_ps(pj + 16)
-                                    : _mm512_maskz_loadu_ps(FirstLanes(n - j - 16), pj + 16);
-            _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(p_hi, p_lo));
-          }
-          for (int64_t j = 0; j < n; j += 2) {
-            const uint16_t* row = vb + (j0 + j) * dv + c0;
-            const __m512i r0 =
-                whole ? _mm512_loadu_si512(row) : _mm512_maskz_loadu_epi16(columns, row);
-            const __m512i r1 = j + 1 >= n ? _mm512_setzero_si512()
-                               : whole    ? _mm512_loadu_si512(row + dv)
-                                          : _mm512_maskz_loadu_epi16(columns, row + dv);
-            AddRowPair(r0, r1, _mm512_set1_epi32(static_cast<int>(pairs[j / 2])), lo, hi);
-          }
-        }
-        const __m512i out =
-            (__m512i)_mm512_cvtne2ps_pbh(InOrder(lo, hi, true), InOrder(lo, hi, false));
-        _mm512_mask_storeu_epi16(context + (b * rows + i) * dv + c0, columns, out);
-      }
-    }
+    const float* pb = probs + b * rows * cols;
+    uint16_t* out = context + b * rows * dv;
+    int64_t i = 0;
+    for (; i + 8 <= rows; i += 8) ContextRows<8>(pb + i * cols, vb, out + i * dv, cols, dv);
+    if (rows - i >= 4) ContextRows<4>(pb + i * cols, vb, out + i * dv, cols, dv), i += 4;
+    if (rows - i >= 2) ContextRows<2>(pb + i * cols, vb, out + i * dv, cols, dv), i += 2;
+    if (rows - i >= 1) ContextRows<1>(pb + i * cols, vb, out + i * dv, cols, dv);
   }
 }
 

@@ -160,6 +160,67 @@ TEST_P(KernelsIsaTest, Bf16OnlySoftmaxKeepsFullyMaskedRowsZeroAndOverflowNaN) {
   EXPECT_NEAR(row1_sum, 1.0, 1e-2);
 }
 
+// Rows of up to 64 scores (softmaxed in registers, four rows at a time, on
+// AVX-512) against double precision at every width around the vector
+// sizes, with every mask at once: key padding, a per-row mask with a head
+// stride, causal rows; and a fully masked row (zeros) and an overflowed one
+// (NaN), in the f32 (with its bf16 copy) and bf16-only modes.
+TEST_P(KernelsIsaTest, ShortRowSoftmaxMatchesExactWithEveryMask) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t heads = 3, rows = 5;  // 15 rows: groups of four and a tail
+  for (int64_t cols : {1, 7, 16, 17, 22, 32, 33, 48, 63, 64, 65}) {
+    const std::vector<float> scores = RandomVector(heads * rows * cols, 21, 4.0f);
+    std::vector<float> key_padding(cols, 0.0f), attn = RandomVector(heads * rows * cols, 22);
+    if (cols > 1) key_padding[cols / 2] = -kInf;  // never key 0: each row keeps one
+    for (int64_t j = 0; j < cols; ++j) attn[(1 * rows + 2) * cols + j] = -kInf;  // head 1, row 2
+    SoftmaxMasks masks;
+    masks.key_padding = key_padding.data();
+    masks.attn = attn.data();
+    masks.attn_head_stride = rows * cols;
+    masks.attn_row_stride = cols;
+    masks.masked_cols = cols;
+    masks.causal = true;
+    masks.first_row = cols / 3;
+    std::vector<float> in = scores;
+    in[(2 * rows + 3) * cols] = kInf;  // head 2, row 3 overflowed
+    for (bool bf16_only : {false, true}) {
+      std::vector<float> probs = in;
+      std::vector<uint16_t> bf16(in.size(), 0x1234);
+      MaskedSoftmax(probs.data(), heads, rows, cols, masks, bf16.data(), !bf16_only);
+      for (int64_t hr = 0; hr < heads * rows; ++hr) {
+        const int64_t h = hr / rows, r = hr % rows;
+        std::vector<float> masked(cols);
+        for (int64_t j = 0; j < cols; ++j) {
+          const bool hidden = j > masks.first_row + r;
+          masked[j] = hidden ? -kInf : in[hr * cols + j] + key_padding[j] + attn[hr * cols + j];
+        }
+        const std::string where = "cols " + std::to_string(cols) + " head " + std::to_string(h) +
+                                  " row " + std::to_string(r) + (bf16_only ? " bf16 only" : " f32");
+        for (int64_t j = 0; j < cols; ++j) {
+          const float got16 = Bf16ToFloat(bf16[hr * cols + j]);
+          if (h == 2 && r == 3) {
+            EXPECT_TRUE(std::isnan(got16)) << where;
+            EXPECT_TRUE(bf16_only || std::isnan(probs[hr * cols + j])) << where;
+            continue;
+          }
+          if (h == 1 && r == 2) {
+            EXPECT_EQ(bf16[hr * cols + j], 0) << where;
+            EXPECT_TRUE(bf16_only || probs[hr * cols + j] == 0.0f) << where;
+            continue;
+          }
+          const double exact = ExactSoftmax(masked.data(), cols)[j];
+          EXPECT_NEAR(got16, exact, exact * 4.1e-3 + 1e-30) << where << " col " << j;
+          if (!bf16_only) {
+            // 2e-6: the accurate exp (the cheap one is off by up to 4e-6).
+            EXPECT_NEAR(probs[hr * cols + j], exact, exact * 2e-6 + 1e-30) << where << " col " << j;
+            EXPECT_EQ(bf16[hr * cols + j], FloatToBf16(probs[hr * cols + j])) << where;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(KernelsIsaTest, F32SoftmaxWithBf16CopyIsTheRoundedF32Probabilities) {
   const int64_t rows = 4, cols = 33;
   std::vector<float> scores = RandomVector(rows * cols, 3, 5.0f);
@@ -285,8 +346,8 @@ TEST_P(KernelsIsaTest, SmallScoresMatchDoubleDotProductsInF32AndBf16) {
     int64_t batch, rows, cols, d;
   };
   for (const Shape& sh :
-       {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64}, Shape{1, 5, 33, 256},
-        Shape{2, 2, 5, 300}, Shape{1, 3, 7, 9}, Shape{1, 2, 40, 2}}) {
+       {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64}, Shape{2, 15, 20, 64},
+        Shape{1, 5, 33, 256}, Shape{2, 2, 5, 300}, Shape{1, 3, 7, 9}, Shape{1, 2, 40, 2}}) {
     const std::vector<float> q = RandomVector(sh.batch * sh.rows * sh.d, 1);
     const std::vector<float> k = RandomVector(sh.batch * sh.cols * sh.d, 2);
     std::vector<uint16_t> q16(q.size()), k16(k.size());
@@ -322,8 +383,9 @@ TEST_P(KernelsIsaTest, SmallContextMatchesDoubleProductsInF32AndBf16) {
   struct Shape {
     int64_t batch, rows, cols, dv;
   };
-  for (const Shape& sh : {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64},
-                          Shape{1, 2, 33, 40}, Shape{1, 2, 1100, 32}, Shape{2, 1, 5, 300}}) {
+  for (const Shape& sh :
+       {Shape{1, 1, 1, 8}, Shape{2, 3, 17, 64}, Shape{3, 16, 16, 64}, Shape{2, 15, 20, 64},
+        Shape{1, 2, 33, 40}, Shape{1, 2, 1100, 32}, Shape{2, 1, 5, 300}}) {
     std::vector<float> probs = RandomVector(sh.batch * sh.rows * sh.cols, 3);
     for (float& x : probs) x = std::abs(x) / static_cast<float>(sh.cols);
     const std::vector<float> v = RandomVector(sh.batch * sh.cols * sh.dv, 4);
