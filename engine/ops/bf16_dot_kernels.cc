@@ -84,7 +84,7 @@ MHA_BF16_DOT inline void KeyPairs(const uint16_t* k, int64_t d, int64_t keys, __
   }
 }
 
-// Rows r0 .. r0 + R of a small head's scores against one chunk of up to 16
+// R rows of a small head's scores against one chunk of up to 16
 // keys (`pairs`, KeyPairs'): two chains of sums a row (even and odd pairs),
 // so that R = 8 rows keep 16 independent sums in flight and each key pair
 // loaded serves R rows.
@@ -168,7 +168,7 @@ MHA_BF16_DOT_INLINE void ContextColumns(const uint32_t* pairs, const uint16_t* v
   }
 }
 
-// Rows r0 .. r0 + R of a small head's context: per chunk of 32 columns, R
+// R rows of a small head's context: per chunk of 32 columns, R
 // rows' sums in registers over every key, then rounded to bf16.
 template <int R>
 MHA_BF16_DOT_INLINE void ContextRows(const float* probs, const uint16_t* v, uint16_t* context,
