@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
+#include "engine/too_large.h"
 
 namespace mha {
 namespace {
@@ -307,7 +308,7 @@ absl::StatusOr<AttentionRequest> AttentionRequest::Create(const AttentionDims& d
   r.kv_len_ = e.kv_len;
   r.tokens_ = e.batch * (e.q_len + e.kv_len);
   if (r.tokens_ > max_tokens) {
-    return absl::ResourceExhaustedError(
+    return TooLargeError(
         absl::StrCat("request has ", r.tokens_, " query + key tokens, the limit is ", max_tokens));
   }
   RETURN_IF_ERROR(r.Bind(in));

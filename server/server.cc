@@ -200,6 +200,10 @@ absl::Status Server::Build() {
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(HostPort(options_.host, options_.port), credentials, &grpc_port_);
+  // gRPC sets SO_REUSEPORT by default: a second server on this port would
+  // then listen beside us and take some of our clients (a wrong answer with
+  // OK). Without it, a busy port is refused as the HTTP and metrics ports are.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
@@ -212,8 +216,8 @@ absl::Status Server::Build() {
   builder.RegisterCallbackGenericService(unknown_methods_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || grpc_port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", HostPort(options_.host, options_.port)));
+    return absl::UnavailableError(absl::StrCat(
+        "--port: cannot serve gRPC on ", HostPort(options_.host, options_.port), " (in use?)"));
   }
   RETURN_IF_ERROR(StartHttp());
   health_->Attach(grpc_server_.get(), /*serving=*/true);

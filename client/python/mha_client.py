@@ -79,7 +79,8 @@ def _wire_array(array):
         return config_pb.DATA_TYPE_FP16, mha_wire.little_endian(a, "<f2")
     if a.dtype.kind == "f" and a.dtype.itemsize in (4, 8):
         return config_pb.DATA_TYPE_FP32, mha_wire.little_endian(a, "<f4")
-    raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
+    raise TypeError(f"cannot send a {a.dtype} tensor: use float32, float64 or float16 "
+                    "(bool only for masks)")
 
 
 def to_tensor(array):

@@ -23,9 +23,14 @@ and come back as raw little-endian bytes (the binary extension), never as
 JSON numbers.
 
 Errors are HttpError: `e.status` the HTTP status, `e.code()` the gRPC code
-name it stands for (INVALID_ARGUMENT for 400, NOT_FOUND for 404,
-UNAUTHENTICATED for 401, UNAVAILABLE for 503 or an unreachable server,
-...), `e.details()` the server's message, as grpc.RpcError offers them.
+name the server answered (its mha-status-code header, so the same code as
+over gRPC: RESOURCE_EXHAUSTED for both a 413 and a full budget's 503), or,
+from a server without the header, the code the status stands for
+(INVALID_ARGUMENT for 400, RESOURCE_EXHAUSTED for 413, UNAVAILABLE for 503
+or an unreachable server, DEADLINE_EXCEEDED for 504, ...); `e.details()`
+the server's message, as grpc.RpcError offers them; `e.retryable()`
+whether the same call may pass later (503 and 504: docs/KSERVE.md's
+table).
 """
 
 import http.client
@@ -41,22 +46,28 @@ import mha_wire
 
 _CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
           404: "NOT_FOUND", 405: "UNIMPLEMENTED", 413: "RESOURCE_EXHAUSTED",
-          501: "UNIMPLEMENTED", 503: "UNAVAILABLE"}
+          501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
 class HttpError(Exception):
     """The server's refusal (or an unreachable server: status 0)."""
 
-    def __init__(self, status, message):
-        super().__init__(f"{self.code_of(status)} (HTTP {status}): {message}")
-        self.status, self.message = status, message
+    def __init__(self, status, message, code=None):
+        code = code or self.code_of(status)
+        super().__init__(f"{code} (HTTP {status}): {message}")
+        self.status, self.message, self._code = status, message, code
 
     @staticmethod
     def code_of(status):
         return "UNAVAILABLE" if status == 0 else _CODES.get(status, "INTERNAL")
 
     def code(self):
-        return self.code_of(self.status)
+        return self._code
+
+    def retryable(self):
+        """Whether the same call may pass later: the server was unreachable,
+        busy or full (0, 503) or the deadline passed (504); never a 4xx."""
+        return self.status in (0, 503, 504)
 
     def details(self):
         return self.message
@@ -77,7 +88,8 @@ def _wire(array, name, mask=False):
     if (a.dtype.kind == "f" and a.dtype.itemsize in (4, 8)) or (
             mask and np.issubdtype(a.dtype, np.floating)):
         return "FP32", mha_wire.bytes_of(mha_wire.little_endian(a, "<f4"))
-    raise TypeError(f"cannot send a {a.dtype} array: use float32, float16 or bool")
+    raise TypeError(f"cannot send a {a.dtype} tensor: use float32, float64 or float16 "
+                    "(bool only for masks)")
 
 
 def _from_wire(datatype, data, offset, size, shape):
@@ -162,7 +174,7 @@ class MhaHttpClient:
                 message = json.loads(data)["error"]
             except (ValueError, KeyError, TypeError):
                 message = data.decode(errors="replace") or f"HTTP {status}"
-            raise HttpError(status, message)
+            raise HttpError(status, message, head.get("mha-status-code"))
         return head, data
 
     def ready(self):

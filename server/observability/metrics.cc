@@ -1,6 +1,8 @@
 #include "server/observability/metrics.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 
@@ -11,30 +13,38 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-// Seconds from 100 us to 1 s, nine buckets per decade (1, 1.5, 2, 2.5, 3,
-// 4, 5, 6, 7.5): a session step's p99 read in milliseconds. Only for the
-// server's unlabelled step histograms (a per-model family with this many
-// buckets would cost thousands of series with a thousand models).
-prometheus::Histogram::BucketBoundaries FineSecondsBuckets() {
+// Boundaries mantissa x 10^exponent for each exponent in [first, last) and
+// each mantissa (in tenths), then 10^last, each one correctly rounded
+// division or product of exact integers. prometheus-cpp prints a bound with
+// 16 significant digits (%.16g): a product of rounded decades printed
+// le="0.0006000000000000001", and even the double nearest 0.0006 prints
+// le="0.0005999999999999999", so the mantissas are ones whose every bound
+// prints as its decimal (tested: MetricsTest.HistogramBoundsPrintAsShortDecimals).
+prometheus::Histogram::BucketBoundaries Decades(int first, int last,
+                                                std::initializer_list<int> tenths) {
+  auto power = [](int exponent) {
+    double p = 1;
+    for (int i = 0; i < exponent; ++i) p *= 10;  // exact up to 10^22
+    return p;
+  };
   prometheus::Histogram::BucketBoundaries b;
-  for (double decade = 1e-4; decade < 1.0; decade *= 10) {
-    for (const double m : {1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.5}) b.push_back(decade * m);
+  for (int e = first; e < last; ++e) {
+    for (const int t : tenths) b.push_back(e < 1 ? t / power(1 - e) : t * power(e - 1));
   }
-  b.push_back(1.0);
+  b.push_back(last < 0 ? 1 / power(-last) : power(last));
   return b;
 }
 
-// Seconds from 10 us to 10 s, three buckets per decade (1, 2.5, 5).
-prometheus::Histogram::BucketBoundaries SecondsBuckets() {
-  prometheus::Histogram::BucketBoundaries b;
-  for (double decade = 1e-5; decade < 10.0; decade *= 10) {
-    b.push_back(decade);
-    b.push_back(decade * 2.5);
-    b.push_back(decade * 5);
-  }
-  b.push_back(10.0);
-  return b;
+// Seconds from 100 us to 1 s, eight buckets per decade (1, 1.5, 2, 2.5, 3,
+// 4, 5, 7.5): a session step's p99 read in milliseconds. Only for the
+// server's unlabelled step histograms (a per-model family with this many
+// buckets would cost thousands of series with a thousand models).
+prometheus::Histogram::BucketBoundaries FineSecondsBuckets() {
+  return Decades(-4, 0, {10, 15, 20, 25, 30, 40, 50, 75});
 }
+
+// Seconds from 10 us to 10 s, three buckets per decade (1, 2.5, 5).
+prometheus::Histogram::BucketBoundaries SecondsBuckets() { return Decades(-5, 1, {10, 25, 50}); }
 
 prometheus::Histogram::BucketBoundaries PowersOfTwo(int max_exponent) {
   prometheus::Histogram::BucketBoundaries b;
@@ -132,7 +142,8 @@ Metrics::Metrics()
                                   "allowance, the workers' workspaces and the session cache; "
                                   "follows loads and unloads")
                             .Register(*registry_)
-                            .Add({})) {}
+                            .Add({})),
+      sessions_(MakeSessionMetrics()) {}
 
 ModelMetrics* Metrics::Create(const std::string& model, const std::string& version) {
   const prometheus::Labels labels = {{"model", model}, {"version", version}};
@@ -220,7 +231,16 @@ void ModelMetrics::CountRequest(const char* api, absl::StatusCode code) {
 
 void Metrics::SetLoaded(const std::string& model, bool loaded) {
   ForModel(model);
-  load_failures_.Add({{"model", model}});  // exported from the first load on
+  // Exported from the first load on, at 0, so that alerts have a series to
+  // match before the first event.
+  load_failures_.Add({{"model", model}});
+  sessions_.active->Add({{"model", model}});
+  for (const char* reason : kSessionEvictionReasons) {
+    sessions_.evictions->Add({{"model", model}, {"reason", reason}});
+  }
+  for (const char* reason : kStepDropReasons) {
+    sessions_.steps_dropped->Add({{"model", model}, {"reason", reason}});
+  }
   loaded_.Add({{"model", model}}).Set(loaded ? 1 : 0);
 }
 
@@ -241,7 +261,7 @@ std::string CodeLabel(absl::StatusCode code) {
   return name.empty() ? "UNKNOWN" : name;
 }
 
-SessionMetrics Metrics::Sessions() {
+SessionMetrics Metrics::MakeSessionMetrics() {
   SessionMetrics m;
   m.active = &BuildGauge()
                   .Name("mha_sessions_active")

@@ -84,7 +84,7 @@ class Metrics {
   void CountUnknownModelRequest(const char* api, absl::StatusCode code);
 
   // The families and series of the sessions (server/sessions/session_manager.h).
-  SessionMetrics Sessions();
+  SessionMetrics Sessions() const { return sessions_; }
 
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   prometheus::Gauge& memory_limit() { return memory_; }
@@ -93,6 +93,7 @@ class Metrics {
 
  private:
   ModelMetrics* Create(const std::string& model, const std::string& version);
+  SessionMetrics MakeSessionMetrics();
   void Remove(ModelMetrics* m);
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -114,6 +115,7 @@ class Metrics {
   prometheus::Gauge& memory_;
   prometheus::Gauge& memory_reserved_;
   prometheus::Gauge& memory_set_aside_;
+  const SessionMetrics sessions_;  // after registry_
   Mutex mu_;
   std::map<std::string, std::unique_ptr<ModelMetrics>> models_ ABSL_GUARDED_BY(mu_);  // version ""
   std::map<std::pair<std::string, std::string>, std::weak_ptr<ModelMetrics>> versions_
@@ -128,6 +130,11 @@ inline constexpr char kApiKserveHttp[] = "kserve.v2.http";
 // The reasons of mha_dropped_requests_total, each exported from the start.
 inline constexpr const char* kDropReasons[] = {"deadline", "cancelled", "queue_full", "memory",
                                                "message_size"};
+
+// The reasons of mha_session_evictions_total and mha_session_steps_dropped_total,
+// each exported at 0 from a model's first load.
+inline constexpr const char* kSessionEvictionReasons[] = {"cache_full", "expired", "failed"};
+inline constexpr const char* kStepDropReasons[] = {"memory", "deadline", "cancelled"};
 
 // The label value used for requests naming no loaded model.
 inline constexpr char kUnknownModelLabel[] = "_unknown";

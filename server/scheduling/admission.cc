@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/ragged_batch.h"
+#include "engine/too_large.h"
 #include "server/scheduling/memory_budget.h"
 
 namespace mha::server {
@@ -54,13 +55,13 @@ absl::Status CheckResponseSize(const AttentionRequest& request, const RequestCos
         absl::StrCat("the limit is ", WithCommas(max_message_bytes), " (--max_message_bytes)");
     const int64_t weights = request.weights_elements() * 4;
     if (weights > max_message_bytes / 2) {
-      return absl::ResourceExhaustedError(absl::StrCat(
+      return TooLargeError(absl::StrCat(
           "attn_weights would be ", WithCommas(weights), " bytes (",
           ShapeString(request.weights_shape()), " FP32); ", limit, ": ask without need_weights",
           request.per_head_weights() ? ", without per_head_weights" : "",
           " or for fewer query rows"));
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return TooLargeError(absl::StrCat(
         "the response would be ", WithCommas(cost.response_bytes), " bytes (output ",
         ShapeString(request.output_shape()), " ",
         DTypeName(request.output_dtype(), DTypeSpelling::kKserve),
@@ -83,9 +84,9 @@ constexpr char kEnginesAndSessionsReserve[] = "the engines' reserve and the sess
 // what to send instead.
 absl::Status LargerThanTheBudget(absl::string_view needs, int64_t memory_capacity,
                                  absl::string_view reserve, absl::string_view advice) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      needs, "; the server's memory budget for requests is ", WithCommas(memory_capacity),
-      " (--memory_limit_bytes less ", reserve, "): ", advice));
+  return TooLargeError(absl::StrCat(needs, "; the server's memory budget for requests is ",
+                                    WithCommas(memory_capacity), " (--memory_limit_bytes less ",
+                                    reserve, "): ", advice));
 }
 
 // "<work> needs N bytes of working memory (Q for its <inputs>, A to compute

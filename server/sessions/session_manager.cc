@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/mha_engine.h"
+#include "engine/too_large.h"
 #include "server/scheduling/admission.h"
 #include "server/sessions/session_internal.h"
 
@@ -358,10 +359,9 @@ absl::Status SessionManager::ReserveLocked(Session& session, int64_t tokens) {
   int64_t room = pool_.budget() - pool_.bytes_in_use();
   for (const Session* s : idle) room += s->cache->exclusive_bytes();
   if (room < session.cache->BlocksToReserve(tokens) * layout.block_bytes()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(status.message(),
-                     "; evicting every idle session would not make room "
-                     "(--session_cache_bytes)"));
+    return TooLargeError(absl::StrCat(status.message(),
+                                      "; evicting every idle session would not make room "
+                                      "(--session_cache_bytes)"));
   }
   std::sort(idle.begin(), idle.end(),
             [](const Session* a, const Session* b) { return a->last_used < b->last_used; });

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/mha_engine.h"
+#include "engine/too_large.h"
 #include "server/sessions/session_manager.h"
 
 namespace mha::server {
@@ -131,9 +132,9 @@ absl::Status SessionChunkReader::AddHeader(const v1::SessionChunk& chunk) {
         absl::StrCat("session header: ", h.blocks(), " blocks for position ", h.position()));
   }
   if (h.blocks() > max_bytes_ / layout.block_bytes()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("session of ", h.blocks(), " blocks of ", layout.block_bytes(),
-                     " bytes: more than the cache holds (", max_bytes_, " bytes)"));
+    return TooLargeError(absl::StrCat("session of ", h.blocks(), " blocks of ",
+                                      layout.block_bytes(), " bytes: more than the cache holds (",
+                                      max_bytes_, " bytes)"));
   }
   const std::string& padding = h.key_padding();
   if (padding.size() % sizeof(float) != 0 ||

@@ -344,7 +344,8 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             client.get_model("nope")
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
-        with self.assertRaises(TypeError):
+        with self.assertRaisesRegex(TypeError, r"int32 tensor: use float32, float64 or "
+                                    r"float16 \(bool only for masks\)"):
             client.attend("demo", np.zeros((1, 2, 256), np.int32))
 
 

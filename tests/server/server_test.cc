@@ -110,6 +110,22 @@ TEST(ServerTest, RefusesOptionsItCannotServeWith) {
       std::string(server.status().message()),
       HasSubstr(absl::StrCat("--http_port: cannot serve HTTP on 127.0.0.1:", http.http_port)));
 
+  // The gRPC port of a server that is running: gRPC would share it
+  // (SO_REUSEPORT) and split the clients between two servers.
+  absl::StatusOr<std::unique_ptr<Server>> first = Server::Start(DemoOptions());
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::smatch port;
+  const std::string ready = (*first)->ReadyLine();
+  ASSERT_TRUE(std::regex_search(ready, port, std::regex("grpc_port=(\\d+)"))) << ready;
+  ServerOptions same_port = DemoOptions();
+  same_port.port = std::stoi(port[1].str());
+  server = Server::Start(same_port);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr(absl::StrCat("--port: cannot serve gRPC on 127.0.0.1:", same_port.port,
+                                     " (in use?)")));
+  (*first)->Drain();
+
   ServerOptions tls = DemoOptions();
   tls.tls_cert = "/nonexistent/cert.pem";
   server = Server::Start(tls);

@@ -71,7 +71,8 @@ class PythonHttpClientTest(HttpServerTest):
         with MhaHttpClient(f"127.0.0.1:{self.http_port}") as client:
             with self.assertRaisesRegex(TypeError, "int64 mask"):
                 client.attend("demo", query, key_padding_mask=np.zeros((1, 2), np.int64))
-            with self.assertRaisesRegex(TypeError, "int32 array"):
+            with self.assertRaisesRegex(TypeError, r"int32 tensor: use float32, float64 or "
+                                        r"float16 \(bool only for masks\)"):
                 client.attend("demo", query.astype(np.int32))
             with self.assertRaises(HttpError) as e:
                 client.attend("nothing", query)
@@ -80,9 +81,16 @@ class PythonHttpClientTest(HttpServerTest):
                 client.attend("demo", np.zeros((1, 2, DEMO_E - 1), np.float32))
             self.assertEqual(e.exception.code(), "INVALID_ARGUMENT")
             self.assertIn("query", e.exception.details())
+            # An answer over the message limit never passes as asked: 413,
+            # RESOURCE_EXHAUSTED as over gRPC, not retryable (it was 503).
+            with self.assertRaises(HttpError) as e:
+                client.attend("demo", np.zeros((1, 1500, DEMO_E), np.float32), need_weights=True)
+            self.assertEqual((e.exception.status, e.exception.code(), e.exception.retryable()),
+                             (413, "RESOURCE_EXHAUSTED", False))
+            self.assertIn("attn_weights would be", e.exception.details())
         with self.assertRaises(HttpError) as e:
             MhaHttpClient(f"http://127.0.0.1:{free_port()}", timeout=5).attend("demo", query)
-        self.assertEqual(e.exception.code(), "UNAVAILABLE")
+        self.assertEqual((e.exception.code(), e.exception.retryable()), ("UNAVAILABLE", True))
 
 
     def test_sessions_are_sequences_and_match_pytorch(self):

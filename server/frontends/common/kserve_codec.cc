@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
+#include "engine/too_large.h"
 
 namespace mha::server {
 namespace {
@@ -140,8 +141,8 @@ absl::StatusOr<absl::Span<const uint8_t>> ReadSharedInput(const SharedMemorySlic
     expected *= static_cast<uint64_t>(d);
   }
   if (expected > static_cast<uint64_t>(max_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        input, ": a shared-memory input is bounded like a message, ", max_bytes, " bytes"));
+    return TooLargeError(absl::StrCat(input, ": a shared-memory input is bounded like a message, ",
+                                      max_bytes, " bytes"));
   }
   if (slice.byte_size != expected) {
     return absl::InvalidArgumentError(absl::StrCat(input, ": ", kShmByteSize, " ", slice.byte_size,

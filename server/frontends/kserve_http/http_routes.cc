@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/status_macros.h"
+#include "engine/too_large.h"
 #include "google/protobuf/util/json_util.h"
 #include "server/frontends/common/answer_metadata.h"
 #include "server/frontends/common/kserve_codec.h"
@@ -190,8 +191,8 @@ class HttpInferCall final : public KserveInferCall {
 
 }  // namespace
 
-int HttpStatusOf(absl::StatusCode code) {
-  switch (code) {
+int HttpStatusOf(const absl::Status& status) {
+  switch (status.code()) {
     case absl::StatusCode::kOk:
       return 200;
     case absl::StatusCode::kNotFound:
@@ -202,10 +203,12 @@ int HttpStatusOf(absl::StatusCode code) {
       return 403;
     case absl::StatusCode::kUnimplemented:
       return 501;
-    case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kDeadlineExceeded:
+      return IsTooLarge(status) ? 413 : 503;
+    case absl::StatusCode::kUnavailable:
       return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
     case absl::StatusCode::kInternal:
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kDataLoss:
@@ -217,7 +220,9 @@ int HttpStatusOf(absl::StatusCode code) {
 
 HttpResponse HttpError(const absl::Status& status) {
   HttpResponse r = JsonAnswer(json{{"error", MessageOf(status)}});
-  r.status = HttpStatusOf(status.code());
+  r.status = HttpStatusOf(status);
+  r.headers.emplace_back(kStatusCodeHeader, absl::StatusCodeToString(status.code()));
+  if (r.status == 503) r.headers.emplace_back("Retry-After", "1");
   return r;
 }
 

@@ -16,11 +16,18 @@
 
 namespace mha::server {
 
-// The HTTP status of a refusal: Triton's mapping (400 for a bad request,
-// 404 for an unknown model, 401/403 for auth, 501 for what is not served,
-// 503 while draining or out of memory, 500 otherwise).
-int HttpStatusOf(absl::StatusCode code);
-// A refusal's answer: {"error": message} (never empty) with its status.
+// The HTTP status of a refusal, so that a client's retry logic acts
+// rightly (docs/KSERVE.md, "Errors"): 400 for a bad request, 404 for an
+// unknown model, 401/403 for auth, 413 for a request or answer larger than
+// a limit (IsTooLarge: never passes as it is), 503 for what may pass later
+// (draining, unavailable, a queue or the memory budget full now), 504 for a
+// deadline that passed, 501 for what is not served, 500 otherwise.
+int HttpStatusOf(const absl::Status& status);
+// The header that names a refusal's gRPC code ("RESOURCE_EXHAUSTED"), so
+// that an HTTP client reports the code a gRPC client would.
+inline constexpr char kStatusCodeHeader[] = "mha-status-code";
+// A refusal's answer: {"error": message} (never empty) with its status,
+// the mha-status-code header, and Retry-After: 1 with a 503.
 HttpResponse HttpError(const absl::Status& status);
 
 // Borrows KserveCalls (which outlives it). Thread-safe.

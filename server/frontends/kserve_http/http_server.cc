@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/mutex.h"
+#include "engine/too_large.h"
 #include "nlohmann/json.hpp"
 
 namespace mha::server {
@@ -316,7 +317,7 @@ absl::StatusOr<std::string> Inflate(absl::string_view in, int window_bits, size_
   }
   inflateEnd(&z);
   if (out.size() > max_bytes) {
-    return absl::ResourceExhaustedError(
+    return TooLargeError(
         absl::StrCat("request body is above the limit of ", max_bytes, " bytes once decompressed"));
   }
   if (result != Z_STREAM_END) {
