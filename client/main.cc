@@ -68,6 +68,13 @@ ABSL_FLAG(std::string, model, "",
           "alternate; health: that model)");
 ABSL_FLAG(int64_t, model_version, 0, "attend: the model version to compute with (0: newest)");
 ABSL_FLAG(int64_t, deadline_ms, 10000, "deadline of each call");
+ABSL_FLAG(int64_t, retries, 2,
+          "session: a step whose answer is lost (DEADLINE_EXCEEDED, UNAVAILABLE) is sent "
+          "again, at the same expected_position, up to this many times (the server answers "
+          "it again without applying it twice)");
+ABSL_FLAG(int64_t, resend_step, -1,
+          "session: send this step (from 0) twice, as a client whose answer was lost, and "
+          "check that both answers are the same bits");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "largest message this client sends or receives (the server has its own "
           "--max_message_bytes, which GetModel reports)");
@@ -420,6 +427,8 @@ int main(int argc, char** argv) {
                 .fork_at = std::max<int64_t>(0, absl::GetFlag(FLAGS_fork_at)),
                 .seed = absl::GetFlag(FLAGS_seed),
                 .quiet = absl::GetFlag(FLAGS_quiet),
+                .retries = std::max<int64_t>(0, absl::GetFlag(FLAGS_retries)),
+                .resend_step = absl::GetFlag(FLAGS_resend_step),
                 .context = context});
   }
   if (command == "load_model") return mha::client::ControlModel(*stub, true, args[2], context);

@@ -43,6 +43,29 @@ v1::Tensor Spliced(const v1::Tensor& sequence, const v1::Tensor& tail, int64_t k
   return out;
 }
 
+// Whether a step that failed with `status` may have been applied: then the
+// same step, sent again, is answered (again) either way.
+bool MayHaveBeenApplied(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+// Sends `append`, and again (the same expected_position) up to `retries`
+// times while its answer is lost.
+grpc::Status AppendWithRetries(
+    v1::AttentionService::Stub& stub,
+    const std::function<std::unique_ptr<grpc::ClientContext>()>& context,
+    const v1::AppendRequest& append, int64_t retries, v1::AppendResponse& response) {
+  grpc::Status status = stub.Append(context().get(), append, &response);
+  for (int64_t i = 0; i < retries && MayHaveBeenApplied(status); ++i) {
+    std::fprintf(stderr, "step at expected_position %lld: %s; sent again\n",
+                 static_cast<long long>(append.expected_position()),
+                 status.error_message().c_str());
+    status = stub.Append(context().get(), append, &response);
+  }
+  return status;
+}
+
 }  // namespace
 
 int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o) {
@@ -98,11 +121,22 @@ int RunSession(v1::AttentionService::Stub& stub, const SessionCommandOptions& o)
     *append.mutable_query() = Rows(sequence, step * o.step_tokens, o.step_tokens, e);
     append.set_expected_position(position);
     v1::AppendResponse response;
-    std::unique_ptr<grpc::ClientContext> context = session_context();
     const auto sent = std::chrono::steady_clock::now();
-    status = stub.Append(context.get(), append, &response);
+    status = AppendWithRetries(stub, session_context, append, o.retries, response);
     step_ms.push_back(Milliseconds(std::chrono::steady_clock::now() - sent));
     if (!status.ok()) return ReportError(status);
+    if (step == o.resend_step) {  // as if this answer had been lost
+      v1::AppendResponse again;
+      status = AppendWithRetries(stub, session_context, append, o.retries, again);
+      if (!status.ok()) return ReportError(status);
+      const bool same = again.output().data() == response.output().data() &&
+                        again.position() == response.position();
+      std::printf("step %lld sent again at expected_position %lld: %s, position %lld\n",
+                  static_cast<long long>(step), static_cast<long long>(position),
+                  same ? "the same answer (bit for bit)" : "ANOTHER ANSWER",
+                  static_cast<long long>(again.position()));
+      if (!same) return 1;
+    }
     position = response.position();
     const std::vector<float> out = TensorValues(response.output());
     outputs.insert(outputs.end(), out.begin(), out.end());

@@ -369,12 +369,27 @@ class MhaClient:
         request = self._pb.ListSessionsRequest(model=model)
         return list(self._call(self._stub.ListSessions, request).sessions)
 
-    def _session_call(self, method, request, session_id):
+    def _session_call(self, method, request, session_id, timeout=None):
         """A session's call, with its id as `x-session-id` metadata (what a
         load balancer hashes on to reach the replica holding it)."""
         metadata = list(self._metadata or []) + [("x-session-id", session_id)]
-        return method(request, timeout=self.timeout, metadata=metadata,
+        return method(request, timeout=timeout or self.timeout, metadata=metadata,
                       wait_for_ready=self.wait_for_ready)
+
+
+class _NotFound(grpc.RpcError):
+    """NOT_FOUND raised by the client itself (Session.sync), with the
+    code() and details() of a grpc.RpcError."""
+
+    def __init__(self, details):
+        super().__init__(details)
+        self._details = details
+
+    def code(self):
+        return grpc.StatusCode.NOT_FOUND
+
+    def details(self):
+        return self._details
 
 
 SESSION_FILE_MAGIC = b"MHASESS1"
@@ -412,8 +427,16 @@ class Session:
     """A session open on an mha_server (MhaClient.open_session): `id`,
     `position` (tokens cached), `cross`, `model`. Each append sends the
     position it expects, so a step is never applied twice or out of order
-    (FAILED_PRECONDITION instead). Not thread-safe: one caller at a time.
-    A context manager that closes the session."""
+    (FAILED_PRECONDITION instead). A step whose answer was lost (its
+    deadline passed, the connection broke) is safe to send again: the
+    server gives the same answer again without applying it twice
+    (append(..., retries=N) does it for you); sync() reads the server's
+    position when a step's fate is unknown. Not thread-safe: one caller at
+    a time. A context manager that closes the session."""
+
+    # Codes after which a step may or may not have been applied: the same
+    # step sent again is answered (again) either way.
+    RETRYABLE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
     def __init__(self, client, info):
         self._client, self.info = client, info
@@ -426,16 +449,30 @@ class Session:
     def __exit__(self, *exc):
         self.close()
 
-    def append(self, query, need_weights=False):
+    def append(self, query, need_weights=False, retries=0, timeout=None):
         """The outputs of `query` [1, T, E] or [T, E] (T new tokens), as
         Attend over the whole sequence with is_causal would give them (self
         session) or as Attend with key = the memory (cross session).
-        Returns output, or (output, weights [.., T, K']) with need_weights."""
+        Returns output, or (output, weights [.., T, K']) with need_weights.
+
+        A call that fails with DEADLINE_EXCEEDED or UNAVAILABLE may have
+        been applied on the server: send the same query again (or pass
+        `retries`, sent again up to that many times) and the server answers
+        it again, bit for bit, without applying it twice. `timeout`: this
+        call's deadline in seconds (default: the client's)."""
         query = np.asarray(query)
+        self._check_open()
         pb = self._client._pb
         request = pb.AppendRequest(session_id=self.id, query=to_tensor(query),
                                    expected_position=self.position, need_weights=need_weights)
-        response = self._client._session_call(self._client._stub.Append, request, self.id)
+        for attempt in range(retries + 1):
+            try:
+                response = self._client._session_call(self._client._stub.Append, request,
+                                                      self.id, timeout)
+                break
+            except grpc.RpcError as e:
+                if attempt == retries or e.code() not in self.RETRYABLE:
+                    raise
         self.position = response.position
         output = from_tensor(response.output)
         if query.dtype == np.float64:
@@ -444,11 +481,24 @@ class Session:
             return output, from_tensor(response.attn_weights)
         return output
 
+    def sync(self):
+        """Reads the session's position on the server into `position` and
+        returns it: after a step whose fate is unknown and that is not sent
+        again, append goes on from where the server is. NOT_FOUND (a
+        grpc.RpcError) when the session is gone."""
+        self._check_open()
+        for status in self._client.list_sessions(self.model):
+            if status.session_id == self.id:
+                self.position = status.position
+                return self.position
+        raise _NotFound(f"session {self.id} is not open on the server")
+
     def export(self):
         """The session as bytes (the format of --session_spill_dir files: a
         header naming the model version and its fingerprint, the cache
         blocks, a checksum), for MhaClient.import_session on this server or
         another serving the same version. The session stays open here."""
+        self._check_open()
         pb = self._client._pb
         metadata = list(self._client._metadata or []) + [("x-session-id", self.id)]
         chunks = self._client._stub.ExportSession(
@@ -461,11 +511,17 @@ class Session:
         server copy-on-write (beam search, sampling several continuations):
         no cache bytes until one of them appends past the shared blocks.
         `session_id` "" lets the server choose. Close each branch."""
+        self._check_open()
         pb = self._client._pb
         info = self._client._session_call(
             self._client._stub.ForkSession,
             pb.ForkSessionRequest(session_id=self.id, new_session_id=session_id), self.id)
         return Session(self._client, info)
+
+    def _check_open(self):
+        if self.id is None:
+            raise ValueError(f"session {self._closed_id} is closed (close() was called): "
+                             "open a new one")
 
     def close(self):
         """Frees the session on the server; returns the bytes that freed (0
@@ -475,6 +531,7 @@ class Session:
             return 0
         pb = self._client._pb
         session_id, self.id = self.id, None
+        self._closed_id = session_id
         try:
             response = self._client._session_call(
                 self._client._stub.CloseSession, pb.CloseSessionRequest(session_id=session_id),

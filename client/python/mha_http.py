@@ -292,7 +292,8 @@ class HttpSession:
         output, or (output, weights) with need_weights."""
         query = np.asarray(query)
         if self.id is None:
-            raise ValueError("the session is closed")
+            raise ValueError(f"session {self._closed_id} is closed (close() was called): "
+                             "open a new one")
         inputs = _inputs(query, {}, {}) + (self._memory if not self._started else [])
         parameters = {"sequence_id": self.id, "sequence_start": not self._started,
                       "need_weights": bool(need_weights)}
@@ -311,6 +312,7 @@ class HttpSession:
         if self.id is None:
             return
         session_id, self.id = self.id, None
+        self._closed_id = session_id
         if not self._started:
             return
         try:

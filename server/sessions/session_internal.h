@@ -4,15 +4,38 @@
 #ifndef MHA_SERVER_SESSIONS_SESSION_INTERNAL_H_
 #define MHA_SERVER_SESSIONS_SESSION_INTERNAL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "engine/kv_cache.h"
 #include "server/sessions/session_manager.h"
 
 namespace mha::server {
+
+// A self session's last step, kept so that the same step sent again at the
+// same expected_position (its answer lost to the caller's deadline or
+// connection) is answered again, not refused: where it went from and to,
+// a hash of its query and options, and its answer when that is at most
+// kKeptAnswerBytes (docs/SESSIONS.md, "Retrying a step").
+struct KeptStep {
+  static constexpr size_t kKeptAnswerBytes = size_t{64} << 10;
+  int64_t from = -1, to = -1;
+  size_t query_hash = 0;
+  bool answer_kept = false;
+  std::vector<float> output, weights;
+  int64_t keys = 0;
+
+  // Whether a step of `query_hash` expecting position `expected`, with the
+  // session at `position`, is this step sent again.
+  bool SentAgain(int64_t expected, int64_t position, size_t hash) const {
+    return from == expected && to == position && query_hash == hash;
+  }
+  size_t answer_bytes() const { return (output.size() + weights.size()) * sizeof(float); }
+};
 
 // Guarded by SessionManager::mu_, except the cache's contents, which the
 // worker computing the session's step writes.
@@ -30,6 +53,7 @@ struct SessionManager::Session {
   // read (the batcher worker computing its step writes the cache's own
   // length outside mu_).
   int64_t position = 0;
+  KeptStep last_step;  // self sessions
 };
 
 // One Append as its batcher carries it: owns the decoded step, its answer
@@ -64,6 +88,10 @@ class SessionManager::StepCall final : public StepTask {
   }
   void Fail(const absl::Status& status) override {
     if (!once_.Claim()) return;
+    if (status.ok() && sent_again_ != nullptr) {  // BeginStep's "refusal" of a step sent again
+      manager_.AnswerAgain(*this);
+      return;
+    }
     CountFailure();
     manager_.FailStep(*this, AnswerOnce::AsFailure(status));
   }
@@ -77,6 +105,10 @@ class SessionManager::StepCall final : public StepTask {
   bool started_ ABSL_GUARDED_BY(manager_.mu_) = false;  // Begin said kRun, not yet undone
   AnswerOnce once_;
   int64_t position_after_ = 0;  // set by Begin
+  size_t query_hash_ = 0;       // set by Step: its query's bytes and options
+  // Set by Begin when it is the session's last step sent again: the kept
+  // answer it is given without computing (Begin refuses it with OK).
+  std::unique_ptr<KeptStep> sent_again_;
 };
 
 // A cross session's encoder memory as its batcher carries it: owns the open's

@@ -291,6 +291,7 @@ absl::StatusOr<const SessionManager::Session*> SessionManager::ProjectedSessionL
 }
 
 absl::Status SessionManager::NotFoundLocked(const std::string& id) const {
+  if (id.empty()) return absl::InvalidArgumentError("session_id: required (it is empty)");
   auto gone = gone_.find(id);
   if (gone != gone_.end()) {
     return absl::NotFoundError(absl::StrCat("session ", id, " was ", gone->second));

@@ -145,7 +145,10 @@ class SessionManager {
   void Open(OpenParams params, OpenDone done);
   // Queues a step. NOT_FOUND for an unknown session says whether it was
   // closed, evicted (and why) or expired; FAILED_PRECONDITION when
-  // expected_position is not its position; OUT_OF_RANGE past its max_tokens;
+  // expected_position is not its position, unless the step is the last one
+  // sent again (the same query and options at the position that step
+  // expected): then it gets that step's answer again, computing nothing
+  // (KeptStep); OUT_OF_RANGE past its max_tokens;
   // RESOURCE_EXHAUSTED when the pool has no room even after evicting idle
   // sessions, or when the memory budget cannot hold the step's query
   // (queued) or, when it is taken, its working memory (a step does not wait
@@ -215,6 +218,15 @@ class SessionManager {
   void FinishStep(StepCall& step, const absl::Status& status, absl::Span<const float> output,
                   absl::Span<const float> weights);
   void FailStep(StepCall& step, const absl::Status& status);
+  // Answers a step that repeats its session's last one with that step's
+  // kept answer (BeginStep found it).
+  void AnswerAgain(StepCall& step);
+  // Why `step` may not start at `s`'s position (FAILED_PRECONDITION), or OK
+  // when it is `s`'s last step sent again (then its kept answer is set).
+  absl::Status NotAtExpectedLocked(const Session& s, StepCall& step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps a finished self step as its session's last (KeptStep).
+  void KeepLastStep(StepCall& step, const StepResult& result);
   void CountDropped(const std::string& model, const char* reason);
   // A task of this manager ends (Stop waits for every one).
   void TaskGone();

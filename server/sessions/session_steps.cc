@@ -3,9 +3,14 @@
 // starts here (BeginStep), gives blocks (AllocateStep) and answers
 // (FinishStep / FailStep); a cross session's memory becomes a
 // EncoderProjection.
+#include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "engine/mha_engine.h"
 #include "server/scheduling/admission.h"
 #include "server/sessions/session_internal.h"
@@ -18,6 +23,16 @@ namespace {
 // (a cross session's memory does not grow) and the model's extra keys.
 int64_t StepKeys(const MhaEngine& engine, int64_t position, int64_t tokens, bool cross) {
   return position + (cross ? 0 : tokens) + engine.dims().extra_keys();
+}
+
+// A hash of a step's query rows (as converted to f32) and of what changes
+// its answer: a step sent again has the same.
+size_t QueryHash(const AttentionRequest& query) {
+  const absl::Span<const float> rows = query.batch().query;
+  const absl::string_view bytes(reinterpret_cast<const char*>(rows.data()),
+                                rows.size() * sizeof(float));
+  return absl::Hash<std::tuple<absl::string_view, bool, int>>{}(
+      std::make_tuple(bytes, query.need_weights(), static_cast<int>(query.output_dtype())));
 }
 
 }  // namespace
@@ -80,6 +95,7 @@ void SessionManager::Step(StepParams params, StepDone done) {
   const absl::Time deadline = params.deadline;
   const int64_t wire_bytes = params.query.wire_bytes();
   auto step = std::make_unique<StepCall>(*this, it->second, std::move(params), std::move(done));
+  step->query_hash_ = QueryHash(step->params_.query);
   step->deadline = deadline;
   step->statistics = session.version->statistics.get();  // a step is an inference (or null)
   step->wire_bytes = wire_bytes;
@@ -109,9 +125,8 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
   const int64_t position = s.position, t = step.tokens();
   const std::optional<int64_t>& expected = step.params_.expected_position;
   if (expected.has_value() && *expected != position) {
-    why = absl::FailedPreconditionError(absl::StrCat("session ", s.id, " is at position ", position,
-                                                     ", not at expected_position ", *expected));
-    return StepTask::Start::kRefused;
+    why = NotAtExpectedLocked(s, step);
+    return StepTask::Start::kRefused;  // with OK: answered again (StepCall::Fail)
   }
   if (!s.cross && position + t > s.max_tokens) {
     why = absl::OutOfRangeError(absl::StrCat("session ", s.id, " holds ", position, " tokens; ", t,
@@ -128,6 +143,25 @@ StepTask::Start SessionManager::BeginStep(StepCall& step, StepPlan& plan, absl::
   plan.need_weights = step.params_.query.need_weights();
   plan.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
   return StepTask::Start::kRun;
+}
+
+absl::Status SessionManager::NotAtExpectedLocked(const Session& s, StepCall& step) {
+  const int64_t expected = *step.params_.expected_position, position = s.position;
+  const std::string not_there = absl::StrCat("session ", s.id, " is at position ", position,
+                                             ", not at expected_position ", expected);
+  const KeptStep& last = s.last_step;
+  if (s.cross || !last.SentAgain(expected, position, step.query_hash_)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(not_there, "; ask ListSessions for its position and go on from there"));
+  }
+  if (!last.answer_kept) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        not_there, ": this step (positions ", last.from, " to ", last.to,
+        ") was applied, but its answer was larger than the ", KeptStep::kKeptAnswerBytes,
+        " bytes kept for a step sent again; go on from position ", position));
+  }
+  step.sent_again_ = std::make_unique<KeptStep>(last);
+  return absl::OkStatus();
 }
 
 absl::Status SessionManager::AllocateStep(StepCall& step) {
@@ -171,6 +205,7 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
   result.weights = weights;
   result.position = step.position_after_;
   result.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
+  if (!s.cross) KeepLastStep(step, result);
   if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
   if (metrics_.append_duration != nullptr) {
     metrics_.append_duration->Observe(absl::ToDoubleSeconds(clock_.Now() - step.enqueued));
@@ -181,6 +216,40 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
         step.queued_behind_calls ? metrics_.append_queue_all_busy : metrics_.append_queue_some_free;
     if (split != nullptr) split->Observe(absl::ToDoubleSeconds(step.waited));
   }
+  step.done_(result);
+}
+
+void SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
+  KeptStep kept;
+  kept.from = result.position - step.tokens();
+  kept.to = result.position;
+  kept.query_hash = step.query_hash_;
+  kept.keys = result.keys;
+  kept.answer_kept = (result.output.size() + result.weights.size()) * sizeof(float) <=
+                     KeptStep::kKeptAnswerBytes;
+  if (kept.answer_kept) {
+    kept.output.assign(result.output.begin(), result.output.end());
+    kept.weights.assign(result.weights.begin(), result.weights.end());
+  }
+  MutexLock lock(mu_);
+  Session& s = *step.session_;
+  if (s.position == kept.to) s.last_step = std::move(kept);
+}
+
+void SessionManager::AnswerAgain(StepCall& step) {
+  {
+    MutexLock lock(mu_);
+    Session& s = *step.session_;
+    --s.queued;
+    s.last_used = clock_.Now();
+  }
+  step.memory->Release();
+  const KeptStep& kept = *step.sent_again_;
+  StepResult result;
+  result.output = kept.output;
+  result.weights = kept.weights;
+  result.position = kept.to;
+  result.keys = kept.keys;
   step.done_(result);
 }
 

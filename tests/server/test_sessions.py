@@ -399,6 +399,15 @@ class SessionParityTest(SessionServer):
         self.assertRegex(run.stdout, r"forked \S+-fork at position 20")
         self.assertRegex(run.stdout, r"fork's continuation against one Attend over its whole "
                                      r"sequence: max \|diff\| \S+ OK")
+        # A step sent twice (its first answer lost) gets the same bits and
+        # is applied once: the session still matches one Attend.
+        run = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "session",
+                              "--model=demo", "--steps=5", "--step_tokens=3", "--resend_step=2",
+                              "--quiet"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("step 2 sent again at expected_position 6: the same answer (bit for bit), "
+                      "position 9", run.stdout)
+        self.assertRegex(run.stdout, r"with is_causal: max \|diff\| \S+ OK")
 
     def test_stream_carries_every_message_and_answers_errors_in_place(self):
         rng = np.random.default_rng(10)
@@ -508,6 +517,60 @@ class SessionParityTest(SessionServer):
             listed = {s.session_id: s for s in self.client.list_sessions("demo")}
             self.assertEqual(listed[session.id].position, 3, "nothing computed")
 
+    def test_a_step_sent_again_gets_the_same_answer_and_the_session_goes_on(self):
+        # Its answer lost (a deadline, a broken connection) after the server
+        # applied it: the same step at the same expected_position is
+        # answered again, bit for bit, and applied once.
+        rng = np.random.default_rng(8)
+        x = randn(rng, 1, 10, DEMO_E)
+        want, _ = reference(self.models["demo"], x, is_causal=True)
+        with self.client.open_session("demo") as session:
+            session.append(x[:, :3])
+            lost = pb.AppendRequest(session_id=session.id, query=mha_client.to_tensor(x[:, 3:6]),
+                                    expected_position=3, need_weights=True)
+            first = self.client._stub.Append(lost, timeout=30)
+            self.assertEqual((first.position, session.position), (6, 3))
+            again, weights = session.append(x[:, 3:6], need_weights=True)
+            self.assertEqual(again.tobytes(), mha_client.from_tensor(first.output).tobytes())
+            self.assertEqual(weights.tobytes(),
+                             mha_client.from_tensor(first.attn_weights).tobytes())
+            self.assertEqual(session.position, 6)
+            self.assertEqual(session.sync(), 6, "applied once")
+            # Other tokens at that position are no retry: refused, saying how to go on.
+            other = pb.AppendRequest(session_id=session.id, expected_position=3,
+                                     query=mha_client.to_tensor(x[:, 6:9]))
+            with self.assertRaises(grpc.RpcError) as caught:
+                self.client._stub.Append(other, timeout=30)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("is at position 6, not at expected_position 3; ask ListSessions",
+                          caught.exception.details())
+            # A step whose fate the client does not know and does not send
+            # again: sync() reads where the server is, and it goes on.
+            self.client._stub.Append(pb.AppendRequest(
+                session_id=session.id, query=mha_client.to_tensor(x[:, 6:7]),
+                expected_position=6), timeout=30)
+            self.assertEqual(session.position, 6)
+            self.assertEqual(session.sync(), 7)
+            self.assertEqual(session.position, 7)
+            self.assert_close(session.append(x[:, 7:10]), want[:, 7:10], "after the retries")
+
+    def test_a_step_whose_answer_was_too_large_to_keep_says_where_to_go_on(self):
+        rng = np.random.default_rng(9)
+        x = randn(rng, 1, 70, DEMO_E)  # 64 x 256 floats of output: 64 KiB, and the weights
+        with self.client.open_session("demo") as session:
+            step = pb.AppendRequest(session_id=session.id, query=mha_client.to_tensor(x[:, :64]),
+                                    expected_position=0, need_weights=True)
+            self.client._stub.Append(step, timeout=30)
+            with self.assertRaises(grpc.RpcError) as caught:
+                session.append(x[:, :64], need_weights=True)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("this step (positions 0 to 64) was applied, but its answer was larger "
+                          "than the 65536 bytes kept for a step sent again; go on from position "
+                          "64", caught.exception.details())
+            self.assertEqual(session.sync(), 64)
+            want, _ = reference(self.models["demo"], x, is_causal=True)
+            self.assert_close(session.append(x[:, 64:]), want[:, 64:], "after sync")
+
     def test_refusals_name_what_is_wrong(self):
         rng = np.random.default_rng(6)
         cases = [
@@ -536,6 +599,13 @@ class SessionParityTest(SessionServer):
                     self.assertEqual(caught.exception.code(), code, caught.exception.details())
                     self.assertIn(part, caught.exception.details())
             self.assertEqual(session.position, 0)
+        with self.assertRaisesRegex(ValueError, "session mine is closed"):
+            session.append(randn(rng, 1, 3, DEMO_E))
+        empty = pb.AppendRequest(session_id="", query=mha_client.to_tensor(randn(rng, 1, DEMO_E)))
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.client._stub.Append(empty, timeout=30)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("session_id: required", caught.exception.details())
 
     def test_max_tokens_close_and_list(self):
         rng = np.random.default_rng(7)
