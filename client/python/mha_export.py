@@ -47,7 +47,9 @@ some are written as zeros. --compute_dtype bf16 (or --bf16) sets
 compute_dtype DATA_TYPE_BF16, --compute_dtype int8 DATA_TYPE_INT8 (int8
 projections, quantized by the server at load; the weights stay F32).
 
---verify serves the folder with mha_server on free loopback ports, feeds the
+--verify serves the folder with mha_server (--server, else $MHA_SERVER, else
+mha_server on PATH, else build/mha_server of the checkout the package was
+installed from) on free loopback ports, feeds the
 module (eval mode, torch.inference_mode) and the server the same random
 input and compares: max abs error <= 1e-5 (bf16: <= 2e-2 of max |output|;
 int8: <= 2e-2 of max(1, max |output|)).
@@ -86,6 +88,36 @@ INT8_REL_TOL = 2e-2
 COMPUTE_DTYPES = {"fp32": "DATA_TYPE_FP32", "bf16": "DATA_TYPE_BF16", "int8": "DATA_TYPE_INT8"}
 DEFAULT_SERVER = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                "..", "..", "build", "mha_server"))
+
+
+def server_candidates():
+    """Where --verify looks for mha_server without --server, in order: the
+    MHA_SERVER environment variable, `mha_server` on PATH, the build of the
+    checkout the package was installed from (recorded at install time), and
+    the build beside this file (run from the source tree)."""
+    candidates = []
+    if os.environ.get("MHA_SERVER"):
+        candidates.append(os.environ["MHA_SERVER"])
+    on_path = shutil.which("mha_server")
+    if on_path:
+        candidates.append(on_path)
+    try:
+        from mha_client_stubs.source_checkout import CHECKOUT  # written by setup.py
+        candidates.append(os.path.join(CHECKOUT, "build", "mha_server"))
+    except ImportError:
+        pass
+    candidates.append(DEFAULT_SERVER)
+    return candidates
+
+
+def _executable(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_server():
+    """(the first executable of server_candidates() or None, every candidate)."""
+    candidates = server_candidates()
+    return next((c for c in candidates if _executable(c)), None), candidates
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "nhead", "n_head")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -444,9 +476,17 @@ def main(argv=None):
     p.add_argument("--canonical_names", action="store_true",
                    help="write tensors under canonical names (no tensor_prefix/tensor_names)")
     p.add_argument("--verify", action="store_true", help="serve the folder and compare")
-    p.add_argument("--server", default=DEFAULT_SERVER, help=f"mha_server (default {DEFAULT_SERVER})")
+    p.add_argument("--server", help="mha_server for --verify (default: $MHA_SERVER, then "
+                   "mha_server on PATH, then the build of the checkout this was installed from)")
     args = p.parse_args(argv)
-    if args.verify and not (os.path.isfile(args.server) and os.access(args.server, os.X_OK)):
+    if args.verify and args.server is None:
+        args.server, tried = find_server()
+        if args.server is None:
+            print("mha_export: --verify needs mha_server, and none of these is an executable "
+                  f"file: {', '.join(tried)}; build it (bash deploy/debian/build.sh), put it on "
+                  "PATH or pass --server PATH; nothing was written", file=sys.stderr)
+            return 2
+    elif args.verify and not _executable(args.server):
         print(f"mha_export: --verify needs mha_server, and {args.server} is not an executable "
               "file: build it (bash deploy/debian/build.sh) or pass --server PATH; nothing "
               "was written", file=sys.stderr)

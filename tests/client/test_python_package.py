@@ -140,6 +140,47 @@ class InstalledPackageTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertIn("--module", run.stdout)
 
+    def export_verify(self, path_dirs, env_server=None):
+        """Runs the installed mha_export --verify (no --server) on a small
+        layer with PATH = `path_dirs` + the system's, outside the tree."""
+        work = tempfile.mkdtemp(dir=self.tmp)
+        layer = os.path.join(work, "layer.pt")
+        import torch
+        torch.save(torch.nn.MultiheadAttention(32, 4, batch_first=True), layer)
+        env = dict(os.environ, PYTHONPATH=self.site,
+                   PATH=os.pathsep.join(path_dirs + ["/usr/bin", "/bin"]))
+        env.pop("MHA_SERVER", None)
+        if env_server:
+            env["MHA_SERVER"] = env_server
+        return subprocess.run([os.path.join(self.site, "bin", "mha_export"), "--module", layer,
+                               "--out", os.path.join(work, "m"), "--verify"], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    def test_export_verify_finds_the_server_on_path_then_in_the_checkout(self):
+        # On PATH: a wrapper that says it ran, then runs the real server.
+        bin_dir = tempfile.mkdtemp(dir=self.tmp)
+        ran = os.path.join(bin_dir, "ran")
+        with open(os.path.join(bin_dir, "mha_server"), "w") as f:
+            f.write(f'#!/bin/sh\ntouch "{ran}"\nexec "{os.path.abspath(MHA_SERVER)}" "$@"\n')
+        os.chmod(os.path.join(bin_dir, "mha_server"), 0o755)
+        run = self.export_verify([bin_dir])
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertTrue(os.path.exists(ran), "the mha_server on PATH served the check")
+        # Not on PATH: the build of the checkout it was installed from.
+        checkout_build = os.path.join(self.tmp, "src", "build")
+        os.makedirs(checkout_build, exist_ok=True)
+        os.symlink(os.path.abspath(MHA_SERVER), os.path.join(checkout_build, "mha_server"))
+        try:
+            run = self.export_verify([])
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        finally:
+            os.remove(os.path.join(checkout_build, "mha_server"))
+        # Nowhere: exit 2, naming every place it looked and what to do.
+        run = self.export_verify([])
+        self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
+        self.assertIn(os.path.join(self.tmp, "src", "build", "mha_server"), run.stderr)
+        self.assertIn("put it on PATH or pass --server PATH", run.stderr)
+
     def test_copied_module_without_stubs_says_how_to_install(self):
         lone = tempfile.mkdtemp(dir=self.tmp)
         shutil.copy(os.path.join(REPO_ROOT, "client", "python", "mha_client.py"), lone)
