@@ -52,6 +52,7 @@
 #include "client/session_file.h"
 #include "client/session_load.h"
 #include "client/tensor_files.h"
+#include "engine/cli/command_line.h"
 #include "engine/file_read.h"
 #include "engine/large_buffer.h"
 #include "engine/status_macros.h"
@@ -147,13 +148,21 @@ std::set<std::string>& GivenFlags() {
   return *given;
 }
 
-void RecordGivenFlags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
-    GivenFlags().insert(std::string(arg.substr(0, arg.find('='))));
-  }
+// The groups of --help, by command.
+std::vector<FlagGroup> FlagGroups() {
+  return {
+      {"Connection (every command)",
+       {"target", "tls", "ca", "tls_cert", "tls_key", "token_file", "token", "deadline_ms",
+        "max_message_bytes", "model", "model_version"}},
+      {"attend: one Attend call",
+       {"batch", "len", "kv_len", "seed", "query", "random", "key", "value", "masks", "is_causal",
+        "causal", "need_weights", "per_head_weights", "bf16", "fp16", "out"}},
+      {"session: a session stepped and checked against one Attend",
+       {"steps", "step_tokens", "quiet", "fork_at", "retries", "resend_step"}},
+      {"load: a load generator (Attend calls or sessions)",
+       {"concurrency", "duration", "requests", "warmup_requests", "len_range", "rate", "stream",
+        "sessions", "json", "sweep", "sweep_out"}},
+  };
 }
 
 // The dtype of the query, key and value on the wire (--bf16, --fp16).
@@ -318,8 +327,10 @@ int main(int argc, char** argv) {
       "load_model NAME | unload_model NAME | export_session ID FILE | import_session FILE "
       "[NEW_ID]} [--target "
       "host:port] [--tls [--ca FILE] [--tls_cert FILE --tls_key FILE]] [--token_file FILE]");
-  mha::client::RecordGivenFlags(argc, argv);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  const mha::CommandLine line = mha::ParseCommandLineOrExit(argc, argv, absl::ProgramUsageMessage(),
+                                                            mha::client::FlagGroups(), "client/");
+  mha::client::GivenFlags() = line.given;
+  const std::vector<char*>& args = line.args;
   if (args.size() < 2) {
     std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
     return 2;

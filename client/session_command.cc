@@ -52,10 +52,10 @@ bool MayHaveBeenApplied(const grpc::Status& status) {
 
 // Sends `append`, and again (the same expected_position) up to `retries`
 // times while its answer is lost.
-grpc::Status AppendWithRetries(
-    v1::AttentionService::Stub& stub,
-    const std::function<std::unique_ptr<grpc::ClientContext>()>& context,
-    const v1::AppendRequest& append, int64_t retries, v1::AppendResponse& response) {
+grpc::Status AppendWithRetries(v1::AttentionService::Stub& stub,
+                               const std::function<std::unique_ptr<grpc::ClientContext>()>& context,
+                               const v1::AppendRequest& append, int64_t retries,
+                               v1::AppendResponse& response) {
   grpc::Status status = stub.Append(context().get(), append, &response);
   for (int64_t i = 0; i < retries && MayHaveBeenApplied(status); ++i) {
     std::fprintf(stderr, "step at expected_position %lld: %s; sent again\n",

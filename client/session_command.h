@@ -28,7 +28,7 @@ struct SessionCommandOptions {
   int64_t memory_len = 0;  // > 0: a cross session over a random memory
   int64_t fork_at = 0;     // > 0: fork after this many steps
   uint32_t seed = 1;
-  bool quiet = false;  // no line per step
+  bool quiet = false;        // no line per step
   int64_t retries = 2;       // a step sent again when its answer is lost
   int64_t resend_step = -1;  // >= 0: this step sent twice, both answers compared
   // A new context per call (deadline, token).

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/cli/command_line.h"
 #include "engine/large_buffer.h"
 #include "server/server.h"
 
@@ -110,6 +111,25 @@ std::vector<std::string> LoadModelFlags(int argc, char** argv) {
   return names;
 }
 
+// The groups of --help.
+std::vector<FlagGroup> FlagGroups() {
+  return {
+      {"Models",
+       {"model_repository", "model_name", "model_control_mode", "repository_poll_s", "load_model",
+        "upload_dir"}},
+      {"Ports and messages",
+       {"host", "port", "metrics_port", "http_port", "http_cors_origin", "http_idle_timeout_s",
+        "max_message_bytes"}},
+      {"Security", {"tls_cert", "tls_key", "tls_client_ca", "auth_token_file"}},
+      {"Compute and memory",
+       {"workers", "intra_op_threads", "disable_batching", "max_request_tokens",
+        "memory_limit_bytes", "shutdown_grace_s"}},
+      {"Sessions",
+       {"session_cache_bytes", "max_sessions", "session_max_tokens", "session_idle_timeout_s",
+        "session_spill_dir"}},
+  };
+}
+
 ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
   ServerOptions o;
   o.model_repository = absl::GetFlag(FLAGS_model_repository);
@@ -192,6 +212,14 @@ int main(int argc, char** argv) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::SetProgramUsageMessage("mha_server [--model_repository DIR] [--port N] [--metrics_port N]");
   const std::vector<std::string> load_models = mha::server::LoadModelFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  const mha::CommandLine line = mha::ParseCommandLineOrExit(argc, argv, absl::ProgramUsageMessage(),
+                                                            mha::server::FlagGroups(), "server/");
+  if (line.args.size() > 1) {
+    std::fprintf(stderr,
+                 "INVALID_ARGUMENT: unexpected argument '%s' (flags are --name=value; "
+                 "see --help)\n",
+                 line.args[1]);
+    return 2;
+  }
   return mha::server::Serve(mha::server::OptionsFromFlags(load_models));
 }

@@ -225,8 +225,8 @@ void SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
   kept.to = result.position;
   kept.query_hash = step.query_hash_;
   kept.keys = result.keys;
-  kept.answer_kept = (result.output.size() + result.weights.size()) * sizeof(float) <=
-                     KeptStep::kKeptAnswerBytes;
+  kept.answer_kept =
+      (result.output.size() + result.weights.size()) * sizeof(float) <= KeptStep::kKeptAnswerBytes;
   if (kept.answer_kept) {
     kept.output.assign(result.output.begin(), result.output.end());
     kept.weights.assign(result.weights.begin(), result.weights.end());

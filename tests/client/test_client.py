@@ -297,11 +297,43 @@ class ClientTest(unittest.TestCase):
             (("attend", "--len=70000", "--max_message_bytes=100000000"), 2,
              "more than the server takes"),
             (("load", "--len_range=16:70000"), 2, "the request would be about"),
+            # Issue 85: absl's "ERROR: Illegal value", exit 1, before.
+            (("attend", "--len=x"), 2,
+             "INVALID_ARGUMENT: --len: Illegal value 'x' specified for flag 'len' (see --help)"),
+            (("attend", "--lenn=3"), 2, "INVALID_ARGUMENT: --lenn=3: unknown flag (see --help)"),
+            (("attend", "--nois_causal=1"), 2, "unknown flag"),
+            (("attend", "--model"), 2, "INVALID_ARGUMENT: --model: needs a value"),
         ]
         for args, code, message in cases:
             r = self.client(*args)
             self.assertEqual(r.returncode, code, (args, r.stdout, r.stderr))
             self.assertIn(message, r.stderr, args)
+
+    def test_help_shows_each_programs_own_flags_grouped(self):
+        # Issue 85: both printed "No flags matched" (absl's filter).
+        for binary, groups, flags in (
+                (MHA_CLIENT, ("Connection (every command):", "attend: one Attend call:",
+                              "session: a session stepped", "load: a load generator"),
+                 ("--target (default 127.0.0.1:50051)", "--need_weights", "--resend_step",
+                  "--concurrency")),
+                (MHA_SERVER, ("Models:", "Ports and messages:", "Security:",
+                              "Compute and memory:", "Sessions:"),
+                 ("--model_repository", "--port (default 50051)", "--session_cache_bytes"))):
+            for flag in ("--help", "-h", "--helpfull"):
+                r = subprocess.run([binary, flag], capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, (binary, flag, r.stderr))
+                self.assertTrue(r.stdout.startswith(f"usage: {os.path.basename(binary)}"),
+                                r.stdout[:200])
+                for part in groups + flags:
+                    self.assertIn(part, r.stdout, (binary, flag))
+                self.assertNotIn("No flags matched", r.stdout + r.stderr)
+                self.assertNotIn("Other flags", r.stdout, "every flag is in a group")
+        r = subprocess.run([MHA_SERVER, "--port=abc"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("INVALID_ARGUMENT: --port: Illegal value 'abc'", r.stderr)
+        r = subprocess.run([MHA_SERVER, "stray"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("INVALID_ARGUMENT: unexpected argument 'stray'", r.stderr)
 
     def test_load_honours_len(self):
         r = self.client("load", "--len=40", "--requests=10", "--json")

@@ -22,20 +22,13 @@ std::string HeaderOf(const HttpResponse& r, const std::string& name) {
 
 TEST(HttpRoutesTest, EveryCodeHasTheStatusAClientActsOnRightly) {
   const std::pair<absl::Status, int> table[] = {
-      {absl::InvalidArgumentError("x"), 400},
-      {absl::FailedPreconditionError("x"), 400},
-      {absl::OutOfRangeError("x"), 400},
-      {absl::AlreadyExistsError("x"), 400},
-      {absl::NotFoundError("x"), 404},
-      {absl::UnauthenticatedError("x"), 401},
-      {absl::PermissionDeniedError("x"), 403},
-      {TooLargeError("x"), 413},
-      {absl::ResourceExhaustedError("x"), 503},
-      {absl::UnavailableError("x"), 503},
-      {absl::DeadlineExceededError("x"), 504},
-      {absl::UnimplementedError("x"), 501},
-      {absl::InternalError("x"), 500},
-      {absl::UnknownError("x"), 500},
+      {absl::InvalidArgumentError("x"), 400},   {absl::FailedPreconditionError("x"), 400},
+      {absl::OutOfRangeError("x"), 400},        {absl::AlreadyExistsError("x"), 400},
+      {absl::NotFoundError("x"), 404},          {absl::UnauthenticatedError("x"), 401},
+      {absl::PermissionDeniedError("x"), 403},  {TooLargeError("x"), 413},
+      {absl::ResourceExhaustedError("x"), 503}, {absl::UnavailableError("x"), 503},
+      {absl::DeadlineExceededError("x"), 504},  {absl::UnimplementedError("x"), 501},
+      {absl::InternalError("x"), 500},          {absl::UnknownError("x"), 500},
       {absl::DataLossError("x"), 500},
   };
   for (const auto& [status, http] : table) {
