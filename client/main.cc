@@ -24,7 +24,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <map>
 #include <random>
 #include <set>
@@ -265,22 +264,29 @@ int Attend(v1::AttentionService::Stub& stub, const std::shared_ptr<grpc::Channel
   request.set_per_head_weights(absl::GetFlag(FLAGS_per_head_weights));
   // The request's bytes written once before the clock starts; the response
   // read around its tensors' bytes (attend_wire.h).
+  // The one call polled on this thread, as a blocking client's: not over
+  // gRPC's callback threads, whose leaving at exit can strand the TCP write
+  // backup poller a large request starts, and grpc_shutdown then waits out
+  // its 10 s (issue 85).
   const grpc::ByteBuffer request_bytes = AttendRequestBytes(request);
   grpc::GenericStub generic(channel);
   std::unique_ptr<grpc::ClientContext> context = Context();
-  std::promise<std::pair<absl::Status, std::unique_ptr<ReceivedAttendResponse>>> answered;
+  grpc::CompletionQueue cq;
+  ReceivedAttendResponse received;
   const absl::Time sent = absl::Now();
-  CallAttend(generic, context.get(), request_bytes,
-             [&answered](absl::Status s, std::unique_ptr<ReceivedAttendResponse> r) {
-               answered.set_value({std::move(s), std::move(r)});
-             });
-  auto [called, received] = answered.get_future().get();
+  const absl::Status called =
+      CallAttendPolling(generic, context.get(), request_bytes, cq, received);
   const double ms = absl::ToDoubleMilliseconds(absl::Now() - sent);
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
   if (!called.ok()) {
     return ReportError(
         grpc::Status(static_cast<grpc::StatusCode>(called.code()), std::string(called.message())));
   }
-  const v1::AttendResponse response = received->Whole();
+  const v1::AttendResponse response = received.Whole();
   const std::vector<float> out = TensorValues(response.output());
   double checksum = 0;
   for (float v : out) checksum += v;

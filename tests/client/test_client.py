@@ -127,6 +127,29 @@ class ClientTest(unittest.TestCase):
         self.assertTrue(failed.stderr.startswith("FAILED_PRECONDITION: "), failed.stderr)
         self.assertNotEqual(self.client("frobnicate").returncode, 0)
 
+    def test_a_refused_large_attend_exits_soon_after_its_answer(self):
+        # Issue 85 (2): 16 MiB of query whose weights (1 GiB) the server
+        # refuses at once. Over gRPC's callback threads the client printed
+        # the refusal in ~0.3 s, then grpc_shutdown waited out a stranded
+        # TCP write backup poller for 10 s more, in 8 runs of 20.
+        waits = []
+        for run in range(20):
+            started = time.monotonic()
+            p = subprocess.Popen([MHA_CLIENT, f"--target={self.server.target()}", "attend",
+                                  "--model=demo", "--len=16384", "--need_weights"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            line = p.stderr.readline()
+            answered = time.monotonic()
+            _, rest = p.communicate(timeout=60)
+            exited = time.monotonic()
+            waits.append(round(exited - answered, 3))
+            self.assertTrue(line.startswith("RESOURCE_EXHAUSTED: attn_weights would be "),
+                            line + rest)
+            self.assertEqual(p.returncode, 1)
+            self.assertLess(exited - answered, 1.0,
+                            f"run {run}: refused {answered - started:.2f} s after the start, "
+                            f"exited {exited - answered:.2f} s after that (so far {waits})")
+
     def test_load_json_report_matches_server_counts(self):
         before = metric_value(self.server.metrics(), "mha_requests_total",
                               model="demo", code="OK")
