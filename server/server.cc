@@ -28,7 +28,9 @@
 #include "server/frontends/mha_v1/attention_service.h"
 #include "server/models/model_control.h"
 #include "server/models/model_repository.h"
+#include "server/observability/memory_held.h"
 #include "server/observability/metrics.h"
+#include "server/scheduling/heap_trim.h"
 #include "server/scheduling/memory_budget.h"
 #include "server/scheduling/worker_pool.h"
 #include "server/sessions/session_manager.h"
@@ -116,7 +118,8 @@ absl::Status Server::Build() {
   pool_ = std::make_unique<WorkerPool>(
       WorkerPoolOptions{.workers = options_.workers,
                         .compute_threads = options_.intra_op_threads,
-                        .workspace_hold_bytes = WorkspaceHoldBytes(limit.bytes)});
+                        .workspace_hold_bytes = WorkspaceHoldBytes(limit.bytes),
+                        .memory = memory_.get()});
   // Models warm up for the thread counts the workers' calls use.
   SetCallThreadCounts(pool_->CallThreadCounts());
   models_ = std::make_unique<ModelRepository>(
@@ -192,6 +195,22 @@ absl::Status Server::Build() {
                    static_cast<long long>(restored.failed));
     }
   }
+  memory_held_ = std::make_shared<MemoryHeldCollector>(
+      std::vector<HeldKind>{
+          {"weights", [this] { return NeedOf(*models_).weights; }},
+          {"workspaces", [this] { return pool_->WorkspaceBytesHeld(); }},
+          {"kept_buffers", [] { return static_cast<int64_t>(KeptLargeBytes()); }},
+          {"kv_cache", [this] { return sessions_->pool_bytes_held(); }},
+          {"heap_free", [] { return HeapFreeBytes(); }, /*part_of_resident=*/false},
+      },
+      [] { return ResidentBytes(); });
+  exposer_->RegisterCollectable(memory_held_);
+  // What small requests leave in the heap goes back too; what the server
+  // holds on purpose does not count as the heap's growth.
+  StartHeapTrims([held = std::weak_ptr<MemoryHeldCollector>(memory_held_)] {
+    const std::shared_ptr<MemoryHeldCollector> collector = held.lock();
+    return collector != nullptr ? collector->HeldOnPurpose() : 0;
+  });
   service_ = std::make_unique<AttentionServiceImpl>(*gate_, *control_, *sessions_);
   kserve_calls_ = std::make_unique<KserveCalls>(*gate_, *control_, *sessions_);
   kserve_ = std::make_unique<KserveServiceImpl>(*kserve_calls_);

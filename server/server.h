@@ -29,6 +29,7 @@ class KserveHttpRoutes;
 class KserveCalls;
 class KserveServiceImpl;
 class MemoryBudget;
+class MemoryHeldCollector;
 class Metrics;
 class ModelControl;
 class ModelRepository;
@@ -119,6 +120,9 @@ class Server {
   std::unique_ptr<ModelControl> control_;
   std::unique_ptr<FrontEndGate> gate_;
   std::unique_ptr<SessionManager> sessions_;
+  // Read by the exposer at each scrape (it holds a weak pointer): gone
+  // before what it reads.
+  std::shared_ptr<MemoryHeldCollector> memory_held_;
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<KserveCalls> kserve_calls_;
   std::unique_ptr<KserveServiceImpl> kserve_;

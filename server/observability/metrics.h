@@ -134,7 +134,7 @@ inline constexpr const char* kDropReasons[] = {"deadline", "cancelled", "queue_f
 // The reasons of mha_session_evictions_total and mha_session_steps_dropped_total,
 // each exported at 0 from a model's first load.
 inline constexpr const char* kSessionEvictionReasons[] = {"cache_full", "expired", "failed"};
-inline constexpr const char* kStepDropReasons[] = {"memory", "deadline", "cancelled"};
+inline constexpr const char* kStepDropReasons[] = {"memory", "deadline", "cancelled", "queue_full"};
 
 // The label value used for requests naming no loaded model.
 inline constexpr char kUnknownModelLabel[] = "_unknown";

@@ -4,16 +4,28 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
+#include <utility>
 
 #include "absl/time/clock.h"
 #include "engine/mutex.h"
+#include "server/scheduling/memory_budget.h"
 
 namespace mha::server {
 
 void TrimSchedule::Request(absl::Time now) {
   if (first_ == absl::InfiniteFuture()) first_ = now;
   last_ = std::max(last_, now);
+}
+
+void TrimSchedule::Resident(absl::Time now, int64_t bytes) {
+  if (growth_ <= 0 || bytes <= 0) return;
+  if (resident_after_trim_ == 0) {
+    resident_after_trim_ = bytes;  // the first reading: the baseline
+  } else if (bytes > resident_after_trim_ + growth_) {
+    Request(now);
+  }
 }
 
 absl::Time TrimSchedule::due() const {
@@ -52,24 +64,53 @@ class DeferredTrim {
   void Loop() {
     pthread_setname_np(pthread_self(), "mha-heap-trim");
     MutexLock lock(mu_);
+    absl::Time next_check = absl::Now();
     while (true) {
-      const absl::Time due = schedule_.due();
-      if (due == absl::InfiniteFuture()) {
-        wake_.Wait(lock);
-      } else if (absl::Now() < due) {
-        wake_.WaitUntil(lock, due);
-      } else {
-        schedule_.Done();
-        lock.Unlock();
-        malloc_trim(0);
+      absl::Time now = absl::Now();
+      if (now >= next_check) {
+        const std::function<int64_t()> held = held_;
+        lock.Unlock();  // the readers take locks of their own
+        const int64_t unexplained = Unexplained(held);
         lock.Lock();
+        now = absl::Now();
+        schedule_.Resident(now, unexplained);
+        next_check = now + kResidentCheck;
       }
+      const absl::Time due = schedule_.due();
+      if (now < due) {
+        wake_.WaitUntil(lock, std::min(due, next_check));
+        continue;
+      }
+      schedule_.Done();
+      const std::function<int64_t()> held = held_;
+      lock.Unlock();
+      malloc_trim(0);
+      const int64_t after = Unexplained(held);
+      trims_.fetch_add(1, std::memory_order_relaxed);
+      lock.Lock();
+      schedule_.Trimmed(after);
     }
   }
 
+  // The resident set less what `held` says is held on purpose.
+  static int64_t Unexplained(const std::function<int64_t()>& held) {
+    const int64_t resident = ResidentBytes();
+    return resident <= 0 ? 0 : std::max<int64_t>(1, resident - (held ? held() : 0));
+  }
+
+ public:
+  int64_t trims() const { return trims_.load(std::memory_order_relaxed); }
+  void SetHeld(std::function<int64_t()> held) {
+    MutexLock lock(mu_);
+    held_ = std::move(held);
+  }
+
+ private:
   Mutex mu_;
   CondVar wake_;
-  TrimSchedule schedule_ ABSL_GUARDED_BY(mu_){kTrimQuiet, kTrimAtMost};
+  TrimSchedule schedule_ ABSL_GUARDED_BY(mu_){kTrimQuiet, kTrimAtMost, kResidentGrowthTrim};
+  std::atomic<int64_t> trims_{0};
+  std::function<int64_t()> held_ ABSL_GUARDED_BY(mu_);
 };
 
 // How many TightHeapTrim scopes are open. Thread-safe.
@@ -93,6 +134,9 @@ DeferredTrim& Deferred() {
 void LargeWorkStarted() { Deferred().Started(); }
 void LargeWorkDone() { Deferred().Finished(); }
 void TrimHeapSoon() { Deferred().Request(); }
+void StartHeapTrims(std::function<int64_t()> held) { Deferred().SetHeld(std::move(held)); }
+int64_t HeapTrims() { return Deferred().trims(); }
+int64_t HeapFreeBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 
 TightHeapTrim::TightHeapTrim() {
   TightScopes& scopes = Tight();

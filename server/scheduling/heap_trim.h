@@ -11,6 +11,9 @@
 #ifndef MHA_SERVER_SCHEDULING_HEAP_TRIM_H_
 #define MHA_SERVER_SCHEDULING_HEAP_TRIM_H_
 
+#include <cstdint>
+#include <functional>
+
 #include "absl/time/time.h"
 #include "engine/large_buffer.h"
 
@@ -23,10 +26,19 @@ inline constexpr int kTightHeapTrimThreshold = 4 << 20;
 // When a deferred trim is due: `quiet` after the last request, while no
 // large work is running, and no later than `at_most` after the first
 // request not trimmed yet (large requests that never stop still see their
-// freed memory given back). Not thread-safe.
+// freed memory given back). Unexplained memory (the resident set less what
+// the server holds on purpose: SetHeldBytesReader) grown by `growth` above
+// its lowest level after a trim is a request too: small requests of many
+// sizes beside session steps, on many threads, leave free memory in glibc's
+// arenas that no large request asks to trim (such a mixed load grew the
+// server by 0.37 MB/s, more than 1 GB an hour; docs/RELIABILITY.md,
+// "Memory"). The lowest level, not the last: a trim made while requests
+// were in flight would otherwise raise the bar step by step. Not
+// thread-safe.
 class TrimSchedule {
  public:
-  TrimSchedule(absl::Duration quiet, absl::Duration at_most) : quiet_(quiet), at_most_(at_most) {}
+  TrimSchedule(absl::Duration quiet, absl::Duration at_most, int64_t growth = 0)
+      : quiet_(quiet), at_most_(at_most), growth_(growth) {}
 
   // Large work started: a trim now would give back what it is about to
   // reuse (its answer's buffers).
@@ -41,11 +53,24 @@ class TrimSchedule {
   void Request(absl::Time now);
   // When the pending trim is due; InfiniteFuture when none is pending.
   absl::Time due() const;
-  // The trim was made.
+  // The unexplained memory read at `now` (every kResidentCheck): more than
+  // `growth` above the lowest level after a trim (or the first reading), a
+  // trim is requested.
+  void Resident(absl::Time now, int64_t bytes);
+  // The trim is being made (what is requested from now on is for the next).
   void Done() { first_ = absl::InfiniteFuture(); }
+  // The unexplained memory once it was made: the baseline of Resident's
+  // growth when it is the lowest yet.
+  void Trimmed(int64_t after) {
+    if (after > 0 && (resident_after_trim_ == 0 || after < resident_after_trim_)) {
+      resident_after_trim_ = after;
+    }
+  }
 
  private:
   const absl::Duration quiet_, at_most_;
+  const int64_t growth_;  // 0: the resident set requests nothing
+  int64_t resident_after_trim_ = 0;
   int running_ = 0;
   absl::Time first_ = absl::InfiniteFuture();  // the first request not trimmed yet
   absl::Time last_ = absl::InfinitePast();
@@ -56,6 +81,20 @@ class TrimSchedule {
 // trimmed yet), on a thread of its own. Thread-safe; each returns at once.
 inline constexpr absl::Duration kTrimQuiet = absl::Seconds(2);
 inline constexpr absl::Duration kTrimAtMost = absl::Seconds(10);
+// The trim thread reads the resident set this often, and asks for a trim
+// once it has grown this much since the last trim.
+inline constexpr absl::Duration kResidentCheck = absl::Seconds(5);
+inline constexpr int64_t kResidentGrowthTrim = int64_t{4} << 20;
+// Starts the trim thread now, so that it reads the resident set from the
+// start (else it starts at the first large request), with what the server
+// holds on purpose (`held`: thread-safe; its growth is not the heap's).
+// Called once by the Server.
+void StartHeapTrims(std::function<int64_t()> held);
+// Trims made so far (for tests and /metrics).
+int64_t HeapTrims();
+// The free bytes glibc's arenas hold (mallinfo2's fordblks: resident or
+// given back by a trim).
+int64_t HeapFreeBytes();
 // A large request started (its memory reserved) / it is done.
 void LargeWorkStarted();
 void LargeWorkDone();

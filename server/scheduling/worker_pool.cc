@@ -63,6 +63,7 @@ WorkerPool::WorkerPool(WorkerPoolOptions options)
       share_threads_(ShareThreads(options)),
       clock_(options.clock != nullptr ? *options.clock : RealClock::Get()),
       workspace_hold_bytes_(options.workspace_hold_bytes),
+      memory_(options.memory),
       next_(queues_.end()) {
   for (int i = 0; i < std::max(1, options.workers); ++i) {
     threads_.emplace_back([this, i] {
@@ -252,9 +253,25 @@ void WorkerPool::WorkerLoop(bool lead) {
   bool waited = false;                 // counted in workers_waiting_
   // When `ws`'s buffers beyond kWorkspaceKeepBytes go back, if it holds any.
   absl::Time hold_until = absl::InfiniteFuture();
-  auto give_back = [&] {  // them now (mu_ not held)
+  int64_t published = 0;  // this worker's part of workspace_bytes_held_
+  auto publish = [&] {    // what its workspaces hold now
+    const int64_t held =
+        static_cast<int64_t>(ws->bytes_held() + (step_ws != nullptr ? step_ws->bytes_held() : 0));
+    workspace_bytes_held_.fetch_add(held - published);
+    published = held;
+  };
+  MemoryReservation holding;  // the held bytes above the keep, in the budget
+  auto give_back = [&] {      // them now (mu_ not held)
     hold_until = absl::InfiniteFuture();
     if (MhaEngine::ReleaseLargeWorkspace(*ws)) TrimHeapSoon();
+    holding.Release();
+    publish();
+  };
+  // Whether `above_keep` bytes may stay held: reserved in the budget.
+  auto reserve_held = [&](int64_t above_keep) {
+    if (memory_ == nullptr) return true;
+    const int64_t more = above_keep - holding.bytes();
+    return more <= 0 || memory_->TryGrowActive(more, holding) == MemoryBudget::Growth::kGrown;
   };
   ws->set_between_blocks([this, &step_ws, &may_yield] {
     if (!may_yield || !SessionsInUse()) return false;  // no step is likely
@@ -268,7 +285,10 @@ void WorkerPool::WorkerLoop(bool lead) {
     bool memory_wait = false;
     std::unique_ptr<PoolWork> work = NextWork(from, wait_until, memory_wait);
     if (work == nullptr) {
-      if (stopping_) return;
+      if (stopping_) {
+        workspace_bytes_held_.fetch_sub(published);
+        return;
+      }
       if (hold_until <= clock_.Now() || (memory_wait && hold_until != absl::InfiniteFuture())) {
         lock.Unlock();
         give_back();
@@ -307,8 +327,10 @@ void WorkerPool::WorkerLoop(bool lead) {
     // calls stop.
     const size_t held = ws->bytes_held();
     if (held > MhaEngine::kWorkspaceKeepBytes &&
-        held <= static_cast<size_t>(workspace_hold_bytes_)) {
+        held <= static_cast<size_t>(workspace_hold_bytes_) &&
+        reserve_held(static_cast<int64_t>(held - MhaEngine::kWorkspaceKeepBytes))) {
       hold_until = clock_.Now() + kTrimQuiet;
+      publish();
     } else {
       give_back();
     }

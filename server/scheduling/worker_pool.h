@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "engine/mutex.h"
 #include "server/scheduling/clock.h"
+#include "server/scheduling/memory_budget.h"
 
 namespace mha {
 class Workspace;
@@ -79,13 +80,18 @@ struct WorkerPoolOptions {
   // made no call for kTrimQuiet; a larger one goes back after its call. 0:
   // every such workspace goes back after its call.
   int64_t workspace_hold_bytes = 0;
+  // Where a held workspace's bytes above the keep are reserved while it is
+  // held (borrowed; null: nowhere); when they do not fit, it goes back at
+  // once.
+  MemoryBudget* memory = nullptr;
 };
 
 // What a worker may hold of a large call's workspace (workspace_hold_bytes)
 // under the server's memory limit: a sixteenth of the limit, at most
-// kWorkspaceHoldMax. The bytes held are not reserved in the memory budget
-// (as glibc's kept free memory is not): a sixteenth of the limit a worker,
-// for at most kTrimQuiet after its last call that needed them. Freed after
+// kWorkspaceHoldMax. The bytes held above the keep are reserved in the
+// memory budget while they are held (WorkerPoolOptions::memory), for at
+// most kTrimQuiet after the worker's last call that needed them, or until
+// a request waits for memory. Freed after
 // every call, a large call's workspace was faulted in again by the next,
 // and gRPC's own buffers were slower too (16 x 1024 fp32 at E = 256 on the
 // AMD EPYC VM, alternated: 524 against 344 page faults a call, the server's
@@ -142,6 +148,9 @@ class WorkerPool {
   static constexpr size_t kYieldWorkspaceKeepBytes = size_t{8} << 20;
   // What the workers' workspaces may keep between calls, together.
   int64_t KeptWorkspaceBytes() const;
+  // What the workers' workspaces hold now, together, as of each one's last
+  // call (mha_memory_held_bytes{kind="workspaces"}).
+  int64_t WorkspaceBytesHeld() const { return workspace_bytes_held_.load(); }
   // Calls of steps run inside another call's yield so far.
   uint64_t CallsRunInYields() const { return calls_run_in_yields_.load(); }
   // The most threads one engine call uses (what its memory is charged for).
@@ -179,6 +188,7 @@ class WorkerPool {
   const int all_threads_, share_threads_;
   const Clock& clock_;
   const int64_t workspace_hold_bytes_;
+  MemoryBudget* const memory_;
   Mutex mu_;
   // New work wakes the lead worker (0) first when it waits, the others
   // (on work_cv_) only when it does not: at one client every call runs on
@@ -194,7 +204,8 @@ class WorkerPool {
   std::list<Registration> queues_ ABSL_GUARDED_BY(mu_);
   std::list<Registration>::iterator next_ ABSL_GUARDED_BY(mu_);  // where the next scan starts
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<int> calls_running_{0};  // engine calls running now
+  std::atomic<int> calls_running_{0};             // engine calls running now
+  std::atomic<int64_t> workspace_bytes_held_{0};  // every worker's, after its last call
   // Queues woken for steps since their last poll (changed with mu_ held;
   // read without it at a yield point).
   std::atomic<int> step_queues_{0};

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -16,25 +17,52 @@
 
 namespace mha::server {
 
-// A self session's last step, kept so that the same step sent again at the
-// same expected_position (its answer lost to the caller's deadline or
-// connection) is answered again, not refused: where it went from and to,
-// a hash of its query and options, and its answer when that is at most
-// kKeptAnswerBytes (docs/SESSIONS.md, "Retrying a step").
-struct KeptStep {
-  static constexpr size_t kKeptAnswerBytes = size_t{64} << 10;
-  int64_t from = -1, to = -1;
-  size_t query_hash = 0;
-  bool answer_kept = false;
+// A step's answer as it was sent, kept for the same step sent again.
+struct KeptAnswer {
   std::vector<float> output, weights;
   int64_t keys = 0;
+};
+
+// A self session's last step, kept so that the same step sent again at the
+// same expected_position (its answer lost to the caller's deadline or
+// connection) is answered again, not refused: where it went from and to, a
+// hash of its query and options, and its answer when that is at most
+// kKeptAnswerBytes and the session cache's budget has room for it (it is
+// counted there until the session moves on or goes; docs/SESSIONS.md,
+// "Retrying a step"). Movable, not copyable.
+struct KeptStep {
+  static constexpr int64_t kKeptAnswerBytes = int64_t{64} << 10;
+  int64_t from = -1, to = -1;
+  size_t query_hash = 0;
+  std::shared_ptr<const KeptAnswer> answer;  // null: not kept
+  KvBlockPool* charged = nullptr;            // where answer_bytes() are counted
+  int64_t answer_bytes = 0;
+
+  KeptStep() = default;
+  KeptStep(KeptStep&& other) noexcept { *this = std::move(other); }
+  KeptStep& operator=(KeptStep&& other) noexcept {
+    if (this != &other) {
+      Uncharge();
+      from = other.from, to = other.to, query_hash = other.query_hash;
+      answer = std::move(other.answer);
+      charged = std::exchange(other.charged, nullptr);
+      answer_bytes = std::exchange(other.answer_bytes, 0);
+    }
+    return *this;
+  }
+  ~KeptStep() { Uncharge(); }
 
   // Whether a step of `query_hash` expecting position `expected`, with the
   // session at `position`, is this step sent again.
   bool SentAgain(int64_t expected, int64_t position, size_t hash) const {
     return from == expected && to == position && query_hash == hash;
   }
-  size_t answer_bytes() const { return (output.size() + weights.size()) * sizeof(float); }
+
+ private:
+  void Uncharge() {
+    if (charged != nullptr) charged->Uncharge(answer_bytes);
+    charged = nullptr;
+  }
 };
 
 // Guarded by SessionManager::mu_, except the cache's contents, which the
@@ -108,7 +136,7 @@ class SessionManager::StepCall final : public StepTask {
   size_t query_hash_ = 0;       // set by Step: its query's bytes and options
   // Set by Begin when it is the session's last step sent again: the kept
   // answer it is given without computing (Begin refuses it with OK).
-  std::unique_ptr<KeptStep> sent_again_;
+  std::shared_ptr<const KeptAnswer> sent_again_;
 };
 
 // A cross session's encoder memory as its batcher carries it: owns the open's

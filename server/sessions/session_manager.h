@@ -197,6 +197,9 @@ class SessionManager {
   void Stop();
 
   int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
+  // What the cache holds: blocks in use, kept for reuse, and the answers
+  // kept for a step sent again (mha_memory_held_bytes{kind="kv_cache"}).
+  int64_t pool_bytes_held() const { return pool_.bytes_held(); }
   int64_t cache_budget() const { return pool_.budget(); }
 
  private:

@@ -154,13 +154,14 @@ absl::Status SessionManager::NotAtExpectedLocked(const Session& s, StepCall& ste
     return absl::FailedPreconditionError(
         absl::StrCat(not_there, "; ask ListSessions for its position and go on from there"));
   }
-  if (!last.answer_kept) {
+  if (last.answer == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         not_there, ": this step (positions ", last.from, " to ", last.to,
-        ") was applied, but its answer was larger than the ", KeptStep::kKeptAnswerBytes,
-        " bytes kept for a step sent again; go on from position ", position));
+        ") was applied, but its answer was not kept (larger than the ", KeptStep::kKeptAnswerBytes,
+        " bytes kept for a step sent again, or no room in ",
+        "--session_cache_bytes); go on from position ", position));
   }
-  step.sent_again_ = std::make_unique<KeptStep>(last);
+  step.sent_again_ = last.answer;
   return absl::OkStatus();
 }
 
@@ -224,12 +225,16 @@ void SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
   kept.from = result.position - step.tokens();
   kept.to = result.position;
   kept.query_hash = step.query_hash_;
-  kept.keys = result.keys;
-  kept.answer_kept =
-      (result.output.size() + result.weights.size()) * sizeof(float) <= KeptStep::kKeptAnswerBytes;
-  if (kept.answer_kept) {
-    kept.output.assign(result.output.begin(), result.output.end());
-    kept.weights.assign(result.weights.begin(), result.weights.end());
+  const int64_t bytes =
+      static_cast<int64_t>((result.output.size() + result.weights.size()) * sizeof(float));
+  if (bytes <= KeptStep::kKeptAnswerBytes && pool_.Charge(bytes)) {
+    kept.charged = &pool_;
+    kept.answer_bytes = bytes;
+    auto answer = std::make_shared<KeptAnswer>();
+    answer->output.assign(result.output.begin(), result.output.end());
+    answer->weights.assign(result.weights.begin(), result.weights.end());
+    answer->keys = result.keys;
+    kept.answer = std::move(answer);
   }
   MutexLock lock(mu_);
   Session& s = *step.session_;
@@ -244,11 +249,11 @@ void SessionManager::AnswerAgain(StepCall& step) {
     s.last_used = clock_.Now();
   }
   step.memory->Release();
-  const KeptStep& kept = *step.sent_again_;
+  const KeptAnswer& kept = *step.sent_again_;
   StepResult result;
   result.output = kept.output;
   result.weights = kept.weights;
-  result.position = kept.to;
+  result.position = *step.params_.expected_position + step.tokens();
   result.keys = kept.keys;
   step.done_(result);
 }

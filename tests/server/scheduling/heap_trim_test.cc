@@ -60,5 +60,40 @@ TEST(TrimScheduleTest, ARequestStampedEarlierThanTheLastDoesNotMoveTheTrimForwar
   EXPECT_EQ(schedule.due(), kStart + absl::Milliseconds(100) + kQuiet);
 }
 
+TEST(TrimScheduleTest, AResidentSetGrownSinceTheLastTrimRequestsOne) {
+  const int64_t mib = int64_t{1} << 20;
+  TrimSchedule schedule(kQuiet, kAtMost, /*growth=*/4 * mib);
+  schedule.Resident(kStart, 100 * mib);  // the first reading: the baseline
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture());
+  schedule.Resident(kStart + absl::Seconds(5), 104 * mib);  // not more than the growth
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture());
+  const absl::Time grown = kStart + absl::Seconds(10);
+  schedule.Resident(grown, 105 * mib);
+  EXPECT_EQ(schedule.due(), grown + kQuiet);
+  schedule.Done();
+  schedule.Trimmed(101 * mib);  // what the trim left: the new baseline
+  schedule.Resident(grown + absl::Seconds(5), 104 * mib);
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture());
+  schedule.Resident(grown + absl::Seconds(10), 106 * mib);
+  EXPECT_EQ(schedule.due(), grown + absl::Seconds(10) + kQuiet);
+}
+
+TEST(TrimScheduleTest, ATrimMadeWhileRequestsWereInFlightDoesNotRaiseTheBar) {
+  const int64_t mib = int64_t{1} << 20;
+  TrimSchedule schedule(kQuiet, kAtMost, /*growth=*/4 * mib);
+  schedule.Resident(kStart, 100 * mib);
+  schedule.Done();
+  schedule.Trimmed(112 * mib);  // requests held 12 MiB at that moment
+  schedule.Resident(kStart + absl::Seconds(5), 105 * mib);
+  EXPECT_EQ(schedule.due(), kStart + absl::Seconds(5) + kQuiet) << "measured from 100, not 112";
+}
+
+TEST(TrimScheduleTest, WithoutAGrowthTheResidentSetRequestsNothing) {
+  TrimSchedule schedule(kQuiet, kAtMost);
+  schedule.Resident(kStart, 100);
+  schedule.Resident(kStart + absl::Seconds(5), int64_t{1} << 40);
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture());
+}
+
 }  // namespace
 }  // namespace mha::server
