@@ -15,9 +15,8 @@ namespace mha {
 namespace {
 
 using dims = dnnl::memory::dims;
+using onednn::ActSize;
 using onednn::dt;
-
-size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
 
 std::vector<uint8_t> RowInType(const std::vector<float>& row, dt type) {
   std::vector<uint8_t> bytes(row.size() * ActSize(type));

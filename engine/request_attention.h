@@ -79,7 +79,17 @@ class RequestAttention {
   uint64_t PrimitiveCacheMisses() const { return attention_matmuls_.misses(); }
 
  private:
-  struct Projected;
+  // The head-major buffers of a call's sequences, in the workspace.
+  struct Projected {
+    TokenMajor tokens;  // InPlace sequences read their q, k and v here
+    uint8_t* q = nullptr;
+    uint8_t* k = nullptr;
+    uint8_t* v = nullptr;
+    uint8_t* context_heads = nullptr;
+    int64_t* kv_offsets = nullptr;  // B + 1 entries, in the workspace
+    const float* key_padding = nullptr;
+    const float* attn_mask = nullptr;
+  };
   struct Block;
   // The token-major projections split into heads (with the appended key
   // positions) and the masks made additive.
@@ -96,7 +106,8 @@ class RequestAttention {
   void MergeContexts(const Projected& p, const AttentionBatch& batch, bool weights,
                      uint8_t* context) const;
   // Every sequence on the key-tiled path: their (row block, head) pairs
-  // shared out among the threads, each on a child workspace.
+  // shared out among the threads, each on a child workspace
+  // (request_attention_tiled.cc).
   struct TiledItems;
   struct TiledCursor;
   // Where each thread's run of items starts, and the end: inline up to 64

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -24,6 +25,8 @@ namespace mha {
 namespace onednn {
 // Short for oneDNN's data type, for the engine's internals only.
 using dt = dnnl::memory::data_type;
+// Bytes of an activation element: bf16, else f32.
+inline size_t ActSize(dt type) { return type == dt::bf16 ? 2 : 4; }
 // The process's one oneDNN CPU engine: every MhaEngine's primitives and
 // every workspace's stream are made on it, so any workspace can run any
 // model's primitives.
