@@ -76,6 +76,8 @@ uint16_t Load16(const uint8_t* p) {
   return v;
 }
 
+void Store16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
 // F16 <-> f32 eight at a time with F16C (every x86-64 CPU with AVX has
 // it; exact both ways for finite values, rounding to nearest even), the
 // scalar conversions for the tail and for CPUs without it.
@@ -94,10 +96,7 @@ __attribute__((target("avx,f16c"))) void FloatsToHalves(const float* in, int64_t
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), h);
   }
-  for (; i < n; ++i) {
-    const uint16_t h = FloatToHalf(in[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
+  for (; i < n; ++i) Store16(out + 2 * i, FloatToHalf(in[i]));
 }
 
 // F16C is bit 29 of CPUID 1's ECX (clang 14 has no "f16c" for
@@ -138,16 +137,10 @@ void ConvertFromFloat(const float* values, int64_t n, DType dtype, uint8_t* byte
       return;
     case DType::kF16:
       if (HasF16c()) return FloatsToHalves(values, n, bytes);
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToHalf(values[i]);
-        std::memcpy(bytes + 2 * i, &h, 2);
-      }
+      for (int64_t i = 0; i < n; ++i) Store16(bytes + 2 * i, FloatToHalf(values[i]));
       return;
     case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = FloatToBf16(values[i]);
-        std::memcpy(bytes + 2 * i, &h, 2);
-      }
+      for (int64_t i = 0; i < n; ++i) Store16(bytes + 2 * i, FloatToBf16(values[i]));
       return;
     case DType::kBool:
       return;  // not an output dtype

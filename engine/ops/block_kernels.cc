@@ -35,43 +35,50 @@ __attribute__((always_inline)) inline void AddBf16x16(Floats16& sum, float p,
 
 // kBlockTokens (32) scores per block, [d, 32] keys: four pairs of vector
 // sums (four independent chains of multiply-adds, so their latency
-// overlaps), added at the end.
+// overlaps), added at the end. `add_row(first, second, q[c], row)` adds
+// the products of key row c into a pair of sums; the pair's totals land in
+// `first` and `second`.
 constexpr int64_t kBlockScoreTokens = 32;
 
 template <typename Key, typename AddRow>
 __attribute__((always_inline)) inline void BlockScoresWith(const float* q_f32,
                                                            const uint16_t* q_bf16, const Key* kt,
-                                                           float* out, int64_t n, int64_t d,
-                                                           float scale, const void* next,
-                                                           AddRow add_row) {
-  Floats16 l0 = {}, l1 = {}, l2 = {}, l3 = {}, h0 = {}, h1 = {}, h2 = {}, h3 = {};
+                                                           int64_t d, const void* next,
+                                                           AddRow add_row, Floats16& first,
+                                                           Floats16& second) {
+  Floats16 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
   auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16ToFloat(q_bf16[c]); };
   if (next == nullptr) next = kt;
   int64_t c = 0;
   for (; c + 4 <= d; c += 4) {
     const Key* r = kt + c * kBlockScoreTokens;
     FetchNext<4 * kBlockScoreTokens * sizeof(Key)>(next, c * kBlockScoreTokens * sizeof(Key));
-    add_row(l0, h0, qc(c), r);
-    add_row(l1, h1, qc(c + 1), r + kBlockScoreTokens);
-    add_row(l2, h2, qc(c + 2), r + 2 * kBlockScoreTokens);
-    add_row(l3, h3, qc(c + 3), r + 3 * kBlockScoreTokens);
+    add_row(a0, b0, qc(c), r);
+    add_row(a1, b1, qc(c + 1), r + kBlockScoreTokens);
+    add_row(a2, b2, qc(c + 2), r + 2 * kBlockScoreTokens);
+    add_row(a3, b3, qc(c + 3), r + 3 * kBlockScoreTokens);
   }
-  for (; c < d; ++c) add_row(l0, h0, qc(c), kt + c * kBlockScoreTokens);
-  const Floats16 lo = (l0 + l1) + (l2 + l3), hi = (h0 + h1) + (h2 + h3);
+  for (; c < d; ++c) add_row(a0, b0, qc(c), kt + c * kBlockScoreTokens);
+  first = (a0 + a1) + (a2 + a3);
+  second = (b0 + b1) + (b2 + b3);
+}
+
+// f32 keys: the sums of the low and the high 16 tokens.
+MHA_MULTIVERSION
+void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d, float scale,
+                 const void* next) {
+  Floats16 lo, hi;
+  BlockScoresWith(
+      q, nullptr, kt, d, next,
+      [](Floats16& low, Floats16& high, float qc, const float* row) {
+        AddFloats16(low, qc, row);
+        AddFloats16(high, qc, row + 16);
+      },
+      lo, hi);
   float sums[kBlockScoreTokens];
   std::memcpy(sums, &lo, sizeof lo);
   std::memcpy(sums + 16, &hi, sizeof hi);
   for (int64_t j = 0; j < n; ++j) out[j] = sums[j] * scale;
-}
-
-MHA_MULTIVERSION
-void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t d, float scale,
-                 const void* next) {
-  BlockScoresWith(q, nullptr, kt, out, n, d, scale, next,
-                  [](Floats16& lo, Floats16& hi, float qc, const float* row) {
-                    AddFloats16(lo, qc, row);
-                    AddFloats16(hi, qc, row + 16);
-                  });
 }
 
 // 32 bf16 values as 16 words: the even-indexed values are the low halves
@@ -80,32 +87,28 @@ void BlockScores(const float* q, const float* kt, float* out, int64_t n, int64_t
 typedef uint32_t Words16 __attribute__((vector_size(64), aligned(2)));
 constexpr uint32_t kHighHalf = 0xFFFF0000u;
 
+// even += p * (the even-indexed of 32 bf16 values), odd += p * (the odd ones).
+__attribute__((always_inline)) inline void AddBf16Pairs(Floats16& even, Floats16& odd, float p,
+                                                        const uint16_t* values) {
+  const Words16 w = *reinterpret_cast<const Words16*>(values);
+  even += p * (Floats16)(w << 16);
+  odd += p * (Floats16)(w & kHighHalf);
+}
+
 // Scores of a bf16 block, the even tokens' sums in `even`, the odd ones'
-// in `odd` (four chains each), interleaved back at the end.
+// in `odd`, interleaved back at the end.
 __attribute__((always_inline)) inline void Bf16BlockScores(const float* q_f32,
                                                            const uint16_t* q_bf16,
                                                            const uint16_t* kt, float* out,
                                                            int64_t n, int64_t d, float scale,
                                                            const void* next) {
-  Floats16 e0 = {}, e1 = {}, e2 = {}, e3 = {}, o0 = {}, o1 = {}, o2 = {}, o3 = {};
-  if (next == nullptr) next = kt;
-  auto qc = [&](int64_t c) { return q_f32 != nullptr ? q_f32[c] : Bf16ToFloat(q_bf16[c]); };
-  auto add = [](Floats16& even, Floats16& odd, float q, const uint16_t* row) {
-    const Words16 w = *reinterpret_cast<const Words16*>(row);
-    even += q * (Floats16)(w << 16);
-    odd += q * (Floats16)(w & kHighHalf);
-  };
-  int64_t c = 0;
-  for (; c + 4 <= d; c += 4) {
-    const uint16_t* r = kt + c * kBlockScoreTokens;
-    FetchNext<4 * kBlockScoreTokens * 2>(next, c * kBlockScoreTokens * 2);
-    add(e0, o0, qc(c), r);
-    add(e1, o1, qc(c + 1), r + kBlockScoreTokens);
-    add(e2, o2, qc(c + 2), r + 2 * kBlockScoreTokens);
-    add(e3, o3, qc(c + 3), r + 3 * kBlockScoreTokens);
-  }
-  for (; c < d; ++c) add(e0, o0, qc(c), kt + c * kBlockScoreTokens);
-  const Floats16 even = (e0 + e1) + (e2 + e3), odd = (o0 + o1) + (o2 + o3);
+  Floats16 even, odd;
+  BlockScoresWith(
+      q_f32, q_bf16, kt, d, next,
+      [](Floats16& evens, Floats16& odds, float q, const uint16_t* row) {
+        AddBf16Pairs(evens, odds, q, row);
+      },
+      even, odd);
   float ev[16], od[16];
   std::memcpy(ev, &even, sizeof ev);
   std::memcpy(od, &odd, sizeof od);
@@ -130,12 +133,14 @@ void BlockScoresBf16(const uint16_t* q, const uint16_t* kt, float* out, int64_t 
 // acc[c] += sum_j probs[j] * v[j][c] over `cols` rows of `dv` values:
 // 64 columns at a time, their sums in registers while the rows stream by,
 // two rows at a time into two sets of sums (independent chains of
-// multiply-adds), added at the end. `add` is one row's 16 values into a sum.
-template <typename Value, typename Add>
+// multiply-adds), added at the end. `add_row(s0, s1, s2, s3, p, x)` adds p
+// times one row's 64 values from x into the four sums, as `acc` keeps
+// them (16 each); the columns past the last 64 one by one, in order.
+template <typename Value, typename AddRow>
 __attribute__((always_inline)) inline void AccumulateContextWith(const float* probs, const Value* v,
                                                                  float* acc, int64_t cols,
                                                                  int64_t dv, const void* next,
-                                                                 Add add) {
+                                                                 AddRow add_row) {
   if (next == nullptr) next = v;
   constexpr int kRowBytes = 64 * sizeof(Value);  // one row's 64 columns
   int64_t c0 = 0;
@@ -144,36 +149,22 @@ __attribute__((always_inline)) inline void AccumulateContextWith(const float* pr
     Floats16 a1 = *reinterpret_cast<const Floats16*>(acc + c0 + 16);
     Floats16 a2 = *reinterpret_cast<const Floats16*>(acc + c0 + 32);
     Floats16 a3 = *reinterpret_cast<const Floats16*>(acc + c0 + 48);
-    Floats16 b0 = {}, b1 = {}, b2 = {}, b3 = {};
+    Floats16 b0 = {}, b1 = {}, b2 = {}, b3 = {};  // the odd rows' sums
     int64_t j = 0;
     for (; j + 2 <= cols; j += 2) {
       const Value* x = v + j * dv + c0;
-      const Value* y = x + dv;
       FetchNext<kRowBytes>(next, (j * dv + c0) * sizeof(Value));
       FetchNext<kRowBytes>(next, ((j + 1) * dv + c0) * sizeof(Value));
-      add(a0, probs[j], x);
-      add(a1, probs[j], x + 16);
-      add(a2, probs[j], x + 32);
-      add(a3, probs[j], x + 48);
-      add(b0, probs[j + 1], y);
-      add(b1, probs[j + 1], y + 16);
-      add(b2, probs[j + 1], y + 32);
-      add(b3, probs[j + 1], y + 48);
+      add_row(a0, a1, a2, a3, probs[j], x);
+      add_row(b0, b1, b2, b3, probs[j + 1], x + dv);
     }
-    if (j < cols) {
-      const Value* x = v + j * dv + c0;
-      add(a0, probs[j], x);
-      add(a1, probs[j], x + 16);
-      add(a2, probs[j], x + 32);
-      add(a3, probs[j], x + 48);
-    }
+    if (j < cols) add_row(a0, a1, a2, a3, probs[j], v + j * dv + c0);
     *reinterpret_cast<Floats16*>(acc + c0) = a0 + b0;
     *reinterpret_cast<Floats16*>(acc + c0 + 16) = a1 + b1;
     *reinterpret_cast<Floats16*>(acc + c0 + 32) = a2 + b2;
     *reinterpret_cast<Floats16*>(acc + c0 + 48) = a3 + b3;
   }
-  if (c0 == dv) return;
-  for (int64_t j = 0; j < cols; ++j) {
+  for (int64_t j = 0; j < cols && c0 < dv; ++j) {
     const float p = probs[j];
     const Value* vj = v + j * dv;
     for (int64_t c = c0; c < dv; ++c) acc[c] += p * ValueAsFloat(vj[c]);
@@ -183,8 +174,14 @@ __attribute__((always_inline)) inline void AccumulateContextWith(const float* pr
 MHA_MULTIVERSION
 void AccumulateContext(const float* probs, const float* v, float* acc, int64_t cols, int64_t dv,
                        const void* next) {
-  AccumulateContextWith(probs, v, acc, cols, dv, next,
-                        [](Floats16& sum, float p, const float* x) { AddFloats16(sum, p, x); });
+  AccumulateContextWith(
+      probs, v, acc, cols, dv, next,
+      [](Floats16& s0, Floats16& s1, Floats16& s2, Floats16& s3, float p, const float* x) {
+        AddFloats16(s0, p, x);
+        AddFloats16(s1, p, x + 16);
+        AddFloats16(s2, p, x + 32);
+        AddFloats16(s3, p, x + 48);
+      });
 }
 
 MHA_MULTIVERSION
@@ -193,47 +190,15 @@ void AccumulateContextBf16(const float* probs, const uint16_t* v, float* acc, in
   if (ActiveKernelIsa() == KernelIsa::kAvx512Bf16) {
     return AccumulateContextBf16Dot(probs, v, acc, cols, dv, next);
   }
-  if (next == nullptr) next = v;
-  int64_t c0 = 0;
   // 64 columns at a time as even and odd columns (Words16), so a row is two
   // loads, into sums kept split the same way in `acc` (see
   // MergeSplitContext): [even 0..30, odd 1..31, even 32..62, odd 33..63].
-  for (; c0 + 64 <= dv; c0 += 64) {
-    Floats16 e0 = *reinterpret_cast<const Floats16*>(acc + c0);
-    Floats16 o0 = *reinterpret_cast<const Floats16*>(acc + c0 + 16);
-    Floats16 e1 = *reinterpret_cast<const Floats16*>(acc + c0 + 32);
-    Floats16 o1 = *reinterpret_cast<const Floats16*>(acc + c0 + 48);
-    Floats16 f0 = {}, p0 = {}, f1 = {}, p1 = {};  // the odd rows' sums
-    auto add = [](Floats16& even, Floats16& odd, float p, const uint16_t* x) {
-      const Words16 w = *reinterpret_cast<const Words16*>(x);
-      even += p * (Floats16)(w << 16);
-      odd += p * (Floats16)(w & kHighHalf);
-    };
-    int64_t j = 0;
-    for (; j + 2 <= cols; j += 2) {
-      const uint16_t* x = v + j * dv + c0;
-      FetchNext<128>(next, (j * dv + c0) * 2);  // two rows' 64 columns
-      FetchNext<128>(next, ((j + 1) * dv + c0) * 2);
-      add(e0, o0, probs[j], x);
-      add(e1, o1, probs[j], x + 32);
-      add(f0, p0, probs[j + 1], x + dv);
-      add(f1, p1, probs[j + 1], x + dv + 32);
-    }
-    if (j < cols) {
-      const uint16_t* x = v + j * dv + c0;
-      add(e0, o0, probs[j], x);
-      add(e1, o1, probs[j], x + 32);
-    }
-    *reinterpret_cast<Floats16*>(acc + c0) = e0 + f0;
-    *reinterpret_cast<Floats16*>(acc + c0 + 16) = o0 + p0;
-    *reinterpret_cast<Floats16*>(acc + c0 + 32) = e1 + f1;
-    *reinterpret_cast<Floats16*>(acc + c0 + 48) = o1 + p1;
-  }
-  for (int64_t j = 0; j < cols && c0 < dv; ++j) {  // the rest, in order
-    const float p = probs[j];
-    const uint16_t* vj = v + j * dv;
-    for (int64_t c = c0; c < dv; ++c) acc[c] += p * Bf16ToFloat(vj[c]);
-  }
+  AccumulateContextWith(probs, v, acc, cols, dv, next,
+                        [](Floats16& even0, Floats16& odd0, Floats16& even1, Floats16& odd1,
+                           float p, const uint16_t* x) {
+                          AddBf16Pairs(even0, odd0, p, x);
+                          AddBf16Pairs(even1, odd1, p, x + 32);
+                        });
 }
 
 void MergeSplitContext(float* acc, int64_t dv) {
