@@ -109,6 +109,21 @@ DenseInputs QueryOnly(std::vector<int64_t> shape) {
   return in;
 }
 
+// A random query and key (value = key).
+DenseInputs QueryAndKey(std::vector<int64_t> query, std::vector<int64_t> key) {
+  DenseInputs in = QueryOnly(std::move(query));
+  in.key = Random(std::move(key), 2);
+  return in;
+}
+
+// A random query, key and value.
+DenseInputs QueryKeyValue(std::vector<int64_t> query, std::vector<int64_t> key,
+                          std::vector<int64_t> value) {
+  DenseInputs in = QueryAndKey(std::move(query), std::move(key));
+  in.value = Random(std::move(value), 3);
+  return in;
+}
+
 // Expects Create to fail with INVALID_ARGUMENT containing every `parts`.
 void ExpectRejected(const AttentionDims& dims, const DenseInputs& inputs,
                     const std::vector<std::string>& parts) {
@@ -175,8 +190,7 @@ TEST(AttentionRequestTest, IsCausalIsPassedOn) {
 
 TEST(AttentionRequestTest, KeyWithoutValueUsesTheKeyAsValue) {
   const AttentionDims d = SelfDims();
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   const std::vector<float> key = ToFloatVector(*in.key);
   absl::StatusOr<AttentionRequest> b = Create(d, in);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -191,9 +205,7 @@ TEST(AttentionRequestTest, KeyWithoutValueUsesTheKeyAsValue) {
 
 TEST(AttentionRequestTest, KeyAndValueWithTheirOwnWidths) {
   const AttentionDims d = CrossDims();
-  DenseInputs in = QueryOnly({3, 2, 24});
-  in.key = Random({3, 4, 16}, 2);
-  in.value = Random({3, 4, 20}, 3);
+  DenseInputs in = QueryKeyValue({3, 2, 24}, {3, 4, 16}, {3, 4, 20});
   const std::vector<float> value = ToFloatVector(*in.value);
   absl::StatusOr<AttentionRequest> b = Create(d, in);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -207,9 +219,7 @@ TEST(AttentionRequestTest, KeyAndValueWithTheirOwnWidths) {
 
 TEST(AttentionRequestTest, UnbatchedKeyAndValue) {
   const AttentionDims d = CrossDims();
-  DenseInputs in = QueryOnly({2, 24});
-  in.key = Random({6, 16}, 2);
-  in.value = Random({6, 20}, 3);
+  DenseInputs in = QueryKeyValue({2, 24}, {6, 16}, {6, 20});
   absl::StatusOr<AttentionRequest> b = Create(d, in);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_THAT(b->batch().kv_offsets, ElementsAre(0, 6));
@@ -252,8 +262,7 @@ TEST(AttentionRequestTest, Bf16KeyIsConvertedToF32) {
 
 TEST(AttentionRequestTest, BoolKeyPaddingMaskStaysBool) {
   const AttentionDims d = SelfDims();
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   in.key_padding_mask = Bools({2, 7});
   absl::StatusOr<AttentionRequest> b = Create(d, in);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -282,8 +291,7 @@ TEST(AttentionRequestTest, UnbatchedKeyPaddingMaskIsOneDimensional) {
 
 TEST(AttentionRequestTest, SharedAttnMaskHasZeroOffsets) {
   const AttentionDims d = SelfDims();
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   in.attn_mask = Random({5, 7}, 4);
   const std::vector<float> mask = ToFloatVector(*in.attn_mask);
   absl::StatusOr<AttentionRequest> b = Create(d, in);
@@ -300,8 +308,7 @@ TEST(AttentionRequestTest, SharedAttnMaskHasZeroOffsets) {
 
 TEST(AttentionRequestTest, PerHeadAttnMaskHasOneBlockPerSequence) {
   const AttentionDims d = SelfDims();
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   in.attn_mask = Bools({8, 5, 7});  // B * h = 8
   absl::StatusOr<AttentionRequest> b = Create(d, in);
   ASSERT_TRUE(b.ok()) << b.status();
@@ -342,8 +349,7 @@ TEST(AttentionRequestTest, WeightsShapeCountsBiasKvAndZeroAttn) {
   AttentionDims d = SelfDims();
   d.add_bias_kv = true;
   d.add_zero_attn = true;
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   absl::StatusOr<AttentionRequest> b = Create(d, in);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_THAT(WeightsShape(d, in, false), ElementsAre(2, 5, 9));
@@ -394,42 +400,31 @@ TEST(AttentionRequestTest, BoolKeyIsRejected) {
 }
 
 TEST(AttentionRequestTest, KeyWithOtherBatchSizeIsRejected) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({3, 7, 16}, 2);
-  in.value = Random({3, 7, 20}, 3);
-  ExpectRejected(CrossDims(), in, {"key", "batch size 2", "got 3"});
+  ExpectRejected(CrossDims(), QueryKeyValue({2, 5, 24}, {3, 7, 16}, {3, 7, 20}),
+                 {"key", "batch size 2", "got 3"});
 }
 
 TEST(AttentionRequestTest, KeyWithWrongWidthIsRejected) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 15}, 2);
-  in.value = Random({2, 7, 20}, 3);
-  ExpectRejected(CrossDims(), in, {"key: expected last dimension 16, got 15"});
+  ExpectRejected(CrossDims(), QueryKeyValue({2, 5, 24}, {2, 7, 15}, {2, 7, 20}),
+                 {"key: expected last dimension 16, got 15"});
 }
 
 TEST(AttentionRequestTest, UnbatchedKeyWithBatchedQueryIsRejected) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({7, 24}, 2);
-  ExpectRejected(SelfDims(), in, {"key", "rank"});
+  ExpectRejected(SelfDims(), QueryAndKey({2, 5, 24}, {7, 24}), {"key", "rank"});
 }
 
 TEST(AttentionRequestTest, ValueWithOtherLengthIsRejected) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 16}, 2);
-  in.value = Random({2, 6, 20}, 3);
-  ExpectRejected(CrossDims(), in, {"value: expected shape [2, 7, 20], got [2, 6, 20]"});
+  ExpectRejected(CrossDims(), QueryKeyValue({2, 5, 24}, {2, 7, 16}, {2, 6, 20}),
+                 {"value: expected shape [2, 7, 20], got [2, 6, 20]"});
 }
 
 TEST(AttentionRequestTest, ValueWithWrongWidthIsRejected) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 16}, 2);
-  in.value = Random({2, 7, 16}, 3);
-  ExpectRejected(CrossDims(), in, {"value: expected shape [2, 7, 20], got [2, 7, 16]"});
+  ExpectRejected(CrossDims(), QueryKeyValue({2, 5, 24}, {2, 7, 16}, {2, 7, 16}),
+                 {"value: expected shape [2, 7, 20], got [2, 7, 16]"});
 }
 
 TEST(AttentionRequestTest, KeyPaddingMaskOfQueryLengthWithLongerKeyIsRejected) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   in.key_padding_mask = Bools({2, 5});
   ExpectRejected(SelfDims(), in, {"key_padding_mask: expected shape [2, 7], got [2, 5]"});
 }
@@ -441,8 +436,7 @@ TEST(AttentionRequestTest, KeyPaddingMaskTransposedIsRejected) {
 }
 
 TEST(AttentionRequestTest, AttnMaskOfWrongLengthNamesBothAcceptedShapes) {
-  DenseInputs in = QueryOnly({2, 5, 24});
-  in.key = Random({2, 7, 24}, 2);
+  DenseInputs in = QueryAndKey({2, 5, 24}, {2, 7, 24});
   in.attn_mask = Bools({5, 8});
   ExpectRejected(SelfDims(), in, {"attn_mask", "[5, 7]", "[8, 5, 7]", "got [5, 8]"});
 }
@@ -496,8 +490,7 @@ TEST(AttentionRequestTest, UnalignedF32BytesAreCopiedOnce) {
 }
 
 TEST(AttentionRequestTest, NonFiniteInputsAreRejectedWithTheirIndex) {
-  DenseInputs in = QueryOnly({1, 2, 24});
-  in.key = Random({1, 3, 24}, 2);
+  DenseInputs in = QueryAndKey({1, 2, 24}, {1, 3, 24});
   in.key->f32()[7] = std::numeric_limits<float>::infinity();
   ExpectRejected(SelfDims(), in, {"key: element 7 is inf", "finite"});
 }

@@ -38,77 +38,76 @@ TEST(RequestCodecTest, DecodesAValidRequestAsViewsOfItsBytes) {
   EXPECT_EQ(d->batch().key_padding_mask.data, request.key_padding_mask().data().data());
 }
 
+// Each is INVALID_ARGUMENT, its message naming the field.
 TEST(RequestCodecTest, RejectsEachMalformedFieldWithItsName) {
   struct Case {
     const char* what;
     std::function<void(v1::AttendRequest&)> edit;
-    absl::StatusCode code;
     const char* message;
   };
   const std::vector<Case> cases = {
-      {"no query", [](auto& r) { r.clear_query(); }, absl::StatusCode::kInvalidArgument,
-       "query: required"},
+      {"no query", [](auto& r) { r.clear_query(); }, "query: required"},
       {"bytes", [](auto& r) { r.mutable_query()->mutable_data()->pop_back(); },
-       absl::StatusCode::kInvalidArgument, "query: data has 479 bytes"},
+       "query: data has 479 bytes"},
       {"last dim",
        [](auto& r) {
          *r.mutable_query() = Wire({1, 6, 20}, std::vector<float>(120));
        },
-       absl::StatusCode::kInvalidArgument, "query: expected last dimension 24, got 20"},
+       "query: expected last dimension 24, got 20"},
       {"rank", [](auto& r) { *r.mutable_query() = Wire({120}, std::vector<float>(120)); },
-       absl::StatusCode::kInvalidArgument, "query: expected rank 3"},
+       "query: expected rank 3"},
       {"negative", [](auto& r) { r.mutable_query()->set_shape(1, -5); },
-       absl::StatusCode::kInvalidArgument, "query: negative dimension"},
+       "query: negative dimension"},
       {"overflow",
        [](auto& r) {
          r.mutable_query()->clear_shape();
          for (int64_t d : {int64_t{1} << 40, int64_t{1} << 40, int64_t{24}})
            r.mutable_query()->add_shape(d);
        },
-       absl::StatusCode::kInvalidArgument, "overflows int64"},
+       "overflows int64"},
       {"dtype", [](auto& r) { r.mutable_query()->set_dtype(static_cast<v1::DataType>(99)); },
-       absl::StatusCode::kInvalidArgument, "query: dtype 99"},
+       "query: dtype 99"},
       {"bool query",
        [](auto& r) {
          *r.mutable_query() = BoolWire({1, 2, 24}, std::vector<uint8_t>(48));
        },
-       absl::StatusCode::kInvalidArgument, "query: dtype DATA_TYPE_BOOL"},
+       "query: dtype DATA_TYPE_BOOL"},
       {"nan",
        [](auto& r) {
          float nan = std::numeric_limits<float>::quiet_NaN();
          std::memcpy(r.mutable_query()->mutable_data()->data() + 8, &nan, 4);
        },
-       absl::StatusCode::kInvalidArgument, "query: element 2 is nan"},
+       "query: element 2 is nan"},
       {"value without key", [](auto& r) { *r.mutable_value() = r.query(); },
-       absl::StatusCode::kInvalidArgument, "value: given without key"},
+       "value: given without key"},
       {"empty key",  // would read as self-attention (found by fuzz_request)
        [](auto& r) {
          *r.mutable_key() = Wire({1, 0, 24}, {});
          *r.mutable_value() = Wire({1, 0, 24}, {});
        },
-       absl::StatusCode::kInvalidArgument, "key: shape [1, 0, 24] has no tokens"},
+       "key: shape [1, 0, 24] has no tokens"},
       {"mask shape",
        [](auto& r) {
          *r.mutable_key_padding_mask() = BoolWire({1, 4}, {0, 0, 0, 0});
        },
-       absl::StatusCode::kInvalidArgument, "key_padding_mask: expected shape [1, 5]"},
+       "key_padding_mask: expected shape [1, 5]"},
       {"mask dtype",
        [](auto& r) {
          *r.mutable_attn_mask() = Wire({5, 5}, std::vector<float>(25));
          r.mutable_attn_mask()->set_dtype(v1::DATA_TYPE_UNSPECIFIED);
        },
-       absl::StatusCode::kInvalidArgument, "attn_mask: dtype DATA_TYPE_UNSPECIFIED is not one of"},
+       "attn_mask: dtype DATA_TYPE_UNSPECIFIED is not one of"},
       {"attn mask shape",
        [](auto& r) {
          *r.mutable_attn_mask() = BoolWire({5, 4}, std::vector<uint8_t>(20));
        },
-       absl::StatusCode::kInvalidArgument, "attn_mask: expected shape [5, 5] or [3, 5, 5]"},
+       "attn_mask: expected shape [5, 5] or [3, 5, 5]"},
   };
   for (const Case& c : cases) {
     v1::AttendRequest r = Request(5, 2);
     c.edit(r);
     const absl::Status s = DecodeError(r);
-    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.what << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.what;
   }
 }

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 
+#include <deque>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -30,12 +31,30 @@ class ScriptedQueue final : public PoolQueue {
   ScriptedQueue(std::string name, std::vector<std::string>& log, std::mutex& log_mu,
                 bool log_threads = false)
       : name_(std::move(name)), log_(log), log_mu_(log_mu), log_threads_(log_threads) {}
-  // Works run after `gate` opens; `started` is set when one begins.
-  void Add(int works, std::shared_future<void> gate = {}, std::promise<void>* started = nullptr) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_ += works;
-    gate_ = std::move(gate);
-    started_ = started;
+  // Attaches it to `pool` (which must outlive the attachment); Detach
+  // returns once its works are over.
+  void AttachTo(WorkerPool& pool) {
+    pool_ = &pool;
+    registration_ = pool.Attach(this);
+  }
+  void Detach() { pool_->Detach(registration_); }
+  // Adds `works` and wakes a worker for them (for `steps`: see
+  // WorkerPool::Wake).
+  void Send(int works, bool steps = false) {
+    Add(works, {}, nullptr);
+    pool_->Wake(registration_, steps);
+  }
+  // Sends one work that waits for `gate` (when set) once it has begun, and
+  // returns when it has.
+  void SendAndWaitBegun(std::shared_future<void> gate = {}) {
+    std::promise<void>* begun = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      begun = &begun_.emplace_back();
+    }
+    Add(1, std::move(gate), begun);
+    pool_->Wake(registration_);
+    begun->get_future().wait();
   }
   std::unique_ptr<PoolWork> Poll(Idle&) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -74,6 +93,14 @@ class ScriptedQueue final : public PoolQueue {
   }
 
  private:
+  // Works run after `gate` opens; `started` is set when one begins.
+  void Add(int works, std::shared_future<void> gate, std::promise<void>* started) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ += works;
+    gate_ = std::move(gate);
+    started_ = started;
+  }
+
   struct Logged final : PoolWork {
     Logged(ScriptedQueue& q, std::shared_future<void> g, std::promise<void>* s)
         : queue(q), gate(std::move(g)), started(s) {}
@@ -104,150 +131,13 @@ class ScriptedQueue final : public PoolQueue {
   int polls_ = 0;
   std::shared_future<void> gate_;
   std::promise<void>* started_ = nullptr;
+  // SendAndWaitBegun's promises, kept as long as a work may still set one.
+  std::deque<std::promise<void>> begun_;
+  WorkerPool* pool_ = nullptr;
+  WorkerPool::Registration* registration_ = nullptr;
 };
 
 thread_local int ScriptedQueue::Logged::works_running_here = 0;
-
-TEST(WorkerPoolTest, QueuesWokenForStepsGoFirstThenRoundRobin) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
-  ScriptedQueue busy("busy", log, log_mu), attend("attend", log, log_mu),
-      other("other", log, log_mu), steps("steps", log, log_mu);
-  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
-  auto* busy_r = pool.Attach(&busy);
-  auto* attend_r = pool.Attach(&attend);
-  auto* other_r = pool.Attach(&other);
-  auto* steps_r = pool.Attach(&steps);
-  std::promise<void> open, started;
-  busy.Add(1, open.get_future().share(), &started);
-  pool.Wake(busy_r);
-  started.get_future().wait();  // the one worker is in it
-  attend.Add(2);
-  other.Add(2);
-  steps.Add(1);
-  pool.Wake(attend_r);
-  pool.Wake(other_r);
-  pool.Wake(steps_r, /*steps=*/true);
-  EXPECT_TRUE(pool.StepsRecently());
-  open.set_value();
-  for (int i = 0; i < 100; ++i) {
-    {
-      std::lock_guard<std::mutex> lock(log_mu);
-      if (log.size() == 6) break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  for (auto* r : {busy_r, attend_r, other_r, steps_r}) pool.Detach(r);
-  // Round-robin after the steps: attend, other, attend, other (no queue
-  // takes two turns while another waits).
-  EXPECT_THAT(log, ::testing::ElementsAre("busy", "steps", "attend", "other", "attend", "other"));
-}
-
-// Work handed out from a queue it leaves empty wakes no other worker: at one
-// client, each request used to wake the second worker for a Poll that found
-// nothing (the L = 16 anomaly of issue 50). A queue that may hold more still
-// wakes one.
-TEST(WorkerPoolTest, AQueueLeftEmptyWakesNoOtherWorker) {
-  for (const bool report_empty : {true, false}) {
-    SCOPED_TRACE(report_empty ? "reports empty" : "may hold more");
-    std::vector<std::string> log;
-    std::mutex log_mu;
-    ScriptedQueue queue("q", log, log_mu);
-    queue.report_empty = report_empty;
-    WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
-    auto* registration = pool.Attach(&queue);
-    constexpr int kWorks = 20;
-    for (int i = 1; i <= kWorks; ++i) {
-      queue.Add(1);
-      pool.Wake(registration);
-      for (int tries = 0; tries < 2000; ++tries) {
-        {
-          std::lock_guard<std::mutex> lock(log_mu);
-          if (static_cast<int>(log.size()) == i) break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    }
-    // Time for a worker woken for nothing to ask (it would before Detach).
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    pool.Detach(registration);
-    EXPECT_EQ(log.size(), size_t{kWorks});
-    if (report_empty) {
-      EXPECT_EQ(queue.polls(), kWorks) << "one Poll per work: no worker woken for nothing";
-    } else {
-      EXPECT_GT(queue.polls(), kWorks) << "the other worker asks again";
-    }
-  }
-}
-
-// With --intra_op_threads=0, a call gets the cores no other call holds: all
-// of them when it starts alone, its share (cores / workers) when it starts
-// beside another; a set --intra_op_threads is every call's.
-TEST(WorkerPoolTest, ACallAloneGetsAllCoresACallBesideAnotherItsShare) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
-  ScriptedQueue first("first", log, log_mu, /*log_threads=*/true),
-      second("second", log, log_mu, /*log_threads=*/true);
-  WorkerPool pool(WorkerPoolOptions{.workers = 2, .cores = 4});
-  EXPECT_EQ(pool.MaxThreadsPerCall(), 4);
-  EXPECT_THAT(pool.CallThreadCounts(), ::testing::ElementsAre(2, 4));
-  auto* first_r = pool.Attach(&first);
-  auto* second_r = pool.Attach(&second);
-  std::promise<void> open, started;
-  first.Add(1, open.get_future().share(), &started);
-  pool.Wake(first_r);
-  started.get_future().wait();  // one worker is in it
-  second.Add(1);
-  pool.Wake(second_r);
-  auto wait_for_log = [&](size_t entries) {
-    for (int i = 0; i < 200; ++i) {
-      {
-        std::lock_guard<std::mutex> lock(log_mu);
-        if (log.size() >= entries) return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  };
-  wait_for_log(1);  // the second ran beside the first (which waits for the gate)
-  open.set_value();
-  wait_for_log(2);
-  pool.Detach(first_r);  // returns once the first call is over
-  second.Add(1);         // alone again
-  pool.Wake(second_r);
-  wait_for_log(3);
-  pool.Detach(second_r);
-  EXPECT_THAT(log, ::testing::ElementsAre("second/2", "first/4", "second/4"));
-
-  WorkerPool fixed(WorkerPoolOptions{.workers = 2, .compute_threads = 3, .cores = 4});
-  EXPECT_EQ(fixed.MaxThreadsPerCall(), 3);
-  EXPECT_THAT(fixed.CallThreadCounts(), ::testing::ElementsAre(3));
-}
-
-// AllWorkersBusy (what /metrics splits a queued step's wait by) holds
-// exactly while every worker is in a call.
-TEST(WorkerPoolTest, AllWorkersBusyWhileEveryWorkerIsInACall) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
-  ScriptedQueue first("first", log, log_mu), second("second", log, log_mu);
-  WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
-  auto* first_r = pool.Attach(&first);
-  auto* second_r = pool.Attach(&second);
-  EXPECT_FALSE(pool.AllWorkersBusy());
-  std::promise<void> open, first_started, second_started;
-  std::shared_future<void> gate = open.get_future().share();
-  first.Add(1, gate, &first_started);
-  pool.Wake(first_r);
-  first_started.get_future().wait();
-  EXPECT_FALSE(pool.AllWorkersBusy());  // one worker of two is in a call
-  second.Add(1, gate, &second_started);
-  pool.Wake(second_r);
-  second_started.get_future().wait();
-  EXPECT_TRUE(pool.AllWorkersBusy());
-  open.set_value();
-  pool.Detach(first_r);  // each returns once its call is over
-  pool.Detach(second_r);
-  EXPECT_FALSE(pool.AllWorkersBusy());
-}
 
 // Waits until the log holds `entries` entries, for at most ten seconds,
 // calling `each_time` before each look.
@@ -273,13 +163,114 @@ std::function<void(Workspace&)> YieldUntil(std::vector<std::string>& log, std::m
   };
 }
 
+// Every test's log of the works that ran, for its ScriptedQueues.
+class WorkerPoolTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> log;
+  std::mutex log_mu;
+};
+
+TEST_F(WorkerPoolTest, QueuesWokenForStepsGoFirstThenRoundRobin) {
+  ScriptedQueue busy("busy", log, log_mu), attend("attend", log, log_mu),
+      other("other", log, log_mu), steps("steps", log, log_mu);
+  WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
+  for (ScriptedQueue* q : {&busy, &attend, &other, &steps}) q->AttachTo(pool);
+  std::promise<void> open;
+  busy.SendAndWaitBegun(open.get_future().share());  // the one worker is in it
+  attend.Send(2);
+  other.Send(2);
+  steps.Send(1, /*steps=*/true);
+  EXPECT_TRUE(pool.StepsRecently());
+  open.set_value();
+  WaitForLog(log, log_mu, 6);
+  for (ScriptedQueue* q : {&busy, &attend, &other, &steps}) q->Detach();
+  // Round-robin after the steps: attend, other, attend, other (no queue
+  // takes two turns while another waits).
+  EXPECT_THAT(log, ::testing::ElementsAre("busy", "steps", "attend", "other", "attend", "other"));
+}
+
+// Work handed out from a queue it leaves empty wakes no other worker: at one
+// client, each request used to wake the second worker for a Poll that found
+// nothing (the L = 16 anomaly of issue 50). A queue that may hold more still
+// wakes one.
+TEST_F(WorkerPoolTest, AQueueLeftEmptyWakesNoOtherWorker) {
+  for (const bool report_empty : {true, false}) {
+    SCOPED_TRACE(report_empty ? "reports empty" : "may hold more");
+    log.clear();  // the pool of the round before is gone
+    ScriptedQueue queue("q", log, log_mu);
+    queue.report_empty = report_empty;
+    WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
+    queue.AttachTo(pool);
+    constexpr int kWorks = 20;
+    for (int i = 1; i <= kWorks; ++i) {
+      queue.Send(1);
+      WaitForLog(log, log_mu, i);
+    }
+    // Time for a worker woken for nothing to ask (it would before Detach).
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    queue.Detach();
+    EXPECT_EQ(log.size(), size_t{kWorks});
+    if (report_empty) {
+      EXPECT_EQ(queue.polls(), kWorks) << "one Poll per work: no worker woken for nothing";
+    } else {
+      EXPECT_GT(queue.polls(), kWorks) << "the other worker asks again";
+    }
+  }
+}
+
+// With --intra_op_threads=0, a call gets the cores no other call holds: all
+// of them when it starts alone, its share (cores / workers) when it starts
+// beside another; a set --intra_op_threads is every call's.
+TEST_F(WorkerPoolTest, ACallAloneGetsAllCoresACallBesideAnotherItsShare) {
+  ScriptedQueue first("first", log, log_mu, /*log_threads=*/true),
+      second("second", log, log_mu, /*log_threads=*/true);
+  WorkerPool pool(WorkerPoolOptions{.workers = 2, .cores = 4});
+  EXPECT_EQ(pool.MaxThreadsPerCall(), 4);
+  EXPECT_THAT(pool.CallThreadCounts(), ::testing::ElementsAre(2, 4));
+  first.AttachTo(pool);
+  second.AttachTo(pool);
+  std::promise<void> open;
+  first.SendAndWaitBegun(open.get_future().share());  // one worker is in it
+  second.Send(1);
+  WaitForLog(log, log_mu, 1);  // the second ran beside the first (which waits for the gate)
+  open.set_value();
+  WaitForLog(log, log_mu, 2);
+  first.Detach();  // returns once the first call is over
+  second.Send(1);  // alone again
+  WaitForLog(log, log_mu, 3);
+  second.Detach();
+  EXPECT_THAT(log, ::testing::ElementsAre("second/2", "first/4", "second/4"));
+
+  WorkerPool fixed(WorkerPoolOptions{.workers = 2, .compute_threads = 3, .cores = 4});
+  EXPECT_EQ(fixed.MaxThreadsPerCall(), 3);
+  EXPECT_THAT(fixed.CallThreadCounts(), ::testing::ElementsAre(3));
+}
+
+// AllWorkersBusy (what /metrics splits a queued step's wait by) holds
+// exactly while every worker is in a call.
+TEST_F(WorkerPoolTest, AllWorkersBusyWhileEveryWorkerIsInACall) {
+  ScriptedQueue first("first", log, log_mu), second("second", log, log_mu);
+  WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1});
+  first.AttachTo(pool);
+  second.AttachTo(pool);
+  EXPECT_FALSE(pool.AllWorkersBusy());
+  std::promise<void> open;
+  std::shared_future<void> gate = open.get_future().share();
+  first.SendAndWaitBegun(gate);
+  EXPECT_FALSE(pool.AllWorkersBusy());  // one worker of two is in a call
+  second.SendAndWaitBegun(gate);
+  EXPECT_TRUE(pool.AllWorkersBusy());
+  open.set_value();
+  first.Detach();  // each returns once its call is over
+  second.Detach();
+  EXPECT_FALSE(pool.AllWorkersBusy());
+}
+
 // Steps that arrive while every worker is in a call run inside a long call,
 // between its blocks, on the worker's second workspace, one queue's call a
 // yield, whatever the models: the steps of two models here, while the one
 // worker is in a long call. An Attend queue's work waits for the call's end.
-TEST(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
+TEST_F(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree) {
   ScriptedQueue long_call("long", log, log_mu), attend("attend", log, log_mu),
       steps_a("steps_a", log, log_mu), steps_b("steps_b", log, log_mu);
   for (ScriptedQueue* q : {&long_call, &attend, &steps_a, &steps_b}) q->log_where = true;
@@ -287,23 +278,14 @@ TEST(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree
   attend.steps_lane = true;  // would hand out work, but was not woken for steps
   long_call.body = YieldUntil(log, log_mu, 2);
   WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
-  auto* long_r = pool.Attach(&long_call);
-  auto* attend_r = pool.Attach(&attend);
-  auto* steps_a_r = pool.Attach(&steps_a);
-  auto* steps_b_r = pool.Attach(&steps_b);
-  std::promise<void> started;
-  long_call.Add(1, {}, &started);
-  pool.Wake(long_r);
-  started.get_future().wait();
+  for (ScriptedQueue* q : {&long_call, &attend, &steps_a, &steps_b}) q->AttachTo(pool);
+  long_call.SendAndWaitBegun();
   EXPECT_TRUE(pool.AllWorkersBusy());
-  attend.Add(1);
-  pool.Wake(attend_r);
-  steps_a.Add(1);
-  steps_b.Add(1);
-  pool.Wake(steps_a_r, /*steps=*/true);
-  pool.Wake(steps_b_r, /*steps=*/true);
+  attend.Send(1);
+  steps_a.Send(1, /*steps=*/true);
+  steps_b.Send(1, /*steps=*/true);
   WaitForLog(log, log_mu, 4);  // the attend work too
-  for (auto* r : {long_r, attend_r, steps_a_r, steps_b_r}) pool.Detach(r);
+  for (ScriptedQueue* q : {&long_call, &attend, &steps_a, &steps_b}) q->Detach();
   ASSERT_EQ(log.size(), 4u);
   EXPECT_THAT(std::vector<std::string>(log.begin(), log.begin() + 2),
               ::testing::UnorderedElementsAre("steps_a/yield", "steps_b/yield"));
@@ -314,34 +296,26 @@ TEST(WorkerPoolTest, ALongCallRunsWaitingStepsBetweenItsBlocksWhenNoWorkerIsFree
 
 // The worker in a long call is never the one that takes a step another
 // worker could take: with a worker free, the long call's yields run nothing.
-TEST(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
+TEST_F(WorkerPoolTest, AFreeWorkerTakesTheStepsNotTheLongCall) {
   ScriptedQueue long_call("long", log, log_mu), steps("steps", log, log_mu);
   long_call.log_where = steps.log_where = true;
   steps.steps_lane = true;
   long_call.body = YieldUntil(log, log_mu, 1);
   WorkerPool pool(WorkerPoolOptions{.workers = 2, .compute_threads = 1, .cores = 2});
-  auto* long_r = pool.Attach(&long_call);
-  auto* steps_r = pool.Attach(&steps);
-  std::promise<void> started;
-  long_call.Add(1, {}, &started);
-  pool.Wake(long_r);
-  started.get_future().wait();
+  long_call.AttachTo(pool);
+  steps.AttachTo(pool);
+  long_call.SendAndWaitBegun();
   EXPECT_FALSE(pool.AllWorkersBusy());
-  steps.Add(1);
-  pool.Wake(steps_r, /*steps=*/true);
-  pool.Detach(long_r);
-  pool.Detach(steps_r);
+  steps.Send(1, /*steps=*/true);
+  long_call.Detach();
+  steps.Detach();
   EXPECT_THAT(log, ::testing::ElementsAre("steps/worker", "long/worker"));
   EXPECT_EQ(pool.CallsRunInYields(), 0u);
 }
 
 // A short call (MayYield false: a capped call, whose steps ride in the next
 // one) runs nothing at its yield points.
-TEST(WorkerPoolTest, AShortCallRunsNoStepsInItsYields) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
+TEST_F(WorkerPoolTest, AShortCallRunsNoStepsInItsYields) {
   ScriptedQueue short_call("short", log, log_mu), steps("steps", log, log_mu);
   short_call.log_where = steps.log_where = true;
   short_call.may_yield = false;
@@ -353,47 +327,38 @@ TEST(WorkerPoolTest, AShortCallRunsNoStepsInItsYields) {
     for (int i = 0; i < 20; ++i) ws.BetweenBlocks();
   };
   WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
-  auto* short_r = pool.Attach(&short_call);
-  auto* steps_r = pool.Attach(&steps);
-  short_call.Add(1);
-  pool.Wake(short_r);
+  short_call.AttachTo(pool);
+  steps.AttachTo(pool);
+  short_call.Send(1);
   waiting.get_future().wait();
-  steps.Add(1);
-  pool.Wake(steps_r, /*steps=*/true);
+  steps.Send(1, /*steps=*/true);
   open.set_value();
   WaitForLog(log, log_mu, 2);
-  for (auto* r : {short_r, steps_r}) pool.Detach(r);
+  short_call.Detach();
+  steps.Detach();
   EXPECT_THAT(log, ::testing::ElementsAre("short/worker", "steps/worker"));
   EXPECT_EQ(pool.CallsRunInYields(), 0u);
 }
 
 // Yields take the queues with steps round-robin, one call each: two models
 // whose steps keep coming share a long call's yields in turn.
-TEST(WorkerPoolTest, YieldsServeTheModelsStepsInTurn) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
+TEST_F(WorkerPoolTest, YieldsServeTheModelsStepsInTurn) {
   ScriptedQueue long_call("long", log, log_mu), steps_a("a", log, log_mu),
       steps_b("b", log, log_mu);
   steps_a.steps_lane = steps_b.steps_lane = true;
-  std::promise<void> open, started;
+  std::promise<void> open;
   long_call.body = [&](Workspace& ws) {
     open.get_future().wait();  // both queues hold three calls of steps
     for (int i = 0; i < 6; ++i) ws.BetweenBlocks();
   };
   WorkerPool pool(WorkerPoolOptions{.workers = 1, .compute_threads = 1});
-  auto* long_r = pool.Attach(&long_call);
-  auto* a_r = pool.Attach(&steps_a);
-  auto* b_r = pool.Attach(&steps_b);
-  long_call.Add(1, {}, &started);
-  pool.Wake(long_r);
-  started.get_future().wait();
-  steps_a.Add(3);
-  steps_b.Add(3);
-  pool.Wake(a_r, /*steps=*/true);
-  pool.Wake(b_r, /*steps=*/true);
+  for (ScriptedQueue* q : {&long_call, &steps_a, &steps_b}) q->AttachTo(pool);
+  long_call.SendAndWaitBegun();
+  steps_a.Send(3, /*steps=*/true);
+  steps_b.Send(3, /*steps=*/true);
   open.set_value();
   WaitForLog(log, log_mu, 7);
-  for (auto* r : {long_r, a_r, b_r}) pool.Detach(r);
+  for (ScriptedQueue* q : {&long_call, &steps_a, &steps_b}) q->Detach();
   EXPECT_THAT(log, ::testing::ElementsAre("a", "b", "a", "b", "a", "b", "long"));
   EXPECT_EQ(pool.CallsRunInYields(), 6u);
 }
@@ -402,9 +367,7 @@ TEST(WorkerPoolTest, YieldsServeTheModelsStepsInTurn) {
 // every call runs on the lead worker, so its thread and OpenMP team are the
 // ones the call before used. Idle workers taking turns made the default
 // ~2x slower than --workers=1 on small requests.
-TEST(WorkerPoolTest, OneCallAtATimeRunsOnTheLeadWorker) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
+TEST_F(WorkerPoolTest, OneCallAtATimeRunsOnTheLeadWorker) {
   ScriptedQueue queue("call", log, log_mu);
   queue.report_empty = true;         // as a batcher: no other worker is woken for more
   std::vector<std::string> workers;  // each call's thread name, under log_mu
@@ -416,11 +379,10 @@ TEST(WorkerPoolTest, OneCallAtATimeRunsOnTheLeadWorker) {
   };
   WorkerPool pool(WorkerPoolOptions{.workers = 3, .cores = 2});
   for (size_t i = 1; i <= 6; ++i) {
-    auto* r = pool.Attach(&queue);
-    queue.Add(1);
-    pool.Wake(r);
+    queue.AttachTo(pool);
+    queue.Send(1);
     WaitForLog(log, log_mu, i);
-    pool.Detach(r);  // returns once its worker is back waiting
+    queue.Detach();  // returns once its worker is back waiting
   }
   EXPECT_THAT(workers, ::testing::ElementsAre("mha-worker-0", "mha-worker-0", "mha-worker-0",
                                               "mha-worker-0", "mha-worker-0", "mha-worker-0"));
@@ -428,26 +390,21 @@ TEST(WorkerPoolTest, OneCallAtATimeRunsOnTheLeadWorker) {
 
 // Two at a time: the second goes to another worker while the lead is in a
 // call (the lead is not waited for).
-TEST(WorkerPoolTest, WorkBesideTheLeadsCallGoesToAnotherWorker) {
-  std::vector<std::string> log;
-  std::mutex log_mu;
+TEST_F(WorkerPoolTest, WorkBesideTheLeadsCallGoesToAnotherWorker) {
   ScriptedQueue first("first", log, log_mu, /*log_threads=*/true),
       second("second", log, log_mu, /*log_threads=*/true);
   WorkerPool pool(WorkerPoolOptions{.workers = 2, .cores = 2});
-  auto* first_r = pool.Attach(&first);
-  auto* second_r = pool.Attach(&second);
-  std::promise<void> open, started;
-  first.Add(1, open.get_future().share(), &started);
-  pool.Wake(first_r);
-  started.get_future().wait();  // a worker is in it, held at the gate
-  second.Add(1);
-  pool.Wake(second_r);
+  first.AttachTo(pool);
+  second.AttachTo(pool);
+  std::promise<void> open;
+  first.SendAndWaitBegun(open.get_future().share());  // a worker is in it, held at the gate
+  second.Send(1);
   WaitForLog(log, log_mu, 1);
   EXPECT_THAT(log, ::testing::ElementsAre("second/1"));  // beside the first, its share
   open.set_value();
   WaitForLog(log, log_mu, 2);
-  pool.Detach(first_r);
-  pool.Detach(second_r);
+  first.Detach();
+  second.Detach();
 }
 
 // Calls run one at a time on a one-worker pool; each records the bytes its
@@ -455,7 +412,8 @@ TEST(WorkerPoolTest, WorkBesideTheLeadsCallGoesToAnotherWorker) {
 class HeldBytes {
  public:
   HeldBytes(const WorkerPoolOptions& options, size_t grow)
-      : queue_("call", log_, log_mu_), pool_(options), r_(pool_.Attach(&queue_)) {
+      : queue_("call", log_, log_mu_), pool_(options) {
+    queue_.AttachTo(pool_);
     queue_.report_empty = true;
     queue_.body = [this, grow](Workspace& ws) {
       {
@@ -465,7 +423,7 @@ class HeldBytes {
       ws.Get<uint8_t>(Workspace::kProjQ, grow);
     };
   }
-  ~HeldBytes() { pool_.Detach(r_); }
+  ~HeldBytes() { queue_.Detach(); }
   // Runs one more call; returns what the workspace held when it began.
   size_t Call() {
     size_t before = 0;
@@ -473,8 +431,7 @@ class HeldBytes {
       std::lock_guard<std::mutex> lock(log_mu_);
       before = log_.size();
     }
-    queue_.Add(1);
-    pool_.Wake(r_);
+    queue_.Send(1);
     WaitForLog(log_, log_mu_, before + 1);
     std::lock_guard<std::mutex> lock(log_mu_);
     return held_.back();
@@ -486,12 +443,11 @@ class HeldBytes {
   std::vector<size_t> held_;
   ScriptedQueue queue_;
   WorkerPool pool_;
-  WorkerPool::Registration* r_;
 };
 
 constexpr size_t kLarge = MhaEngine::kWorkspaceKeepBytes + (size_t{1} << 20);
 
-TEST(WorkerPoolTest, ALargeWorkspaceIsHeldUntilItsWorkersCallsStop) {
+TEST_F(WorkerPoolTest, ALargeWorkspaceIsHeldUntilItsWorkersCallsStop) {
   testing::ManualClock clock;
   HeldBytes calls(
       WorkerPoolOptions{
@@ -508,7 +464,7 @@ TEST(WorkerPoolTest, ALargeWorkspaceIsHeldUntilItsWorkersCallsStop) {
   EXPECT_EQ(calls.Call(), 0u);  // given back once they stopped
 }
 
-TEST(WorkerPoolTest, AWorkspaceAboveWhatAWorkerMayHoldGoesBackAfterItsCall) {
+TEST_F(WorkerPoolTest, AWorkspaceAboveWhatAWorkerMayHoldGoesBackAfterItsCall) {
   testing::ManualClock clock;
   HeldBytes calls(
       WorkerPoolOptions{
@@ -518,13 +474,13 @@ TEST(WorkerPoolTest, AWorkspaceAboveWhatAWorkerMayHoldGoesBackAfterItsCall) {
   EXPECT_EQ(calls.Call(), 0u);
 }
 
-TEST(WorkerPoolTest, WithoutAHoldALargeWorkspaceGoesBackAfterEachCall) {
+TEST_F(WorkerPoolTest, WithoutAHoldALargeWorkspaceGoesBackAfterEachCall) {
   HeldBytes calls(WorkerPoolOptions{.workers = 1, .cores = 2}, kLarge);
   EXPECT_EQ(calls.Call(), 0u);
   EXPECT_EQ(calls.Call(), 0u);
 }
 
-TEST(WorkerPoolTest, WhatAWorkerMayHoldFollowsTheMemoryLimit) {
+TEST_F(WorkerPoolTest, WhatAWorkerMayHoldFollowsTheMemoryLimit) {
   EXPECT_EQ(WorkspaceHoldBytes(int64_t{1} << 30), int64_t{64} << 20);
   EXPECT_EQ(WorkspaceHoldBytes(int64_t{24} << 30), kWorkspaceHoldMax);
   EXPECT_EQ(WorkspaceHoldBytes(0), 0);
