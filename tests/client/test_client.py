@@ -58,6 +58,21 @@ class ClientTest(unittest.TestCase):
         return subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", *args],
                               capture_output=True, text=True, timeout=120)
 
+    def load_report(self, *args):
+        """`mha_client load *args --json`, which must exit 0: its report."""
+        r = self.client("load", *args, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def assert_refused(self, args, message, code=2):
+        """`mha_client *args` exits `code` and says `message` on stderr."""
+        r = self.client(*args)
+        self.assertEqual(r.returncode, code, (args, r.stdout, r.stderr))
+        self.assertIn(message, r.stderr, args)
+
+    def counter(self, name, **labels):
+        return metric_value(self.server.metrics(), name, **labels)
+
     def test_health_of_server_and_models(self):
         r = self.client("health")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -84,11 +99,8 @@ class ClientTest(unittest.TestCase):
 
     def test_load_refuses_a_concurrency_below_one(self):
         for value in ("0", "-3"):
-            r = subprocess.run([MHA_CLIENT, f"--target={self.server.target()}", "load",
-                                "--model=demo", f"--concurrency={value}", "--duration=5s"],
-                               capture_output=True, text=True, timeout=20)
-            self.assertEqual(r.returncode, 2, r.stderr)
-            self.assertIn("--concurrency: expected at least 1", r.stderr)
+            self.assert_refused(("load", "--model=demo", f"--concurrency={value}",
+                                 "--duration=5s"), "--concurrency: expected at least 1")
 
     def test_models_and_info(self):
         r = self.client("models")
@@ -119,9 +131,8 @@ class ClientTest(unittest.TestCase):
                   for run in same]
         self.assertEqual(values[0], values[1])
         self.assertIn("output [1, 5, 256]", same[1].stdout)
-        failed = self.client("attend", "--model=demo", "--random", "--query=q.safetensors")
-        self.assertEqual(failed.returncode, 2, failed.stderr)
-        self.assertIn("--random", failed.stderr)
+        self.assert_refused(("attend", "--model=demo", "--random", "--query=q.safetensors"),
+                            "--random")
         failed = self.client("attend", "--model=broken")
         self.assertNotEqual(failed.returncode, 0)
         self.assertTrue(failed.stderr.startswith("FAILED_PRECONDITION: "), failed.stderr)
@@ -151,57 +162,46 @@ class ClientTest(unittest.TestCase):
                             f"exited {exited - answered:.2f} s after that (so far {waits})")
 
     def test_load_json_report_matches_server_counts(self):
-        before = metric_value(self.server.metrics(), "mha_requests_total",
-                              model="demo", code="OK")
-        r = self.client("load", "--model=demo", "--concurrency=8", "--requests=300",
-                        "--duration=60s", "--len_range=8:32", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        report = json.loads(r.stdout)
+        before = self.counter("mha_requests_total", model="demo", code="OK")
+        report = self.load_report("--model=demo", "--concurrency=8", "--requests=300",
+                                  "--duration=60s", "--len_range=8:32")
         self.assertEqual(report["requests"], 300)
         self.assertEqual(report["errors"], {})
         self.assertLessEqual(report["p50_ms"], report["p99_ms"])
-        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        after = self.counter("mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 300)
 
     def test_load_warmup_requests_are_sent_but_not_counted(self):
-        before = metric_value(self.server.metrics(), "mha_requests_total",
-                              model="demo", code="OK")
-        r = self.client("load", "--model=demo", "--requests=20", "--warmup_requests=5",
-                        "--duration=60s", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(json.loads(r.stdout)["requests"], 20)
-        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        before = self.counter("mha_requests_total", model="demo", code="OK")
+        report = self.load_report("--model=demo", "--requests=20", "--warmup_requests=5",
+                                  "--duration=60s")
+        self.assertEqual(report["requests"], 20)
+        after = self.counter("mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 25)
-        refused = self.client("load", "--warmup_requests=-1")
-        self.assertEqual(refused.returncode, 2)
-        self.assertIn("--warmup_requests: expected at least 0", refused.stderr)
+        self.assert_refused(("load", "--warmup_requests=-1"),
+                            "--warmup_requests: expected at least 0")
 
     def test_load_batch_sends_requests_of_that_many_sequences(self):
-        before = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
-        r = self.client("load", "--model=demo", "--batch=3", "--requests=20", "--duration=60s",
-                        "--len_range=5:5", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(json.loads(r.stdout)["requests"], 20)
+        before = self.counter("mha_tokens_total", model="demo")
+        report = self.load_report("--model=demo", "--batch=3", "--requests=20", "--duration=60s",
+                                  "--len_range=5:5")
+        self.assertEqual(report["requests"], 20)
         # Self-attention: each request's 3 x 5 query tokens, as keys too.
-        after = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
+        after = self.counter("mha_tokens_total", model="demo")
         self.assertEqual(after - before, 20 * 3 * (5 + 5))
         self.assertEqual(self.client("load", "--batch=0").returncode, 2)
 
     def test_streamed_load_sends_each_request_once_over_streams(self):
-        before = metric_value(self.server.metrics(), "mha_requests_total",
-                              model="demo", code="OK")
-        r = self.client("load", "--model=demo", "--stream", "--concurrency=8", "--requests=300",
-                        "--duration=60s", "--len_range=8:32", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        report = json.loads(r.stdout)
+        before = self.counter("mha_requests_total", model="demo", code="OK")
+        report = self.load_report("--model=demo", "--stream", "--concurrency=8", "--requests=300",
+                                  "--duration=60s", "--len_range=8:32")
         self.assertEqual(report["requests"], 300)
         self.assertEqual(report["errors"], {})
         self.assertEqual(report["streams"], 8)  # each client's Stream, ended OK by the server
-        after = metric_value(self.server.metrics(), "mha_requests_total", model="demo", code="OK")
+        after = self.counter("mha_requests_total", model="demo", code="OK")
         self.assertEqual(after - before, 300)
-        refused = self.client("load", "--model=demo", "--stream", "--rate=10", "--duration=1s")
-        self.assertEqual(refused.returncode, 2, refused.stderr)
-        self.assertIn("--stream: a closed loop only", refused.stderr)
+        self.assert_refused(("load", "--model=demo", "--stream", "--rate=10", "--duration=1s"),
+                            "--stream: a closed loop only")
 
     def test_attend_files_round_trip(self):
         work = tempfile.mkdtemp(prefix="mha_client_files_")
@@ -258,17 +258,14 @@ class ClientTest(unittest.TestCase):
             outputs["--fp16"],
             np.frombuffer(expected.data, np.float16).astype(np.float32).reshape(query.shape))
         # load: every request answered, the tokens counted as in fp32.
-        before = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
-        r = self.client("load", "--model=demo", "--fp16", "--requests=20", "--duration=60s",
-                        "--len_range=7:7", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        report = json.loads(r.stdout)
+        before = self.counter("mha_tokens_total", model="demo")
+        report = self.load_report("--model=demo", "--fp16", "--requests=20", "--duration=60s",
+                                  "--len_range=7:7")
         self.assertEqual((report["requests"], report["errors"]), (20, {}))
-        after = metric_value(self.server.metrics(), "mha_tokens_total", model="demo")
+        after = self.counter("mha_tokens_total", model="demo")
         self.assertEqual(after - before, 20 * (7 + 7))
-        both = self.client("load", "--model=demo", "--fp16", "--bf16", "--requests=1")
-        self.assertEqual(both.returncode, 2, both.stderr)
-        self.assertIn("one wire dtype at a time", both.stderr)
+        self.assert_refused(("load", "--model=demo", "--fp16", "--bf16", "--requests=1"),
+                            "one wire dtype at a time")
 
     def test_input_files_with_unknown_tensor_names_are_refused(self):
         # A misspelt mask must not give an unmasked answer with exit 0.
@@ -281,14 +278,12 @@ class ClientTest(unittest.TestCase):
         write_safetensors(f"{work}/two.safetensors",
                           {"query": (query, "F32"), "quer": (query, "F32")})
         write_safetensors(f"{work}/alone.safetensors", {"x": (query, "F32")})
-        r = self.client("attend", f"--query={work}/q.safetensors",
-                        f"--masks={work}/typo.safetensors")
-        self.assertEqual(r.returncode, 2, r.stdout)
-        self.assertIn("unknown tensor 'key_pading_mask'; the names it may hold: "
-                      "key_padding_mask, attn_mask", r.stderr)
-        r = self.client("attend", f"--query={work}/two.safetensors")
-        self.assertEqual(r.returncode, 2, r.stdout)
-        self.assertIn("unknown tensor 'quer'", r.stderr)
+        self.assert_refused(("attend", f"--query={work}/q.safetensors",
+                             f"--masks={work}/typo.safetensors"),
+                            "unknown tensor 'key_pading_mask'; the names it may hold: "
+                            "key_padding_mask, attn_mask")
+        self.assert_refused(("attend", f"--query={work}/two.safetensors"),
+                            "unknown tensor 'quer'")
         # A file of one tensor gives it whatever its name (documented).
         self.assertEqual(self.client("attend", f"--query={work}/alone.safetensors").returncode, 0)
 
@@ -328,9 +323,7 @@ class ClientTest(unittest.TestCase):
             (("attend", "--model"), 2, "INVALID_ARGUMENT: --model: needs a value"),
         ]
         for args, code, message in cases:
-            r = self.client(*args)
-            self.assertEqual(r.returncode, code, (args, r.stdout, r.stderr))
-            self.assertIn(message, r.stderr, args)
+            self.assert_refused(args, message, code)
 
     def test_help_shows_each_programs_own_flags_grouped(self):
         # Issue 85: both printed "No flags matched" (absl's filter).
@@ -359,9 +352,7 @@ class ClientTest(unittest.TestCase):
         self.assertIn("INVALID_ARGUMENT: unexpected argument 'stray'", r.stderr)
 
     def test_load_honours_len(self):
-        r = self.client("load", "--len=40", "--requests=10", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        report = json.loads(r.stdout)
+        report = self.load_report("--len=40", "--requests=10")
         self.assertEqual(report["requests"], 10)
         self.assertEqual(report["tokens"], 400)
         # Each call's round trip >= round trip - compute >= round trip -
@@ -393,16 +384,16 @@ class ClientTest(unittest.TestCase):
             got, _ = read_safetensors(out)
             np.testing.assert_array_equal(got["output"], to_numpy(expected.output))
 
+    def requests_of_demo_and_twin(self):
+        text = self.server.metrics()
+        return [metric_value(text, "mha_requests_total", model=m, code="OK")
+                for m in ("demo", "twin")]
+
     def test_load_alternates_between_models(self):
-        text = self.server.metrics()
-        before = [metric_value(text, "mha_requests_total", model=m, code="OK")
-                  for m in ("demo", "twin")]
-        r = self.client("load", "--model=demo,twin", "--concurrency=4", "--requests=100",
-                        "--duration=60s", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        text = self.server.metrics()
-        after = [metric_value(text, "mha_requests_total", model=m, code="OK")
-                 for m in ("demo", "twin")]
+        before = self.requests_of_demo_and_twin()
+        self.load_report("--model=demo,twin", "--concurrency=4", "--requests=100",
+                         "--duration=60s")
+        after = self.requests_of_demo_and_twin()
         self.assertEqual([a - b for a, b in zip(after, before)], [50, 50])
 
     def test_large_requests_keep_the_pool_small_and_models_alternate(self):
@@ -410,25 +401,18 @@ class ClientTest(unittest.TestCase):
         request per model at least: 64 requests of 16 MiB (16 x 1024 x 256)
         took 2 GiB with their bytes. A lone slot (polling its own completion
         queue) alternates models."""
-        text = self.server.metrics()
-        before = [metric_value(text, "mha_requests_total", model=m, code="OK")
-                  for m in ("demo", "twin")]
-        r = self.client("load", "--model=demo,twin", "--batch=16", "--len_range=1024:1024",
-                        "--requests=4", "--duration=120s", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(json.loads(r.stdout)["requests"], 4)
+        before = self.requests_of_demo_and_twin()
+        report = self.load_report("--model=demo,twin", "--batch=16", "--len_range=1024:1024",
+                                  "--requests=4", "--duration=120s")
+        self.assertEqual(report["requests"], 4)
         # The largest child reaped so far (this client; the server still runs).
         peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         self.assertLess(peak_mib, 1024)
-        text = self.server.metrics()
-        after = [metric_value(text, "mha_requests_total", model=m, code="OK")
-                 for m in ("demo", "twin")]
+        after = self.requests_of_demo_and_twin()
         self.assertEqual([a - b for a, b in zip(after, before)], [2, 2])
 
     def test_open_loop_rate(self):
-        r = self.client("load", "--model=demo", "--rate=100", "--duration=2s", "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        report = json.loads(r.stdout)
+        report = self.load_report("--model=demo", "--rate=100", "--duration=2s")
         self.assertGreaterEqual(report["requests"], 180)  # 200 scheduled
         self.assertLessEqual(report["requests"], 201)
 
