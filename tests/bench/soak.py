@@ -6,6 +6,12 @@ less than 5 % from the end of warm-up (the first 10 % of the run) to the end.
 
     /usr/bin/python3 tests/bench/soak.py --requests 1000000
     /usr/bin/python3 tests/bench/soak.py --requests 100000 --concurrency 16 --len_range 16:64
+    /usr/bin/python3 tests/bench/soak.py --mixed 300
+
+--mixed SECONDS: issue 85's mixed load instead, for that long: Attend at 8
+clients (L 16-256) beside a loop of sessions that open, take 40 steps of 8
+tokens and close. Passes when RSS at the end is at most 1.05x RSS at 60 s
+(and no call failed), then prints RSS 15 s after the load stopped.
 
 Prints a summary and writes it as JSON to --out (default soak.json).
 """
@@ -41,7 +47,10 @@ def main():
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--len_range", default="16:64")
     parser.add_argument("--out", default="soak.json")
+    parser.add_argument("--mixed", type=int, default=0, metavar="SECONDS")
     args = parser.parse_args()
+    if args.mixed:
+        sys.exit(mixed(args))
 
     samples = []  # (seconds since start, RSS MB)
     with LocalServer(args.server, args.repository) as server:
@@ -86,6 +95,53 @@ def main():
     ok = failed == 0 and summary["rss_growth_percent"] < 5 and server.exit_code == 0
     print("soak", "passed" if ok else "FAILED")
     sys.exit(0 if ok else 1)
+
+
+def mixed(args):
+    """Issue 85's mixed soak: returns the exit code."""
+    samples = []
+    with LocalServer(args.server, args.repository) as server:
+        pid, start = server.process.pid, time.monotonic()
+        target = f"--target={server.target()}"
+        stop = threading.Event()
+        failed_sessions = []
+
+        def sessions():
+            while not stop.is_set():
+                run = subprocess.run([args.client, target, "load", "--sessions=1", "--steps=40",
+                                      "--step_tokens=8", "--model=demo"], capture_output=True)
+                if run.returncode != 0:
+                    failed_sessions.append(run.stderr[-300:])
+
+        looping = threading.Thread(target=sessions)
+        looping.start()
+        load = subprocess.Popen([args.client, target, "load", "--model=demo", "--json",
+                                 "--concurrency=8", "--len_range=16:256",
+                                 f"--duration={args.mixed}s"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while load.poll() is None:
+            time.sleep(1)
+            samples.append((time.monotonic() - start, rss_mb(pid)))
+        stop.set()
+        looping.join()
+        out, err = load.communicate()
+        time.sleep(15)
+        after = rss_mb(pid)
+    at_60 = next(mb for t, mb in samples if t >= 60)
+    report = json.loads(out) if load.returncode == 0 else {"stderr": err}
+    summary = {"seconds": args.mixed, "rss_mb_at_60s": round(at_60, 1),
+               "rss_mb_end": round(samples[-1][1], 1),
+               "rss_mb_max": round(max(mb for _, mb in samples), 1),
+               "rss_mb_15s_after": round(after, 1), "session_failures": len(failed_sessions),
+               "load": report}
+    summary["end_over_60s"] = round(samples[-1][1] / at_60, 3)
+    with open(args.out, "w") as f:
+        json.dump({"summary": summary, "rss_samples": samples}, f, indent=1)
+    print(json.dumps({k: v for k, v in summary.items() if k != "load"}, indent=1))
+    ok = (load.returncode == 0 and not failed_sessions and not sum(report.get("errors", {}).values())
+          and summary["end_over_60s"] <= 1.05)
+    print("mixed soak", "passed" if ok else "FAILED")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
