@@ -43,26 +43,6 @@ void KvBlockPool::Release(uint8_t* block, int64_t bytes) {
   free_[bytes].emplace_back(block);
 }
 
-bool KvBlockPool::Charge(int64_t bytes) {
-  MutexLock lock(mu_);
-  for (auto it = free_.begin(); held_ + bytes > budget_ && it != free_.end(); ++it) {
-    while (held_ + bytes > budget_ && !it->second.empty()) {
-      it->second.pop_back();
-      held_ -= it->first;
-    }
-  }
-  if (held_ + bytes > budget_) return false;
-  held_ += bytes;
-  in_use_ += bytes;
-  return true;
-}
-
-void KvBlockPool::Uncharge(int64_t bytes) {
-  MutexLock lock(mu_);
-  held_ -= bytes;
-  in_use_ -= bytes;
-}
-
 int64_t KvBlockPool::bytes_in_use() const {
   MutexLock lock(mu_);
   return in_use_;

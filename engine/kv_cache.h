@@ -53,15 +53,8 @@ class KvBlockPool {
   uint8_t* Acquire(int64_t bytes);
   void Release(uint8_t* block, int64_t bytes);
 
-  // Counts `bytes` of other memory the sessions keep (a step's answer kept
-  // for a retry) against the budget as if they were a block in use, freeing
-  // kept blocks for room; false (nothing counted) when there is none.
-  // Uncharge(bytes) when that memory goes.
-  bool Charge(int64_t bytes);
-  void Uncharge(int64_t bytes);
-
   int64_t budget() const { return budget_; }
-  // Bytes of blocks handed out and not yet released (and of Charge).
+  // Bytes of blocks handed out and not yet released.
   int64_t bytes_in_use() const;
   // Bytes allocated: in use plus kept for reuse.
   int64_t bytes_held() const;

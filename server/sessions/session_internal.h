@@ -4,6 +4,7 @@
 #ifndef MHA_SERVER_SESSIONS_SESSION_INTERNAL_H_
 #define MHA_SERVER_SESSIONS_SESSION_INTERNAL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,15 +28,15 @@ struct KeptAnswer {
 // same expected_position (its answer lost to the caller's deadline or
 // connection) is answered again, not refused: where it went from and to, a
 // hash of its query and options, and its answer when that is at most
-// kKeptAnswerBytes and the session cache's budget has room for it (it is
-// counted there until the session moves on or goes; docs/SESSIONS.md,
-// "Retrying a step"). Movable, not copyable.
+// kKeptAnswerBytes (counted in SessionManager::kept_answer_bytes() until the
+// session moves on or goes; docs/SESSIONS.md, "Retrying a step"). Movable,
+// not copyable.
 struct KeptStep {
   static constexpr int64_t kKeptAnswerBytes = int64_t{64} << 10;
   int64_t from = -1, to = -1;
   size_t query_hash = 0;
   std::shared_ptr<const KeptAnswer> answer;  // null: not kept
-  KvBlockPool* charged = nullptr;            // where answer_bytes() are counted
+  std::atomic<int64_t>* counted = nullptr;   // where answer_bytes are counted
   int64_t answer_bytes = 0;
 
   KeptStep() = default;
@@ -45,7 +46,7 @@ struct KeptStep {
       Uncharge();
       from = other.from, to = other.to, query_hash = other.query_hash;
       answer = std::move(other.answer);
-      charged = std::exchange(other.charged, nullptr);
+      counted = std::exchange(other.counted, nullptr);
       answer_bytes = std::exchange(other.answer_bytes, 0);
     }
     return *this;
@@ -60,8 +61,8 @@ struct KeptStep {
 
  private:
   void Uncharge() {
-    if (charged != nullptr) charged->Uncharge(answer_bytes);
-    charged = nullptr;
+    if (counted != nullptr) counted->fetch_sub(answer_bytes);
+    counted = nullptr;
   }
 };
 

@@ -197,9 +197,12 @@ class SessionManager {
   void Stop();
 
   int64_t pool_bytes_in_use() const { return pool_.bytes_in_use(); }
-  // What the cache holds: blocks in use, kept for reuse, and the answers
-  // kept for a step sent again (mha_memory_held_bytes{kind="kv_cache"}).
+  // What the cache holds: blocks in use and kept for reuse
+  // (mha_memory_held_bytes{kind="kv_cache"}).
   int64_t pool_bytes_held() const { return pool_.bytes_held(); }
+  // The answers the sessions keep for a step sent again (at most
+  // KeptStep::kKeptAnswerBytes a session; kind="session_answers").
+  int64_t kept_answer_bytes() const { return kept_answer_bytes_.load(); }
   int64_t cache_budget() const { return pool_.budget(); }
 
  private:
@@ -275,6 +278,7 @@ class SessionManager {
   const SessionMetrics metrics_;
   const Clock& clock_;
   KvBlockPool pool_;
+  std::atomic<int64_t> kept_answer_bytes_{0};  // before the sessions that count in it
 
   mutable Mutex mu_;
   CondVar cv_;         // tasks_ fell (Stop waits for none)

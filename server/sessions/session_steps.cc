@@ -157,9 +157,8 @@ absl::Status SessionManager::NotAtExpectedLocked(const Session& s, StepCall& ste
   if (last.answer == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         not_there, ": this step (positions ", last.from, " to ", last.to,
-        ") was applied, but its answer was not kept (larger than the ", KeptStep::kKeptAnswerBytes,
-        " bytes kept for a step sent again, or no room in ",
-        "--session_cache_bytes); go on from position ", position));
+        ") was applied, but its answer was larger than the ", KeptStep::kKeptAnswerBytes,
+        " bytes kept for a step sent again; go on from position ", position));
   }
   step.sent_again_ = last.answer;
   return absl::OkStatus();
@@ -227,8 +226,9 @@ void SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
   kept.query_hash = step.query_hash_;
   const int64_t bytes =
       static_cast<int64_t>((result.output.size() + result.weights.size()) * sizeof(float));
-  if (bytes <= KeptStep::kKeptAnswerBytes && pool_.Charge(bytes)) {
-    kept.charged = &pool_;
+  if (bytes <= KeptStep::kKeptAnswerBytes) {
+    kept_answer_bytes_.fetch_add(bytes);
+    kept.counted = &kept_answer_bytes_;
     kept.answer_bytes = bytes;
     auto answer = std::make_shared<KeptAnswer>();
     answer->output.assign(result.output.begin(), result.output.end());
