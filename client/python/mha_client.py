@@ -377,50 +377,9 @@ class MhaClient:
                       wait_for_ready=self.wait_for_ready)
 
 
-class _NotFound(grpc.RpcError):
-    """NOT_FOUND raised by the client itself (Session.sync), with the
-    code() and details() of a grpc.RpcError."""
-
-    def __init__(self, details):
-        super().__init__(details)
-        self._details = details
-
-    def code(self):
-        return grpc.StatusCode.NOT_FOUND
-
-    def details(self):
-        return self._details
-
-
-SESSION_FILE_MAGIC = b"MHASESS1"
-
-
-def _session_file_bytes(chunks):
-    """SessionChunk messages as session bytes: the magic, then each chunk's
-    4-byte little-endian length and bytes (proto/mha/v1/session_file.h)."""
-    out = [SESSION_FILE_MAGIC]
-    for chunk in chunks:
-        data = chunk.SerializeToString()
-        out += [len(data).to_bytes(4, "little"), data]
-    return b"".join(out)
-
-
-def _session_chunks(pb, data):
-    """The SessionChunk messages of session bytes (Session.export, a spill
-    file); ValueError when they are not that format."""
-    if data[:8] != SESSION_FILE_MAGIC:
-        raise ValueError("not a session file (no MHASESS1 header)")
-    pos = 8
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ValueError("truncated session data")
-        size = int.from_bytes(data[pos:pos + 4], "little")
-        if pos + 4 + size > len(data):
-            raise ValueError("truncated session data")
-        chunk = pb.SessionChunk()
-        chunk.ParseFromString(data[pos + 4:pos + 4 + size])
-        pos += 4 + size
-        yield chunk
+# The session file format (mha_wire.py), under the names tests use.
+SESSION_FILE_MAGIC, _session_file_bytes = mha_wire.SESSION_FILE_MAGIC, mha_wire.session_file_bytes
+_session_chunks = mha_wire.session_chunks
 
 
 class Session:
@@ -434,8 +393,7 @@ class Session:
     position when a step's fate is unknown. Not thread-safe: one caller at
     a time. A context manager that closes the session."""
 
-    # Codes after which a step may or may not have been applied: the same
-    # step sent again is answered (again) either way.
+    # Codes after which a step may have been applied, or not: sent again, it is answered.
     RETRYABLE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
     def __init__(self, client, info):
@@ -484,14 +442,14 @@ class Session:
     def sync(self):
         """Reads the session's position on the server into `position` and
         returns it: after a step whose fate is unknown and that is not sent
-        again, append goes on from where the server is. NOT_FOUND (a
-        grpc.RpcError) when the session is gone."""
+        again, append goes on from where the server is. LookupError when the
+        session is gone."""
         self._check_open()
         for status in self._client.list_sessions(self.model):
             if status.session_id == self.id:
                 self.position = status.position
                 return self.position
-        raise _NotFound(f"session {self.id} is not open on the server")
+        raise LookupError(f"session {self.id} is not open on the server")
 
     def export(self):
         """The session as bytes (the format of --session_spill_dir files: a

@@ -90,34 +90,6 @@ DEFAULT_SERVER = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(_
                                                "..", "..", "build", "mha_server"))
 
 
-def server_candidates():
-    """Where --verify looks for mha_server without --server, in order: the
-    MHA_SERVER environment variable, `mha_server` on PATH, the build of the
-    checkout the package was installed from (recorded at install time), and
-    the build beside this file (run from the source tree)."""
-    candidates = []
-    if os.environ.get("MHA_SERVER"):
-        candidates.append(os.environ["MHA_SERVER"])
-    on_path = shutil.which("mha_server")
-    if on_path:
-        candidates.append(on_path)
-    try:
-        from mha_client_stubs.source_checkout import CHECKOUT  # written by setup.py
-        candidates.append(os.path.join(CHECKOUT, "build", "mha_server"))
-    except ImportError:
-        pass
-    candidates.append(DEFAULT_SERVER)
-    return candidates
-
-
-def _executable(path):
-    return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
-def find_server():
-    """(the first executable of server_candidates() or None, every candidate)."""
-    candidates = server_candidates()
-    return next((c for c in candidates if _executable(c)), None), candidates
 _HEAD_ATTRIBUTES = ("num_heads", "n_heads", "nhead", "n_head")
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -479,18 +451,15 @@ def main(argv=None):
     p.add_argument("--server", help="mha_server for --verify (default: $MHA_SERVER, then "
                    "mha_server on PATH, then the build of the checkout this was installed from)")
     args = p.parse_args(argv)
-    if args.verify and args.server is None:
-        args.server, tried = find_server()
-        if args.server is None:
+    if args.verify:
+        from mha_local_server import find_server
+        server, tried = find_server(DEFAULT_SERVER, given=args.server)
+        if server is None:
             print("mha_export: --verify needs mha_server, and none of these is an executable "
                   f"file: {', '.join(tried)}; build it (bash deploy/debian/build.sh), put it on "
                   "PATH or pass --server PATH; nothing was written", file=sys.stderr)
             return 2
-    elif args.verify and not _executable(args.server):
-        print(f"mha_export: --verify needs mha_server, and {args.server} is not an executable "
-              "file: build it (bash deploy/debian/build.sh) or pass --server PATH; nothing "
-              "was written", file=sys.stderr)
-        return 2
+        args.server = server
     try:
         try:
             module = torch.load(args.module, map_location="cpu")

@@ -11,6 +11,7 @@ tests' TestServer (tests/server/mha_test_server.py) builds on it.
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,3 +113,29 @@ class LocalServer:
 
     def target(self):
         return f"127.0.0.1:{self.grpc_port}"
+
+
+def server_candidates(fallback):
+    """Where mha_server is looked for, in order: the MHA_SERVER environment
+    variable, `mha_server` on PATH, the build of the checkout the package
+    was installed from (recorded at install time), then `fallback`."""
+    candidates = []
+    if os.environ.get("MHA_SERVER"):
+        candidates.append(os.environ["MHA_SERVER"])
+    on_path = shutil.which("mha_server")
+    if on_path:
+        candidates.append(on_path)
+    try:
+        from mha_client_stubs.source_checkout import CHECKOUT  # written by setup.py
+        candidates.append(os.path.join(CHECKOUT, "build", "mha_server"))
+    except ImportError:
+        pass
+    return candidates + [fallback]
+
+
+def find_server(fallback, given=None):
+    """(the first executable of server_candidates(fallback) or None, every
+    candidate); only `given` when one is given (--server)."""
+    candidates = [given] if given else server_candidates(fallback)
+    found = (c for c in candidates if os.path.isfile(c) and os.access(c, os.X_OK))
+    return next(found, None), candidates

@@ -165,3 +165,36 @@ def array_of(datatype, buf, offset, length, shape):
     if datatype == "BOOL":
         return values.view(np.bool_).reshape(shape)
     return values.reshape(shape)
+
+
+# ------------------------------------------------------- session files
+
+SESSION_FILE_MAGIC = b"MHASESS1"
+
+
+def session_file_bytes(chunks):
+    """SessionChunk messages as session bytes: the magic, then each chunk's
+    4-byte little-endian length and bytes (proto/mha/v1/session_file.h)."""
+    out = [SESSION_FILE_MAGIC]
+    for chunk in chunks:
+        data = chunk.SerializeToString()
+        out += [len(data).to_bytes(4, "little"), data]
+    return b"".join(out)
+
+
+def session_chunks(pb, data):
+    """The SessionChunk messages of session bytes (Session.export, a spill
+    file); ValueError when they are not that format."""
+    if data[:8] != SESSION_FILE_MAGIC:
+        raise ValueError("not a session file (no MHASESS1 header)")
+    pos = 8
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise ValueError("truncated session data")
+        size = int.from_bytes(data[pos:pos + 4], "little")
+        if pos + 4 + size > len(data):
+            raise ValueError("truncated session data")
+        chunk = pb.SessionChunk()
+        chunk.ParseFromString(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+        yield chunk

@@ -113,6 +113,8 @@ struct SessionImport {
 };
 
 // A step's results, views valid during the `done` call only.
+struct KeptStep;  // session_internal.h
+
 struct StepResult {
   absl::Span<const float> output;
   absl::Span<const float> weights;  // [tokens, keys] when asked
@@ -231,8 +233,8 @@ class SessionManager {
   // when it is `s`'s last step sent again (then its kept answer is set).
   absl::Status NotAtExpectedLocked(const Session& s, StepCall& step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Keeps a finished self step as its session's last (KeptStep).
-  void KeepLastStep(StepCall& step, const StepResult& result);
+  // A finished self step as its session's last will keep it (KeptStep).
+  KeptStep KeepLastStep(StepCall& step, const StepResult& result);
   void CountDropped(const std::string& model, const char* reason);
   // A task of this manager ends (Stop waits for every one).
   void TaskGone();

@@ -183,6 +183,14 @@ void SessionManager::AbandonStep(StepCall& step) {
 void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
                                 absl::Span<const float> output, absl::Span<const float> weights) {
   Session& s = *step.session_;
+  StepResult result;
+  result.output = output;
+  result.weights = weights;
+  result.position = step.position_after_;
+  result.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
+  // Kept before the session is free again: the same step sent again may
+  // start as soon as it is, and must find this one as the last.
+  KeptStep kept = status.ok() && !s.cross ? KeepLastStep(step, result) : KeptStep();
   {
     MutexLock lock(mu_);
     step.manager_.mu_.AssertHeld();  // step.manager_ is *this
@@ -193,6 +201,7 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
     if (!status.ok() && IsOpenLocked(s)) {  // a failed step leaves its cache unknown
       RemoveLocked(s.id, absl::StrCat("failed: ", status.message()), "failed");
     }
+    if (kept.to >= 0 && s.position == kept.to) s.last_step = std::move(kept);
     PublishLocked();
   }
   if (!status.ok()) {
@@ -200,12 +209,6 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
     return;
   }
   const int64_t t = step.tokens();
-  StepResult result;
-  result.output = output;
-  result.weights = weights;
-  result.position = step.position_after_;
-  result.keys = step.position_after_ + s.version->loaded.engine->dims().extra_keys();
-  if (!s.cross) KeepLastStep(step, result);
   if (metrics_.append_tokens != nullptr) metrics_.append_tokens->Increment(static_cast<double>(t));
   if (metrics_.append_duration != nullptr) {
     metrics_.append_duration->Observe(absl::ToDoubleSeconds(clock_.Now() - step.enqueued));
@@ -219,7 +222,7 @@ void SessionManager::FinishStep(StepCall& step, const absl::Status& status,
   step.done_(result);
 }
 
-void SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
+KeptStep SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
   KeptStep kept;
   kept.from = result.position - step.tokens();
   kept.to = result.position;
@@ -236,9 +239,7 @@ void SessionManager::KeepLastStep(StepCall& step, const StepResult& result) {
     answer->keys = result.keys;
     kept.answer = std::move(answer);
   }
-  MutexLock lock(mu_);
-  Session& s = *step.session_;
-  if (s.position == kept.to) s.last_step = std::move(kept);
+  return kept;
 }
 
 void SessionManager::AnswerAgain(StepCall& step) {
