@@ -378,8 +378,8 @@ class MhaClient:
 
 
 # The session file format (mha_wire.py), under the names tests use.
-SESSION_FILE_MAGIC, _session_file_bytes = mha_wire.SESSION_FILE_MAGIC, mha_wire.session_file_bytes
-_session_chunks = mha_wire.session_chunks
+SESSION_FILE_MAGIC, _session_chunks = mha_wire.SESSION_FILE_MAGIC, mha_wire.session_chunks
+_session_file_bytes = mha_wire.session_file_bytes
 
 
 class Session:
@@ -393,8 +393,7 @@ class Session:
     position when a step's fate is unknown. Not thread-safe: one caller at
     a time. A context manager that closes the session."""
 
-    # Codes after which a step may have been applied, or not: sent again, it is answered.
-    RETRYABLE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+    RETRYABLE = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)  # applied or not
 
     def __init__(self, client, info):
         self._client, self.info = client, info
