@@ -4,7 +4,6 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <atomic>
 #include <thread>
 #include <utility>
 
@@ -86,7 +85,6 @@ class DeferredTrim {
       lock.Unlock();
       malloc_trim(0);
       const int64_t after = Unexplained(held);
-      trims_.fetch_add(1, std::memory_order_relaxed);
       lock.Lock();
       schedule_.Trimmed(after);
     }
@@ -99,7 +97,6 @@ class DeferredTrim {
   }
 
  public:
-  int64_t trims() const { return trims_.load(std::memory_order_relaxed); }
   void SetHeld(std::function<int64_t()> held) {
     MutexLock lock(mu_);
     held_ = std::move(held);
@@ -109,7 +106,6 @@ class DeferredTrim {
   Mutex mu_;
   CondVar wake_;
   TrimSchedule schedule_ ABSL_GUARDED_BY(mu_){kTrimQuiet, kTrimAtMost, kResidentGrowthTrim};
-  std::atomic<int64_t> trims_{0};
   std::function<int64_t()> held_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -135,7 +131,6 @@ void LargeWorkStarted() { Deferred().Started(); }
 void LargeWorkDone() { Deferred().Finished(); }
 void TrimHeapSoon() { Deferred().Request(); }
 void StartHeapTrims(std::function<int64_t()> held) { Deferred().SetHeld(std::move(held)); }
-int64_t HeapTrims() { return Deferred().trims(); }
 int64_t HeapFreeBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 
 TightHeapTrim::TightHeapTrim() {

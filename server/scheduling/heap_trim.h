@@ -90,8 +90,6 @@ inline constexpr int64_t kResidentGrowthTrim = int64_t{4} << 20;
 // holds on purpose (`held`: thread-safe; its growth is not the heap's).
 // Called once by the Server.
 void StartHeapTrims(std::function<int64_t()> held);
-// Trims made so far (for tests and /metrics).
-int64_t HeapTrims();
 // The free bytes glibc's arenas hold (mallinfo2's fordblks: resident or
 // given back by a trim).
 int64_t HeapFreeBytes();
