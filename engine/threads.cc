@@ -8,17 +8,10 @@
 #include <vector>
 
 #include "engine/mutex.h"
+#include "engine/sanitizers.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace mha {
-
-#if defined(__SANITIZE_THREAD__)
-#define MHA_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define MHA_TSAN 1
-#endif
-#endif
 
 void SetComputeThreads(int n) {
 #ifdef MHA_TSAN

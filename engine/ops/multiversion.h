@@ -6,7 +6,9 @@
 #ifndef MHA_ENGINE_OPS_MULTIVERSION_H_
 #define MHA_ENGINE_OPS_MULTIVERSION_H_
 
-#if defined(__SANITIZE_THREAD__)
+#include "engine/sanitizers.h"
+
+#ifdef MHA_TSAN
 #define MHA_MULTIVERSION
 #else
 #define MHA_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
