@@ -4,7 +4,8 @@
 # through ctest: unit tests, the PyTorch parity battery (through mha_run and
 # through the server), the server and client tests against the real
 # binaries. Then the deploy test (tests/deploy: Docker image, compose stacks,
-# manifests). Then all of it again on a clang build (build-clang/) with
+# manifests), in the background while the two sanitizer builds compile. Then
+# all of it again on a clang build (build-clang/) with
 # AddressSanitizer and UndefinedBehaviorSanitizer, which must be clean (the
 # C++ tests abort on a report, and the Python tests fail when a server's
 # stderr has one), whose every file is compiled with the lock analysis as an
@@ -52,9 +53,9 @@ bash "$here/build.sh"
 stage "ctest (Release)"
 (cd "$root/build" && ctest --output-on-failure --timeout 1800 -j "$jobs")
 
-# The deploy test runs beside the clang build: much of it waits on
-# containers, Prometheus and nginx, and the build takes up that slack. Its
-# output comes after the build; it must pass before the next stage starts
+# The deploy test runs beside the clang and TSan builds: much of it waits on
+# containers, Prometheus and nginx, and the builds take up that slack. Its
+# output comes after the builds; it must pass before the next stage starts
 # (which times things and wants the cores to itself).
 deploy_log="$root/build/deploy_test.log"
 deploy_began=$SECONDS
@@ -77,6 +78,18 @@ cmake -S "$root" -B "$root/build-clang" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   >/dev/null
 cmake --build "$root/build-clang" -j "$(nproc)"
 
+stage "ThreadSanitizer build (the deploy test beside it)"
+# Debian's libgomp, gRPC and Abseil are not built with TSan, so what crosses
+# them cannot be checked: this build runs the tests that drive our threads
+# (concurrent engine runs, many clients against batcher workers) with one
+# OpenMP thread per call; tests/tsan.supp lists only those libraries.
+# One file at a time (no unity build): each of these files must compile alone
+# (apart from the third-party headers precompiled for it, CMakeLists.txt).
+# With clang: its precompiled headers made this build take half gcc's time.
+cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_SANITIZE=thread \
+  -DMHA_UNITY_BUILD=OFF -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
+cmake --build "$root/build-tsan" -j "$(nproc)" --target engine_test server_unit_test
+
 stage "deploy: Docker image, compose + Prometheus, replicas behind nginx, K8s manifests (its end)"
 deploy_status=0
 wait "$deploy_pid" || deploy_status=$?
@@ -89,17 +102,7 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 (cd "$root/build-clang" && ctest --output-on-failure --timeout 1800 -j "$jobs")
 
-stage "ThreadSanitizer build and the engine and batcher tests (ctest -L threads)"
-# Debian's libgomp, gRPC and Abseil are not built with TSan, so what crosses
-# them cannot be checked: this build runs the tests that drive our threads
-# (concurrent engine runs, many clients against batcher workers) with one
-# OpenMP thread per call; tests/tsan.supp lists only those libraries.
-# One file at a time (no unity build): each of these files must compile alone
-# (apart from the third-party headers precompiled for it, CMakeLists.txt).
-# With clang: its precompiled headers made this build take half gcc's time.
-cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHA_SANITIZE=thread \
-  -DMHA_UNITY_BUILD=OFF -DCMAKE_CXX_COMPILER=clang++-14 >/dev/null
-cmake --build "$root/build-tsan" -j "$(nproc)" --target engine_test server_unit_test
+stage "ThreadSanitizer: the engine and batcher tests (ctest -L threads)"
 (cd "$root/build-tsan" &&
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tests/tsan.supp" \
   OMP_NUM_THREADS=1 ctest --output-on-failure --timeout 1800 -L threads -j "$jobs")

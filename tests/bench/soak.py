@@ -19,10 +19,12 @@ Prints a summary and writes it as JSON to --out (default soak.json).
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -97,9 +99,18 @@ def main():
     sys.exit(0 if ok else 1)
 
 
+def held_mb(server):
+    """mha_memory_held_bytes by kind, in MB: what the server says it holds."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as page:
+        text = page.read().decode()
+    found = re.findall(r'^mha_memory_held_bytes\{kind="(\w+)"\} (\S+)$', text, re.M)
+    return {kind: round(float(value) / 2**20, 1) for kind, value in found}
+
+
 def mixed(args):
     """Issue 85's mixed soak: returns the exit code."""
-    samples = []
+    samples, held = [], {}
     with LocalServer(args.server, args.repository) as server:
         pid, start = server.process.pid, time.monotonic()
         target = f"--target={server.target()}"
@@ -122,6 +133,9 @@ def mixed(args):
         while load.poll() is None:
             time.sleep(1)
             samples.append((time.monotonic() - start, rss_mb(pid)))
+            if "at_60s" not in held and samples[-1][0] >= 60:
+                held["at_60s"] = held_mb(server)
+        held["end"] = held_mb(server)
         stop.set()
         looping.join()
         out, err = load.communicate()
@@ -133,6 +147,7 @@ def mixed(args):
                "rss_mb_end": round(samples[-1][1], 1),
                "rss_mb_max": round(max(mb for _, mb in samples), 1),
                "rss_mb_15s_after": round(after, 1), "session_failures": len(failed_sessions),
+               "held_mb": held,
                "load": report}
     summary["end_over_60s"] = round(samples[-1][1] / at_60, 3)
     with open(args.out, "w") as f:
