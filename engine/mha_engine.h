@@ -92,6 +92,11 @@ class MhaEngine {
   // the model, at ~109 KiB per primitive measured (E = 256).
   static constexpr int64_t kPrimitiveCacheBytes =
       PrimitiveBudget::kDefaultCapacity * PrimitiveBudget::kBytesPerPrimitive;
+  // What those caches hold now, at the same measured bytes per primitive
+  // (an estimate: oneDNN does not report its JIT code's size). Thread-safe.
+  static int64_t PrimitiveCacheBytesHeld() {
+    return PrimitiveBudget::Get().held() * PrimitiveBudget::kBytesPerPrimitive;
+  }
   // Frees `ws`'s buffers when it holds more than kWorkspaceKeepBytes;
   // returns whether it did.
   static bool ReleaseLargeWorkspace(Workspace& ws);

@@ -202,6 +202,7 @@ absl::Status Server::Build() {
           {"kept_buffers", [] { return static_cast<int64_t>(KeptLargeBytes()); }},
           {"kv_cache", [this] { return sessions_->pool_bytes_held(); }},
           {"session_answers", [this] { return sessions_->kept_answer_bytes(); }},
+          {"primitives", [] { return MhaEngine::PrimitiveCacheBytesHeld(); }},
           {"heap_free", [] { return HeapFreeBytes(); }, /*part_of_resident=*/false},
       },
       [] { return ResidentBytes(); });

@@ -26,7 +26,9 @@ std::vector<prometheus::MetricFamily> MemoryHeldCollector::Collect() const {
   family.help =
       "Memory the server holds, by kind: weights (the packed weights of every version), "
       "workspaces (the workers'), kept_buffers (large buffers kept for reuse), kv_cache "
-      "(session cache blocks), session_answers (the answers kept for a step sent again), heap_free "
+      "(session cache blocks), session_answers (the answers kept for a step sent again), "
+      "primitives (the oneDNN primitives cached for the models' shapes, at 112 KiB each), "
+      "heap_free "
       "(free bytes in glibc's arenas, "
       "resident or not), rest (the resident set less the others but heap_free)";
   family.type = prometheus::MetricType::Gauge;

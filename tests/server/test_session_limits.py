@@ -121,7 +121,7 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
                 client.attend("demo", chunk, is_causal=True)  # workspaces at this size
                 held = lambda text, kind: metric_value(  # noqa: E731
                     text, "mha_memory_held_bytes", kind=kind)
-                on_purpose = ("weights", "workspaces", "kept_buffers", "kv_cache")
+                on_purpose = ("weights", "workspaces", "kept_buffers", "kv_cache", "primitives")
                 text = server.metrics()
                 rss_before = proc_status(server.process.pid, "VmRSS")
                 held_before = sum(held(text, k) for k in on_purpose)
@@ -133,6 +133,10 @@ class SessionDrainAndMemoryTest(unittest.TestCase):
                 text = server.metrics()
                 self.assertLessEqual(metric_value(text, "mha_session_cache_bytes"), budget)
                 self.assertLessEqual(held(text, "kv_cache"), budget, "what the budget promises")
+                # The primitives made at load and for these shapes, within
+                # the reserve's 512 of them (MhaEngine::kPrimitiveCacheBytes).
+                self.assertGreater(held(text, "primitives"), 0)
+                self.assertLessEqual(held(text, "primitives"), 512 * (112 << 10))
                 self.assertGreater(metric_value(text, "mha_session_evictions_total",
                                                 reason="cache_full"), 0)
                 # The resident set follows what the server holds on purpose: its
