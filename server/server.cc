@@ -280,10 +280,10 @@ void Server::UpdateReserve() {
 std::string Server::ReadyLine() const {
   return absl::StrFormat(
       "mha_server ready grpc_port=%d metrics_port=%d http_port=%d models=%s "
-      "memory_limit_bytes=%d (%s; engines' reserve and session cache %s)",
+      "memory_limit_bytes=%d (%s; engines' reserve and session cache %s) heap=%s",
       grpc_port_, exposer_->GetListeningPorts().front(),
       http_server_ != nullptr ? http_server_->port() : 0, ModelSummary(*models_), memory_->limit(),
-      memory_source_, WithCommas(memory_->reserve()));
+      memory_source_, WithCommas(memory_->reserve()), HeapAllocatorName());
 }
 
 void Server::StartDraining() {

@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libmicrohttpd-dev libgnutls28-dev zlib1g-dev  # JSON; the HTTP front end
+  libgoogle-perftools-dev  # TCMalloc, mha_server's allocator (CMakeLists.txt)
   python3 python3-numpy python3-torch python3-grpcio python3-protobuf curl openssl
   python3-pip python3-setuptools python3-wheel python3-venv  # installing client/python
   libopenblas0-pthread  # the BLAS PyTorch uses in the benchmark (Debian default is reference BLAS)

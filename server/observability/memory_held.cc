@@ -28,9 +28,9 @@ std::vector<prometheus::MetricFamily> MemoryHeldCollector::Collect() const {
       "workspaces (the workers'), kept_buffers (large buffers kept for reuse), kv_cache "
       "(session cache blocks), session_answers (the answers kept for a step sent again), "
       "primitives (the oneDNN primitives cached for the models' shapes, at 112 KiB each), "
-      "heap_free "
-      "(free bytes in glibc's arenas, "
-      "resident or not), rest (the resident set less the others but heap_free)";
+      "heap_free (free bytes the heap holds: TCMalloc's caches and free spans, resident; "
+      "with glibc's malloc, its arenas' free bytes, resident or not), rest (the resident set "
+      "less the others but heap_free)";
   family.type = prometheus::MetricType::Gauge;
   auto add = [&family](const std::string& kind, int64_t bytes) {
     prometheus::ClientMetric metric;

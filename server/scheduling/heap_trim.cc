@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <thread>
@@ -11,7 +12,43 @@
 #include "engine/mutex.h"
 #include "server/scheduling/memory_budget.h"
 
+// TCMalloc's extension interface (gperftools), when TCMalloc is the
+// process's malloc (linked into mha_server: CMakeLists.txt); null otherwise
+// (glibc's malloc, or a sanitizer's).
+extern "C" {
+void MallocExtension_ReleaseFreeMemory() __attribute__((weak));
+int MallocExtension_GetNumericProperty(const char* property, size_t* value) __attribute__((weak));
+}
+
 namespace mha::server {
+namespace {
+
+bool Tcmalloc() { return MallocExtension_ReleaseFreeMemory != nullptr; }
+
+size_t TcmallocProperty(const char* name) {
+  size_t value = 0;
+  return MallocExtension_GetNumericProperty(name, &value) != 0 ? value : 0;
+}
+
+}  // namespace
+
+const char* HeapAllocatorName() { return Tcmalloc() ? "tcmalloc" : "glibc"; }
+
+void GiveBackFreeHeap() {
+  if (Tcmalloc()) {
+    MallocExtension_ReleaseFreeMemory();
+  } else {
+    malloc_trim(0);
+  }
+}
+
+int64_t HeapFreeBytes() {
+  if (!Tcmalloc()) return static_cast<int64_t>(mallinfo2().fordblks);
+  const size_t heap = TcmallocProperty("generic.heap_size");
+  const size_t used = TcmallocProperty("generic.current_allocated_bytes") +
+                      TcmallocProperty("tcmalloc.pageheap_unmapped_bytes");
+  return heap > used ? static_cast<int64_t>(heap - used) : 0;
+}
 
 void TrimSchedule::Request(absl::Time now) {
   if (first_ == absl::InfiniteFuture()) first_ = now;
@@ -23,6 +60,15 @@ void TrimSchedule::Resident(absl::Time now, int64_t bytes) {
   if (resident_after_trim_ == 0) {
     resident_after_trim_ = bytes;  // the first reading: the baseline
   } else if (bytes > resident_after_trim_ + growth_) {
+    Request(now);
+  }
+}
+
+void TrimSchedule::Activity(absl::Time now, bool idle, int64_t heap_free) {
+  if (!idle) {
+    idle_trim_requested_ = false;
+  } else if (!idle_trim_requested_ && heap_free > kIdleHeapFree) {
+    idle_trim_requested_ = true;
     Request(now);
   }
 }
@@ -64,15 +110,20 @@ class DeferredTrim {
     pthread_setname_np(pthread_self(), "mha-heap-trim");
     MutexLock lock(mu_);
     absl::Time next_check = absl::Now();
+    absl::Duration last_cpu = ProcessCpuTime();
     while (true) {
       absl::Time now = absl::Now();
       if (now >= next_check) {
         const std::function<int64_t()> held = held_;
         lock.Unlock();  // the readers take locks of their own
         const int64_t unexplained = Unexplained(held);
+        const absl::Duration cpu = ProcessCpuTime();
+        const int64_t heap_free = HeapFreeBytes();
         lock.Lock();
         now = absl::Now();
         schedule_.Resident(now, unexplained);
+        schedule_.Activity(now, cpu - last_cpu < kIdleCpu, heap_free);
+        last_cpu = cpu;
         next_check = now + kResidentCheck;
       }
       const absl::Time due = schedule_.due();
@@ -83,11 +134,18 @@ class DeferredTrim {
       schedule_.Done();
       const std::function<int64_t()> held = held_;
       lock.Unlock();
-      malloc_trim(0);
+      GiveBackFreeHeap();
       const int64_t after = Unexplained(held);
       lock.Lock();
       schedule_.Trimmed(after);
     }
+  }
+
+  // The user and system time of every thread of the process so far.
+  static absl::Duration ProcessCpuTime() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return absl::DurationFromTimeval(usage.ru_utime) + absl::DurationFromTimeval(usage.ru_stime);
   }
 
   // The resident set less what `held` says is held on purpose.
@@ -131,7 +189,6 @@ void LargeWorkStarted() { Deferred().Started(); }
 void LargeWorkDone() { Deferred().Finished(); }
 void TrimHeapSoon() { Deferred().Request(); }
 void StartHeapTrims(std::function<int64_t()> held) { Deferred().SetHeld(std::move(held)); }
-int64_t HeapFreeBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 
 TightHeapTrim::TightHeapTrim() {
   TightScopes& scopes = Tight();
@@ -146,7 +203,7 @@ TightHeapTrim::~TightHeapTrim() {
     if (--scopes.open > 0) return;
     mallopt(M_TRIM_THRESHOLD, kHeapTrimThreshold);
   }
-  malloc_trim(0);
+  GiveBackFreeHeap();
 }
 
 }  // namespace mha::server

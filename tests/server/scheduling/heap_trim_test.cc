@@ -88,6 +88,24 @@ TEST(TrimScheduleTest, ATrimMadeWhileRequestsWereInFlightDoesNotRaiseTheBar) {
   EXPECT_EQ(schedule.due(), kStart + absl::Seconds(5) + kQuiet) << "measured from 100, not 112";
 }
 
+TEST(TrimScheduleTest, AnIdleSpellWithFreeHeapRequestsOneTrim) {
+  TrimSchedule schedule(kQuiet, kAtMost);
+  schedule.Activity(kStart, /*idle=*/false, 64 * kIdleHeapFree);
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture()) << "busy: the allocator keeps its caches";
+  schedule.Activity(kStart + absl::Seconds(5), /*idle=*/true, kIdleHeapFree);
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture()) << "idle, but too little free to bother";
+  const absl::Time idle = kStart + absl::Seconds(10);
+  schedule.Activity(idle, /*idle=*/true, kIdleHeapFree + 1);
+  EXPECT_EQ(schedule.due(), idle + kQuiet);
+  schedule.Done();
+  schedule.Activity(idle + absl::Seconds(5), /*idle=*/true, 64 * kIdleHeapFree);
+  EXPECT_EQ(schedule.due(), absl::InfiniteFuture()) << "one trim a spell: what it left stays";
+  schedule.Activity(idle + absl::Seconds(10), /*idle=*/false, 64 * kIdleHeapFree);
+  const absl::Time idle_again = idle + absl::Seconds(15);
+  schedule.Activity(idle_again, /*idle=*/true, 64 * kIdleHeapFree);
+  EXPECT_EQ(schedule.due(), idle_again + kQuiet);
+}
+
 TEST(TrimScheduleTest, WithoutAGrowthTheResidentSetRequestsNothing) {
   TrimSchedule schedule(kQuiet, kAtMost);
   schedule.Resident(kStart, 100);
