@@ -134,12 +134,14 @@ absl::Status Server::Build() {
   // The engines' reserve follows the models: the process as it is now
   // without its models' weights (counted per version), each worker's kept
   // workspaces (two: one for the steps it runs inside a long call), the freed
-  // transient buffers kept for reuse (kKeptLargeBytes), the primitives of all models
-  // (one capacity), then per version its weights, again after every load and unload
-  // (UpdateReserve).
+  // transient buffers kept for reuse (kKeptLargeBytes), the answers sessions
+  // keep for a step sent again (each session's most), the primitives of all
+  // models (one capacity), then per version its weights, again after every
+  // load and unload (UpdateReserve).
   const ModelsNeed need = NeedOf(*models_);
   process_reserve_ = std::max<int64_t>(0, ResidentBytes() - need.weights) +
-                     pool_->KeptWorkspaceBytes() + static_cast<int64_t>(kKeptLargeBytes);
+                     pool_->KeptWorkspaceBytes() + static_cast<int64_t>(kKeptLargeBytes) +
+                     options_.max_sessions * kKeptAnswerBytesPerSession;
   const int64_t engine_reserve = process_reserve_ + need.weights + need.primitives;
   session_cache_bytes_ =
       SessionCacheBytes(options_.session_cache_bytes, memory_->limit() - engine_reserve);

@@ -32,7 +32,7 @@ struct KeptAnswer {
 // session moves on or goes; docs/SESSIONS.md, "Retrying a step"). Movable,
 // not copyable.
 struct KeptStep {
-  static constexpr int64_t kKeptAnswerBytes = int64_t{64} << 10;
+  static constexpr int64_t kKeptAnswerBytes = kKeptAnswerBytesPerSession;
   int64_t from = -1, to = -1;
   size_t query_hash = 0;
   std::shared_ptr<const KeptAnswer> answer;  // null: not kept

@@ -113,6 +113,9 @@ struct SessionImport {
 };
 
 // A step's results, views valid during the `done` call only.
+// The most a session keeps of its last step's answer, for the same step
+// sent again (KeptStep): the server reserves --max_sessions of these.
+inline constexpr int64_t kKeptAnswerBytesPerSession = int64_t{64} << 10;
 struct KeptStep;  // session_internal.h
 
 struct StepResult {

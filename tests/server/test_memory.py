@@ -179,6 +179,20 @@ class AdmissionTest(MemoryTestBase):
                 metric_sample(text, "mha_dropped_requests_total", model="wide", reason=reason),
                 reason)
 
+    def test_the_reserve_holds_each_sessions_kept_answer(self):
+        # 64 KiB a session for the answer kept for a step sent again
+        # (docs/RELIABILITY.md): 1,024 sessions more, 64 MiB more.
+        # A fixed session cache: by default it takes a share of what the
+        # reserve leaves.
+        def reserve(max_sessions):
+            flags = ("--session_cache_bytes=16777216", f"--max_sessions={max_sessions}")
+            with LimitedServer(os.path.join(self.repo, "models"), flags, folder=self.repo) as s:
+                return metric_sample(s.metrics(), "mha_memory_engine_reserve_bytes")
+        grown = reserve(2048) - reserve(1024)
+        slack = 4 << 20  # the process's own resident set at its start (ASan: within 0.3 MB)
+        self.assertGreater(grown, (64 << 20) - slack)
+        self.assertLess(grown, (64 << 20) + slack)
+
     def test_responses_above_the_message_limit_are_refused_at_once(self):
         long = random(1, 16384, DEMO_E)
         before = metric_sample(self.server.metrics(), "mha_dropped_requests_total",
