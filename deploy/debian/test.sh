@@ -33,8 +33,9 @@ end_stage() {
   fi
   stage_name=""
 }
+# Prints each stage's time; $1: the script's exit status.
 print_stage_times() {
-  local status=$? i
+  local status=$1 i
   end_stage
   echo "== stage times ($([ $status -eq 0 ] && echo passed || echo "failed, exit $status"))"
   for i in "${!stage_names[@]}"; do
@@ -42,7 +43,7 @@ print_stage_times() {
   done
   printf '%6d:%02d  total\n' $((SECONDS / 60)) $((SECONDS % 60))
 }
-trap print_stage_times EXIT
+trap 'print_stage_times $?' EXIT
 
 stage "install what is missing"
 bash "$here/install_deps.sh"
@@ -62,7 +63,7 @@ deploy_began=$SECONDS
 bash "$root/tests/deploy/deploy_test.sh" >"$deploy_log" 2>&1 &
 deploy_pid=$!
 stop_deploy() { kill "$deploy_pid" 2>/dev/null && wait "$deploy_pid" 2>/dev/null; true; }
-trap 'status=$?; stop_deploy; (exit $status); print_stage_times' EXIT
+trap 'status=$?; stop_deploy; print_stage_times $status' EXIT
 
 stage "clang build: address + undefined sanitizers, locks checked, libFuzzer targets (the deploy test beside it)"
 # One build, three checks: ASan and UBSan on every test; clang's lock

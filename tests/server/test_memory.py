@@ -280,9 +280,11 @@ class BudgetTest(MemoryTestBase):
     # 640 MiB for requests beyond one worker's kept workspace (64 MiB each;
     # the server has two workers) and the 64 MiB of freed buffers kept for
     # reuse: one ~300 MB request at a time, with room for the others to wait
-    # in the queue.
+    # in the queue. 16 sessions, so that the answers they may keep (64 KiB
+    # each, in the reserve) take 1 MiB of it, not the default's 64.
     limit = 768 * MiB
-    server_flags = (f"--memory_limit_bytes={limit}", f"--max_message_bytes={2 * GiB - 1}")
+    server_flags = (f"--memory_limit_bytes={limit}", f"--max_message_bytes={2 * GiB - 1}",
+                    "--max_sessions=16")
 
     def test_a_request_alone_above_the_budget_is_refused(self):
         details = self.assertRefused(
