@@ -125,9 +125,10 @@ void TrimHeapSoon();
 
 // While one lives, arenas keep at most kTightHeapTrimThreshold of free top;
 // when the last one ends, the thresholds are restored and GiveBackFreeHeap()
-// gives back the rest (TCMalloc has no such threshold: all at the end). For a model's load and
-// unload: the unpacked weights and the scratch freed there go back at once, whichever arena held
-// them (malloc_trim alone leaves a thread arena's top). Thread-safe; neither copied nor moved.
+// gives back the rest (TCMalloc has no such threshold: all at the end). For
+// a model's load and unload: the unpacked weights and the scratch freed
+// there go back at once, whichever arena held them (malloc_trim alone
+// leaves a thread arena's top). Thread-safe; neither copied nor moved.
 class TightHeapTrim {
  public:
   TightHeapTrim();
