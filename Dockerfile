@@ -11,18 +11,29 @@ RUN apt-get update \
       g++ cmake make libdnnl-dev ocl-icd-opencl-dev libabsl-dev libprotobuf-dev \
       protobuf-compiler libgrpc++-dev protobuf-compiler-grpc prometheus-cpp-dev \
       nlohmann-json3-dev libmicrohttpd-dev libgnutls28-dev zlib1g-dev pkg-config \
-      libgoogle-perftools-dev \
+      libgoogle-perftools-dev ccache \
  && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
+# The sources' path in this stage (the deploy test gives its checkout's).
+ARG MHA_SOURCE_DIR=/src
+WORKDIR $MHA_SOURCE_DIR
 COPY CMakeLists.txt ./
 COPY proto proto
 COPY engine engine
 COPY server server
 COPY client client
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMHA_BUILD_TESTS=OFF \
-      -DMHA_DEFAULT_MODEL_REPOSITORY=/models \
+# ccache's files: build/ccache-seed when the context has it, which the deploy
+# test makes from its host build (same compiler, path and flags, so most files
+# come from it); else empty. The CMakeLists.txt in this line only keeps the
+# COPY from failing when the seed is absent.
+COPY CMakeLists.txt build/ccache-see[d] /ccache/
+ENV CCACHE_DIR=/ccache
+RUN ccache --zero-stats >/dev/null \
+ && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMHA_BUILD_TESTS=OFF \
+      -DMHA_DEFAULT_MODEL_REPOSITORY=/models -DMHA_CCACHE=ON -DMHA_CCACHE_DIR=/ccache \
  && cmake --build build -j "$(nproc)" --target mha_server mha_client \
- && strip build/mha_server build/mha_client
+ && strip build/mha_server build/mha_client \
+ && ccache --print-stats | awk '/_cache_hit\t/ { hits += $2 } /^cache_miss\t/ { misses += $2 } \
+      END { print "ccache hits=" hits + 0 " misses=" misses + 0 }'
 
 FROM debian:bookworm
 RUN apt-get update \
@@ -34,7 +45,8 @@ RUN apt-get update \
  && groupadd --system --gid 10001 mha \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin mha \
  && mkdir /sessions && chown 10001:10001 /sessions
-COPY --from=build /src/build/mha_server /src/build/mha_client /usr/local/bin/
+ARG MHA_SOURCE_DIR=/src
+COPY --from=build $MHA_SOURCE_DIR/build/mha_server $MHA_SOURCE_DIR/build/mha_client /usr/local/bin/
 COPY models /models
 USER 10001
 EXPOSE 50051 9464 8000

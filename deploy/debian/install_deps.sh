@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config clang-14 libclang-rt-14-dev clang-format-14 git
+  build-essential cmake ccache pkg-config clang-14 libclang-rt-14-dev clang-format-14 git
   libdnnl-dev ocl-icd-opencl-dev
   libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc
