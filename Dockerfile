@@ -11,7 +11,7 @@ RUN apt-get update \
       g++ cmake make libdnnl-dev ocl-icd-opencl-dev libabsl-dev libprotobuf-dev \
       protobuf-compiler libgrpc++-dev protobuf-compiler-grpc prometheus-cpp-dev \
       nlohmann-json3-dev libmicrohttpd-dev libgnutls28-dev zlib1g-dev pkg-config \
-      libgoogle-perftools-dev ccache \
+      libgoogle-perftools-dev libspdlog-dev ccache \
  && rm -rf /var/lib/apt/lists/*
 # The sources' path in this stage (the deploy test gives its checkout's).
 ARG MHA_SOURCE_DIR=/src
@@ -40,7 +40,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libdnnl2 libgomp1 ocl-icd-libopencl1 libabsl20220623 libprotobuf32 libgrpc++1.51 \
       libgrpc29 libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libmicrohttpd12 \
-      libtcmalloc-minimal4 \
+      libtcmalloc-minimal4 libspdlog1.10 \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
  && groupadd --system --gid 10001 mha \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin mha \

@@ -16,11 +16,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/cli/command_line.h"
 #include "engine/large_buffer.h"
+#include "server/observability/logger.h"
 #include "server/server.h"
 
 #ifndef MHA_DEFAULT_MODEL_REPOSITORY
@@ -86,6 +88,14 @@ ABSL_FLAG(int64_t, session_max_tokens, 8192,
           "max_tokens)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token the attention and model RPCs require (health stays open)");
+ABSL_FLAG(std::string, log_format, "default",
+          "default (I1202 14:05:01.123456 <thread>] message), ISO8601, or json (one object a "
+          "line); times in UTC. LogSettings / POST /v2/logging change the log_ settings later");
+ABSL_FLAG(std::string, log_file, "", "write the log to this file (appended); empty: stderr");
+ABSL_FLAG(bool, log_info, true, "write info lines");
+ABSL_FLAG(bool, log_warning, true, "write warning lines");
+ABSL_FLAG(bool, log_error, true, "write error lines");
+ABSL_FLAG(uint32_t, log_verbose_level, 0, "write verbose lines up to this level (0: none)");
 
 namespace mha::server {
 namespace {
@@ -127,7 +137,23 @@ std::vector<FlagGroup> FlagGroups() {
       {"Sessions",
        {"session_cache_bytes", "max_sessions", "session_max_tokens", "session_idle_timeout_s",
         "session_spill_dir"}},
+      {"Logging",
+       {"log_format", "log_file", "log_info", "log_warning", "log_error", "log_verbose_level"}},
   };
+}
+
+// The logger as the log_ flags say (server/observability/logger.h).
+absl::Status ConfigureLoggingFromFlags() {
+  absl::StatusOr<LogFormat> format = ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!format.ok()) return format.status();
+  LogSettings settings;
+  settings.format = *format;
+  settings.file = absl::GetFlag(FLAGS_log_file);
+  settings.info = absl::GetFlag(FLAGS_log_info);
+  settings.warning = absl::GetFlag(FLAGS_log_warning);
+  settings.error = absl::GetFlag(FLAGS_log_error);
+  settings.verbose_level = absl::GetFlag(FLAGS_log_verbose_level);
+  return ConfigureLogging(settings);
 }
 
 ServerOptions OptionsFromFlags(std::vector<std::string> load_models) {
@@ -186,17 +212,19 @@ int Serve(ServerOptions options) {
 
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(options));
   if (!server.ok()) {
-    std::fprintf(stderr, "mha_server: %s\n", server.status().ToString().c_str());
+    LogError(server.status().ToString());
     return 1;
   }
-  std::printf("%s\n", (*server)->ReadyLine().c_str());
+  const std::string ready = (*server)->ReadyLine();
+  LogInfo(ready);
+  std::printf("%s\n", ready.c_str());  // on stdout too, a contract for scripts
   std::fflush(stdout);
 
   int received = 0;
   sigwait(&signals, &received);
   (*server)->StartDraining();
   // Said once draining has begun (tests wait for this line).
-  std::fprintf(stderr, "mha_server: signal %d, draining\n", received);
+  LogInfo(absl::StrCat("signal ", received, ", draining"));
   (*server)->Drain();
   return 0;
 }
@@ -219,6 +247,10 @@ int main(int argc, char** argv) {
                  "INVALID_ARGUMENT: unexpected argument '%s' (flags are --name=value; "
                  "see --help)\n",
                  line.args[1]);
+    return 2;
+  }
+  if (const absl::Status logging = mha::server::ConfigureLoggingFromFlags(); !logging.ok()) {
+    std::fprintf(stderr, "%s\n", logging.ToString().c_str());
     return 2;
   }
   return mha::server::Serve(mha::server::OptionsFromFlags(load_models));

@@ -28,6 +28,7 @@
 #include "server/frontends/mha_v1/attention_service.h"
 #include "server/models/model_control.h"
 #include "server/models/model_repository.h"
+#include "server/observability/logger.h"
 #include "server/observability/memory_held.h"
 #include "server/observability/metrics.h"
 #include "server/scheduling/heap_trim.h"
@@ -189,12 +190,9 @@ absl::Status Server::Build() {
     const absl::Time start = absl::Now();
     const SpillCounts restored = RestoreSessions(*sessions_, *models_, options_.session_spill_dir);
     if (restored.sessions + restored.failed > 0) {
-      std::fprintf(stderr,
-                   "mha_server: %lld sessions restored from %s in %.0f ms (%lld could not "
-                   "come back)\n",
-                   static_cast<long long>(restored.sessions), options_.session_spill_dir.c_str(),
-                   absl::ToDoubleMilliseconds(absl::Now() - start),
-                   static_cast<long long>(restored.failed));
+      LogInfo(absl::StrFormat("%d sessions restored from %s in %.0f ms (%d could not come back)",
+                              restored.sessions, options_.session_spill_dir,
+                              absl::ToDoubleMilliseconds(absl::Now() - start), restored.failed));
     }
   }
   memory_held_ = std::make_shared<MemoryHeldCollector>(
@@ -272,10 +270,10 @@ void Server::UpdateReserve() {
   memory_->SetReserve(process_reserve_ + need.weights + need.primitives + session_cache_bytes_);
   metrics_->memory_engine_reserve().Set(static_cast<double>(memory_->reserve()));
   if (memory_->capacity() <= 0) {
-    std::fprintf(stderr,
-                 "mha_server: the models loaded leave no memory for requests: reserve %s of "
-                 "--memory_limit_bytes %s; every request is refused until models are unloaded\n",
-                 WithCommas(memory_->reserve()).c_str(), WithCommas(memory_->limit()).c_str());
+    LogWarning(absl::StrCat("the models loaded leave no memory for requests: reserve ",
+                            WithCommas(memory_->reserve()), " of --memory_limit_bytes ",
+                            WithCommas(memory_->limit()),
+                            "; every request is refused until models are unloaded"));
   }
 }
 
@@ -307,9 +305,8 @@ void Server::Drain() {
   sessions_->Stop();
   if (!options_.session_spill_dir.empty()) {  // after the grace period's steps
     const SpillCounts spilled = SpillSessions(*sessions_, options_.session_spill_dir);
-    std::fprintf(stderr, "mha_server: %lld sessions written to %s (%lld failed)\n",
-                 static_cast<long long>(spilled.sessions), options_.session_spill_dir.c_str(),
-                 static_cast<long long>(spilled.failed));
+    LogInfo(absl::StrFormat("%d sessions written to %s (%d failed)", spilled.sessions,
+                            options_.session_spill_dir, spilled.failed));
   }
   models_->Stop();
   // Every HTTP request handed over has been answered now (the batchers

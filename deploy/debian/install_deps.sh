@@ -9,6 +9,7 @@ packages=(
   libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libspdlog-dev  # the server's logger
   nlohmann-json3-dev libmicrohttpd-dev libgnutls28-dev zlib1g-dev  # JSON; the HTTP front end
   libgoogle-perftools-dev  # TCMalloc, mha_server's allocator (CMakeLists.txt)
   python3 python3-numpy python3-torch python3-grpcio python3-protobuf curl openssl

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/observability/logger.h"
 
 namespace mha::server {
 namespace {
@@ -29,8 +30,7 @@ absl::Status LoadAtStart(ModelRepository& repository, ModelControlMode mode,
       // Failures of a model folder it read are logged by the repository;
       // a name it never took in (no such folder, a bad name) is said here.
       if (absl::Status s = repository.Load(name); !s.ok() && !repository.Has(name)) {
-        std::fprintf(stderr, "mha_server: --load_model %s: %s\n", name.c_str(),
-                     std::string(s.message()).c_str());
+        LogError(absl::StrCat("--load_model ", name, ": ", s.message()));
       }
     }
     return absl::OkStatus();
@@ -65,6 +65,7 @@ absl::Status ModelControl::Allowed() const {
 
 void ModelControl::Load(std::string name, std::function<void(absl::Status)> done,
                         ModelSource source) {
+  LogVerbose(1, absl::StrCat("model control: load '", name, "' asked"));
   Change(
       [this, name, source = std::move(source)] {
         return repository_.Load(name, /*retry_failed=*/true, source);
@@ -73,6 +74,7 @@ void ModelControl::Load(std::string name, std::function<void(absl::Status)> done
 }
 
 void ModelControl::Unload(std::string name, std::function<void(absl::Status)> done) {
+  LogVerbose(1, absl::StrCat("model control: unload '", name, "' asked"));
   Change([this, name] { return repository_.Unload(name); }, std::move(done));
 }
 
@@ -142,13 +144,14 @@ void ModelControl::Loop() {
     try {
       if (task) task(true);
       if (mode_ == ModelControlMode::kPoll && absl::Now() >= next_poll) {
+        LogVerbose(2, "model control: reading the repository again (poll)");
         repository_.SyncAll();
         changed_();
         next_poll = absl::Now() + poll_interval_;
       }
       draining = repository_.CollectRetired();
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "mha_server: model control: %s\n", e.what());
+      LogError(absl::StrCat("model control: ", e.what()));
       next_poll = absl::Now() + poll_interval_;
     }
   }

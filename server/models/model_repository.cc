@@ -13,12 +13,11 @@
 #include "engine/large_buffer.h"
 #include "engine/threads.h"
 #include "server/models/model_upload.h"
+#include "server/observability/logger.h"
 #include "server/scheduling/heap_trim.h"
 
 namespace mha::server {
 namespace {
-
-void Log(const std::string& text) { std::fprintf(stderr, "mha_server: %s\n", text.c_str()); }
 
 // Tells the log when a model computes in another type than its config asks
 // for (this CPU lacks the instructions).
@@ -26,23 +25,25 @@ void WarnOfComputeType(const std::string& name, const AttentionDims& asked,
                        const AttentionDims& computed) {
   if (asked.int8) {
     if (!computed.int8) {
-      Log(absl::StrCat("warning: model '", name,
+      LogWarning(
+          absl::StrCat("model '", name,
                        "' asks for int8 compute, but this CPU has no int8 dot products (VNNI or "
                        "AMX-INT8): its projections compute in ",
                        computed.bf16 ? "bf16" : "fp32"));
     } else if (asked.bf16 && !computed.bf16) {
-      Log(absl::StrCat("note: model '", name,
-                       "' computes its projections in int8 and its attention in fp32 (this CPU "
-                       "has no bf16 instructions)"));
+      LogInfo(absl::StrCat("model '", name,
+                           "' computes its projections in int8 and its attention in fp32 (this CPU "
+                           "has no bf16 instructions)"));
     }
     return;
   }
   if (asked.bf16 && !computed.bf16) {
-    Log(absl::StrCat("warning: model '", name,
-                     "' asks for bf16 compute, but oneDNN has no bf16 "
-                     "kernels on this CPU (they need AVX-512): it computes in fp32"));
+    LogWarning(absl::StrCat("model '", name,
+                            "' asks for bf16 compute, but oneDNN has no bf16 "
+                            "kernels on this CPU (they need AVX-512): it computes in fp32"));
   } else if (asked.bf16 && !CpuHasNativeBf16()) {
-    Log(absl::StrCat("warning: model '", name,
+    LogWarning(
+        absl::StrCat("model '", name,
                      "' computes in bf16, but this CPU has no bf16 "
                      "instructions (AVX512-BF16 or AMX): it runs emulated, slower than fp32"));
   }
@@ -92,13 +93,13 @@ absl::StatusOr<std::unique_ptr<UploadArea>> MakeUploadArea(const std::string& ba
   std::vector<std::string> removed;
   absl::StatusOr<std::unique_ptr<UploadArea>> area = UploadArea::Create(base, &removed);
   for (const std::string& folder : removed) {
-    Log(absl::StrCat("removed ", folder,
-                     ", the upload folder of a server that stopped "
-                     "without removing it"));
+    LogInfo(absl::StrCat("removed ", folder,
+                         ", the upload folder of a server that stopped "
+                         "without removing it"));
   }
   if (!area.ok()) {
-    Log(absl::StrCat("warning: ", area.status().message(),
-                     "; models sent over the API are refused (see --upload_dir)"));
+    LogWarning(absl::StrCat(area.status().message(),
+                            "; models sent over the API are refused (see --upload_dir)"));
   }
   return area;
 }
@@ -201,7 +202,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     MutexLock lock(mu_);
     Entry& entry = models_[name];
     if (entry.status != failed) {
-      Log(std::string(failed.message()));
+      LogError(failed.message());
       metrics_.CountLoadFailure(name);
     }
     entry.status = failed;
@@ -228,14 +229,15 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     absl::StatusOr<VersionPtr> loaded = LoadVersion(name, scan->config, v);
     if (loaded.ok()) {
       next[v.version] = *std::move(loaded);
-      Log(absl::StrCat("model '", name, "' version ", v.version,
-                       old == current.end() ? " loaded" : " reloaded"));
+      LogInfo(absl::StrCat("model '", name, "' version ", v.version,
+                           old == current.end() ? " loaded" : " reloaded"));
       continue;
     }
     // Every attempt that failed counts (a poll tries again only bytes that
     // changed).
     const std::string message(loaded.status().message());
-    Log(absl::StrCat("model '", name, "' version ", v.version, " failed to load: ", message,
+    LogError(
+        absl::StrCat("model '", name, "' version ", v.version, " failed to load: ", message,
                      old != current.end() ? " (the version loaded before goes on serving)" : ""));
     metrics_.CountLoadFailure(name);
     errors[v.version] = message;
@@ -262,7 +264,7 @@ absl::Status ModelRepository::Load(const std::string& name, bool retry_failed,
     if (kept == next.end() || kept->second != ptr) retire.push_back(ptr);
   }
   for (const auto& [v, ptr] : entry.ready) {
-    if (next.count(v) == 0) Log(absl::StrCat("model '", name, "' version ", v, " unloaded"));
+    if (next.count(v) == 0) LogInfo(absl::StrCat("model '", name, "' version ", v, " unloaded"));
   }
   entry.ready = std::move(next);
   entry.errors = std::move(errors);
@@ -290,14 +292,14 @@ absl::Status ModelRepository::Unload(const std::string& name) {
   models_.erase(it);
   metrics_.SetLoaded(name, false);
   Retire(std::move(retire));
-  Log(absl::StrCat("model '", name, "' unloaded"));
+  LogInfo(absl::StrCat("model '", name, "' unloaded"));
   return absl::OkStatus();
 }
 
 void ModelRepository::SyncAll() {
   absl::StatusOr<std::vector<std::string>> names = FolderNames(/*log_skipped=*/true);
   if (!names.ok()) {
-    Log(std::string(names.status().message()));
+    LogError(names.status().message());
     return;
   }
   for (const std::string& name : *names) {

@@ -14,6 +14,7 @@
 #include "engine/model.h"
 #include "engine/model_config.h"
 #include "server/models/content_hash.h"
+#include "server/observability/logger.h"
 
 namespace mha::server {
 namespace fs = std::filesystem;
@@ -108,10 +109,9 @@ absl::StatusOr<std::vector<std::string>> ModelFolderNames(const std::string& rep
     if (name[0] == '.') continue;  // hidden: e.g. a version being staged
     if (!IsValidModelName(name)) {
       if (!log_skipped) continue;
-      std::fprintf(stderr,
-                   "mha_server: skipping folder '%s': model names match [A-Za-z0-9_.-]+, "
-                   "at most %zu characters\n",
-                   name.c_str(), kMaxModelNameBytes);
+      LogWarning(absl::StrCat("skipping folder '", name,
+                              "': model names match [A-Za-z0-9_.-]+, at most ", kMaxModelNameBytes,
+                              " characters"));
       continue;
     }
     names.push_back(name);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/models/content_hash.h"
+#include "server/observability/logger.h"
 #include "server/sessions/session_stream.h"
 
 namespace mha::server {
@@ -18,8 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kExtension[] = ".mhasession";
-
-void Log(const std::string& line) { std::fprintf(stderr, "mha_server: %s\n", line.c_str()); }
 
 // Removes the partial files a failed or killed spill left in `dir`: only
 // names SpillSessions writes (16 hex digits, kExtension, kPartialSuffix).
@@ -35,8 +34,9 @@ void RemovePartialFiles(const std::string& dir) {
     }
   }
   if (!removed.empty()) {
-    Log(absl::StrCat("removed ", removed.size(), " partial session file(s) of an earlier spill ",
-                     "that did not finish: ", absl::StrJoin(removed, ", ")));
+    LogInfo(absl::StrCat("removed ", removed.size(),
+                         " partial session file(s) of an earlier spill ",
+                         "that did not finish: ", absl::StrJoin(removed, ", ")));
   }
 }
 
@@ -58,7 +58,7 @@ SpillCounts SpillSessions(SessionManager& sessions, const std::string& dir) {
       ++counts.sessions;
     } else {
       ++counts.failed;
-      Log(absl::StrCat("session ", id, " not spilled: ", status.message()));
+      LogError(absl::StrCat("session ", id, " not spilled: ", status.message()));
     }
   }
   return counts;
@@ -87,8 +87,8 @@ SpillCounts RestoreSessions(SessionManager& sessions, const ModelRepository& mod
       const std::string& id = reader.session_id();
       const bool named =
           !id.empty() && file.stem().string() == absl::StrFormat("%016x", HashBytes(id));
-      Log(absl::StrCat("session ", named ? id : file.filename().string(),
-                       " not restored: ", status.message()));
+      LogError(absl::StrCat("session ", named ? id : file.filename().string(),
+                            " not restored: ", status.message()));
       if (named) {
         sessions.MarkGone(id, absl::StrCat("not restored after a restart: ", status.message()));
       }

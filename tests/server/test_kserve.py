@@ -141,7 +141,7 @@ class KserveTest(OneServerPerClass):
         self.assertEqual(list(meta.extensions),
                          ["parameters", "model_repository", "statistics", "model_configuration",
                           "schedule_policy", "sequence", "system_shared_memory",
-                          "binary_tensor_data"])
+                          "binary_tensor_data", "logging"])
 
     def test_model_ready(self):
         ready = lambda name, version="": self.kserve.ModelReady(  # noqa: E731

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "engine/status_macros.h"
 #include "mha/v1/model_config.pb.h"
+#include "server/frontends/common/log_settings.h"
 #include "server/frontends/common/statistics_fill.h"
 #include "server/frontends/common/triton_config.h"
 
@@ -80,13 +81,20 @@ absl::Status KserveCalls::ServerMetadata(absl::string_view authorization,
   // need_weights, per_head_weights), and Triton's model repository (with
   // --model_control_mode poll or explicit), statistics, ModelConfig,
   // timeout and priority, sequences (on sessions), system shared memory,
-  // and over HTTP the binary tensor data extension.
+  // logging, and over HTTP the binary tensor data extension.
   for (const char* extension :
        {"parameters", "model_repository", "statistics", "model_configuration", "schedule_policy",
-        "sequence", "system_shared_memory", "binary_tensor_data"}) {
+        "sequence", "system_shared_memory", "binary_tensor_data", "logging"}) {
     response->add_extensions(extension);
   }
   return absl::OkStatus();
+}
+
+absl::Status KserveCalls::LogSettings(absl::string_view authorization,
+                                      const inference::LogSettingsRequest& request,
+                                      inference::LogSettingsResponse* response) const {
+  RETURN_IF_ERROR(gate_.Authorize(authorization));
+  return ApplyLogSettings(request, response);
 }
 
 absl::Status KserveCalls::ModelReady(const inference::ModelReadyRequest& request,

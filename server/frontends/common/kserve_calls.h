@@ -111,6 +111,10 @@ class KserveCalls {
   absl::Status ModelStatistics(absl::string_view authorization,
                                const inference::ModelStatisticsRequest& request,
                                inference::ModelStatisticsResponse* response) const;
+  // Triton's logging extension (log_settings.h).
+  absl::Status LogSettings(absl::string_view authorization,
+                           const inference::LogSettingsRequest& request,
+                           inference::LogSettingsResponse* response) const;
 
   // ModelInfer's work for `call` (a unary call, a stream's message, an HTTP
   // request): a session step when it names a sequence, else an Attend

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <utility>
 
+#include "server/observability/logger.h"
+
 namespace mha::server {
 
 absl::string_view AuthorizationOf(const grpc::CallbackServerContext& context) {
@@ -35,8 +37,7 @@ int MethodIndex(const google::protobuf::FileDescriptor& file, const std::string&
   const google::protobuf::MethodDescriptor* m =
       s == nullptr ? nullptr : s->FindMethodByName(method);
   if (m == nullptr) {
-    std::fprintf(stderr, "no method %s.%s in %s\n", service.c_str(), method.c_str(),
-                 file.name().c_str());
+    LogError(absl::StrCat("no method ", service, ".", method, " in ", file.name()));
     std::abort();
   }
   return m->index();

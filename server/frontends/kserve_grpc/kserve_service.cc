@@ -268,6 +268,12 @@ grpc::ServerUnaryReactor* KserveServiceImpl::ModelStatistics(
                      calls_.ModelStatistics(AuthorizationOf(*context), *request, response));
 }
 
+grpc::ServerUnaryReactor* KserveServiceImpl::LogSettings(
+    grpc::CallbackServerContext* context, const inference::LogSettingsRequest* request,
+    inference::LogSettingsResponse* response) {
+  return FinishUnary(context, calls_.LogSettings(AuthorizationOf(*context), *request, response));
+}
+
 grpc::ServerUnaryReactor* KserveServiceImpl::RepositoryIndex(
     grpc::CallbackServerContext* context, const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {

@@ -18,6 +18,7 @@
 #include "server/frontends/common/answer_metadata.h"
 #include "server/frontends/common/kserve_codec.h"
 #include "server/frontends/kserve_http/http_infer_codec.h"
+#include "server/frontends/kserve_http/http_logging.h"
 #include "server/observability/metrics.h"
 #include "wire/wire_writer.h"
 
@@ -256,6 +257,10 @@ void KserveHttpRoutes::Handle(const HttpRequest& request, HttpRespond respond) {
   if (s[1] == "repository" && s.size() >= 3) {
     if (!only(post, "POST")) return;
     return HandleRepository(request, std::vector<std::string>(s.begin() + 2, s.end()), respond);
+  }
+  if (s[1] == "logging" && s.size() == 2) {
+    if (!only(get || post, "GET, POST")) return;
+    return respond(LoggingAnswer(calls_, request));
   }
   if (s[1] == "systemsharedmemory" || s[1] == "cudasharedmemory") {
     return HandleSharedMemory(request, std::vector<std::string>(s.begin() + 2, s.end()),
