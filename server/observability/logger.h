@@ -1,6 +1,7 @@
 // The server's one logger: every line mha_server writes about what it does
 // goes through here, with a level, a timestamp, the thread and, where a
-// request is known, its trace id. Text by default (Triton's layout), ISO 8601
+// request is known, its trace id (no caller has one yet: requests are not
+// traced so far). Text by default (Triton's layout), ISO 8601
 // timestamps or JSON lines on request; to stderr or to a file. The settings
 // are Triton's logging extension's (LogSettings over gRPC, /v2/logging over
 // HTTP) and change at run time. Built on spdlog (Debian's libspdlog-dev):

@@ -23,7 +23,7 @@ mkdir -p "$state/data" "$state/exec"
 export PATH="/usr/bin:$PATH"  # Debian's docker client (with BuildKit), not another one first on PATH
 export DOCKER_BUILDKIT=1 COMPOSE_DOCKER_CLI_BUILD=1
 
-step() { echo "== deploy: $*"; }
+step() { echo "== deploy: $* (at ${SECONDS} s)"; }
 fail() { echo "FAIL deploy: $*" >&2; exit 1; }
 quiet() {  # quiet CMD...: runs CMD, shows its output only when it fails
   "$@" >"$state/last.log" 2>&1 || { tail -40 "$state/last.log"; fail "$*"; }
@@ -44,8 +44,11 @@ fi
 
 # --- Docker engine --------------------------------------------------------
 started_dockerd=""
+seed="$root/build/ccache-seed"  # the image's ccache seed (docker build below)
+rm -rf "$seed"
 cleanup() {
   set +e
+  rm -rf "$seed"
   docker rm -f "$project-single" "$project-kserve" >/dev/null 2>&1
   for f in docker-compose.yml docker-compose.replicas.yml; do
     (cd "$root/deploy/compose" && docker-compose -p "$project" -f "$f" down -v --remove-orphans >/dev/null 2>&1)
@@ -96,14 +99,14 @@ step "docker build"
 # The build stage compiles through ccache, seeded from the host build's
 # (build/ccache) when there is one: the same compiler, source path and flags,
 # so most files come from it (Dockerfile). Its counts are checked, so that a
-# flag or path that drifts apart shows here and not only in the time.
-seed="$root/build/ccache-seed"
-rm -rf "$seed"
+# flag or path that drifts apart shows here and not only in the time. The
+# seed stays, unchanged, until the end (cleanup), and compose's builds get the
+# same MHA_SOURCE_DIR: they must find every layer of this build in the cache.
 [ -d "$root/build/ccache" ] && cp -al "$root/build/ccache" "$seed"
+export MHA_SOURCE_DIR="$root"
 began=$SECONDS
 quiet docker build --progress=plain --build-arg MHA_SOURCE_DIR="$root" -t mha-serve:latest "$root"
-rm -rf "$seed"
-read -r hits misses < <(sed -n 's/.*ccache hits=\([0-9]*\) misses=\([0-9]*\).*/\1 \2/p' "$state/last.log" | tail -1)
+read -r hits misses < <(sed -n 's/.*ccache hits=\([0-9]*\) misses=\([0-9]*\).*/\1 \2/p' "$state/last.log" | tail -1) || true  # nothing: the stage was cached
 if [ -z "${hits:-}" ]; then
   echo "docker build: $((SECONDS - began)) s, its build stage in Docker's layer cache"
 else
@@ -118,6 +121,13 @@ docker run --rm --entrypoint sh mha-serve:latest -c \
   'test "$(id -u)" = 10001 && ! command -v g++ && ! command -v cc && ! ls /var/lib/apt/lists/*_Packages' \
   >/dev/null 2>&1 || fail "image runs as root, has a compiler or keeps apt lists"
 echo "image size: $(docker image inspect -f '{{.Size}}' mha-serve:latest | awk '{printf "%.0f MB", $1/1e6}')"
+image_id="$(docker image inspect -f '{{.Id}}' mha-serve:latest)"
+# compose's `up --build` must be served from this build's layers, not compile
+# again (a build argument or context file that differs would).
+same_image() {
+  [ "$(docker image inspect -f '{{.Id}}' mha-serve:latest)" = "$image_id" ] ||
+    fail "compose built another mha-serve image than docker build did (compiled again)"
+}
 
 step "docker run (read-only root, non-root) + mha_client + /metrics"
 docker run -d --name "$project-single" --read-only -p 127.0.0.1::50051 -p 127.0.0.1::9464 \
@@ -183,6 +193,7 @@ cp -r "$root/models/demo" "$models/"
 chmod -R a+rX "$models"
 export MHA_MODELS="$models" MHA_REPOSITORY_POLL_S=1
 quiet docker-compose -p "$project" up -d --build
+same_image
 for _ in $(seq 60); do [ "$(prom_value 'up{job="mha-serve"}')" = 1 ] && break; sleep 1; done
 [ "$(prom_value 'up{job="mha-serve"}')" = 1 ] || fail "Prometheus does not see the server up"
 curl -sf "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/rules" | grep MhaModelNotLoaded >/dev/null || fail "alert rules not loaded"
@@ -250,6 +261,7 @@ unset MHA_MODELS MHA_REPOSITORY_POLL_S
 
 step "compose: 3 replicas behind nginx (gRPC, L7)"
 quiet docker-compose -p "$project" -f docker-compose.replicas.yml up -d --build --scale mha=3
+same_image
 for _ in $(seq 40); do "$client" health --target "127.0.0.1:$MHA_GRPC_PORT" >/dev/null 2>&1 && break; sleep 0.5; done
 "$client" load --target "127.0.0.1:$MHA_GRPC_PORT" --model demo --concurrency 4 --requests 60 >/dev/null
 served=0
