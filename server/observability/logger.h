@@ -5,8 +5,8 @@
 // timestamps or JSON lines on request; to stderr or to a file. The settings
 // are Triton's logging extension's (LogSettings over gRPC, /v2/logging over
 // HTTP) and change at run time. Built on spdlog (Debian's libspdlog-dev):
-// its sinks write each line whole from many threads, and its file sink reopens
-// nothing we would have to get right.
+// its sinks write each line whole from many threads; its file sink appends,
+// and makes the file's folder when missing.
 // (The "mha_server ready ..." line on stdout is a contract for scripts, not a
 // log line; flag errors before start-up are the CLI's "CODE: message".)
 #ifndef MHA_SERVER_OBSERVABILITY_LOGGER_H_
